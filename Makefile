@@ -1,0 +1,38 @@
+# The two commands of the README. Each installs what is missing, builds, then runs.
+PRESET ?= release
+BUILD  := build
+JOBS   ?= $(shell nproc)
+
+.PHONY: all deps build demo test test-asan test-tsan bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+build: deps
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+# The main job: a simulated 8x H100 node, the agent, the kubelet emulator, the example pods.
+demo: build
+	$(BUILD)/bin/gpulet sim --simulate dgx-h100 examples/*.yaml
+
+test: build
+	ctest --preset release
+
+test-asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan
+
+test-tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan
+
+bench: build
+	scripts/bench
+
+clean:
+	rm -rf build

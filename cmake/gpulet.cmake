@@ -1,0 +1,22 @@
+# Shared helpers for component CMakeLists.
+
+# gpulet_test(NAME SOURCES... LIBS... [LABELS unit|e2e|gpu|root|bench])
+# One gtest binary, its cases discovered into ctest with the given labels (default: unit).
+function(gpulet_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+      GPULET_SOURCE_DIR="${CMAKE_SOURCE_DIR}" GPULET_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  gtest_discover_tests(${name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+                       DISCOVERY_TIMEOUT 60)
+endfunction()
+
+include(GoogleTest)

@@ -1,0 +1,47 @@
+// gpulet: the node agent and its tools. main() only builds the command line from the registered
+// commands (see command.h) and runs the chosen one.
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "cmd/gpulet/command.h"
+
+namespace gpulet::cmd {
+namespace {
+
+struct Entry {
+  std::string description;
+  CommandSetup setup;
+};
+std::map<std::string, Entry>& Registry() {
+  static auto* r = new std::map<std::string, Entry>();
+  return *r;
+}
+
+}  // namespace
+
+CommandRegistration::CommandRegistration(const char* name, const char* description,
+                                         CommandSetup setup) {
+  Registry()[name] = Entry{description, std::move(setup)};
+}
+
+}  // namespace gpulet::cmd
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
+               "gpulet"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "gpulet 0.1.0");
+  std::map<std::string, std::function<int()>> runs;
+  for (auto& [name, entry] : gpulet::cmd::Registry()) {
+    CLI::App* sub = app.add_subcommand(name, entry.description);
+    runs[name] = entry.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (CLI::App* sub : app.get_subcommands()) return runs[sub->get_name()]();
+  return 2;
+}

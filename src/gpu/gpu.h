@@ -1,0 +1,144 @@
+// The GPU layer: what the rest of gpulet knows about the node's GPUs. It knows nothing of
+// Kubernetes, gRPC or HTTP; everything above it (device plugin, metrics, labels, runtime, vGPU) sees
+// only this interface. The production backend (gpu/nvml/) loads libnvidia-ml.so.1 with dlopen; a
+// simulated node loads the fake NVML library (testing/fake_nvml/) through that same path.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gpulet::gpu {
+
+// How two GPUs reach each other when they have no NVLink, best first. Values follow NVML's
+// nvmlGpuTopologyLevel_t order; the names are those of `nvidia-smi topo -m`.
+enum class PcieRelation {
+  kSameBoard,      // PIX on one board (NVML_TOPOLOGY_INTERNAL)
+  kSingleSwitch,   // PIX: one PCIe switch
+  kMultiSwitch,    // PXB: several PCIe switches, no host bridge
+  kHostBridge,     // PHB: the same PCIe host bridge
+  kSameNuma,       // NODE: host bridges within one NUMA node
+  kCrossNuma,      // SYS: across the SMP interconnect between NUMA nodes
+  kUnknown,
+};
+const char* PcieRelationName(PcieRelation r);  // "PIX", "PXB", "PHB", "NODE", "SYS", ...
+
+struct Link {
+  int nvlinks = 0;  // active NVLinks between the pair (0 = none)
+  PcieRelation pcie = PcieRelation::kUnknown;
+};
+
+struct MigDevice {
+  uint32_t index = 0;          // position under its parent (NVML MIG device handle index)
+  std::string uuid;            // "MIG-..."
+  uint32_t gpu_instance_id = 0;
+  uint32_t compute_instance_id = 0;
+  std::string profile;         // e.g. "1g.5gb", "3g.20gb", "1g.5gb+me"
+  uint32_t gi_slices = 0;      // GPU slices of the GPU instance (the "1" of 1g.5gb)
+  uint32_t ci_slices = 0;      // compute slices of the compute instance
+  uint64_t memory_bytes = 0;
+  uint32_t sm_count = 0;
+};
+
+struct Device {
+  uint32_t index = 0;          // NVML index
+  std::string uuid;            // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string name;            // e.g. "NVIDIA H100 80GB HBM3"
+  std::string brand;           // e.g. "Tesla", "NVIDIA"
+  std::string architecture;    // e.g. "Hopper", "Ampere", "Volta", "Turing"
+  uint32_t minor = 0;          // /dev/nvidia<minor>
+  std::string pci_bus_id;      // "00000000:18:00.0" (NVML's 16-hex-digit-domain form)
+  uint32_t pci_device_id = 0;  // PCI device id << 16 | vendor id, as NVML reports
+  uint64_t memory_bytes = 0;
+  int numa_node = -1;          // from sysfs; -1 when unknown
+  int cc_major = 0, cc_minor = 0;
+  uint32_t sm_count = 0;       // 0 when NVML cannot say
+  uint32_t power_limit_mw = 0;
+  bool mig_capable = false;
+  bool mig_enabled = false;    // current MIG mode
+  std::vector<MigDevice> mig_devices;
+};
+
+// Driver-wide facts and the devices, as found at the last (re)initialisation.
+struct Inventory {
+  std::string driver_version;      // "550.54.15"
+  int cuda_driver_version = 0;     // NVML's encoding: 12040 = 12.4
+  std::string nvml_version;
+  std::vector<Device> devices;     // ordered by index
+  // topology[i][j] for device indices i != j; the diagonal is unused.
+  std::vector<std::vector<Link>> topology;
+};
+
+// One sample of a device's telemetry. A field NVML cannot provide on this device stays nullopt;
+// callers export what is there and never invent a value.
+struct ProcessInfo {
+  uint32_t pid = 0;
+  uint64_t used_memory_bytes = 0;
+};
+struct Telemetry {
+  std::optional<uint32_t> gpu_temp_c, memory_temp_c;
+  std::optional<uint32_t> sm_clock_mhz, memory_clock_mhz, graphics_clock_mhz, video_clock_mhz;
+  std::optional<uint32_t> power_usage_mw, power_limit_mw;
+  std::optional<uint64_t> total_energy_mj;  // since driver load
+  std::optional<uint32_t> gpu_util_pct, memory_util_pct, encoder_util_pct, decoder_util_pct;
+  std::optional<uint64_t> fb_total_bytes, fb_used_bytes, fb_free_bytes, fb_reserved_bytes;
+  std::optional<uint64_t> ecc_sbe_volatile, ecc_dbe_volatile, ecc_sbe_aggregate, ecc_dbe_aggregate;
+  std::optional<uint64_t> throttle_reasons;  // NVML clocks-event-reason bitmask
+  std::optional<uint32_t> pcie_replay_count;
+  std::optional<uint32_t> pcie_tx_kbps, pcie_rx_kbps;
+  std::optional<uint32_t> fan_speed_pct;
+  std::optional<uint32_t> pstate;
+  std::vector<ProcessInfo> processes;  // running compute processes
+};
+
+struct Event {
+  enum class Type { kXid, kSingleBitEcc, kDoubleBitEcc };
+  Type type = Type::kXid;
+  uint32_t device_index = 0;
+  std::string uuid;                    // of the physical GPU
+  uint64_t data = 0;                   // the XID code for kXid
+  // For a MIG device, its instance ids; kAllInstances when the event concerns the whole GPU.
+  static constexpr uint32_t kAllInstances = 0xFFFFFFFFu;
+  uint32_t gpu_instance_id = kAllInstances;
+  uint32_t compute_instance_id = kAllInstances;
+  std::chrono::system_clock::time_point time;
+};
+
+// Thread-safe. Calls may fail at any time (a GPU falls off the bus, the driver goes away): failures
+// are Status values, never crashes.
+class GpuLayer {
+ public:
+  virtual ~GpuLayer() = default;
+
+  // The inventory read at the last successful Init()/Reinit(). FailedPrecondition before that.
+  virtual absl::StatusOr<Inventory> GetInventory() = 0;
+
+  // One telemetry sample. Unavailable if the GPU is lost; NotFound for an unknown index.
+  virtual absl::StatusOr<Telemetry> GetTelemetry(uint32_t index) = 0;
+
+  // Cheap liveness probe of one GPU (NVML answers for it, and it is not lost). Used by health
+  // checking to decide recovery.
+  virtual absl::Status ProbeDevice(uint32_t index) = 0;
+
+  // Shuts NVML down and initialises it again, re-reading the inventory. Used to recover from a
+  // driver that stopped answering.
+  virtual absl::Status Reinit() = 0;
+
+  // Events are delivered on a background thread owned by the layer, in order, to every subscriber.
+  // A subscriber must not block for long. Unsubscribe by destroying the returned handle.
+  using EventCallback = std::function<void(const Event&)>;
+  class Subscription {
+   public:
+    virtual ~Subscription() = default;
+  };
+  virtual std::unique_ptr<Subscription> Subscribe(EventCallback cb) = 0;
+};
+
+}  // namespace gpulet::gpu
