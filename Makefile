@@ -32,6 +32,7 @@ test-tsan: deps
 	ctest --preset tsan
 
 bench: build
+	@cmake --build --preset $(PRESET) --target benchmarks -j $(JOBS)
 	scripts/bench
 
 clean:
