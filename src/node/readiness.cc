@@ -1,0 +1,204 @@
+#include "node/readiness.h"
+
+#include <string_view>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::node {
+namespace {
+
+using k8s::json;
+
+const json& Field(const json& j, std::initializer_list<std::string_view> path) {
+  static const json kNull;
+  const json* cur = &j;
+  for (std::string_view p : path) {
+    if (!cur->is_object()) return kNull;
+    auto it = cur->find(std::string(p));
+    if (it == cur->end()) return kNull;
+    cur = &*it;
+  }
+  return *cur;
+}
+
+std::string StringField(const json& j, std::initializer_list<std::string_view> path) {
+  const json& v = Field(j, path);
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
+}  // namespace
+
+ReadinessController::ReadinessController(k8s::Client* client, Validator validate,
+                                         ReadinessOptions options, Clock* clock)
+    : client_(client), validate_(std::move(validate)), options_(std::move(options)), clock_(clock) {}
+
+ReadinessController::~ReadinessController() { Stop(); }
+
+// Taints are a list the API merges as a whole, so read-modify-write guarded by resourceVersion;
+// a concurrent writer (kubelet, another controller) makes us re-read rather than clobber it.
+absl::Status ReadinessController::SetTaint(bool present) {
+  absl::Status last;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    ASSIGN_OR_RETURN(json node, client_->GetNode(options_.node_name));
+    json taints = json::array();
+    bool has = false;
+    for (const json& t : Field(node, {"spec", "taints"}).is_array() ? node["spec"]["taints"]
+                                                                     : json::array()) {
+      if (StringField(t, {"key"}) == options_.taint_key) {
+        has = true;
+        if (!present) continue;
+      }
+      taints.push_back(t);
+    }
+    if (has == present) return absl::OkStatus();
+    if (present) {
+      taints.push_back({{"key", options_.taint_key}, {"value", "validating"}, {"effect", "NoSchedule"}});
+    }
+    json patch = {{"metadata", {{"resourceVersion", StringField(node, {"metadata", "resourceVersion"})}}},
+                  {"spec", {{"taints", taints}}}};
+    auto r = client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch);
+    if (r.ok()) {
+      spdlog::info("node {}: taint {} {}", options_.node_name, options_.taint_key,
+                   present ? "added" : "removed");
+      return absl::OkStatus();
+    }
+    last = r.status();
+    if (last.code() != absl::StatusCode::kAborted && last.code() != absl::StatusCode::kAlreadyExists)
+      return last;
+  }
+  return last;
+}
+
+absl::Status ReadinessController::MarkValidated(const std::string& boot_id) {
+  json patch = {{"metadata",
+                 {{"labels", {{options_.ready_label, "ready"}}},
+                  {"annotations", {{options_.boot_annotation, boot_id}}}}}};
+  return client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch).status();
+}
+
+absl::Status ReadinessController::ClearReadyLabel() {
+  json patch = {{"metadata", {{"labels", {{options_.ready_label, nullptr}}}}}};
+  return client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch).status();
+}
+
+bool ReadinessController::RequestsOurResources(const json& pod) const {
+  const json& containers = Field(pod, {"spec", "containers"});
+  if (!containers.is_array()) return false;
+  for (const json& c : containers) {
+    const json& limits = Field(c, {"resources", "limits"});
+    if (!limits.is_object()) continue;
+    for (auto it = limits.begin(); it != limits.end(); ++it)
+      for (const auto& prefix : options_.resource_prefixes)
+        if (absl::StartsWith(it.key(), prefix)) return true;
+  }
+  return false;
+}
+
+absl::Status ReadinessController::RemediateRejectedPods() {
+  k8s::ListOptions opts;
+  opts.field_selector = "spec.nodeName=" + options_.node_name;
+  ASSIGN_OR_RETURN(json list, client_->ListPods("", opts));
+  for (const json& pod : Field(list, {"items"}).is_array() ? list["items"] : json::array()) {
+    if (StringField(pod, {"status", "phase"}) != "Failed" ||
+        StringField(pod, {"status", "reason"}) != "UnexpectedAdmissionError" ||
+        !RequestsOurResources(pod)) {
+      continue;
+    }
+    std::string ns = StringField(pod, {"metadata", "namespace"});
+    std::string name = StringField(pod, {"metadata", "name"});
+    bool controlled = false;
+    const json& owners = Field(pod, {"metadata", "ownerReferences"});
+    if (owners.is_array())
+      for (const json& o : owners) controlled |= o.value("controller", false);
+    if (controlled) {
+      auto r = client_->Call("DELETE", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name));
+      if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
+      ++deleted_pods_;
+      spdlog::info("deleted pod {}/{} rejected before the GPU stack was ready; its controller "
+                   "recreates it", ns, name);
+    } else {
+      ++reported_bare_pods_;
+      spdlog::warn("pod {}/{} was rejected before the GPU stack was ready and has no controller; "
+                   "delete and recreate it to run it", ns, name);
+      json event = {
+          {"apiVersion", "v1"},
+          {"kind", "Event"},
+          {"metadata", {{"generateName", name + "."}, {"namespace", ns}}},
+          {"involvedObject",
+           {{"kind", "Pod"}, {"namespace", ns}, {"name", name},
+            {"uid", StringField(pod, {"metadata", "uid"})}}},
+          {"reason", "GPUStackNotReadyAtAdmission"},
+          {"message", "rejected by the kubelet before the node's GPU stack was ready; this bare "
+                      "pod is not recreated automatically: delete and recreate it"},
+          {"type", "Warning"},
+          {"source", {{"component", "gpulet"}, {"host", options_.node_name}}}};
+      auto r = client_->Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/events"), &event);
+      if (!r.ok()) spdlog::warn("cannot record event for pod {}/{}: {}", ns, name, std::string(r.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
+  ASSIGN_OR_RETURN(json node, client_->GetNode(options_.node_name));
+  std::string boot_id = StringField(node, {"status", "nodeInfo", "bootID"});
+  std::string validated = StringField(node, {"metadata", "annotations", options_.boot_annotation});
+  bool labelled = StringField(node, {"metadata", "labels", options_.ready_label}) == "ready";
+
+  if (validated == boot_id && !boot_id.empty() && labelled) {
+    RETURN_IF_ERROR(SetTaint(false));  // e.g. a previous run died between label and untaint
+    if (remediated_boot_ != boot_id) {
+      RETURN_IF_ERROR(RemediateRejectedPods());
+      remediated_boot_ = boot_id;
+    }
+    return NodeStackState::kReady;
+  }
+
+  // This boot is not validated yet: keep new GPU pods off the node first.
+  RETURN_IF_ERROR(SetTaint(true));
+  if (labelled) RETURN_IF_ERROR(ClearReadyLabel());
+  last_report_ = validate_();
+  if (!last_report_.ok()) {
+    std::string failure = last_report_.FirstFailure();
+    if (failure != last_failure_logged_) {
+      spdlog::info("node {}: GPU stack not ready yet ({})", options_.node_name, failure);
+      last_failure_logged_ = failure;
+    }
+    return NodeStackState::kNotReady;
+  }
+  // Order matters: label first (our pods and users can see why), then admit new pods, then heal.
+  RETURN_IF_ERROR(MarkValidated(boot_id));
+  RETURN_IF_ERROR(SetTaint(false));
+  RETURN_IF_ERROR(RemediateRejectedPods());
+  remediated_boot_ = boot_id;
+  last_failure_logged_.clear();
+  spdlog::info("node {}: GPU stack validated for boot {}", options_.node_name, boot_id);
+  return NodeStackState::kReady;
+}
+
+void ReadinessController::Start() {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      auto r = ReconcileOnce();
+      if (!r.ok()) spdlog::warn("gpu-stack readiness: {}", r.status().ToString());
+      lock.lock();
+      cv_.wait_for(lock, options_.interval, [this] { return stop_; });
+    }
+  });
+}
+
+void ReadinessController::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace gpulet::node

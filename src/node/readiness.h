@@ -1,0 +1,83 @@
+// Reboot self-healing for a GPU node (what the GPU Operator lacks). After every boot -- detected by
+// the node's boot ID (status.nodeInfo.bootID, as the kubelet reports it) differing from the boot ID
+// gpulet last validated -- the node carries a NoSchedule taint so new GPU pods stay off it until the
+// whole stack validates (driver, runtime, device plugin). Then, in this order: the node is labelled
+// gpulet.io/gpu-stack=ready and annotated with the validated boot ID, the taint is removed, and pods
+// the kubelet rejected meanwhile (UnexpectedAdmissionError for GPU resources) are dealt with once:
+// controller-owned ones are deleted so their controllers recreate them, bare ones are reported
+// (a Warning event and a counter) and left alone.
+//
+// Thread-safety: ReconcileOnce() must not run concurrently with itself; Start() runs it on a thread
+// owned by the controller; counters may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "k8s/client.h"
+#include "node/validation.h"
+
+namespace gpulet::node {
+
+struct ReadinessOptions {
+  std::string node_name;
+  std::string taint_key = "gpulet.io/gpu-stack-not-ready";
+  std::string ready_label = "gpulet.io/gpu-stack";  // value "ready" once validated
+  std::string boot_annotation = "gpulet.io/validated-boot-id";
+  // Resources whose admission failures are ours to heal.
+  std::vector<std::string> resource_prefixes = {"nvidia.com/", "tencent.com/vcuda-"};
+  std::chrono::milliseconds interval{2000};
+};
+
+enum class NodeStackState { kNotReady, kReady };
+
+class ReadinessController {
+ public:
+  using Validator = std::function<ValidationReport()>;
+  // `client` is not owned and must outlive the controller.
+  ReadinessController(k8s::Client* client, Validator validate, ReadinessOptions options,
+                      Clock* clock = RealClock());
+  ~ReadinessController();
+
+  // One pass: taint if this boot is not validated, validate, then label / untaint / remediate.
+  absl::StatusOr<NodeStackState> ReconcileOnce();
+
+  void Start();  // reconciles every `interval` on a background thread
+  void Stop();
+
+  int64_t deleted_pods() const { return deleted_pods_.load(); }
+  int64_t reported_bare_pods() const { return reported_bare_pods_.load(); }
+  const ValidationReport& last_report() const { return last_report_; }  // ReconcileOnce thread
+
+ private:
+  absl::Status SetTaint(bool present);
+  absl::Status MarkValidated(const std::string& boot_id);
+  absl::Status ClearReadyLabel();
+  absl::Status RemediateRejectedPods();
+  bool RequestsOurResources(const k8s::json& pod) const;
+
+  k8s::Client* client_;
+  Validator validate_;
+  ReadinessOptions options_;
+  Clock* clock_;
+  ValidationReport last_report_;
+  std::string last_failure_logged_;
+  std::string remediated_boot_;  // boot ID whose rejected pods were handled
+  std::atomic<int64_t> deleted_pods_{0};
+  std::atomic<int64_t> reported_bare_pods_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace gpulet::node
