@@ -1,0 +1,546 @@
+#include "vgpu/interposer/core.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+namespace gpulet::vcuda {
+namespace {
+
+template <class T>
+T Fn(void* p) {
+  return reinterpret_cast<T>(p);
+}
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+void SleepUntilNs(int64_t t) {
+  timespec ts{static_cast<time_t>(t / 1000000000), static_cast<long>(t % 1000000000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+// Strict decimal; false on empty, sign, junk or overflow.
+bool ParseU64(const char* s, uint64_t* out) {
+  if (s == nullptr || *s == 0) return false;
+  uint64_t v = 0;
+  for (; *s; ++s) {
+    if (*s < '0' || *s > '9') return false;
+    uint64_t d = static_cast<uint64_t>(*s - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+uint64_t Mix(uint64_t k) {  // splitmix64 finaliser: spreads pointer bits over the table
+  k ^= k >> 30;
+  k *= 0xbf58476d1ce4e5b9ull;
+  k ^= k >> 27;
+  k *= 0x94d049bb133111ebull;
+  return k ^ (k >> 31);
+}
+uint64_t Key(Kind kind, uint64_t handle) { return handle ^ (static_cast<uint64_t>(kind) << 60); }
+constexpr uint64_t kTombstone = 1;
+
+}  // namespace
+
+ClockFns RealClockFns() { return {&MonotonicNs, &SleepUntilNs}; }
+
+bool ResolveRealDriver(void* cuda, void* nvml, void* (*sym)(void*, const char*), RealDriver* out) {
+#define GPULET_RESOLVE_CUDA(name) out->name = sym(cuda, #name);
+#define GPULET_RESOLVE_NVML(name) out->name = nvml ? sym(nvml, #name) : nullptr;
+  GPULET_REAL_CUDA(GPULET_RESOLVE_CUDA)
+  GPULET_REAL_NVML(GPULET_RESOLVE_NVML)
+#undef GPULET_RESOLVE_CUDA
+#undef GPULET_RESOLVE_NVML
+  // What the core itself cannot work without; everything else is forwarded only if present.
+  return out->cuMemAlloc_v2 && out->cuMemFree_v2 && out->cuCtxGetDevice && out->cuDeviceGetCount &&
+         out->cuDeviceGetUuid && out->cuCtxGetCurrent;
+}
+
+bool ParseUuid(const char* text, char out[16]) {
+  if (text == nullptr || strncmp(text, "GPU-", 4) != 0) return false;
+  int n = 0;
+  for (const char* p = text + 4; *p; ++p) {
+    if (*p == '-') continue;
+    int v = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+            : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10 : -1;
+    if (v < 0 || n >= 32) return false;
+    if (n % 2 == 0) out[n / 2] = static_cast<char>(v << 4);
+    else out[n / 2] = static_cast<char>(out[n / 2] | v);
+    ++n;
+  }
+  return n == 32;
+}
+
+Config ParseConfig(const char* (*get)(const char*)) {
+  Config c;
+  const char* disable = get("GPULET_VGPU_DISABLE");
+  if (disable && strcmp(disable, "1") == 0) {
+    c.disabled = true;
+    return c;
+  }
+  auto fail = [&c](const char* name, const char* value, const char* want) {
+    if (c.invalid) return;  // keep the first problem: one clear message
+    c.invalid = true;
+    snprintf(c.error, sizeof c.error,
+             "gpulet-vcuda: %s=\"%s\" is not %s; refusing GPU memory allocations", name, value,
+             want);
+  };
+  if (const char* v = get("GPULET_VGPU_MEMORY_LIMIT")) {
+    if (!ParseU64(v, &c.memory_limit) || c.memory_limit >= (uint64_t{1} << 48))
+      fail("GPULET_VGPU_MEMORY_LIMIT", v, "a decimal byte count below 2^48");
+  }
+  uint64_t v64;
+  if (const char* v = get("GPULET_VGPU_CORE_LIMIT")) {
+    if (!ParseU64(v, &v64) || v64 < 1 || v64 > 100)
+      fail("GPULET_VGPU_CORE_LIMIT", v, "a percentage 1-100");
+    else c.core_limit = static_cast<uint32_t>(v64);
+  }
+  c.core_ceiling = c.core_limit;
+  if (const char* v = get("GPULET_VGPU_CORE_CEILING")) {
+    if (!ParseU64(v, &v64) || v64 < c.core_limit || v64 > 100)
+      fail("GPULET_VGPU_CORE_CEILING", v, "a percentage between GPULET_VGPU_CORE_LIMIT and 100");
+    else c.core_ceiling = static_cast<uint32_t>(v64);
+  }
+  c.context_bytes = 0;
+  if (const char* v = get("GPULET_VGPU_CONTEXT_BYTES")) {
+    if (!ParseU64(v, &c.context_bytes)) fail("GPULET_VGPU_CONTEXT_BYTES", v, "a decimal byte count");
+  }
+  // The container's GPU, by UUID: the process-local ordinal follows from it whatever
+  // CUDA_VISIBLE_DEVICES reorders or hides. Several GPUs or an index: limit every device.
+  if (const char* v = get("NVIDIA_VISIBLE_DEVICES")) {
+    if (strchr(v, ',') == nullptr) c.has_uuid = ParseUuid(v, c.uuid);
+  }
+  return c;
+}
+
+void Core::Init(const RealDriver& real, const Config& config, vgpu::AccountingRegion* region,
+                ClockFns clock) {
+  real_ = real;
+  config_ = config;
+  region_ = region;
+  clock_ = clock;
+  all_limited_ = !config.has_uuid;
+  if (config.disabled) return;
+  if (config.invalid) config_.memory_limit = 1;  // fail closed: nothing but a byte fits
+  region_->memory_limit.store(config_.memory_limit, std::memory_order_relaxed);
+  region_->core_limit.store(config.core_limit, std::memory_order_relaxed);
+  region_->core_ceiling.store(config.core_ceiling, std::memory_order_relaxed);
+  region_->context_bytes.store(config.context_bytes, std::memory_order_relaxed);
+  if (config.has_uuid && region_->device_uuid[0] == 0) {
+    static const char kHex[] = "0123456789abcdef";
+    char text[64] = "GPU-";
+    int o = 4;
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) text[o++] = '-';
+      text[o++] = kHex[(config.uuid[i] >> 4) & 15];
+      text[o++] = kHex[config.uuid[i] & 15];
+    }
+    memcpy(region_->device_uuid, text, sizeof text);
+  }
+  pacing_ = config.core_limit < 100 && real_.cuEventCreate && real_.cuEventRecord &&
+            real_.cuEventQuery && real_.cuEventElapsedTime && real_.cuEventSynchronize;
+  if (config.core_ceiling > config.core_limit && real_.nvmlInit_v2 &&
+      Fn<nvmlReturn_t (*)()>(real_.nvmlInit_v2)() == NVML_SUCCESS) {
+    if (config.has_uuid && real_.nvmlDeviceGetHandleByUUID) {
+      Fn<nvmlReturn_t (*)(const char*, nvmlDevice_t*)>(real_.nvmlDeviceGetHandleByUUID)(
+          region_->device_uuid, &nvml_device_);
+    } else if (real_.nvmlDeviceGetHandleByIndex_v2) {
+      Fn<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(real_.nvmlDeviceGetHandleByIndex_v2)(
+          0, &nvml_device_);
+    }
+  }
+  uint32_t expect = 0;
+  region_->effective_share_permille.compare_exchange_strong(expect, config.core_limit * 10);
+  EnsureSlot();
+}
+
+bool Core::EnsureSlot() {
+  if (slot_.load(std::memory_order_acquire) >= 0) return true;
+  int pid = static_cast<int>(getpid());
+  uint64_t owner = vgpu::OwnerWord(pid, vgpu::ProcessStartTicks(pid));
+  int s = vgpu::ClaimSlot(*region_, owner);
+  if (s < 0) return false;
+  int expect = -1;
+  owner_ = owner;
+  if (!slot_.compare_exchange_strong(expect, s)) vgpu::ReleaseSlot(*region_, s, owner);
+  return true;
+}
+
+void Core::AfterFork() {
+  slot_.store(-1, std::memory_order_release);
+  for (Entry& e : table_) e.key.store(0, std::memory_order_relaxed);
+  for (auto& r : primary_refs_) r.store(0, std::memory_order_relaxed);
+  ring_head_ = ring_count_ = 0;
+  for (Pending& p : ring_) p = Pending{};
+}
+
+void Core::Exit() {
+  int s = slot_.exchange(-1);
+  if (s >= 0) vgpu::ReleaseSlot(*region_, s, owner_);
+}
+
+// --- devices ------------------------------------------------------------------------------------
+
+void Core::ResolveDevices() {
+  int expect = 0;
+  if (!devices_state_.compare_exchange_strong(expect, 1)) {
+    while (devices_state_.load(std::memory_order_acquire) == 1) sched_yield();
+    return;
+  }
+  int count = 0;
+  uint64_t mask = 0;
+  bool ok = Fn<cuda::cuDeviceGetCount_t>(real_.cuDeviceGetCount)(&count) == CUDA_SUCCESS;
+  for (int i = 0; ok && i < count && i < 64; ++i) {
+    CUuuid u;
+    if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, i) != CUDA_SUCCESS) ok = false;
+    else if (memcmp(u.bytes, config_.uuid, 16) == 0) mask |= uint64_t{1} << i;
+  }
+  if (!ok) {  // driver not initialised yet: count everything for now, resolve next time
+    devices_state_.store(0, std::memory_order_release);
+    return;
+  }
+  limited_mask_.store(mask, std::memory_order_relaxed);
+  devices_state_.store(2, std::memory_order_release);
+}
+
+bool Core::Limited(int ordinal) {
+  if (all_limited_) return true;
+  if (devices_state_.load(std::memory_order_acquire) != 2) ResolveDevices();
+  if (ordinal < 0) {
+    CUdevice d;
+    if (Fn<cuda::cuCtxGetDevice_t>(real_.cuCtxGetDevice)(&d) != CUDA_SUCCESS) return true;
+    ordinal = d;
+  }
+  return ordinal >= 64 || (limited_mask_.load(std::memory_order_relaxed) >> ordinal) & 1;
+}
+
+// --- memory -------------------------------------------------------------------------------------
+
+CUresult Core::Reserve(int ordinal, uint64_t bytes, bool* counted) {
+  *counted = Limited(ordinal);
+  if (!*counted) return CUDA_SUCCESS;
+  if (!EnsureSlot()) return CUDA_ERROR_OUT_OF_MEMORY;  // 128 live processes in one container
+  int s = slot_.load(std::memory_order_relaxed);
+  return vgpu::Reserve(*region_, s, owner_, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void Core::Undo(uint64_t bytes, bool counted) {
+  if (counted) vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+}
+
+void Core::Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted) {
+  // An uncounted allocation (another GPU) is not recorded; its free then finds nothing.
+  if (!counted) return;
+  if (!TableInsert(Key(kind, handle), bytes)) {
+    // Table full: keep the charge (it can never be returned, which errs on the safe side).
+    table_overflow_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+uint64_t Core::Take(Kind kind, uint64_t handle) { return TableErase(Key(kind, handle)); }
+
+void Core::Settle(Kind kind, uint64_t handle, uint64_t bytes, CUresult freed) {
+  if (bytes == 0) return;
+  if (freed == CUDA_SUCCESS) {
+    vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+  } else {
+    TableInsert(Key(kind, handle), bytes);  // still allocated: keep it on the books
+  }
+}
+
+bool Core::TableInsert(uint64_t key, uint64_t bytes) {
+  uint64_t i = Mix(key);
+  for (int probe = 0; probe < kTableSize; ++probe, ++i) {
+    Entry& e = table_[i & (kTableSize - 1)];
+    uint64_t k = e.key.load(std::memory_order_relaxed);
+    if (k != 0 && k != kTombstone) continue;
+    e.bytes.store(bytes, std::memory_order_relaxed);
+    if (e.key.compare_exchange_strong(k, key, std::memory_order_release)) return true;
+  }
+  return false;
+}
+
+uint64_t Core::TableErase(uint64_t key) {
+  uint64_t i = Mix(key);
+  for (int probe = 0; probe < kTableSize; ++probe, ++i) {
+    Entry& e = table_[i & (kTableSize - 1)];
+    uint64_t k = e.key.load(std::memory_order_acquire);
+    if (k == 0) return 0;
+    if (k != key) continue;
+    uint64_t bytes = e.bytes.load(std::memory_order_relaxed);
+    if (e.key.compare_exchange_strong(k, kTombstone)) return bytes;
+    return 0;  // a concurrent double free: let the driver report it
+  }
+  return 0;
+}
+
+CUresult Core::AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height,
+                          unsigned elem) {
+  auto call = [&] {
+    return Fn<cuda::cuMemAllocPitch_t>(real_.cuMemAllocPitch_v2)(p, pitch, width, height, elem);
+  };
+  if (config_.disabled || p == nullptr || pitch == nullptr) return call();
+  // Pitch alignment is at most 512 bytes on every NVIDIA GPU so far (texturePitchAlignment).
+  uint64_t bound = ((uint64_t{width} + 511) & ~uint64_t{511}) * height;
+  bool counted;
+  if (CUresult r = Reserve(-1, bound, &counted); r != CUDA_SUCCESS) return r;
+  CUresult r = call();
+  if (r != CUDA_SUCCESS) {
+    Undo(bound, counted);
+    return r;
+  }
+  uint64_t actual = uint64_t{*pitch} * height;
+  if (actual < bound) {
+    Undo(bound - actual, counted);
+  } else if (actual > bound) {
+    bool extra_counted;
+    if (Reserve(-1, actual - bound, &extra_counted) != CUDA_SUCCESS) {
+      Fn<cuda::cuMemFree_t>(real_.cuMemFree_v2)(*p);
+      Undo(bound, counted);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  Commit(Kind::kPointer, *p, actual, counted);
+  return CUDA_SUCCESS;
+}
+
+uint64_t Core::ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
+  uint64_t elem;
+  switch (d.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: elem = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: elem = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: elem = 4; break;
+    default: elem = 4; break;  // packed/compressed formats: at most 4 bytes per channel element
+  }
+  uint64_t total = 0;
+  for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
+    auto dim = [l](size_t v, bool optional) -> uint64_t {
+      if (v == 0) return optional ? 1 : 0;
+      uint64_t s = v >> l;
+      return s ? s : 1;
+    };
+    total += dim(d.Width, false) * dim(d.Height, true) * dim(d.Depth, true) * elem * d.NumChannels;
+  }
+  return total;
+}
+
+// --- contexts -----------------------------------------------------------------------------------
+
+CUresult Core::CtxCreated(CUresult r, CUcontext ctx, bool counted) {
+  if (r == CUDA_SUCCESS) {
+    Commit(Kind::kContext, reinterpret_cast<uint64_t>(ctx), config_.context_bytes, counted);
+  } else {
+    Undo(config_.context_bytes, counted);
+  }
+  return r;
+}
+
+CUresult Core::PrimaryRetain(CUcontext* ctx, CUdevice dev) {
+  auto call = [&] {
+    return Fn<cuda::cuDevicePrimaryCtxRetain_t>(real_.cuDevicePrimaryCtxRetain)(ctx, dev);
+  };
+  if (config_.disabled || dev < 0 || dev >= 64 || config_.context_bytes == 0) return call();
+  // The first retain creates the context: reserve for it before the driver allocates.
+  bool first = primary_refs_[dev].load() == 0, counted = false;
+  if (first) {
+    if (CUresult r = Reserve(dev, config_.context_bytes, &counted); r != CUDA_SUCCESS) return r;
+  }
+  CUresult r = call();
+  if (r != CUDA_SUCCESS) {
+    if (first) Undo(config_.context_bytes, counted);
+    return r;
+  }
+  int before = primary_refs_[dev].fetch_add(1);
+  if (first && before != 0) Undo(config_.context_bytes, counted);  // another thread charged it
+  if (!first && before == 0 && Limited(dev) && EnsureSlot()) {
+    // Lost a race with a concurrent release: the context exists, so it must be counted.
+    region_->held[slot_.load()].fetch_add(config_.context_bytes);
+  }
+  return r;
+}
+
+CUresult Core::PrimaryRelease(CUdevice dev, bool v2) {
+  void* fn = v2 && real_.cuDevicePrimaryCtxRelease_v2 ? real_.cuDevicePrimaryCtxRelease_v2
+                                                      : real_.cuDevicePrimaryCtxRelease;
+  CUresult r = Fn<cuda::cuDevicePrimaryCtxRelease_t>(fn)(dev);
+  if (r != CUDA_SUCCESS || config_.disabled || dev < 0 || dev >= 64 || config_.context_bytes == 0)
+    return r;
+  if (primary_refs_[dev].fetch_sub(1) == 1 && Limited(dev)) Undo(config_.context_bytes, true);
+  return r;
+}
+
+// --- reports ------------------------------------------------------------------------------------
+
+void Core::AdjustMemInfo(size_t* free_bytes, size_t* total) {
+  if (config_.disabled || config_.memory_limit == 0 || !Limited(-1)) return;
+  uint64_t limit = config_.memory_limit < *total ? config_.memory_limit : *total;
+  uint64_t used = vgpu::UsedBytes(*region_);
+  uint64_t avail = used < limit ? limit - used : 0;
+  *total = limit;
+  if (avail < *free_bytes) *free_bytes = avail;  // never more than the card really has free
+}
+
+void Core::AdjustTotalMem(size_t* total, CUdevice dev) {
+  if (config_.disabled || config_.memory_limit == 0 || !Limited(dev)) return;
+  if (config_.memory_limit < *total) *total = config_.memory_limit;
+}
+
+void Core::AdjustNvmlMemory(nvmlDevice_t dev, unsigned long long* total,
+                            unsigned long long* free_b, unsigned long long* used) {
+  if (config_.disabled || config_.memory_limit == 0) return;
+  if (config_.has_uuid && real_.nvmlDeviceGetUUID) {
+    char text[96];
+    char uuid[16];
+    if (Fn<cuda::nvmlDeviceGetUUID_t>(real_.nvmlDeviceGetUUID)(dev, text, sizeof text) !=
+            NVML_SUCCESS ||
+        !ParseUuid(text, uuid) || memcmp(uuid, config_.uuid, 16) != 0)
+      return;  // another GPU of the node: shown as it is
+  }
+  uint64_t limit = config_.memory_limit < *total ? config_.memory_limit : *total;
+  uint64_t u = vgpu::UsedBytes(*region_);
+  *total = limit;
+  *used = u < limit ? u : limit;
+  *free_b = limit - *used;
+}
+
+// --- compute pacer ------------------------------------------------------------------------------
+//
+// The container owns a GPU-time budget expressed as one shared "virtual finish time" V: running
+// d ns of GPU work at share s moves V forward by d/s. A launch may start only when V <= now, so
+// over any interval the container's measured GPU time is at most s x (interval + burst): the
+// share is exact by construction (no gain to tune, nothing to oscillate). Idle time banks at
+// most kBurstNs of credit (V is never allowed to fall further behind). GPU time is measured, not
+// guessed: events recorded around every launch on its own stream give the work's duration on
+// the GPU's timeline; it is charged when the end event completes (at most kRing launches per
+// process are in flight unmeasured). See docs/interposer.md.
+
+void Core::Charge(int64_t busy_ns, int64_t now) {
+  uint32_t share = region_->effective_share_permille.load(std::memory_order_relaxed);
+  if (share == 0) share = config_.core_limit * 10;
+  int64_t cost = busy_ns * 1000 / share;
+  int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed), nv;
+  do {
+    nv = (v < now - kBurstNs ? now - kBurstNs : v) + cost;
+  } while (!region_->virtual_time_ns.compare_exchange_weak(v, nv, std::memory_order_relaxed));
+  region_->busy_ns.fetch_add(static_cast<uint64_t>(busy_ns), std::memory_order_relaxed);
+}
+
+void Core::Harvest(bool wait_oldest) {
+  while (ring_count_ > 0) {
+    Pending& p = ring_[ring_head_];
+    if (p.busy) break;  // its launch is still being issued by another thread
+    if (wait_oldest) {
+      Fn<cuda::cuEventSynchronize_t>(real_.cuEventSynchronize)(p.end);
+      wait_oldest = false;
+    }
+    if (Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.end) != CUDA_SUCCESS) break;
+    float ms = 0;
+    if (Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
+        CUDA_SUCCESS) {
+      Charge(static_cast<int64_t>(static_cast<double>(ms) * 1e6), clock_.now_ns());
+    }
+    ring_head_ = (ring_head_ + 1) % kRing;
+    --ring_count_;
+  }
+}
+
+void Core::UpdateSoftShare(int64_t now) {
+  // Soft limit: borrow what the rest of the GPU leaves idle, up to the ceiling. Every 200 ms one
+  // process compares the device's utilisation (NVML) with the container's own measured busy time
+  // and moves the share half-way towards limit..ceiling; halving the step damps the loop.
+  int64_t due = next_share_update_.load(std::memory_order_relaxed);
+  if (now < due || !next_share_update_.compare_exchange_strong(due, now + 200'000'000)) return;
+  if (!real_.nvmlDeviceGetUtilizationRates || due == 0) {
+    if (due == 0) last_busy_.store(region_->busy_ns.load());
+    return;
+  }
+  struct {
+    unsigned gpu, memory;
+  } util{};
+  using UtilFn = nvmlReturn_t (*)(nvmlDevice_t, void*);
+  if (nvml_device_ == nullptr ||
+      Fn<UtilFn>(real_.nvmlDeviceGetUtilizationRates)(nvml_device_, &util) != NVML_SUCCESS)
+    return;
+  uint64_t busy = region_->busy_ns.load();
+  uint64_t own = (busy - last_busy_.exchange(busy)) * 100 / static_cast<uint64_t>(now - due + 200'000'000);
+  int64_t others = static_cast<int64_t>(util.gpu) - static_cast<int64_t>(own);
+  if (others < 0) others = 0;
+  int64_t target = 100 - others - 5;  // keep 5 points of headroom for the neighbours' bursts
+  if (target < config_.core_limit) target = config_.core_limit;
+  if (target > config_.core_ceiling) target = config_.core_ceiling;
+  int64_t cur = region_->effective_share_permille.load();
+  region_->effective_share_permille.store(static_cast<uint32_t>(cur + (target * 10 - cur) / 2));
+}
+
+int Core::BeforeLaunch(CUstream stream, bool per_thread) {
+  region_->launches.fetch_add(1, std::memory_order_relaxed);
+  int64_t now = clock_.now_ns();
+  if (config_.core_ceiling > config_.core_limit) UpdateSoftShare(now);
+  for (;;) {  // admission: wait while the container is ahead of its budget
+    int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed);
+    if (v <= now) break;
+    clock_.sleep_until_ns(v);
+    int64_t after = clock_.now_ns();
+    region_->throttled_ns.fetch_add(static_cast<uint64_t>(after - now), std::memory_order_relaxed);
+    now = after;
+  }
+  CUcontext ctx = nullptr;
+  Fn<cuda::cuCtxGetCurrent_t>(real_.cuCtxGetCurrent)(&ctx);
+  while (ring_lock_.test_and_set(std::memory_order_acquire)) sched_yield();
+  Harvest(false);
+  if (ring_count_ == kRing) Harvest(true);  // bound the unmeasured work in flight
+  int slot = -1;
+  if (ring_count_ < kRing) {
+    slot = (ring_head_ + ring_count_) % kRing;
+    Pending& p = ring_[slot];
+    if (p.start == nullptr || p.ctx != ctx) {
+      if (p.start) Fn<cuda::cuEventDestroy_t>(real_.cuEventDestroy_v2)(p.start);
+      if (p.end) Fn<cuda::cuEventDestroy_t>(real_.cuEventDestroy_v2)(p.end);
+      p.start = p.end = nullptr;
+      if (Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+          Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+        p.start = p.end = nullptr;
+        slot = -1;
+      }
+      p.ctx = ctx;
+    }
+    if (slot >= 0) {
+      void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
+      Fn<cuda::cuEventRecord_t>(rec)(p.start, stream);
+      p.busy = true;
+      ++ring_count_;
+    }
+  }
+  ring_lock_.clear(std::memory_order_release);
+  return slot;
+}
+
+void Core::AfterLaunch(int slot, CUstream stream, bool per_thread, CUresult launched) {
+  if (slot < 0) return;
+  while (ring_lock_.test_and_set(std::memory_order_acquire)) sched_yield();
+  Pending& p = ring_[slot];
+  void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
+  // A failed launch still completes its events (zero elapsed time): nothing is charged.
+  Fn<cuda::cuEventRecord_t>(rec)(p.end, stream);
+  (void)launched;
+  p.busy = false;
+  ring_lock_.clear(std::memory_order_release);
+}
+
+}  // namespace gpulet::vcuda

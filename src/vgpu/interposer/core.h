@@ -1,0 +1,198 @@
+// The interposer's policy core: memory limit, allocation bookkeeping, device selection and the
+// compute pacer, over a table of real driver entry points. The extern "C" shims (shim.cc) only
+// forward into one process-wide Core; tests drive a Core against the fake driver directly.
+//
+// Constraints (it runs inside other people's CUDA processes): no exceptions, no heap, no
+// non-trivial destructors (a Core may be a global that is still used while the process exits),
+// libc only. Thread-safety: every public member may be called concurrently after Init(); Init()
+// itself runs once, before any other call.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "vgpu/accounting.h"
+#include "vgpu/interposer/cuda_abi.h"
+
+namespace gpulet::vcuda {
+
+// Real entry points. Required ones are marked; the rest may be null (e.g. an old driver).
+struct RealDriver {
+#define GPULET_REAL_CUDA(X)                                                                   \
+  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) \
+  X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)        \
+  X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemCreate) X(cuMemRelease)    \
+  X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2)                \
+  X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuMemFree)          \
+  X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemGetInfo) X(cuMemGetInfo_v2)  \
+  X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) \
+  X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)             \
+  X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuLaunchKernel)              \
+  X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                         \
+  X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)             \
+  X(cuGraphLaunch_ptsz) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuCtxGetDevice)              \
+  X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)                   \
+  X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)
+#define GPULET_REAL_NVML(X) \
+  X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUUID) \
+  X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
+  X(nvmlDeviceGetHandleByIndex_v2)
+#define GPULET_DECLARE_PTR(name) void* name = nullptr;
+  GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
+  GPULET_REAL_NVML(GPULET_DECLARE_PTR)
+#undef GPULET_DECLARE_PTR
+};
+
+// Fills `out` from libcuda (cuda) and libnvidia-ml (nvml, may be null) with `sym` (the real
+// dlsym). Returns false if a required entry point is missing.
+bool ResolveRealDriver(void* cuda, void* nvml, void* (*sym)(void*, const char*), RealDriver* out);
+
+// Time source; the real one is CLOCK_MONOTONIC. Tests pass a virtual clock shared with the fake.
+struct ClockFns {
+  int64_t (*now_ns)();
+  void (*sleep_until_ns)(int64_t);
+};
+ClockFns RealClockFns();
+
+struct Config {
+  bool disabled = false;        // GPULET_VGPU_DISABLE=1: pure pass-through
+  bool invalid = false;         // a malformed limit: fail closed (every allocation refused)
+  uint64_t memory_limit = 0;    // bytes, 0 = unlimited
+  uint32_t core_limit = 100;    // percent; >= 100 = no pacing
+  uint32_t core_ceiling = 100;  // percent; == core_limit = hard limit
+  uint64_t context_bytes = 0;   // charge per CUDA context
+  bool has_uuid = false;        // limit only the GPU with this UUID
+  char uuid[16] = {};
+  char error[256] = {};         // set when invalid
+};
+
+// Parses the contract's environment (GPULET_VGPU_* and NVIDIA_VISIBLE_DEVICES) through `get`
+// (getenv in production). Never fails: a bad value sets config.invalid and config.error.
+Config ParseConfig(const char* (*get)(const char*));
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes.
+bool ParseUuid(const char* text, char out[16]);
+
+// What a memory handle is, so that equal values of different handle types never collide.
+enum class Kind : uint64_t { kPointer = 1, kArray = 2, kMipmap = 3, kVmm = 4, kContext = 5 };
+
+class Core {
+ public:
+  // `region` must outlive the Core (the shim maps it forever). Not thread-safe; call once.
+  void Init(const RealDriver& real, const Config& config, vgpu::AccountingRegion* region,
+            ClockFns clock);
+  const RealDriver& real() const { return real_; }
+  const Config& config() const { return config_; }
+  bool pacing() const { return pacing_; }
+
+  // --- memory: reserve, let the driver allocate, record; or undo. -----------------------------
+  // `ordinal` is the process-local device the memory lands on, -1 = the current context's.
+  // Returns CUDA_SUCCESS with the reservation taken, or CUDA_ERROR_OUT_OF_MEMORY.
+  CUresult Reserve(int ordinal, uint64_t bytes, bool* counted);
+  void Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted);
+  void Undo(uint64_t bytes, bool counted);
+  // Free path: Take before the real free (so a recycled handle can never be mistaken for the
+  // freed one), then Settle with the driver's result.
+  uint64_t Take(Kind kind, uint64_t handle);
+  void Settle(Kind kind, uint64_t handle, uint64_t bytes, CUresult freed);
+
+  // Runs `alloc` (which returns a CUresult and fills *handle) under a reservation.
+  template <class F>
+  CUresult Charged(Kind kind, int ordinal, uint64_t bytes, F&& alloc) {
+    uint64_t handle = 0;
+    if (config_.disabled) return alloc(&handle);
+    bool counted;
+    if (CUresult r = Reserve(ordinal, bytes, &counted); r != CUDA_SUCCESS) return r;
+    CUresult r = alloc(&handle);
+    if (r == CUDA_SUCCESS) {
+      Commit(kind, handle, bytes, counted);
+    } else {
+      Undo(bytes, counted);
+    }
+    return r;
+  }
+  template <class F>
+  CUresult Freed(Kind kind, uint64_t handle, F&& free_fn) {
+    if (config_.disabled) return free_fn();
+    uint64_t bytes = Take(kind, handle);
+    CUresult r = free_fn();
+    Settle(kind, handle, bytes, r);
+    return r;
+  }
+
+  // Pitch allocations learn their size only from the driver: reserve an upper bound, then
+  // adjust to pitch x height (or refuse if the driver's pitch exceeds the bound and the
+  // remainder does not fit).
+  CUresult AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned elem);
+
+  // Context charges (context_bytes each, on limited devices).
+  CUresult CtxCreated(CUresult r, CUcontext ctx, bool counted);
+  CUresult PrimaryRetain(CUcontext* ctx, CUdevice dev);
+  CUresult PrimaryRelease(CUdevice dev, bool v2);
+
+  // Reports: the limit instead of the card.
+  void AdjustMemInfo(size_t* free_bytes, size_t* total);
+  void AdjustTotalMem(size_t* total, CUdevice dev);
+  void AdjustNvmlMemory(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free_b,
+                        unsigned long long* used);
+
+  // --- compute: called around every launch when pacing() -------------------------------------
+  // Blocks until the container may launch, then records the start event on `stream`.
+  // Returns the ring slot to pass to AfterLaunch (or -1 if measurement is unavailable).
+  int BeforeLaunch(CUstream stream, bool per_thread);
+  void AfterLaunch(int slot, CUstream stream, bool per_thread, CUresult launched);
+
+  // Array sizes from descriptors (element size x channels x extent, summed over mip levels).
+  static uint64_t ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels);
+
+  // fork(): the child is a new process with its own slot and no inherited allocations.
+  void AfterFork();
+  // Normal exit: give the slot back.
+  void Exit();
+  int slot() const { return slot_.load(std::memory_order_relaxed); }
+
+  static constexpr int kTableSize = 1 << 16;  // live allocations tracked per process
+  static constexpr int kRing = 8;             // launches in flight being measured
+  static constexpr int64_t kBurstNs = 5'000'000;  // idle credit a container may bank
+
+ private:
+  bool Limited(int ordinal);
+  bool EnsureSlot();
+  void ResolveDevices();
+  void Harvest(bool wait_oldest);
+  void UpdateSoftShare(int64_t now);
+  void Charge(int64_t busy_ns, int64_t now);
+  bool TableInsert(uint64_t key, uint64_t bytes);
+  uint64_t TableErase(uint64_t key);
+
+  RealDriver real_;
+  Config config_;
+  vgpu::AccountingRegion* region_ = nullptr;
+  ClockFns clock_{};
+  bool pacing_ = false;
+  std::atomic<int> slot_{-1};
+  uint64_t owner_ = 0;
+  std::atomic<int> devices_state_{0};  // 0 unresolved, 1 resolving, 2 resolved
+  bool all_limited_ = true;
+  std::atomic<uint64_t> limited_mask_{~uint64_t{0}};
+  std::atomic<int> primary_refs_[64] = {};
+  nvmlDevice_t nvml_device_ = nullptr;  // the limited GPU, for the soft limit's utilisation
+  std::atomic<int64_t> next_share_update_{0};
+  std::atomic<uint64_t> last_busy_{0};
+  std::atomic<uint64_t> table_overflow_{0};
+  // Launch measurement ring, guarded by a process-local spin flag (never in shared memory).
+  std::atomic_flag ring_lock_ = ATOMIC_FLAG_INIT;
+  struct Pending {
+    CUevent start, end;
+    CUcontext ctx;
+    bool busy;
+  };
+  Pending ring_[kRing] = {};
+  int ring_head_ = 0, ring_count_ = 0;
+  struct Entry {
+    std::atomic<uint64_t> key;
+    std::atomic<uint64_t> bytes;
+  };
+  Entry table_[kTableSize] = {};
+};
+
+}  // namespace gpulet::vcuda

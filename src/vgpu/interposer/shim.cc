@@ -1,0 +1,500 @@
+// libgpulet-vcuda.so: the extern "C" entry points that the dynamic linker, dlsym and
+// cuGetProcAddress hand to CUDA programs instead of the driver's. Each one is a thin forward into
+// the process-wide Core (core.h); only the symbols in exports.map leave the library.
+//
+// Reached three ways: (1) LD_PRELOAD puts these definitions before libcuda's for programs
+// linked against libcuda; (2) our dlsym() returns them for a program (like libcudart) that
+// dlopens libcuda.so.1 and looks symbols up in its handle; (3) cuGetProcAddress(_v2) returns them
+// for entry points the CUDA 12+ runtime requests, with the driver deciding the version and we
+// mapping the driver's answer back to our hook by pointer identity.
+//
+// Initialisation is lazy (first hooked call, never from dlsym), single, and lock-free; all
+// globals are constant-initialised and trivially destructible, so calls arriving during exit or
+// from destructors of other libraries still find a valid Core.
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "vgpu/interposer/core.h"
+
+using namespace gpulet;
+using vcuda::Kind;
+
+namespace {
+
+constinit vcuda::Core g_core;
+constinit vgpu::AccountingRegion g_local_region{};  // when the shared file cannot be mapped
+constinit std::atomic<int> g_state{0};              // 0 new, 1 initialising, 2 ready
+static_assert(std::is_trivially_destructible_v<vcuda::Core>);
+static_assert(std::is_trivially_destructible_v<vgpu::AccountingRegion>);
+
+using DlsymFn = void* (*)(void*, const char*);
+constinit std::atomic<DlsymFn> g_real_dlsym{nullptr};
+
+DlsymFn RealDlsym() {
+  DlsymFn f = g_real_dlsym.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+    if (f == nullptr) f = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+    g_real_dlsym.store(f, std::memory_order_release);
+  }
+  return f;
+}
+
+void* OpenLib(const char* env, const char* soname) {
+  const char* name = getenv(env);
+  if (name == nullptr || *name == 0) name = soname;
+  void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+  return h ? h : dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+}
+
+void DoInit() {
+  vcuda::Config config = vcuda::ParseConfig(+[](const char* n) -> const char* { return getenv(n); });
+  if (config.invalid) fprintf(stderr, "%s\n", config.error);
+  void* cuda = OpenLib("GPULET_VGPU_REAL_LIBCUDA", "libcuda.so.1");
+  // NVML is loaded only when the soft limit needs its utilisation; the memory-info hooks find it
+  // on their first call (the program has loaded it by then).
+  void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (nvml == nullptr && config.core_ceiling > config.core_limit)
+    nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+  vcuda::RealDriver real;
+  if (cuda == nullptr || !vcuda::ResolveRealDriver(cuda, nvml, RealDlsym(), &real)) {
+    fprintf(stderr, "gpulet-vcuda: cannot load the CUDA driver (libcuda.so.1): %s\n",
+            cuda ? "entry points missing" : dlerror());
+    if (cuda) vcuda::ResolveRealDriver(cuda, nvml, RealDlsym(), &real);  // forward what exists
+  }
+  vgpu::AccountingRegion* region = &g_local_region;
+  if (!config.disabled) {
+    const char* path = getenv("GPULET_VGPU_ACCOUNTING");
+    if (path == nullptr || *path == 0) path = vgpu::kDefaultAccountingPath;
+    const char* error = nullptr;
+    if (vgpu::AccountingRegion* r = vgpu::MapAccounting(path, true, &error)) {
+      region = r;
+    } else if (getenv("GPULET_VGPU_MEMORY_LIMIT") || getenv("GPULET_VGPU_CORE_LIMIT")) {
+      fprintf(stderr,
+              "gpulet-vcuda: %s %s; limits apply to this process alone, not the container\n",
+              error, path);
+    }
+  }
+  g_core.Init(real, config, region, vcuda::RealClockFns());
+  if (!config.disabled) {
+    atexit(+[] { g_core.Exit(); });
+    pthread_atfork(nullptr, nullptr, +[] { g_core.AfterFork(); });
+  }
+}
+
+inline vcuda::Core& C() {
+  if (g_state.load(std::memory_order_acquire) != 2) {
+    int expect = 0;
+    if (g_state.compare_exchange_strong(expect, 1)) {
+      DoInit();
+      g_state.store(2, std::memory_order_release);
+    } else {
+      while (g_state.load(std::memory_order_acquire) != 2) sched_yield();
+    }
+  }
+  return g_core;
+}
+
+template <class T>
+inline T R(void* p) {
+  return reinterpret_cast<T>(p);
+}
+// Calls the real entry point `name` with the hook's own type, or fails like a missing driver.
+#define REAL(name) R<decltype(&name)>(C().real().name)
+#define FORWARD_OR_FAIL(name, ...) \
+  (C().real().name ? REAL(name)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+
+template <class F>
+CUresult Paced(CUstream stream, bool per_thread, F&& launch) {
+  vcuda::Core& c = C();
+  if (!c.pacing()) return launch();  // unthrottled: one predictable branch
+  int slot = c.BeforeLaunch(stream, per_thread);
+  CUresult r = launch();
+  c.AfterLaunch(slot, stream, per_thread, r);
+  return r;
+}
+
+}  // namespace
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+// --- memory allocation and free -----------------------------------------------------------------
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuMemAlloc_v2, p, bytes);
+    if (r == CUDA_SUCCESS) *h = *p;
+    return r;
+  });
+}
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1* p, unsigned int bytes) {
+  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuMemAlloc, p, bytes);
+    if (r == CUDA_SUCCESS) *h = *p;
+    return r;
+  });
+}
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned e) {
+  if (!C().real().cuMemAllocPitch_v2) return CUDA_ERROR_NOT_INITIALIZED;
+  return C().AllocPitch(p, pitch, w, h, e);
+}
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1* p, unsigned* pitch, unsigned w, unsigned h,
+                                unsigned e) {
+  // The 32-bit form cannot report an exact pitch before allocating either: charge the bound.
+  uint64_t bound = ((uint64_t{w} + 511) & ~uint64_t{511}) * h;
+  return C().Charged(Kind::kPointer, -1, bound, [&](uint64_t* hd) {
+    CUresult r = FORWARD_OR_FAIL(cuMemAllocPitch, p, pitch, w, h, e);
+    if (r == CUDA_SUCCESS) *hd = *p;
+    return r;
+  });
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int flags) {
+  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuMemAllocManaged, p, bytes, flags);
+    if (r == CUDA_SUCCESS) *h = *p;
+    return r;
+  });
+}
+#define ASYNC_ALLOC(name, ...)                                        \
+  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) {    \
+    CUresult r = FORWARD_OR_FAIL(name, __VA_ARGS__);                  \
+    if (r == CUDA_SUCCESS) *h = *p;                                   \
+    return r;                                                         \
+  })
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) {
+  ASYNC_ALLOC(cuMemAllocAsync, p, bytes, s);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t bytes, CUstream s) {
+  ASYNC_ALLOC(cuMemAllocAsync_ptsz, p, bytes, s);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool pool,
+                                        CUstream s) {
+  ASYNC_ALLOC(cuMemAllocFromPoolAsync, p, bytes, pool, s);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t bytes, CUmemoryPool pool,
+                                             CUstream s) {
+  ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, p, bytes, pool, s);
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                            const CUmemAllocationProp* prop, unsigned long long flags) {
+  // Only device-located physical memory counts; host/NUMA locations pass through (and a bad prop
+  // is the driver's to reject -- we never read through a null prop).
+  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return FORWARD_OR_FAIL(cuMemCreate, handle, bytes, prop, flags);
+  return C().Charged(Kind::kVmm, prop->location.id, bytes, [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuMemCreate, handle, bytes, prop, flags);
+    if (r == CUDA_SUCCESS) *h = *handle;
+    return r;
+  });
+}
+EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
+  if (d == nullptr) return FORWARD_OR_FAIL(cuArrayCreate_v2, a, d);
+  CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+  return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuArrayCreate_v2, a, d);
+    if (r == CUDA_SUCCESS) *h = reinterpret_cast<uint64_t>(*a);
+    return r;
+  });
+}
+EXPORT CUresult cuArrayCreate(CUarray* a, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
+  if (d == nullptr) return FORWARD_OR_FAIL(cuArrayCreate, a, d);
+  CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+  return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuArrayCreate, a, d);
+    if (r == CUDA_SUCCESS) *h = reinterpret_cast<uint64_t>(*a);
+    return r;
+  });
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  if (d == nullptr) return FORWARD_OR_FAIL(cuArray3DCreate_v2, a, d);
+  return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(*d, 1), [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuArray3DCreate_v2, a, d);
+    if (r == CUDA_SUCCESS) *h = reinterpret_cast<uint64_t>(*a);
+    return r;
+  });
+}
+EXPORT CUresult cuArray3DCreate(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR_v1* d) {
+  if (d == nullptr) return FORWARD_OR_FAIL(cuArray3DCreate, a, d);
+  CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+  return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuArray3DCreate, a, d);
+    if (r == CUDA_SUCCESS) *h = reinterpret_cast<uint64_t>(*a);
+    return r;
+  });
+}
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* m, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                       unsigned int levels) {
+  if (d == nullptr) return FORWARD_OR_FAIL(cuMipmappedArrayCreate, m, d, levels);
+  return C().Charged(Kind::kMipmap, -1, vcuda::Core::ArrayBytes(*d, levels), [&](uint64_t* h) {
+    CUresult r = FORWARD_OR_FAIL(cuMipmappedArrayCreate, m, d, levels);
+    if (r == CUDA_SUCCESS) *h = reinterpret_cast<uint64_t>(*m);
+    return r;
+  });
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+  return C().Freed(Kind::kPointer, p, [&] { return FORWARD_OR_FAIL(cuMemFree_v2, p); });
+}
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
+  return C().Freed(Kind::kPointer, p, [&] { return FORWARD_OR_FAIL(cuMemFree, p); });
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+  return C().Freed(Kind::kPointer, p, [&] { return FORWARD_OR_FAIL(cuMemFreeAsync, p, s); });
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  return C().Freed(Kind::kPointer, p, [&] { return FORWARD_OR_FAIL(cuMemFreeAsync_ptsz, p, s); });
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  return C().Freed(Kind::kVmm, h, [&] { return FORWARD_OR_FAIL(cuMemRelease, h); });
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) {
+  return C().Freed(Kind::kArray, reinterpret_cast<uint64_t>(a),
+                   [&] { return FORWARD_OR_FAIL(cuArrayDestroy, a); });
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
+  return C().Freed(Kind::kMipmap, reinterpret_cast<uint64_t>(m),
+                   [&] { return FORWARD_OR_FAIL(cuMipmappedArrayDestroy, m); });
+}
+
+// --- contexts -----------------------------------------------------------------------------------
+#define CTX_CREATE(name, dev, ...)                                              \
+  vcuda::Core& c = C();                                                         \
+  if (c.config().disabled || c.config().context_bytes == 0)                     \
+    return FORWARD_OR_FAIL(name, __VA_ARGS__);                                  \
+  bool counted;                                                                 \
+  if (CUresult r = c.Reserve(dev, c.config().context_bytes, &counted); r != 0) \
+    return r;                                                                   \
+  CUresult r = FORWARD_OR_FAIL(name, __VA_ARGS__);                              \
+  return c.CtxCreated(r, r == CUDA_SUCCESS ? *ctx : nullptr, counted)
+EXPORT CUresult cuCtxCreate(CUcontext* ctx, unsigned int flags, CUdevice dev) {
+  CTX_CREATE(cuCtxCreate, dev, ctx, flags, dev);
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice dev) {
+  CTX_CREATE(cuCtxCreate_v2, dev, ctx, flags, dev);
+}
+EXPORT CUresult cuCtxCreate_v3(CUcontext* ctx, void* params, int n, unsigned int flags,
+                               CUdevice dev) {
+  CTX_CREATE(cuCtxCreate_v3, dev, ctx, params, n, flags, dev);
+}
+EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, void* params, unsigned int flags, CUdevice dev) {
+  CTX_CREATE(cuCtxCreate_v4, dev, ctx, params, flags, dev);
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return C().Freed(Kind::kContext, reinterpret_cast<uint64_t>(ctx),
+                   [&] { return FORWARD_OR_FAIL(cuCtxDestroy_v2, ctx); });
+}
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+  return C().Freed(Kind::kContext, reinterpret_cast<uint64_t>(ctx),
+                   [&] { return FORWARD_OR_FAIL(cuCtxDestroy, ctx); });
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
+  if (!C().real().cuDevicePrimaryCtxRetain) return CUDA_ERROR_NOT_INITIALIZED;
+  return C().PrimaryRetain(ctx, dev);
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  if (!C().real().cuDevicePrimaryCtxRelease) return CUDA_ERROR_NOT_INITIALIZED;
+  return C().PrimaryRelease(dev, false);
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (!C().real().cuDevicePrimaryCtxRelease_v2) return CUDA_ERROR_NOT_INITIALIZED;
+  return C().PrimaryRelease(dev, true);
+}
+
+// --- reports ------------------------------------------------------------------------------------
+EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  CUresult r = FORWARD_OR_FAIL(cuMemGetInfo_v2, free_bytes, total);
+  if (r == CUDA_SUCCESS && free_bytes && total) C().AdjustMemInfo(free_bytes, total);
+  return r;
+}
+EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total) {
+  if (free_bytes == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t f, t;
+  CUresult r = cuMemGetInfo_v2(&f, &t);
+  if (r == CUDA_SUCCESS) {
+    *free_bytes = static_cast<unsigned>(f < 0xffffffffu ? f : 0xffffffffu);
+    *total = static_cast<unsigned>(t < 0xffffffffu ? t : 0xffffffffu);
+  }
+  return r;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t* total, CUdevice dev) {
+  CUresult r = FORWARD_OR_FAIL(cuDeviceTotalMem_v2, total, dev);
+  if (r == CUDA_SUCCESS && total) C().AdjustTotalMem(total, dev);
+  return r;
+}
+EXPORT CUresult cuDeviceTotalMem(unsigned int* total, CUdevice dev) {
+  if (total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t t;
+  CUresult r = cuDeviceTotalMem_v2(&t, dev);
+  if (r == CUDA_SUCCESS) *total = static_cast<unsigned>(t < 0xffffffffu ? t : 0xffffffffu);
+  return r;
+}
+
+namespace {
+constexpr nvmlReturn_t kNvmlLibraryNotFound = 12;
+void* NvmlReal(void* vcuda::RealDriver::*member) {
+  vcuda::Core& c = C();
+  return c.real().*member;
+}
+}  // namespace
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
+  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo);
+  if (fn == nullptr) {
+    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+    fn = h ? RealDlsym()(h, "nvmlDeviceGetMemoryInfo") : nullptr;
+    if (fn == nullptr) return kNvmlLibraryNotFound;
+  }
+  nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo)>(fn)(dev, m);
+  if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
+  return r;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
+  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2);
+  if (fn == nullptr) {
+    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+    fn = h ? RealDlsym()(h, "nvmlDeviceGetMemoryInfo_v2") : nullptr;
+    if (fn == nullptr) return kNvmlLibraryNotFound;
+  }
+  nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo_v2)>(fn)(dev, m);
+  if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
+  return r;
+}
+
+// --- launches -----------------------------------------------------------------------------------
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned sh, CUstream s, void** p,
+                               void** e) {
+  return Paced(s, false, [&] { return FORWARD_OR_FAIL(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, sh, s, p, e); });
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned sh, CUstream s,
+                                    void** p, void** e) {
+  return Paced(s, true, [&] {
+    return FORWARD_OR_FAIL(cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+  });
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned sh,
+                                          CUstream s, void** p) {
+  return Paced(s, false, [&] {
+    return FORWARD_OR_FAIL(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, sh, s, p);
+  });
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                               unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                               unsigned sh, CUstream s, void** p) {
+  return Paced(s, true, [&] {
+    return FORWARD_OR_FAIL(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, sh, s, p);
+  });
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** p, void** e) {
+  return Paced(cfg ? cfg->hStream : nullptr, false,
+               [&] { return FORWARD_OR_FAIL(cuLaunchKernelEx, cfg, f, p, e); });
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** p,
+                                      void** e) {
+  return Paced(cfg ? cfg->hStream : nullptr, true,
+               [&] { return FORWARD_OR_FAIL(cuLaunchKernelEx_ptsz, cfg, f, p, e); });
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+  return Paced(s, false, [&] { return FORWARD_OR_FAIL(cuGraphLaunch, g, s); });
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+  return Paced(s, true, [&] { return FORWARD_OR_FAIL(cuGraphLaunch_ptsz, g, s); });
+}
+
+// --- lookup paths -------------------------------------------------------------------------------
+EXPORT CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+EXPORT CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
+
+namespace {
+struct Hook {
+  const char* name;
+  void* vcuda::RealDriver::*real;
+  void* hook;
+};
+#define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)}
+const Hook kHooks[] = {
+    H(cuGetProcAddress), H(cuGetProcAddress_v2), H(cuMemAlloc), H(cuMemAlloc_v2),
+    H(cuMemAllocPitch), H(cuMemAllocPitch_v2), H(cuMemAllocManaged), H(cuMemAllocAsync),
+    H(cuMemAllocAsync_ptsz), H(cuMemAllocFromPoolAsync), H(cuMemAllocFromPoolAsync_ptsz),
+    H(cuMemCreate), H(cuMemRelease), H(cuArrayCreate), H(cuArrayCreate_v2), H(cuArray3DCreate),
+    H(cuArray3DCreate_v2), H(cuMipmappedArrayCreate), H(cuArrayDestroy),
+    H(cuMipmappedArrayDestroy), H(cuMemFree), H(cuMemFree_v2), H(cuMemFreeAsync),
+    H(cuMemFreeAsync_ptsz), H(cuMemGetInfo), H(cuMemGetInfo_v2), H(cuDeviceTotalMem),
+    H(cuDeviceTotalMem_v2), H(cuCtxCreate), H(cuCtxCreate_v2), H(cuCtxCreate_v3),
+    H(cuCtxCreate_v4), H(cuCtxDestroy), H(cuCtxDestroy_v2), H(cuDevicePrimaryCtxRetain),
+    H(cuDevicePrimaryCtxRelease), H(cuDevicePrimaryCtxRelease_v2), H(cuLaunchKernel),
+    H(cuLaunchKernel_ptsz), H(cuLaunchKernelEx), H(cuLaunchKernelEx_ptsz),
+    H(cuLaunchCooperativeKernel), H(cuLaunchCooperativeKernel_ptsz), H(cuGraphLaunch),
+    H(cuGraphLaunch_ptsz), H(nvmlDeviceGetMemoryInfo), H(nvmlDeviceGetMemoryInfo_v2),
+};
+#undef H
+
+// The driver resolved (symbol, version, flags) to one of its entry points; hand back ours if we
+// wrap that entry point. Pointer identity keeps the driver the judge of versions and stream
+// flavours (cuMemAlloc at 3020 -> cuMemAlloc_v2, per-thread -> _ptsz, ...).
+void* HookForReal(void* fn) {
+  if (fn == nullptr) return fn;
+  const vcuda::RealDriver& real = C().real();
+  for (const Hook& h : kHooks)
+    if (real.*(h.real) == fn) return h.hook;
+  return fn;
+}
+
+// For dlsym: by name, with no initialisation, allocation or lock on this path.
+void* HookForName(const char* name) {
+  if (name == nullptr || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
+    return nullptr;
+  for (const Hook& h : kHooks)
+    if (strcmp(h.name, name) == 0) return h.hook;
+  return nullptr;
+}
+}  // namespace
+
+EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult* status) {
+  vcuda::Core& c = C();
+  CUresult r = FORWARD_OR_FAIL(cuGetProcAddress_v2, symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS && pfn && !c.config().disabled) *pfn = HookForReal(*pfn);
+  return r;
+}
+EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  vcuda::Core& c = C();
+  CUresult r = FORWARD_OR_FAIL(cuGetProcAddress, symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS && pfn && !c.config().disabled) *pfn = HookForReal(*pfn);
+  return r;
+}
+
+// RTLD_NEXT is relative to the caller, which for the real dlsym would be us: search the objects
+// loaded after the caller's, in load order, for one that defines the symbol itself.
+static void* NextAfter(const void* caller, const char* name) {
+  Dl_info info;
+  struct link_map* lm = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&lm), RTLD_DL_LINKMAP) == 0 || !lm)
+    return RealDlsym()(RTLD_NEXT, name);
+  for (struct link_map* l = lm->l_next; l != nullptr; l = l->l_next) {
+    void* p = RealDlsym()(l, name);
+    struct link_map* owner = nullptr;
+    if (p && dladdr1(p, &info, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) && owner == l)
+      return p;
+  }
+  return nullptr;
+}
+
+EXPORT void* dlsym(void* handle, const char* name) {
+  void* p = handle == RTLD_NEXT ? NextAfter(__builtin_return_address(0), name)
+                                : RealDlsym()(handle, name);
+  if (p == nullptr) return p;
+  void* hook = HookForName(name);
+  // GPULET_VGPU_DISABLE is honoured without initialising: the opt-out must not touch the driver.
+  if (hook == nullptr || (g_state.load(std::memory_order_acquire) == 2 && g_core.config().disabled))
+    return p;
+  return hook;
+}

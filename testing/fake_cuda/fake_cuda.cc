@@ -1,0 +1,798 @@
+// A fake CUDA driver (libcuda.so.1) and the few NVML memory/utilisation calls the interposer
+// makes (libnvidia-ml.so.1 is a symlink to this library), at the real C ABI, so that the
+// interposer's production code paths run without a GPU.
+//
+// Model: devices with memory accounting (allocations fail past the device total, like a real
+// GPU), contexts (each charges FAKE_CUDA_CONTEXT_BYTES of device memory), streams, events and
+// kernels that "run" for a simulated time on one busy timeline per device: a launch starts at
+// max(now, stream tail, device busy-until) and lasts grid blocks x FAKE_CUDA_NS_PER_BLOCK ns; a
+// graph launch lasts FAKE_CUDA_GRAPH_NS. With FAKE_CUDA_STATE=<file> the device memory counters
+// and busy timelines live in a shared file, so several processes share one "GPU" and tests can
+// read the device truth (peak usage) from outside the processes under test.
+//
+// Environment: FAKE_CUDA_DEVICE_COUNT (1), FAKE_CUDA_DEVICE_MEMORY (16 GiB), FAKE_CUDA_CONTEXT_BYTES
+// (0), FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
+// (append one "symbol:version:flags" line per cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes
+// or GPU-UUID prefixes, applied at cuInit like the real driver).
+// Test-only entry points (fakecuda_*) set a virtual clock and read the timeline.
+// Thread-safety: every entry point may be called from any thread (one mutex; it is a fake).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "vgpu/interposer/cuda_abi.h"
+
+namespace {
+
+constexpr int kMaxDevices = 16;
+
+struct SharedDevice {  // lives in FAKE_CUDA_STATE when set
+  std::atomic<uint64_t> used;
+  std::atomic<uint64_t> peak;
+  std::atomic<int64_t> busy_until;
+  std::atomic<uint64_t> busy_total;
+};
+struct SharedState {
+  SharedDevice dev[kMaxDevices];
+};
+
+struct Ctx {
+  int device;  // physical index
+  bool primary;
+};
+struct Stream {
+  int64_t tail = 0;
+};
+struct Event {
+  int64_t time = -1;  // -1: never recorded
+};
+struct Func {
+  std::string name;
+};
+struct Alloc {
+  int device;
+  uint64_t bytes;
+};
+
+int64_t (*g_test_now)() = nullptr;
+void (*g_test_sleep_until)(int64_t) = nullptr;
+
+int64_t Now() {
+  if (g_test_now) return g_test_now();
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+void SleepUntil(int64_t t) {
+  if (g_test_sleep_until) return g_test_sleep_until(t);
+  for (int64_t now = Now(); now < t; now = Now()) {
+    timespec d{static_cast<time_t>((t - now) / 1000000000), static_cast<long>((t - now) % 1000000000)};
+    nanosleep(&d, nullptr);
+  }
+}
+
+uint64_t EnvU64(const char* name, uint64_t dflt) {
+  const char* v = getenv(name);
+  return v && *v ? strtoull(v, nullptr, 10) : dflt;
+}
+
+struct Driver {
+  std::mutex mu;
+  bool initialized = false;
+  int physical_count = 1;
+  uint64_t memory = 16ull << 30, context_bytes = 0, ns_per_block = 1000, graph_ns = 1000000;
+  std::vector<int> visible;  // ordinal -> physical index
+  SharedState local{};
+  SharedState* shared = &local;
+  std::map<uint64_t, Alloc> allocs;  // device pointers, arrays, mipmaps, VMM handles
+  uint64_t next_ptr = 0x7f0000000000ull;
+  std::map<int, int> primary_refs;  // physical device -> retain count
+  std::map<int, CUcontext> primary;
+  thread_local static CUcontext current;
+  Stream null_stream;
+  std::vector<std::pair<int64_t, int64_t>> intervals;  // this process's kernel [start, end)
+  uint64_t allocated = 0;                               // this process's live bytes
+
+  Driver() {
+    physical_count = std::clamp<int>(static_cast<int>(EnvU64("FAKE_CUDA_DEVICE_COUNT", 1)), 1,
+                                     kMaxDevices);
+    memory = EnvU64("FAKE_CUDA_DEVICE_MEMORY", memory);
+    context_bytes = EnvU64("FAKE_CUDA_CONTEXT_BYTES", 0);
+    ns_per_block = EnvU64("FAKE_CUDA_NS_PER_BLOCK", ns_per_block);
+    graph_ns = EnvU64("FAKE_CUDA_GRAPH_NS", graph_ns);
+    if (const char* path = getenv("FAKE_CUDA_STATE")) {
+      int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+      if (fd >= 0 && ftruncate(fd, sizeof(SharedState)) == 0) {
+        void* p = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) shared = static_cast<SharedState*>(p);
+      }
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  static void Uuid(int physical, char out[16]) {
+    memset(out, 0, 16);
+    out[0] = static_cast<char>(0xfa);
+    out[1] = static_cast<char>(0xce);
+    out[15] = static_cast<char>(physical);
+  }
+  static std::string UuidText(int physical) {
+    char b[64];
+    snprintf(b, sizeof b, "GPU-face0000-0000-0000-0000-%012x", physical);
+    return b;
+  }
+
+  void ApplyVisible() {
+    visible.clear();
+    const char* env = getenv("CUDA_VISIBLE_DEVICES");
+    if (env == nullptr) {
+      for (int i = 0; i < physical_count; ++i) visible.push_back(i);
+      return;
+    }
+    std::string s = env;
+    size_t pos = 0;
+    while (pos <= s.size()) {  // an invalid entry ends the list, as with the real driver
+      size_t comma = s.find(',', pos);
+      std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      int found = -1;
+      if (tok.rfind("GPU-", 0) == 0) {
+        for (int i = 0; i < physical_count; ++i)
+          if (UuidText(i).rfind(tok, 0) == 0) found = i;
+      } else if (!tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos) {
+        int i = atoi(tok.c_str());
+        if (i < physical_count) found = i;
+      }
+      if (found < 0 || std::find(visible.begin(), visible.end(), found) != visible.end()) break;
+      visible.push_back(found);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+
+  CUresult Charge(int physical, uint64_t bytes) {
+    SharedDevice& d = shared->dev[physical];
+    uint64_t used = d.used.load();
+    do {
+      if (used + bytes > memory) return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!d.used.compare_exchange_weak(used, used + bytes));
+    uint64_t peak = d.peak.load();
+    while (peak < used + bytes && !d.peak.compare_exchange_weak(peak, used + bytes)) {
+    }
+    allocated += bytes;
+    return CUDA_SUCCESS;
+  }
+  void Uncharge(int physical, uint64_t bytes) {
+    shared->dev[physical].used.fetch_sub(bytes);
+    allocated -= bytes;
+  }
+
+  int CurrentDevice() {
+    if (current == nullptr) return -1;
+    return reinterpret_cast<Ctx*>(current)->device;
+  }
+
+  CUresult AllocOnCurrent(uint64_t key_hint, uint64_t bytes, unsigned long long* key_out) {
+    int dev = CurrentDevice();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = Charge(dev, bytes); r != CUDA_SUCCESS) return r;
+    uint64_t key = key_hint;
+    if (key == 0) {
+      key = next_ptr;
+      next_ptr += (bytes + 0xfffff) & ~0xfffffull;  // 1 MiB granularity keeps pointers distinct
+    }
+    allocs[key] = {dev, bytes};
+    *key_out = key;
+    return CUDA_SUCCESS;
+  }
+  CUresult Free(uint64_t key) {
+    auto it = allocs.find(key);
+    if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    Uncharge(it->second.device, it->second.bytes);
+    allocs.erase(it);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult Launch(CUstream s, int64_t duration) {
+    int dev = CurrentDevice();
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    Stream* st = s ? reinterpret_cast<Stream*>(s) : &null_stream;
+    SharedDevice& d = shared->dev[dev];
+    int64_t now = Now();
+    int64_t busy = d.busy_until.load();
+    int64_t start, end;
+    do {
+      start = std::max({now, st->tail, busy});
+      end = start + duration;
+    } while (!d.busy_until.compare_exchange_weak(busy, end));
+    st->tail = end;
+    d.busy_total.fetch_add(duration);
+    intervals.emplace_back(start, end);
+    return CUDA_SUCCESS;
+  }
+};
+thread_local CUcontext Driver::current = nullptr;
+
+Driver& D() {
+  static Driver* d = new Driver();  // leaked on purpose: callers may run during exit
+  return *d;
+}
+
+#define LOCK std::lock_guard<std::mutex> lock(D().mu)
+#define NEED_INIT \
+  if (!D().initialized) return CUDA_ERROR_NOT_INITIALIZED
+
+CUresult CtxNew(CUcontext* out, CUdevice ordinal, bool primary) {
+  NEED_INIT;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= static_cast<int>(D().visible.size()))
+    return CUDA_ERROR_INVALID_DEVICE;
+  int dev = D().visible[ordinal];
+  if (D().context_bytes) {
+    if (CUresult r = D().Charge(dev, D().context_bytes); r != CUDA_SUCCESS) return r;
+  }
+  *out = reinterpret_cast<CUcontext>(new Ctx{dev, primary});
+  return CUDA_SUCCESS;
+}
+void CtxFree(CUcontext c) {
+  auto* ctx = reinterpret_cast<Ctx*>(c);
+  if (D().context_bytes) D().Uncharge(ctx->device, D().context_bytes);
+  if (Driver::current == c) Driver::current = nullptr;
+  delete ctx;
+}
+
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, int format, unsigned channels) {
+  unsigned elem = format == CU_AD_FORMAT_UNSIGNED_INT8 || format == CU_AD_FORMAT_SIGNED_INT8 ? 1
+                  : format == CU_AD_FORMAT_UNSIGNED_INT16 || format == CU_AD_FORMAT_SIGNED_INT16 ||
+                          format == CU_AD_FORMAT_HALF
+                      ? 2
+                      : 4;
+  return uint64_t{w} * std::max<size_t>(h, 1) * std::max<size_t>(d, 1) * elem * channels;
+}
+
+}  // namespace
+
+extern "C" {
+
+// --- test-only controls ------------------------------------------------------------------------
+__attribute__((visibility("default"))) void fakecuda_set_clock(int64_t (*now)(),
+                                                              void (*sleep_until)(int64_t)) {
+  g_test_now = now;
+  g_test_sleep_until = sleep_until;
+}
+// This process's kernel busy time overlapping [t0, t1).
+__attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
+  LOCK;
+  int64_t sum = 0;
+  for (auto [s, e] : D().intervals) sum += std::max<int64_t>(0, std::min(e, t1) - std::max(s, t0));
+  return sum;
+}
+__attribute__((visibility("default"))) uint64_t fakecuda_allocated_bytes() {
+  LOCK;
+  return D().allocated;
+}
+__attribute__((visibility("default"))) uint64_t fakecuda_device_peak(int physical) {
+  return D().shared->dev[physical].peak.load();
+}
+__attribute__((visibility("default"))) uint64_t fakecuda_device_used(int physical) {
+  return D().shared->dev[physical].used.load();
+}
+// Runs `duration` ns of a foreign tenant's work on a physical device (a neighbour container).
+__attribute__((visibility("default"))) void fakecuda_foreign_work(int physical, int64_t duration) {
+  SharedDevice& d = D().shared->dev[physical];
+  int64_t now = Now(), busy = d.busy_until.load();
+  while (!d.busy_until.compare_exchange_weak(busy, std::max(now, busy) + duration)) {
+  }
+  d.busy_total.fetch_add(duration);
+}
+
+// --- driver: init and devices ------------------------------------------------------------------
+CUresult cuInit(unsigned int flags) {
+  LOCK;
+  if (!D().initialized) {
+    D().ApplyVisible();
+    D().initialized = true;
+  }
+  return D().visible.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+CUresult cuDriverGetVersion(int* v) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetCount(int* n) {
+  LOCK;
+  NEED_INIT;
+  *n = static_cast<int>(D().visible.size());
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  LOCK;
+  NEED_INIT;
+  if (ordinal < 0 || ordinal >= static_cast<int>(D().visible.size()))
+    return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetUuid(CUuuid* u, CUdevice d) {
+  LOCK;
+  NEED_INIT;
+  if (d < 0 || d >= static_cast<int>(D().visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+  Driver::Uuid(D().visible[d], u->bytes);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetUuid_v2(CUuuid* u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+  snprintf(name, len, "Fake GPU");
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
+  *v = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
+  LOCK;
+  NEED_INIT;
+  if (d < 0 || d >= static_cast<int>(D().visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = D().memory;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice d) {
+  size_t b;
+  CUresult r = cuDeviceTotalMem_v2(&b, d);
+  if (r == CUDA_SUCCESS) *bytes = static_cast<unsigned int>(std::min<size_t>(b, 0xffffffffu));
+  return r;
+}
+
+// --- contexts ----------------------------------------------------------------------------------
+CUresult cuCtxCreate_v2(CUcontext* c, unsigned int flags, CUdevice d) {
+  LOCK;
+  CUresult r = CtxNew(c, d, false);
+  if (r == CUDA_SUCCESS) Driver::current = *c;
+  return r;
+}
+CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
+CUresult cuCtxCreate_v3(CUcontext* c, void*, int, unsigned int flags, CUdevice d) {
+  return cuCtxCreate_v2(c, flags, d);
+}
+CUresult cuCtxCreate_v4(CUcontext* c, void*, unsigned int flags, CUdevice d) {
+  return cuCtxCreate_v2(c, flags, d);
+}
+CUresult cuCtxDestroy_v2(CUcontext c) {
+  LOCK;
+  if (c == nullptr || reinterpret_cast<Ctx*>(c)->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  CtxFree(c);
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxDestroy(CUcontext c) { return cuCtxDestroy_v2(c); }
+CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
+  LOCK;
+  NEED_INIT;
+  if (d < 0 || d >= static_cast<int>(D().visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = D().visible[d];
+  if (D().primary_refs[dev]++ == 0) {
+    CUresult r = CtxNew(&D().primary[dev], d, true);
+    if (r != CUDA_SUCCESS) {
+      D().primary_refs[dev] = 0;
+      return r;
+    }
+  }
+  *c = D().primary[dev];
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  LOCK;
+  NEED_INIT;
+  if (d < 0 || d >= static_cast<int>(D().visible.size())) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = D().visible[d];
+  if (D().primary_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--D().primary_refs[dev] == 0) CtxFree(D().primary[dev]);
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+CUresult cuCtxSetCurrent(CUcontext c) {
+  Driver::current = c;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCurrent(CUcontext* c) {
+  *c = Driver::current;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice* d) {
+  LOCK;
+  int dev = D().CurrentDevice();
+  if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  auto it = std::find(D().visible.begin(), D().visible.end(), dev);
+  *d = static_cast<CUdevice>(it - D().visible.begin());
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxSynchronize() {
+  SleepUntil(D().null_stream.tail);
+  return CUDA_SUCCESS;
+}
+
+// --- memory ------------------------------------------------------------------------------------
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+  LOCK;
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  return D().AllocOnCurrent(0, bytes, p);
+}
+CUresult cuMemAlloc(CUdeviceptr_v1* p, unsigned int bytes) {
+  CUdeviceptr q;
+  CUresult r = cuMemAlloc_v2(&q, bytes);
+  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q);  // truncated: the fake never uses it
+  return r;
+}
+CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned int elem) {
+  LOCK;
+  if (!p || !pitch || elem == 0 || elem > 16) return CUDA_ERROR_INVALID_VALUE;
+  *pitch = (w + 511) & ~size_t{511};
+  return D().AllocOnCurrent(0, *pitch * h, p);
+}
+CUresult cuMemAllocPitch(CUdeviceptr_v1* p, unsigned int* pitch, unsigned int w, unsigned int h,
+                         unsigned int elem) {
+  CUdeviceptr q;
+  size_t pt;
+  CUresult r = cuMemAllocPitch_v2(&q, &pt, w, h, elem);
+  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q), *pitch = static_cast<unsigned>(pt);
+  return r;
+}
+CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int flags) {
+  return cuMemAlloc_v2(p, bytes);
+}
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) { return cuMemAlloc_v2(p, bytes); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t bytes, CUstream s) { return cuMemAllocAsync(p, bytes, s); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream) {
+  return cuMemAlloc_v2(p, bytes);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t b, CUmemoryPool pool, CUstream s) {
+  return cuMemAllocFromPoolAsync(p, b, pool, s);
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  LOCK;
+  return D().Free(p);
+}
+CUresult cuMemFree(CUdeviceptr_v1 p) { return cuMemFree_v2(p); }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return cuMemFree_v2(p); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes, const CUmemAllocationProp* prop,
+                     unsigned long long) {
+  LOCK;
+  NEED_INIT;
+  if (!h || !prop) return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {  // host memory: not device memory
+    *h = D().next_ptr++;
+    return CUDA_SUCCESS;
+  }
+  int ordinal = prop->location.id;
+  if (ordinal < 0 || ordinal >= static_cast<int>(D().visible.size()))
+    return CUDA_ERROR_INVALID_DEVICE;
+  int dev = D().visible[ordinal];
+  if (CUresult r = D().Charge(dev, bytes); r != CUDA_SUCCESS) return r;
+  *h = D().next_ptr;
+  D().next_ptr += (bytes + 0xfffff) & ~0xfffffull;
+  D().allocs[*h] = {dev, bytes};
+  return CUDA_SUCCESS;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  LOCK;
+  D().Free(h);  // host handles are unknown here and release fine
+  return CUDA_SUCCESS;
+}
+CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  LOCK;
+  if (!a || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long key;
+  CUresult r = D().AllocOnCurrent(
+      0, ArrayBytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), &key);
+  if (r == CUDA_SUCCESS) *a = reinterpret_cast<CUarray>(key);
+  return r;
+}
+CUresult cuArray3DCreate(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR_v1* d) {
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+  return cuArray3DCreate_v2(a, &d3);
+}
+CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+  return cuArray3DCreate_v2(a, &d3);
+}
+CUresult cuArrayCreate(CUarray* a, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY_DESCRIPTOR d2{d->Width, d->Height, d->Format, d->NumChannels};
+  return cuArrayCreate_v2(a, &d2);
+}
+CUresult cuArrayDestroy(CUarray a) {
+  LOCK;
+  return D().Free(reinterpret_cast<uint64_t>(a));
+}
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* m, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                unsigned int levels) {
+  LOCK;
+  if (!m || !d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t bytes = 0;
+  for (unsigned l = 0; l < levels; ++l)
+    bytes += ArrayBytes(std::max<size_t>(d->Width >> l, 1), d->Height ? std::max<size_t>(d->Height >> l, 1) : 0,
+                        d->Depth ? std::max<size_t>(d->Depth >> l, 1) : 0, d->Format, d->NumChannels);
+  unsigned long long key;
+  CUresult r = D().AllocOnCurrent(0, bytes, &key);
+  if (r == CUDA_SUCCESS) *m = reinterpret_cast<CUmipmappedArray>(key);
+  return r;
+}
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
+  LOCK;
+  return D().Free(reinterpret_cast<uint64_t>(m));
+}
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  LOCK;
+  int dev = D().CurrentDevice();
+  if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *total = D().memory;
+  *free_bytes = D().memory - D().shared->dev[dev].used.load();
+  return CUDA_SUCCESS;
+}
+CUresult cuMemGetInfo(unsigned int* f, unsigned int* t) {
+  size_t a, b;
+  CUresult r = cuMemGetInfo_v2(&a, &b);
+  if (r == CUDA_SUCCESS) {
+    *f = static_cast<unsigned>(std::min<size_t>(a, 0xffffffffu));
+    *t = static_cast<unsigned>(std::min<size_t>(b, 0xffffffffu));
+  }
+  return r;
+}
+
+// --- streams, events, modules, launches --------------------------------------------------------
+CUresult cuStreamCreate(CUstream* s, unsigned int) {
+  *s = reinterpret_cast<CUstream>(new Stream());
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+  delete reinterpret_cast<Stream*>(s);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+  int64_t tail;
+  {
+    LOCK;
+    tail = s ? reinterpret_cast<Stream*>(s)->tail : D().null_stream.tail;
+  }
+  SleepUntil(tail);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventCreate(CUevent* e, unsigned int) {
+  *e = reinterpret_cast<CUevent>(new Event());
+  return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+  delete reinterpret_cast<Event*>(e);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  LOCK;
+  Stream* st = s ? reinterpret_cast<Stream*>(s) : &D().null_stream;
+  reinterpret_cast<Event*>(e)->time = std::max(Now(), st->tail);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+CUresult cuEventQuery(CUevent e) {
+  int64_t t = reinterpret_cast<Event*>(e)->time;
+  return t >= 0 && Now() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+CUresult cuEventSynchronize(CUevent e) {
+  SleepUntil(reinterpret_cast<Event*>(e)->time);
+  return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  int64_t ta = reinterpret_cast<Event*>(a)->time, tb = reinterpret_cast<Event*>(b)->time;
+  if (ta < 0 || tb < 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (Now() < ta || Now() < tb) return CUDA_ERROR_NOT_READY;
+  *ms = static_cast<float>(tb - ta) / 1e6f;
+  return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+CUresult cuModuleLoadData(CUmodule* m, const void*) {
+  *m = reinterpret_cast<CUmodule>(new int(0));
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
+  *f = reinterpret_cast<CUfunction>(new Func{name});
+  return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned, unsigned,
+                        unsigned, unsigned, CUstream s, void**, void**) {
+  LOCK;
+  if (!f || gx == 0 || gy == 0 || gz == 0) return CUDA_ERROR_INVALID_VALUE;
+  return D().Launch(s, static_cast<int64_t>(uint64_t{gx} * gy * gz * D().ns_per_block));
+}
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, unsigned sh, CUstream s, void** p, void** e) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+}
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned sh, CUstream s, void** p) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, nullptr);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                        unsigned bx, unsigned by, unsigned bz, unsigned sh,
+                                        CUstream s, void** p) {
+  return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sh, s, p);
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                        c->blockDimZ, c->sharedMemBytes, c->hStream, p, e);
+}
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {
+  return cuLaunchKernelEx(c, f, p, e);
+}
+CUresult cuGraphCreate(void** g, unsigned int) {
+  *g = new int(0);
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, void*, unsigned long long) {
+  *e = reinterpret_cast<CUgraphExec>(new int(0));
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  LOCK;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  return D().Launch(s, static_cast<int64_t>(D().graph_ns));
+}
+CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
+CUresult cuGetExportTable(const void**, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
+
+// --- cuGetProcAddress: name + version + stream flavour -> entry point ---------------------------
+struct Entry {
+  const char* name;
+  void* fn;
+};
+#define E(f) {#f, reinterpret_cast<void*>(&f)}
+static const Entry kEntries[] = {
+    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetUuid),
+    E(cuDeviceGetUuid_v2), E(cuDeviceGetName), E(cuDeviceGetAttribute), E(cuDeviceTotalMem),
+    E(cuDeviceTotalMem_v2), E(cuCtxCreate), E(cuCtxCreate_v2), E(cuCtxCreate_v3), E(cuCtxCreate_v4),
+    E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease),
+    E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent), E(cuCtxGetDevice),
+    E(cuCtxSynchronize), E(cuMemAlloc), E(cuMemAlloc_v2), E(cuMemAllocPitch), E(cuMemAllocPitch_v2),
+    E(cuMemAllocManaged), E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz), E(cuMemAllocFromPoolAsync),
+    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFree), E(cuMemFree_v2), E(cuMemFreeAsync),
+    E(cuMemFreeAsync_ptsz), E(cuMemCreate), E(cuMemRelease), E(cuArrayCreate), E(cuArrayCreate_v2),
+    E(cuArray3DCreate), E(cuArray3DCreate_v2), E(cuArrayDestroy), E(cuMipmappedArrayCreate),
+    E(cuMipmappedArrayDestroy), E(cuMemGetInfo), E(cuMemGetInfo_v2), E(cuStreamCreate),
+    E(cuStreamDestroy_v2), E(cuStreamSynchronize), E(cuEventCreate), E(cuEventDestroy),
+    E(cuEventDestroy_v2), E(cuEventRecord), E(cuEventRecord_ptsz), E(cuEventQuery),
+    E(cuEventSynchronize), E(cuEventElapsedTime), E(cuEventElapsedTime_v2), E(cuModuleLoadData),
+    E(cuModuleGetFunction), E(cuLaunchKernel), E(cuLaunchKernel_ptsz), E(cuLaunchCooperativeKernel),
+    E(cuLaunchCooperativeKernel_ptsz), E(cuLaunchKernelEx), E(cuLaunchKernelEx_ptsz),
+    E(cuGraphCreate), E(cuGraphInstantiateWithFlags), E(cuGraphLaunch), E(cuGraphLaunch_ptsz),
+    E(cuGetExportTable),
+};
+CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
+CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+static void* FindEntry(const std::string& name) {
+  if (name == "cuGetProcAddress") return reinterpret_cast<void*>(&cuGetProcAddress);
+  if (name == "cuGetProcAddress_v2") return reinterpret_cast<void*>(&cuGetProcAddress_v2);
+  for (const Entry& e : kEntries)
+    if (name == e.name) return e.fn;
+  return nullptr;
+}
+
+// The versions at which an entry point's ABI changed (the _v2/_v3/_v4 names); per-thread-stream
+// variants are the _ptsz names. These are the driver's published versioning facts.
+static std::string Versioned(const std::string& s, int v, cuuint64_t flags) {
+  struct Bump {
+    const char* name;
+    int version;
+    const char* suffix;
+  };
+  static const Bump kBumps[] = {
+      {"cuGetProcAddress", 12000, "_v2"}, {"cuMemAlloc", 3020, "_v2"},
+      {"cuMemAllocPitch", 3020, "_v2"},   {"cuMemFree", 3020, "_v2"},
+      {"cuMemGetInfo", 3020, "_v2"},      {"cuDeviceTotalMem", 3020, "_v2"},
+      {"cuCtxCreate", 12050, "_v4"},      {"cuCtxCreate", 11040, "_v3"},
+      {"cuCtxCreate", 3020, "_v2"},       {"cuCtxDestroy", 4000, "_v2"},
+      {"cuArrayCreate", 3020, "_v2"},     {"cuArray3DCreate", 3020, "_v2"},
+      {"cuDevicePrimaryCtxRelease", 11000, "_v2"}, {"cuStreamDestroy", 4000, "_v2"},
+      {"cuEventDestroy", 4000, "_v2"},    {"cuEventElapsedTime", 12080, "_v2"},
+      {"cuDeviceGetUuid", 11040, "_v2"},
+  };
+  for (const Bump& b : kBumps)
+    if (s == b.name && v >= b.version) return s + b.suffix;
+  if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+    if (FindEntry(s + "_ptsz")) return s + "_ptsz";
+  }
+  return s;
+}
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
+  if (const char* log = getenv("FAKE_CUDA_PROC_LOG")) {
+    if (FILE* f = fopen(log, "a")) {
+      fprintf(f, "%s:%d:%llu\n", symbol ? symbol : "", version, flags);
+      fclose(f);
+    }
+  }
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  void* fn = FindEntry(Versioned(symbol, version, flags));
+  if (status) *status = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  *pfn = fn;
+  return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}
+
+// --- NVML subset (libnvidia-ml.so.1 -> this file) ----------------------------------------------
+nvmlReturn_t nvmlInit_v2() { return NVML_SUCCESS; }
+nvmlReturn_t nvmlShutdown() { return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* n) {
+  *n = static_cast<unsigned>(D().physical_count);
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t* d) {
+  if (i >= static_cast<unsigned>(D().physical_count)) return NVML_ERROR_INVALID_ARGUMENT;
+  *d = reinterpret_cast<nvmlDevice_t>(static_cast<uintptr_t>(i + 1));
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* d) {
+  for (int i = 0; i < D().physical_count; ++i)
+    if (Driver::UuidText(i) == uuid) return nvmlDeviceGetHandleByIndex_v2(i, d);
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char* out, unsigned int len) {
+  snprintf(out, len, "%s", Driver::UuidText(static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1).c_str());
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t* m) {
+  int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
+  if (dev < 0 || dev >= D().physical_count || !m) return NVML_ERROR_INVALID_ARGUMENT;
+  m->total = D().memory;
+  m->used = D().shared->dev[dev].used.load();
+  m->free = m->total - m->used;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t* m) {
+  if (!m || m->version != GPULET_NVML_MEMORY_V2) return NVML_ERROR_INVALID_ARGUMENT;
+  nvmlMemory_t v1;
+  nvmlReturn_t r = nvmlDeviceGetMemoryInfo(d, &v1);
+  if (r == NVML_SUCCESS) m->total = v1.total, m->reserved = 0, m->free = v1.free, m->used = v1.used;
+  return r;
+}
+// Utilisation since this process's previous call (NVML reports the last sample period).
+typedef struct {
+  unsigned int gpu, memory;
+} nvmlUtilization_t;
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {
+  int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
+  if (dev < 0 || dev >= D().physical_count || !u) return NVML_ERROR_INVALID_ARGUMENT;
+  static int64_t last_t[kMaxDevices];
+  static uint64_t last_busy[kMaxDevices];
+  LOCK;
+  int64_t now = Now();
+  uint64_t busy = D().shared->dev[dev].busy_total.load();
+  int64_t dt = now - last_t[dev];
+  u->gpu = dt > 0 && last_t[dev] ? static_cast<unsigned>(
+                                       std::min<uint64_t>(100, (busy - last_busy[dev]) * 100 / dt))
+                                 : 0;
+  u->memory = 0;
+  last_t[dev] = now;
+  last_busy[dev] = busy;
+  return NVML_SUCCESS;
+}
+
+}  // extern "C"
