@@ -1,0 +1,48 @@
+// Node feature labels compatible with NVIDIA's gpu-feature-discovery (nvidia.com/gpu.product,
+// .memory, .count, cuda.driver-version.*, MIG labels, ...), computed from the GPU layer's
+// inventory and written as a Node Feature Discovery "local" feature file (key=value lines),
+// atomically, so NFD never reads half a file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/fs.h"
+#include "gpu/gpu.h"
+
+namespace gpulet::labels {
+
+inline constexpr char kDefaultFeatureFile[] =
+    "/etc/kubernetes/node-feature-discovery/features.d/gpulet";
+
+struct LabelOptions {
+  std::string mig_strategy = "none";      // none | single | mixed (as the device plugin)
+  int replicas = 1;                       // time-slicing / MPS replicas per GPU
+  std::string sharing_strategy = "none";  // none | time-slicing | mps
+  bool timestamp = true;                  // nvidia.com/gfd.timestamp
+  std::string machine_type;               // nvidia.com/gpu.machine; empty = omitted
+};
+
+// InvalidArgument naming the bad option (e.g. "--mig-strategy 'dual': expected none, single or
+// mixed").
+absl::Status ValidateOptions(const LabelOptions& options);
+
+using Labels = std::map<std::string, std::string>;
+
+// Labels for this node. Pure function: `unix_now` is the gfd.timestamp value.
+Labels GenerateLabels(const gpu::Inventory& inventory, const LabelOptions& options,
+                      int64_t unix_now);
+
+// "key=value\n" per label, sorted by key: NFD's feature-file format.
+std::string FormatFeatureFile(const Labels& labels);
+
+// Creates the parent directory if needed and replaces `path` atomically.
+absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Labels& labels);
+
+// GFD's sanitising of a model name: characters outside [A-Za-z0-9-_. ] dropped, spaces -> '-'.
+std::string SanitizeLabelValue(const std::string& s);
+
+}  // namespace gpulet::labels

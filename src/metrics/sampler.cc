@@ -1,0 +1,196 @@
+#include "metrics/sampler.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::metrics {
+
+Sampler::Sampler(gpu::GpuLayer* gpu, GpuOpener opener, kubelet::PodResourcesCache* pods,
+                 VgpuUsageSource* vgpu, Clock* clock, SamplerOptions options)
+    : external_gpu_(gpu),
+      opener_(std::move(opener)),
+      pods_(pods),
+      vgpu_(vgpu),
+      clock_(clock ? clock : RealClock()),
+      options_(std::move(options)),
+      snapshot_(std::make_shared<Snapshot>()) {}
+
+Sampler::~Sampler() { Stop(); }
+
+void Sampler::Start() {
+  SampleOnce();
+  {
+    absl::MutexLock l(&stop_mu_);
+    if (thread_.joinable()) return;
+    stop_ = false;
+  }
+  thread_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock l(&stop_mu_);
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) { return stop_; };
+        if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::FromChrono(options_.interval))) {
+          return;
+        }
+      }
+      SampleOnce();
+    }
+  });
+}
+
+void Sampler::Stop() {
+  {
+    absl::MutexLock l(&stop_mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock l(&cycle_mu_);
+  subscription_.reset();  // no event callbacks into a dying sampler
+}
+
+std::shared_ptr<const Snapshot> Sampler::snapshot() const {
+  absl::MutexLock l(&snap_mu_);
+  return snapshot_;
+}
+
+void Sampler::OnEvent(const gpu::Event& e) {
+  if (e.type != gpu::Event::Type::kXid) return;
+  absl::MutexLock l(&xid_mu_);
+  XidState& x = xids_[e.uuid];
+  x.counts[static_cast<uint32_t>(e.data)] += 1;
+  x.last = static_cast<uint32_t>(e.data);
+}
+
+gpu::GpuLayer* Sampler::Layer() {
+  gpu::GpuLayer* layer = external_gpu_ ? external_gpu_ : owned_gpu_.get();
+  if (!layer && opener_) {
+    absl::StatusOr<std::unique_ptr<gpu::GpuLayer>> opened = opener_();
+    if (!opened.ok()) {
+      spdlog::warn("metrics: GPU layer unavailable: {}", opened.status().ToString());
+      return nullptr;
+    }
+    owned_gpu_ = *std::move(opened);
+    layer = owned_gpu_.get();
+  }
+  if (layer && !subscription_) {
+    subscription_ = layer->Subscribe([this](const gpu::Event& e) { OnEvent(e); });
+  }
+  return layer;
+}
+
+Sample Sampler::Collect() {
+  Sample s;
+  s.hostname = options_.hostname;
+  bool nvml_ok = false;
+  if (gpu::GpuLayer* layer = Layer()) {
+    // A previous cycle found NVML broken: re-initialise before reading (the recovery path when
+    // the driver comes back, with no restart of the exporter). A layer shared with the agent is
+    // the agent's to re-initialise; here it is only read again.
+    if (need_reinit_ && !owned_gpu_) need_reinit_ = false;
+    if (need_reinit_) {
+      absl::Status st = layer->Reinit();
+      if (st.ok()) need_reinit_ = false;
+    }
+    absl::StatusOr<gpu::Inventory> inv = need_reinit_ ? absl::UnavailableError("reinit failed")
+                                                      : layer->GetInventory();
+    if (inv.ok()) {
+      s.driver_version = inv->driver_version;
+      s.cuda_driver_version = inv->cuda_driver_version;
+      size_t answered = 0;
+      for (gpu::Device& d : inv->devices) {
+        DeviceSample ds;
+        absl::StatusOr<gpu::Telemetry> t = layer->GetTelemetry(d.index);
+        if (t.ok()) {
+          ds.telemetry = *std::move(t);
+          ds.healthy = true;
+          ++answered;
+        }
+        ds.device = std::move(d);
+        s.devices.push_back(std::move(ds));
+      }
+      // NVML is up when at least one GPU answered (one lost GPU is that GPU's problem, reported
+      // by gpulet_gpu_healthy); a node with no GPU at all has a working NVML too.
+      nvml_ok = answered > 0 || s.devices.empty();
+      if (!nvml_ok) need_reinit_ = true;
+      absl::MutexLock l(&xid_mu_);
+      for (DeviceSample& ds : s.devices) {
+        auto it = xids_.find(ds.device.uuid);
+        if (it == xids_.end()) continue;
+        ds.xid_counts = it->second.counts;
+        ds.xid_last = it->second.last;
+      }
+    } else {
+      need_reinit_ = true;
+    }
+  }
+  stats_.nvml_up = nvml_ok;
+  if (!nvml_ok) ++stats_.nvml_errors;
+
+  if (pods_) {
+    kubelet::PodResourcesCache::State ps = pods_->state();
+    stats_.kubelet_enabled = true;
+    stats_.kubelet_up = ps.up;
+    stats_.kubelet_errors = ps.errors;
+    gpu::Inventory view;  // ResolveDeviceId works on an inventory; rebuild a light one
+    view.devices.reserve(s.devices.size());
+    for (const DeviceSample& ds : s.devices) view.devices.push_back(ds.device);
+    for (kubelet::PodDevice& pd : ps.devices) {
+      std::optional<kubelet::DeviceRef> ref = kubelet::ResolveDeviceId(view, pd.device_id);
+      if (!ref) continue;  // a device this node no longer has, or another vendor's ID
+      s.containers.push_back({std::move(pd.namespace_), std::move(pd.pod), std::move(pd.container),
+                              std::move(pd.resource), std::move(pd.device_id), ref->device,
+                              ref->mig});
+    }
+    std::sort(s.containers.begin(), s.containers.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.device, a.mig, a.namespace_, a.pod, a.container, a.device_id) <
+             std::tie(b.device, b.mig, b.namespace_, b.pod, b.container, b.device_id);
+    });
+  }
+
+  if (vgpu_) {
+    stats_.vgpu_enabled = true;
+    absl::StatusOr<std::vector<VgpuContainerUsage>> usage = vgpu_->Read();
+    stats_.vgpu_up = usage.ok();
+    if (!usage.ok()) {
+      ++stats_.vgpu_errors;
+    } else {
+      for (VgpuContainerUsage& u : *usage) {
+        auto it = std::find_if(s.devices.begin(), s.devices.end(),
+                               [&](const DeviceSample& d) { return d.device.uuid == u.gpu_uuid; });
+        if (it == s.devices.end()) continue;
+        s.vgpu.push_back({std::move(u.namespace_), std::move(u.pod), std::move(u.container),
+                          static_cast<size_t>(it - s.devices.begin()), u.memory_used_bytes,
+                          u.memory_limit_bytes, u.utilization_ratio, u.core_limit_ratio});
+      }
+    }
+  }
+  return s;
+}
+
+void Sampler::SampleOnce() {
+  absl::MutexLock cycle(&cycle_mu_);
+  Clock::TimePoint start = clock_->Now();
+  Sample s = Collect();
+  auto snap = std::make_shared<Snapshot>();
+  stats_.cycles += 1;
+  stats_.collect_seconds = std::chrono::duration<double>(clock_->Now() - start).count();
+  stats_.collect_unix_ms = clock_->UnixSeconds() * 1000;
+  s.self = stats_;
+  snap->self = stats_;
+  snap->taken = clock_->Now();
+  // Reserve what the previous cycle needed: one allocation per body in the steady state.
+  std::shared_ptr<const Snapshot> prev = snapshot();
+  snap->text.reserve(prev->text.size() + prev->text.size() / 8);
+  snap->openmetrics.reserve(prev->openmetrics.size() + prev->openmetrics.size() / 8);
+  Render(s, options_.render, Format::kText, &snap->text);
+  Render(s, options_.render, Format::kOpenMetrics, &snap->openmetrics);
+  RenderGpuManager(s, Format::kText, &snap->gpu_manager);
+  prev.reset();
+  absl::MutexLock l(&snap_mu_);
+  snapshot_ = std::move(snap);
+}
+
+}  // namespace gpulet::metrics

@@ -1,0 +1,113 @@
+// The exporter's background sampler: every interval it reads the GPU layer, the cached pod
+// attribution and the vGPU accounting, renders the exposition once per format and publishes it as
+// an immutable snapshot. A scrape only takes a reference to the latest snapshot, so it never waits
+// on NVML or the kubelet, and a slow or failing source only makes data older or absent.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "gpu/gpu.h"
+#include "kubelet/podresources_client.h"
+#include "metrics/render.h"
+
+namespace gpulet::metrics {
+
+// Per-container vGPU usage as the interposer accounts it (src/vgpu/accounting.h). An interface so
+// the exporter does not depend on the accounting's storage; `gpu_uuid` names the physical GPU.
+struct VgpuContainerUsage {
+  std::string namespace_, pod, container, gpu_uuid;
+  uint64_t memory_used_bytes = 0, memory_limit_bytes = 0;
+  std::optional<double> utilization_ratio;
+  double core_limit_ratio = 0;
+};
+class VgpuUsageSource {
+ public:
+  virtual ~VgpuUsageSource() = default;
+  virtual absl::StatusOr<std::vector<VgpuContainerUsage>> Read() = 0;
+};
+
+// One immutable rendering of one sample. Bodies stop before the per-scrape tail (see server.h).
+struct Snapshot {
+  std::string text;         // Prometheus text 0.0.4
+  std::string openmetrics;  // OpenMetrics 1.0.0, without "# EOF"
+  std::string gpu_manager;  // GPU Manager's /metric families (text)
+  SelfStats self;
+  Clock::TimePoint taken{};
+};
+
+struct SamplerOptions {
+  std::chrono::milliseconds interval{10000};
+  RenderOptions render;
+  std::string hostname;  // DCGM Hostname / GPU Manager node label
+};
+
+// Thread-safe. Owns its thread; the sources it is given must outlive it.
+class Sampler {
+ public:
+  // Opens the GPU layer when none is given or it could not be opened yet (NVML missing at start):
+  // retried every cycle, so the exporter recovers without a restart.
+  using GpuOpener = std::function<absl::StatusOr<std::unique_ptr<gpu::GpuLayer>>()>;
+
+  // `gpu` may be null (then `opener` is used); `pods` and `vgpu` may be null (feature off).
+  Sampler(gpu::GpuLayer* gpu, GpuOpener opener, kubelet::PodResourcesCache* pods,
+          VgpuUsageSource* vgpu, Clock* clock, SamplerOptions options);
+  ~Sampler();
+
+  // Samples once synchronously (so the first scrape has data), then every interval in the
+  // background.
+  void Start();
+  void Stop();
+
+  // One cycle on the caller's thread: read, render, publish.
+  void SampleOnce();
+
+  // The latest snapshot; never null after construction (an empty one before the first cycle).
+  std::shared_ptr<const Snapshot> snapshot() const;
+
+  const SamplerOptions& options() const { return options_; }
+
+ private:
+  struct XidState {
+    std::map<uint32_t, uint64_t> counts;
+    uint32_t last = 0;
+  };
+  gpu::GpuLayer* Layer();  // the usable layer or null
+  void OnEvent(const gpu::Event& e);
+  Sample Collect();
+
+  gpu::GpuLayer* external_gpu_;
+  GpuOpener opener_;
+  kubelet::PodResourcesCache* pods_;
+  VgpuUsageSource* vgpu_;
+  Clock* clock_;
+  SamplerOptions options_;
+
+  absl::Mutex cycle_mu_;  // one cycle at a time; guards the fields below
+  std::unique_ptr<gpu::GpuLayer> owned_gpu_ ABSL_GUARDED_BY(cycle_mu_);
+  std::unique_ptr<gpu::GpuLayer::Subscription> subscription_ ABSL_GUARDED_BY(cycle_mu_);
+  bool need_reinit_ ABSL_GUARDED_BY(cycle_mu_) = false;
+  SelfStats stats_ ABSL_GUARDED_BY(cycle_mu_);
+
+  absl::Mutex xid_mu_;  // events arrive on the GPU layer's thread
+  std::map<std::string, XidState> xids_ ABSL_GUARDED_BY(xid_mu_);  // by GPU UUID
+
+  mutable absl::Mutex snap_mu_;
+  std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);
+
+  absl::Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace gpulet::metrics
