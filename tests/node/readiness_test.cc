@@ -1,0 +1,153 @@
+// The reboot readiness controller against the in-repo fake API server over real HTTP.
+#include "node/readiness.h"
+
+#include <gtest/gtest.h>
+
+#include "testing/apiserver/fake_apiserver.h"
+
+namespace gpulet::node {
+namespace {
+
+using k8s::json;
+
+class ReadinessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(server_.Start());
+    k8s::Config cfg;
+    cfg.server = server_.url();
+    cfg.max_attempts = 2;
+    cfg.initial_backoff = std::chrono::milliseconds(1);
+    client_ = std::make_unique<k8s::Client>(cfg);
+    server_.CreateNode({{"metadata", {{"name", "gpu-1"}}},
+                        {"spec", {{"taints", json::array({{{"key", "other"}, {"effect", "NoExecute"}}})}}},
+                        {"status", {{"nodeInfo", {{"bootID", "boot-A"}}}}}});
+  }
+  json Node() {
+    json n;
+    EXPECT_TRUE(server_.GetNode("gpu-1", &n));
+    return n;
+  }
+  bool HasTaint(const json& node, const std::string& key) {
+    if (!node["spec"].contains("taints")) return false;
+    for (const auto& t : node["spec"]["taints"])
+      if (t["key"] == key) return true;
+    return false;
+  }
+  json GpuPod(const std::string& name, bool controlled, const std::string& phase,
+              const std::string& reason) {
+    json pod = {{"metadata", {{"name", name}, {"namespace", "default"}}},
+                {"spec",
+                 {{"nodeName", "gpu-1"},
+                  {"containers",
+                   json::array({{{"name", "c"},
+                                 {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
+                {"status", {{"phase", phase}, {"reason", reason}}}};
+    if (controlled)
+      pod["metadata"]["ownerReferences"] = json::array(
+          {{{"apiVersion", "apps/v1"}, {"kind", "ReplicaSet"}, {"name", "rs"}, {"uid", "u1"},
+            {"controller", true}}});
+    return pod;
+  }
+  ReadinessOptions Options() {
+    ReadinessOptions o;
+    o.node_name = "gpu-1";
+    return o;
+  }
+
+  testing::FakeApiServer server_;
+  std::unique_ptr<k8s::Client> client_;
+};
+
+ValidationReport Report(bool ok) {
+  return ValidationReport{{{"driver", true, "8 GPUs"}, {"device-plugin", ok, ok ? "ok" : "not registered"}}};
+}
+
+// A boot that was never validated taints the node and keeps the ready label off until validation passes.
+TEST_F(ReadinessTest, TaintsUntilValidatedThenLabelsAndUntaints) {
+  bool ok = false;
+  ReadinessController c(client_.get(), [&] { return Report(ok); }, Options());
+  auto s = c.ReconcileOnce();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, NodeStackState::kNotReady);
+  json n = Node();
+  EXPECT_TRUE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
+  EXPECT_TRUE(HasTaint(n, "other")) << "foreign taints must be kept";
+  EXPECT_FALSE(n["metadata"].contains("labels") && n["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
+
+  ok = true;
+  s = c.ReconcileOnce();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, NodeStackState::kReady);
+  n = Node();
+  EXPECT_FALSE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
+  EXPECT_TRUE(HasTaint(n, "other"));
+  EXPECT_EQ(n["metadata"]["labels"]["gpulet.io/gpu-stack"], "ready");
+  EXPECT_EQ(n["metadata"]["annotations"]["gpulet.io/validated-boot-id"], "boot-A");
+}
+
+// A new boot ID (the node rebooted) removes the ready label and taints again until revalidated.
+TEST_F(ReadinessTest, NewBootIdRetaints) {
+  bool ok = true;
+  ReadinessController c(client_.get(), [&] { return Report(ok); }, Options());
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  ASSERT_TRUE(client_->PatchNodeStatus("gpu-1", k8s::PatchType::kMerge,
+                                       {{"status", {{"nodeInfo", {{"bootID", "boot-B"}}}}}}).ok());
+  ok = false;
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kNotReady);
+  json n = Node();
+  EXPECT_TRUE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
+  EXPECT_FALSE(n["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
+  ok = true;
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(Node()["metadata"]["annotations"]["gpulet.io/validated-boot-id"], "boot-B");
+}
+
+// Controller-owned pods rejected during the window are deleted; bare ones are kept and counted;
+// healthy and non-GPU pods are left alone.
+TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
+  server_.CreatePod(GpuPod("owned", true, "Failed", "UnexpectedAdmissionError"));
+  server_.CreatePod(GpuPod("bare", false, "Failed", "UnexpectedAdmissionError"));
+  server_.CreatePod(GpuPod("running", true, "Running", ""));
+  json cpu = GpuPod("cpu-only", true, "Failed", "UnexpectedAdmissionError");
+  cpu["spec"]["containers"][0]["resources"]["limits"] = {{"cpu", "1"}};
+  server_.CreatePod(cpu);
+  ReadinessController c(client_.get(), [] { return Report(true); }, Options());
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  json p;
+  EXPECT_FALSE(server_.GetPod("default", "owned", &p));
+  EXPECT_TRUE(server_.GetPod("default", "bare", &p));
+  EXPECT_TRUE(server_.GetPod("default", "running", &p));
+  EXPECT_TRUE(server_.GetPod("default", "cpu-only", &p));
+  EXPECT_EQ(c.deleted_pods(), 1);
+  EXPECT_EQ(c.reported_bare_pods(), 1);
+  // Once per boot: a later pass does not delete pods again (no delete/recreate storm).
+  server_.CreatePod(GpuPod("owned2", true, "Failed", "UnexpectedAdmissionError"));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_TRUE(server_.GetPod("default", "owned2", &p));
+}
+
+// API server errors surface as a Status, never a crash; the next pass recovers.
+TEST_F(ReadinessTest, ApiErrorsAreReturned) {
+  ReadinessController c(client_.get(), [] { return Report(true); }, Options());
+  server_.InjectFailures(10, 500);
+  EXPECT_FALSE(c.ReconcileOnce().ok());
+  server_.InjectFailures(0, 500);
+  auto s = c.ReconcileOnce();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, NodeStackState::kReady);
+}
+
+// An unknown node name is a clear NotFound naming the node.
+TEST_F(ReadinessTest, UnknownNode) {
+  ReadinessOptions o = Options();
+  o.node_name = "nope";
+  ReadinessController c(client_.get(), [] { return Report(true); }, o);
+  auto s = c.ReconcileOnce();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("nope"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpulet::node
