@@ -1,0 +1,542 @@
+#include "k8s/client.h"
+
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "httplib.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::k8s {
+
+// Parsed client certificate, owned here for the life of the Client (httplib's SSLClient only
+// borrows them).
+struct Client::Tls {
+  X509* cert = nullptr;
+  EVP_PKEY* key = nullptr;
+  ~Tls() {
+    if (cert) X509_free(cert);
+    if (key) EVP_PKEY_free(key);
+  }
+};
+
+namespace {
+
+struct Endpoint {
+  bool https = true;
+  std::string host;
+  int port = 443;
+};
+
+absl::StatusOr<Endpoint> ParseServer(const std::string& server) {
+  Endpoint e;
+  std::string rest = server;
+  if (absl::StartsWith(rest, "https://")) {
+    rest = rest.substr(8);
+  } else if (absl::StartsWith(rest, "http://")) {
+    rest = rest.substr(7);
+    e.https = false;
+    e.port = 80;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("API server \"", server, "\" must start with https:// or http://"));
+  }
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest.resize(slash);
+  std::string port;
+  if (!rest.empty() && rest.front() == '[') {  // [IPv6]:port
+    size_t close = rest.find(']');
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": bad host"));
+    }
+    if (close + 1 < rest.size() && rest[close + 1] == ':') port = rest.substr(close + 2);
+    rest = rest.substr(1, close - 1);
+  } else if (size_t colon = rest.rfind(':'); colon != std::string::npos) {
+    port = rest.substr(colon + 1);
+    rest.resize(colon);
+  }
+  if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port <= 0 || e.port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": bad port"));
+  }
+  if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": no host"));
+  e.host = rest;
+  return e;
+}
+
+X509_STORE* StoreFromPem(const std::string& pem) {
+  X509_STORE* store = X509_STORE_new();
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  while (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    X509_STORE_add_cert(store, cert);
+    X509_free(cert);
+  }
+  BIO_free(bio);
+  return store;
+}
+
+absl::Status StatusFromHttp(int code, const std::string& body, const std::string& what) {
+  std::string message = body.substr(0, 300);
+  std::string reason;
+  if (auto j = json::parse(body, nullptr, false); j.is_object()) {
+    message = j.value("message", message);
+    reason = j.value("reason", "");
+  }
+  std::string text = absl::StrCat(what, ": HTTP ", code, reason.empty() ? "" : " ", reason, ": ",
+                                  message);
+  switch (code) {
+    case 400:
+    case 422:
+      return absl::InvalidArgumentError(text);
+    case 401:
+      return absl::UnauthenticatedError(text);
+    case 403:
+      return absl::PermissionDeniedError(text);
+    case 404:
+      return absl::NotFoundError(text);
+    case 409:
+      return reason == "AlreadyExists" ? absl::AlreadyExistsError(text) : absl::AbortedError(text);
+    case 410:
+      return absl::FailedPreconditionError(text);
+    case 429:
+      return absl::ResourceExhaustedError(text);
+    default:
+      if (code >= 500) return absl::UnavailableError(text);
+      return absl::UnknownError(text);
+  }
+}
+
+const char* ContentType(PatchType t) {
+  switch (t) {
+    case PatchType::kMerge:
+      return "application/merge-patch+json";
+    case PatchType::kStrategicMerge:
+      return "application/strategic-merge-patch+json";
+    case PatchType::kJson:
+      return "application/json-patch+json";
+  }
+  return "application/merge-patch+json";
+}
+
+std::string Encode(const std::string& in) {
+  std::string out;
+  for (unsigned char c : in) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      absl::StrAppend(&out, "%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<httplib::ClientImpl> MakeHttp(const Config& c, const Endpoint& e, X509* cert,
+                                              EVP_PKEY* key) {
+  std::unique_ptr<httplib::ClientImpl> cli;
+  if (e.https) {
+    auto ssl = cert && key ? std::make_unique<httplib::SSLClient>(e.host, e.port, cert, key)
+                           : std::make_unique<httplib::SSLClient>(e.host, e.port);
+    if (!c.ca_pem.empty()) ssl->set_ca_cert_store(StoreFromPem(c.ca_pem));
+    ssl->enable_server_certificate_verification(!c.insecure_skip_verify);
+    cli = std::move(ssl);
+  } else {
+    cli = std::make_unique<httplib::ClientImpl>(e.host, e.port);
+  }
+  cli->set_connection_timeout(c.timeout);
+  cli->set_read_timeout(c.timeout);
+  cli->set_write_timeout(c.timeout);
+  if (!c.token.empty()) cli->set_bearer_token_auth(c.token);
+  return cli;
+}
+
+}  // namespace
+
+std::string QueryString(const ListOptions& opts, bool watch) {
+  std::vector<std::string> parts;
+  if (!opts.label_selector.empty()) parts.push_back("labelSelector=" + Encode(opts.label_selector));
+  if (!opts.field_selector.empty()) parts.push_back("fieldSelector=" + Encode(opts.field_selector));
+  if (!opts.resource_version.empty()) {
+    parts.push_back("resourceVersion=" + Encode(opts.resource_version));
+  }
+  if (watch) {
+    parts.push_back("watch=true");
+    parts.push_back("allowWatchBookmarks=true");
+    if (opts.timeout_seconds > 0) parts.push_back(absl::StrCat("timeoutSeconds=", opts.timeout_seconds));
+  }
+  if (parts.empty()) return "";
+  std::string q = "?";
+  for (size_t i = 0; i < parts.size(); ++i) absl::StrAppend(&q, i ? "&" : "", parts[i]);
+  return q;
+}
+
+Client::Client(Config config, Clock* clock)
+    : config_(std::move(config)), clock_(clock), tls_(std::make_unique<Tls>()) {
+  if (!config_.client_cert_pem.empty() && !config_.client_key_pem.empty()) {
+    BIO* b = BIO_new_mem_buf(config_.client_cert_pem.data(), -1);
+    tls_->cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
+    BIO_free(b);
+    b = BIO_new_mem_buf(config_.client_key_pem.data(), -1);
+    tls_->key = PEM_read_bio_PrivateKey(b, nullptr, nullptr, nullptr);
+    BIO_free(b);
+    if (!tls_->cert || !tls_->key) spdlog::warn("kubeconfig client certificate/key unreadable");
+  }
+}
+
+Client::~Client() { Cancel(); }
+
+absl::StatusOr<json> Client::Call(const std::string& method, const std::string& path,
+                                  const json* body, const std::string& content_type) {
+  ASSIGN_OR_RETURN(Endpoint ep, ParseServer(config_.server));
+  std::string payload = body ? body->dump() : "";
+  std::string what = absl::StrCat(method, " ", path);
+  auto backoff = config_.initial_backoff;
+  absl::Status last;
+  for (int attempt = 1;; ++attempt) {
+    auto cli = MakeHttp(config_, ep, tls_->cert, tls_->key);
+    httplib::Result r{nullptr, httplib::Error::Unknown};
+    if (method == "GET") {
+      r = cli->Get(path);
+    } else if (method == "POST") {
+      r = cli->Post(path, payload, content_type);
+    } else if (method == "PATCH") {
+      r = cli->Patch(path, payload, content_type);
+    } else if (method == "PUT") {
+      r = cli->Put(path, payload, content_type);
+    } else if (method == "DELETE") {
+      r = cli->Delete(path);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unsupported method ", method));
+    }
+    bool retry = false;
+    std::chrono::milliseconds wait = backoff;
+    if (!r) {
+      last = absl::UnavailableError(absl::StrCat(what, ": cannot reach API server ",
+                                                 config_.server, ": ", httplib::to_string(r.error())));
+      retry = true;
+    } else if (r->status >= 200 && r->status < 300) {
+      if (r->body.empty()) return json::object();
+      json j = json::parse(r->body, nullptr, false);
+      if (j.is_discarded()) {
+        return absl::DataLossError(absl::StrCat(what, ": API server sent invalid JSON"));
+      }
+      return j;
+    } else {
+      last = StatusFromHttp(r->status, r->body, what);
+      retry = r->status == 429 || r->status >= 500 || absl::IsAborted(last);
+      int secs = 0;
+      if (r->status == 429 && absl::SimpleAtoi(r->get_header_value("Retry-After"), &secs)) {
+        wait = std::max(wait, std::chrono::milliseconds(secs * 1000));
+      }
+    }
+    if (!retry || attempt >= config_.max_attempts || cancelled_) return last;
+    clock_->SleepFor(std::min(wait, config_.max_backoff));
+    backoff = std::min(backoff * 2, config_.max_backoff);
+  }
+}
+
+absl::StatusOr<json> Client::GetPod(const std::string& ns, const std::string& name) {
+  return Call("GET", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name));
+}
+
+absl::StatusOr<json> Client::ListPods(const std::string& ns, const ListOptions& opts) {
+  std::string base = ns.empty() ? "/api/v1/pods" : absl::StrCat("/api/v1/namespaces/", ns, "/pods");
+  return Call("GET", base + QueryString(opts, false));
+}
+
+absl::StatusOr<json> Client::PatchPod(const std::string& ns, const std::string& name,
+                                      PatchType type, const json& patch) {
+  return Call("PATCH", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name), &patch,
+              ContentType(type));
+}
+
+absl::Status Client::CreateBinding(const std::string& ns, const std::string& name,
+                                   const std::string& uid, const std::string& node) {
+  json b = {{"apiVersion", "v1"},
+            {"kind", "Binding"},
+            {"metadata", {{"name", name}, {"namespace", ns}}},
+            {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+  if (!uid.empty()) b["metadata"]["uid"] = uid;
+  return Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name, "/binding"), &b)
+      .status();
+}
+
+absl::StatusOr<json> Client::GetNode(const std::string& name) {
+  return Call("GET", "/api/v1/nodes/" + name);
+}
+
+absl::StatusOr<json> Client::ListNodes(const ListOptions& opts) {
+  return Call("GET", "/api/v1/nodes" + QueryString(opts, false));
+}
+
+absl::StatusOr<json> Client::PatchNode(const std::string& name, PatchType type,
+                                       const json& patch) {
+  return Call("PATCH", "/api/v1/nodes/" + name, &patch, ContentType(type));
+}
+
+absl::StatusOr<json> Client::PatchNodeStatus(const std::string& name, PatchType type,
+                                             const json& patch) {
+  return Call("PATCH", "/api/v1/nodes/" + name + "/status", &patch, ContentType(type));
+}
+
+absl::Status Client::Watch(const std::string& collection_path, const ListOptions& opts,
+                           const std::function<bool(const WatchEvent&)>& handler) {
+  ASSIGN_OR_RETURN(Endpoint ep, ParseServer(config_.server));
+  if (cancelled_) return absl::CancelledError("watch cancelled");
+  auto cli = MakeHttp(config_, ep, tls_->cert, tls_->key);
+  // A watch is quiet for long stretches; the server ends it after timeoutSeconds.
+  cli->set_read_timeout(std::chrono::seconds(opts.timeout_seconds > 0 ? opts.timeout_seconds + 30
+                                                                       : 3600));
+  {
+    std::lock_guard<std::mutex> l(watches_mu_);
+    watches_.push_back(cli.get());
+  }
+  int status = 0;
+  std::string buf;
+  absl::Status result;
+  bool stopped_by_handler = false;
+  auto r = cli->Get(
+      collection_path + QueryString(opts, true), httplib::Headers{},
+      [&](const httplib::Response& resp) {
+        status = resp.status;
+        return true;
+      },
+      [&](const char* data, size_t len) {
+        buf.append(data, len);
+        if (status != 200) return true;
+        size_t nl;
+        while ((nl = buf.find('\n')) != std::string::npos) {
+          std::string line = buf.substr(0, nl);
+          buf.erase(0, nl + 1);
+          if (line.empty()) continue;
+          json j = json::parse(line, nullptr, false);
+          if (j.is_discarded() || !j.is_object()) {
+            result = absl::DataLossError("watch: invalid event line");
+            return false;
+          }
+          WatchEvent ev{j.value("type", ""), j.value("object", json::object())};
+          if (ev.type == "ERROR") {
+            result = StatusFromHttp(ev.object.value("code", 500), ev.object.dump(), "watch");
+            return false;
+          }
+          if (!handler(ev)) {
+            stopped_by_handler = true;
+            return false;
+          }
+        }
+        return !cancelled_.load();
+      });
+  {
+    std::lock_guard<std::mutex> l(watches_mu_);
+    std::erase(watches_, static_cast<void*>(cli.get()));
+  }
+  if (!result.ok()) return result;
+  if (stopped_by_handler) return absl::OkStatus();
+  if (cancelled_) return absl::CancelledError("watch cancelled");
+  if (status != 0 && status != 200) {
+    return StatusFromHttp(status, buf, absl::StrCat("watch ", collection_path));
+  }
+  if (!r) {
+    return absl::UnavailableError(absl::StrCat("watch ", collection_path, ": ",
+                                               httplib::to_string(r.error())));
+  }
+  return absl::OkStatus();
+}
+
+void Client::Cancel() {
+  cancelled_ = true;
+  std::lock_guard<std::mutex> l(watches_mu_);
+  for (void* w : watches_) static_cast<httplib::ClientImpl*>(w)->stop();
+}
+
+// ---- configuration ----
+
+absl::StatusOr<Config> InClusterConfig(const std::string& sa_dir) {
+  const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+  const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+  if (!host || !*host || !port || !*port) {
+    return absl::FailedPreconditionError(
+        "not in a cluster: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set");
+  }
+  Config c;
+  std::string h = host;
+  if (h.find(':') != std::string::npos) h = "[" + h + "]";  // IPv6
+  c.server = absl::StrCat("https://", h, ":", port);
+  ASSIGN_OR_RETURN(std::string token, ReadFileToString(sa_dir + "/token"));
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  c.token = token;
+  ASSIGN_OR_RETURN(c.ca_pem, ReadFileToString(sa_dir + "/ca.crt"));
+  return c;
+}
+
+absl::StatusOr<Config> LoadKubeconfig(const std::string& path, const std::string& context) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read kubeconfig"));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+  }
+  auto find = [&](const char* list, const std::string& name) -> YAML::Node {
+    if (root[list] && root[list].IsSequence()) {
+      for (const auto& n : root[list]) {
+        if (n["name"] && n["name"].as<std::string>("") == name) return n;
+      }
+    }
+    return YAML::Node();
+  };
+  auto where = [&](const YAML::Node& n) {
+    return absl::StrCat(path, ":", n.Mark().line + 1);
+  };
+  try {
+    std::string ctx_name = context.empty() ? root["current-context"].as<std::string>("") : context;
+    if (ctx_name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": no current-context"));
+    }
+    YAML::Node ctx = find("contexts", ctx_name);
+    if (!ctx || !ctx["context"]) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": context \"", ctx_name, "\" not found"));
+    }
+    std::string cluster_name = ctx["context"]["cluster"].as<std::string>("");
+    std::string user_name = ctx["context"]["user"].as<std::string>("");
+    YAML::Node cluster = find("clusters", cluster_name);
+    if (!cluster || !cluster["cluster"]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(ctx), ": cluster \"", cluster_name, "\" not found"));
+    }
+    Config c;
+    const YAML::Node cl = cluster["cluster"];
+    c.server = cl["server"].as<std::string>("");
+    if (c.server.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where(cluster), ": cluster has no server"));
+    }
+    c.insecure_skip_verify = cl["insecure-skip-tls-verify"].as<bool>(false);
+    auto data_or_file = [&](const YAML::Node& n, const char* data_key, const char* file_key,
+                            std::string* out) -> absl::Status {
+      if (n[data_key]) {
+        if (!absl::Base64Unescape(n[data_key].as<std::string>(""), out)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where(n[data_key]), ": ", data_key, " is not valid base64"));
+        }
+      } else if (n[file_key]) {
+        auto s = ReadFileToString(n[file_key].as<std::string>(""));
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where(n[file_key]), ": ", file_key, ": ", s.status().message()));
+        }
+        *out = *s;
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(data_or_file(cl, "certificate-authority-data", "certificate-authority", &c.ca_pem));
+    if (YAML::Node user = find("users", user_name); user && user["user"]) {
+      const YAML::Node u = user["user"];
+      c.token = u["token"].as<std::string>("");
+      if (c.token.empty() && u["tokenFile"]) {
+        ASSIGN_OR_RETURN(c.token, ReadFileToString(u["tokenFile"].as<std::string>("")));
+        while (!c.token.empty() && isspace(static_cast<unsigned char>(c.token.back()))) c.token.pop_back();
+      }
+      RETURN_IF_ERROR(data_or_file(u, "client-certificate-data", "client-certificate", &c.client_cert_pem));
+      RETURN_IF_ERROR(data_or_file(u, "client-key-data", "client-key", &c.client_key_pem));
+    }
+    return c;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", e.mark.line + 1, ": ", e.msg));
+  }
+}
+
+absl::StatusOr<Config> ResolveConfig(const std::string& kubeconfig_flag) {
+  if (!kubeconfig_flag.empty()) return LoadKubeconfig(kubeconfig_flag);
+  if (const char* env = std::getenv("KUBECONFIG"); env && *env) {
+    std::string first = env;
+    if (auto colon = first.find(':'); colon != std::string::npos) first.resize(colon);
+    return LoadKubeconfig(first);
+  }
+  auto in_cluster = InClusterConfig();
+  if (in_cluster.ok()) return in_cluster;
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    std::string p = absl::StrCat(home, "/.kube/config");
+    if (RealFilesystem().Exists(p)) return LoadKubeconfig(p);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no Kubernetes API configuration: give --kubeconfig, set KUBECONFIG, or run in a cluster (",
+      in_cluster.status().message(), ")"));
+}
+
+// ---- Reflector ----
+
+Reflector::Reflector(Client* client, std::string collection_path, ListOptions opts,
+                     SyncFn on_sync, EventFn on_event)
+    : client_(client),
+      path_(std::move(collection_path)),
+      opts_(std::move(opts)),
+      on_sync_(std::move(on_sync)),
+      on_event_(std::move(on_event)),
+      watch_client_(std::make_unique<Client>(client->config())) {}
+
+Reflector::~Reflector() { Stop(); }
+
+void Reflector::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void Reflector::Stop() {
+  stop_ = true;
+  watch_client_->Cancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Reflector::WaitSynced(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!synced_) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+void Reflector::Run() {
+  auto backoff = std::chrono::milliseconds(50);
+  while (!stop_) {
+    auto list = client_->Call("GET", path_ + QueryString(ListOptions{opts_.label_selector,
+                                                                     opts_.field_selector},
+                                                         false));
+    if (!list.ok()) {
+      spdlog::warn("list {}: {}", path_, list.status().ToString());
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      continue;
+    }
+    std::vector<json> items;
+    if (auto it = list->find("items"); it != list->end() && it->is_array()) {
+      items.assign(it->begin(), it->end());
+    }
+    on_sync_(items);
+    synced_ = true;
+    ListOptions w = opts_;
+    w.resource_version = (*list)["metadata"].value("resourceVersion", "");
+    if (w.timeout_seconds == 0) w.timeout_seconds = 300;
+    // Watch until the server ends the stream; then resume from the last seen version.
+    while (!stop_) {
+      absl::Status s = watch_client_->Watch(path_, w, [&](const WatchEvent& ev) {
+        if (auto rv = ev.object["metadata"].value("resourceVersion", ""); !rv.empty()) {
+          w.resource_version = rv;
+        }
+        if (ev.type != "BOOKMARK") on_event_(ev);
+        return !stop_.load();
+      });
+      if (!s.ok()) {
+        if (!stop_) spdlog::info("watch {} ended: {}; re-listing", path_, s.ToString());
+        break;
+      }
+    }
+    if (!stop_) std::this_thread::sleep_for(backoff);
+  }
+}
+
+}  // namespace gpulet::k8s

@@ -1,0 +1,79 @@
+// The fractional-GPU resource rules, in ONE place: the admission webhook, the scheduler extender and
+// the node agent all call ParsePod() so a pod is judged the same way everywhere.
+//
+// A container's tencent.com/vcuda-core (C) and tencent.com/vcuda-memory (M, 256 MiB units):
+//   C in 1..99           a share of one GPU; M >= 1 is required and must fit one GPU.
+//   C = 100*k (k >= 1)   k whole GPUs, exclusive; M is optional (a whole GPU brings all its memory)
+//                        and, if given, may not exceed k GPUs' memory.
+//   anything else        rejected: 150, 250, 0 (or absent) with memory, negative, fractional.
+// Requests, when given, must equal limits. Init containers may not ask for vGPU resources (the
+// kubelet would book them on top of the app containers; not supported).
+// Plain functions on plain data: thread-safe, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace gpulet::vgpu {
+
+inline constexpr uint64_t kMemoryUnitBytes = 256ull << 20;  // one vcuda-memory unit
+inline constexpr int64_t kCoresPerGpu = 100;
+
+// Resource names, configurable; TKEStack GPU Manager's by default so existing pods keep working.
+struct ResourceNames {
+  std::string core = "tencent.com/vcuda-core";
+  std::string memory = "tencent.com/vcuda-memory";
+};
+
+// Annotations gpulet reads and writes on pods. The extender writes the node, the per-container GPU
+// UUIDs and the bind time; the node agent flips `assigned` to "true" once Allocate served the pod.
+inline constexpr char kAnnotationNode[] = "gpulet.io/vgpu-node";
+inline constexpr char kAnnotationGpusPrefix[] = "gpulet.io/vgpu-gpus-";  // + container index
+inline constexpr char kAnnotationBindTime[] = "gpulet.io/vgpu-bind-time";  // unix nanoseconds
+inline constexpr char kAnnotationAssigned[] = "gpulet.io/vgpu-assigned";
+inline constexpr char kAnnotationPolicy[] = "gpulet.io/vgpu-policy";  // binpack|spread|<registry>
+// TKEStack's soft-limit annotation: the core share may borrow up to this percent when idle.
+inline constexpr char kAnnotationCoreLimit[] = "tencent.com/vcuda-core-limit";
+// Node annotation written by the agent: per-GPU inventory of the fractional pool (JSON list of
+// {"uuid","index","memoryUnits","healthy"}). The extender prefers it over node capacity.
+inline constexpr char kAnnotationNodeGpus[] = "gpulet.io/vgpu-gpus";
+
+// What one container asks for. `index` is the position in spec.containers.
+struct ContainerRequest {
+  int index = 0;
+  std::string name;
+  int64_t cores = 0;
+  int64_t memory_units = 0;
+  bool wants_gpu() const { return cores > 0; }
+  bool fractional() const { return cores > 0 && cores < kCoresPerGpu; }
+  int64_t whole_gpus() const { return cores >= kCoresPerGpu ? cores / kCoresPerGpu : 0; }
+};
+
+struct PodRequest {
+  std::vector<ContainerRequest> containers;  // only containers that ask for vGPU resources
+  bool empty() const { return containers.empty(); }
+};
+
+// Memory units of a GPU with `bytes` of memory: floor(bytes / 256 MiB).
+int64_t MemoryUnitsOf(uint64_t bytes);
+
+// Checks one container's numbers. `max_units_per_gpu` is the largest GPU's memory in units (0 =
+// unknown: the memory-fits check is skipped). Errors are InvalidArgument with a message that says
+// what is allowed.
+absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_gpu,
+                               const ResourceNames& names);
+
+// Reads and validates the vGPU requests of a pod (Kubernetes JSON). Errors name the container and
+// the resource. A pod without vGPU requests gives an empty PodRequest.
+absl::StatusOr<PodRequest> ParsePod(const nlohmann::json& pod, const ResourceNames& names,
+                                    int64_t max_units_per_gpu);
+
+// Parses an integer Kubernetes quantity ("30", "2k", "1Ki"); fractional values are errors.
+absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);
+
+}  // namespace gpulet::vgpu

@@ -1,0 +1,596 @@
+#include "testing/apiserver/fake_apiserver.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "httplib.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::testing {
+namespace {
+
+json StatusObject(int code, const std::string& reason, const std::string& message) {
+  return {{"kind", "Status"},   {"apiVersion", "v1"}, {"metadata", json::object()},
+          {"status", code < 300 ? "Success" : "Failure"},
+          {"message", message}, {"reason", reason},   {"code", code}};
+}
+
+void Reply(httplib::Response& res, int code, const json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+void Fail(httplib::Response& res, int code, const std::string& reason, const std::string& msg) {
+  Reply(res, code, StatusObject(code, reason, msg));
+}
+
+std::string Field(const json& obj, const std::string& path) {
+  const json* cur = &obj;
+  for (auto part : absl::StrSplit(path, '.')) {
+    if (!cur->is_object()) return "";
+    auto it = cur->find(std::string(part));
+    if (it == cur->end()) return "";
+    cur = &*it;
+  }
+  return cur->is_string() ? cur->get<std::string>() : (cur->is_null() ? "" : cur->dump());
+}
+
+// A parsed selector: conjunction of terms. Field selectors use only =, ==, !=.
+struct Term {
+  std::string key;
+  enum Op { kEq, kNe, kIn, kNotIn, kExists, kNotExists } op = kEq;
+  std::vector<std::string> values;
+};
+
+bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, std::string* err) {
+  static const char* kFields[] = {"metadata.name", "metadata.namespace", "spec.nodeName",
+                                  "status.phase", "spec.schedulerName"};
+  std::vector<std::string> parts;
+  int depth = 0;
+  std::string cur;
+  for (char c : s) {
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c == ',' && depth == 0) {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) parts.push_back(cur);
+  for (std::string p : parts) {
+    p = std::string(absl::StripAsciiWhitespace(p));
+    if (p.empty()) continue;
+    Term t;
+    size_t pos;
+    if ((pos = p.find("!=")) != std::string::npos) {
+      t.op = Term::kNe;
+      t.key = p.substr(0, pos);
+      t.values = {p.substr(pos + 2)};
+    } else if ((pos = p.find("==")) != std::string::npos) {
+      t.key = p.substr(0, pos);
+      t.values = {p.substr(pos + 2)};
+    } else if ((pos = p.find('=')) != std::string::npos) {
+      t.key = p.substr(0, pos);
+      t.values = {p.substr(pos + 1)};
+    } else if (labels && (pos = p.find(" notin ")) != std::string::npos) {
+      t.op = Term::kNotIn;
+      t.key = p.substr(0, pos);
+      std::string v(absl::StripAsciiWhitespace(p.substr(pos + 7)));
+      if (v.size() < 2 || v.front() != '(' || v.back() != ')') return *err = "bad set in " + p, false;
+      for (auto x : absl::StrSplit(v.substr(1, v.size() - 2), ','))
+        t.values.emplace_back(absl::StripAsciiWhitespace(x));
+    } else if (labels && (pos = p.find(" in ")) != std::string::npos) {
+      t.op = Term::kIn;
+      t.key = p.substr(0, pos);
+      std::string v(absl::StripAsciiWhitespace(p.substr(pos + 4)));
+      if (v.size() < 2 || v.front() != '(' || v.back() != ')') return *err = "bad set in " + p, false;
+      for (auto x : absl::StrSplit(v.substr(1, v.size() - 2), ','))
+        t.values.emplace_back(absl::StripAsciiWhitespace(x));
+    } else if (labels) {
+      t.op = p[0] == '!' ? Term::kNotExists : Term::kExists;
+      t.key = p[0] == '!' ? p.substr(1) : p;
+    } else {
+      return *err = "invalid field selector term \"" + p + "\"", false;
+    }
+    t.key = std::string(absl::StripAsciiWhitespace(t.key));
+    for (auto& v : t.values) v = std::string(absl::StripAsciiWhitespace(v));
+    if (!labels && std::find(std::begin(kFields), std::end(kFields), t.key) == std::end(kFields)) {
+      return *err = "field label not supported: " + t.key, false;
+    }
+    out->push_back(std::move(t));
+  }
+  return true;
+}
+
+bool Matches(const json& obj, const std::vector<Term>& fields, const std::vector<Term>& labels) {
+  for (const Term& t : fields) {
+    bool eq = Field(obj, t.key) == t.values[0];
+    if (eq != (t.op == Term::kEq)) return false;
+  }
+  const json* lab = nullptr;
+  if (obj.contains("metadata") && obj["metadata"].contains("labels")) lab = &obj["metadata"]["labels"];
+  for (const Term& t : labels) {
+    bool has = lab && lab->contains(t.key);
+    std::string v = has && (*lab)[t.key].is_string() ? (*lab)[t.key].get<std::string>() : "";
+    bool in = has && std::find(t.values.begin(), t.values.end(), v) != t.values.end();
+    switch (t.op) {
+      case Term::kEq:
+      case Term::kIn:
+        if (!in) return false;
+        break;
+      case Term::kNe:
+      case Term::kNotIn:
+        if (in) return false;
+        break;
+      case Term::kExists:
+        if (!has) return false;
+        break;
+      case Term::kNotExists:
+        if (has) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+std::string NewUid() {
+  static std::atomic<uint64_t> n{0};
+  static const uint64_t seed = std::random_device{}();
+  uint64_t a = seed ^ (++n * 0x9E3779B97F4A7C15ull);
+  char buf[40];
+  snprintf(buf, sizeof buf, "%08x-%04x-4%03x-8%03x-%012llx", static_cast<unsigned>(a >> 32),
+           static_cast<unsigned>(a >> 16) & 0xffff, static_cast<unsigned>(a) & 0xfff,
+           static_cast<unsigned>(n.load()) & 0xfff,
+           static_cast<unsigned long long>(a * 31 + n.load()) & 0xffffffffffffull);
+  return buf;
+}
+
+std::string Now() { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone()); }
+
+}  // namespace
+
+FakeApiServer::FakeApiServer() : FakeApiServer(Options{}) {}
+FakeApiServer::FakeApiServer(Options options) : options_(std::move(options)) {}
+FakeApiServer::~FakeApiServer() { Stop(); }
+
+std::string FakeApiServer::url() const {
+  return absl::StrCat(options_.cert_file.empty() ? "http" : "https", "://", options_.host, ":",
+                      port_);
+}
+
+bool FakeApiServer::Start() {
+  if (!options_.cert_file.empty()) {
+    server_ = std::make_unique<httplib::SSLServer>(options_.cert_file.c_str(),
+                                                   options_.key_file.c_str());
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+  if (!server_->is_valid()) {
+    spdlog::error("fake apiserver: invalid TLS certificate/key");
+    return false;
+  }
+  // Watches hold a worker each for their whole life.
+  server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
+  Routes();
+  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
+                             : (server_->bind_to_port(options_.host, options_.port) ? options_.port
+                                                                                   : -1);
+  if (port_ <= 0) {
+    spdlog::error("fake apiserver: cannot bind {}:{}", options_.host, options_.port);
+    return false;
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return true;
+}
+
+void FakeApiServer::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+json FakeApiServer::Stamp(json obj, const std::string& kind) {
+  json& md = obj["metadata"];
+  if (!md.contains("uid")) md["uid"] = NewUid();
+  if (!md.contains("creationTimestamp")) md["creationTimestamp"] = Now();
+  md["resourceVersion"] = std::to_string(++rv_);
+  obj["apiVersion"] = "v1";
+  obj["kind"] = kind == "pods" ? "Pod" : "Node";
+  return obj;
+}
+
+void FakeApiServer::Record(const std::string& type, const std::string& kind, const json& obj) {
+  history_.push_back(Event{rv_, type, kind, obj});
+  while (history_.size() > options_.history) history_.pop_front();
+  changed_.notify_all();
+}
+
+json FakeApiServer::CreatePod(json pod) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!pod["metadata"].contains("namespace")) pod["metadata"]["namespace"] = "default";
+  if (!pod["status"].contains("phase")) pod["status"]["phase"] = "Pending";
+  if (!pod["spec"].contains("nodeName")) pod["spec"]["nodeName"] = "";
+  pod = Stamp(std::move(pod), "pods");
+  std::string key = Field(pod, "metadata.namespace") + "/" + Field(pod, "metadata.name");
+  pods_[key] = pod;
+  Record("ADDED", "pods", pod);
+  return pod;
+}
+
+json FakeApiServer::CreateNode(json node) {
+  std::lock_guard<std::mutex> l(mu_);
+  node = Stamp(std::move(node), "nodes");
+  nodes_[Field(node, "metadata.name")] = node;
+  Record("ADDED", "nodes", node);
+  return node;
+}
+
+bool FakeApiServer::DeletePod(const std::string& ns, const std::string& name) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pods_.find(ns + "/" + name);
+  if (it == pods_.end()) return false;
+  json obj = it->second;
+  pods_.erase(it);
+  obj["metadata"]["resourceVersion"] = std::to_string(++rv_);
+  Record("DELETED", "pods", obj);
+  return true;
+}
+
+bool FakeApiServer::GetPod(const std::string& ns, const std::string& name, json* out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pods_.find(ns + "/" + name);
+  if (it == pods_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+bool FakeApiServer::GetNode(const std::string& name, json* out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+std::vector<json> FakeApiServer::Pods() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<json> out;
+  for (const auto& [k, v] : pods_) out.push_back(v);
+  return out;
+}
+
+bool FakeApiServer::SetPodPhase(const std::string& ns, const std::string& name,
+                                const std::string& phase) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = pods_.find(ns + "/" + name);
+  if (it == pods_.end()) return false;
+  it->second["status"]["phase"] = phase;
+  it->second = Stamp(it->second, "pods");
+  Record("MODIFIED", "pods", it->second);
+  return true;
+}
+
+void FakeApiServer::InjectFailures(int count, int code, const std::string& method) {
+  std::lock_guard<std::mutex> l(mu_);
+  fail_count_ = count;
+  fail_code_ = code;
+  fail_method_ = method;
+}
+
+int64_t FakeApiServer::request_count(const std::string& method) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = requests_.find(method);
+  return it == requests_.end() ? 0 : it->second;
+}
+
+void FakeApiServer::Routes() {
+  httplib::Server& s = *server_;
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++requests_[req.method];
+    if (fail_count_ > 0 && (fail_method_.empty() || fail_method_ == req.method)) {
+      --fail_count_;
+      if (fail_code_ == 429) res.set_header("Retry-After", "0");
+      Fail(res, fail_code_, fail_code_ == 429 ? "TooManyRequests" : "InternalError",
+           "injected failure");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // List or watch a collection. `ns` empty = all namespaces.
+  auto list = [this](const std::string& kind, const std::string& ns, const httplib::Request& req,
+                     httplib::Response& res) {
+    std::vector<Term> fields, labels;
+    std::string err;
+    if (!ParseSelector(req.get_param_value("fieldSelector"), false, &fields, &err) ||
+        !ParseSelector(req.get_param_value("labelSelector"), true, &labels, &err)) {
+      return Fail(res, 400, "BadRequest", err);
+    }
+    auto in_scope = [ns, fields, labels](const json& o) {
+      return (ns.empty() || Field(o, "metadata.namespace") == ns) && Matches(o, fields, labels);
+    };
+    if (req.get_param_value("watch") != "true" && req.get_param_value("watch") != "1") {
+      std::lock_guard<std::mutex> l(mu_);
+      json items = json::array();
+      for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+        if (in_scope(o)) items.push_back(o);
+      }
+      return Reply(res, 200,
+                   {{"kind", kind == "pods" ? "PodList" : "NodeList"},
+                    {"apiVersion", "v1"},
+                    {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
+                    {"items", items}});
+    }
+    int64_t from = 0;
+    std::string rv = req.get_param_value("resourceVersion");
+    if (!rv.empty() && !absl::SimpleAtoi(rv, &from)) {
+      return Fail(res, 400, "BadRequest", "invalid resourceVersion " + rv);
+    }
+    int timeout = 300;
+    if (req.has_param("timeoutSeconds")) {
+      absl::SimpleAtoi(req.get_param_value("timeoutSeconds"), &timeout);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
+    auto cursor = std::make_shared<int64_t>(from);
+    auto initial = std::make_shared<bool>(from == 0);
+    res.set_chunked_content_provider(
+        "application/json", [this, kind, in_scope, deadline, cursor, initial](
+                                size_t, httplib::DataSink& sink) {
+          std::string out;
+          bool done = false;
+          {
+            std::unique_lock<std::mutex> l(mu_);
+            if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
+              *initial = false;
+              for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+                if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
+              }
+              *cursor = rv_;
+            } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
+              out = json{{"type", "ERROR"},
+                         {"object", StatusObject(410, "Expired",
+                                                 absl::StrCat("too old resource version: ",
+                                                              *cursor, " (",
+                                                              history_.front().rv - 1, ")"))}}
+                        .dump() +
+                    "\n";
+              done = true;
+            } else {
+              changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
+              if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
+              // Replay history after the cursor; a change of selector match becomes ADDED or
+              // DELETED as kube-apiserver does.
+              std::map<std::string, const json*> prev;
+              for (const Event& e : history_) {
+                if (e.kind != kind) continue;
+                std::string key = Field(e.object, "metadata.namespace") + "/" +
+                                  Field(e.object, "metadata.name");
+                const json* before = prev.count(key) ? prev[key] : nullptr;
+                prev[key] = e.type == "DELETED" ? nullptr : &e.object;
+                if (e.rv <= *cursor) continue;
+                bool was = before && in_scope(*before);
+                bool is = in_scope(e.object);
+                std::string type = e.type;
+                if (e.type == "MODIFIED") {
+                  if (!was && is) type = "ADDED";
+                  else if (was && !is) type = "DELETED";
+                  else if (!was && !is) continue;
+                } else if (!is) {
+                  continue;
+                }
+                out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
+              }
+              *cursor = rv_;
+            }
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (done) sink.done();
+          return true;
+        });
+  };
+
+  auto get_pod = [this](const std::string& ns, const std::string& name, json** out,
+                        httplib::Response& res) {
+    auto it = pods_.find(ns + "/" + name);
+    if (it == pods_.end()) {
+      Fail(res, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+      return false;
+    }
+    *out = &it->second;
+    return true;
+  };
+
+  // PATCH/PUT on one object under the lock. `obj` is replaced on success.
+  auto modify = [this](json& obj, const std::string& kind, const httplib::Request& req,
+                       httplib::Response& res, bool status_only) {
+    json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) return Fail(res, 400, "BadRequest", "request body is not JSON");
+    std::string ctype = req.get_header_value("Content-Type");
+    json next = obj;
+    try {
+      if (req.method == "PUT") {
+        next = body;
+      } else if (absl::StartsWith(ctype, "application/json-patch+json")) {
+        next = obj.patch(body);
+      } else if (absl::StartsWith(ctype, "application/merge-patch+json") ||
+                 absl::StartsWith(ctype, "application/strategic-merge-patch+json")) {
+        next.merge_patch(body);
+      } else {
+        return Fail(res, 415, "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types "
+                    "include: application/json-patch+json, application/merge-patch+json, "
+                    "application/strategic-merge-patch+json");
+      }
+    } catch (const json::exception& e) {
+      return Fail(res, 422, "Invalid", std::string("patch failed: ") + e.what());
+    }
+    std::string want = Field(next, "metadata.resourceVersion");
+    if (!want.empty() && want != Field(obj, "metadata.resourceVersion")) {
+      return Fail(res, 409, "Conflict",
+                  absl::StrCat("Operation cannot be fulfilled on ", kind, " \"",
+                               Field(obj, "metadata.name"),
+                               "\": the object has been modified; please apply your changes to "
+                               "the latest version and try again"));
+    }
+    if (Field(next, "metadata.name") != Field(obj, "metadata.name")) {
+      return Fail(res, 422, "Invalid", "metadata.name may not change");
+    }
+    if (status_only) {
+      json s = next["status"];
+      next = obj;
+      next["status"] = s;
+    }
+    next["metadata"]["uid"] = obj["metadata"]["uid"];
+    obj = Stamp(std::move(next), kind);
+    Record("MODIFIED", kind, obj);
+    Reply(res, 200, obj);
+  };
+
+  s.Get("/api/v1/pods", [list](const httplib::Request& q, httplib::Response& r) {
+    list("pods", "", q, r);
+  });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/pods)",
+        [list](const httplib::Request& q, httplib::Response& r) { list("pods", q.matches[1], q, r); });
+  s.Get("/api/v1/nodes", [list](const httplib::Request& q, httplib::Response& r) {
+    list("nodes", "", q, r);
+  });
+  s.Post(R"(/api/v1/namespaces/([^/]+)/pods)", [this](const httplib::Request& q,
+                                                       httplib::Response& r) {
+    json pod = json::parse(q.body, nullptr, false);
+    if (!pod.is_object() || Field(pod, "metadata.name").empty()) {
+      return Fail(r, 422, "Invalid", "pod needs metadata.name");
+    }
+    pod["metadata"]["namespace"] = std::string(q.matches[1]);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (pods_.count(std::string(q.matches[1]) + "/" + Field(pod, "metadata.name"))) {
+        return Fail(r, 409, "AlreadyExists",
+                    absl::StrCat("pods \"", Field(pod, "metadata.name"), "\" already exists"));
+      }
+    }
+    Reply(r, 201, CreatePod(pod));
+  });
+  s.Post("/api/v1/nodes", [this](const httplib::Request& q, httplib::Response& r) {
+    json node = json::parse(q.body, nullptr, false);
+    if (!node.is_object() || Field(node, "metadata.name").empty()) {
+      return Fail(r, 422, "Invalid", "node needs metadata.name");
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (nodes_.count(Field(node, "metadata.name"))) {
+        return Fail(r, 409, "AlreadyExists",
+                    absl::StrCat("nodes \"", Field(node, "metadata.name"), "\" already exists"));
+      }
+    }
+    Reply(r, 201, CreateNode(node));
+  });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)",
+        [this, get_pod](const httplib::Request& q, httplib::Response& r) {
+          std::lock_guard<std::mutex> l(mu_);
+          json* pod;
+          if (get_pod(q.matches[1], q.matches[2], &pod, r)) Reply(r, 200, *pod);
+        });
+  auto pod_modify = [this, get_pod, modify](const httplib::Request& q, httplib::Response& r) {
+    std::lock_guard<std::mutex> l(mu_);
+    json* pod;
+    if (get_pod(q.matches[1], q.matches[2], &pod, r)) {
+      modify(*pod, "pods", q, r, q.matches[3].length() > 0);
+    }
+  };
+  s.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
+  s.Put(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
+  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+           [this](const httplib::Request& q, httplib::Response& r) {
+             json pod;
+             if (!GetPod(q.matches[1], q.matches[2], &pod) ||
+                 !DeletePod(q.matches[1], q.matches[2])) {
+               return Fail(r, 404, "NotFound",
+                           absl::StrCat("pods \"", std::string(q.matches[2]), "\" not found"));
+             }
+             Reply(r, 200, pod);
+           });
+  // Binding, both the pods/<name>/binding subresource and the legacy namespaced bindings.
+  auto bind = [this, get_pod](const std::string& ns, const std::string& name,
+                              const httplib::Request& q, httplib::Response& r) {
+    json b = json::parse(q.body, nullptr, false);
+    if (!b.is_object() || Field(b, "target.name").empty()) {
+      return Fail(r, 422, "Invalid", "binding needs target.name");
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    json* pod;
+    if (!get_pod(ns, name, &pod, r)) return;
+    std::string uid = Field(b, "metadata.uid");
+    if (!uid.empty() && uid != Field(*pod, "metadata.uid")) {
+      return Fail(r, 409, "Conflict",
+                  absl::StrCat("Precondition failed: UID in precondition: ", uid,
+                               ", UID in object meta: ", Field(*pod, "metadata.uid")));
+    }
+    if (!Field(*pod, "spec.nodeName").empty()) {
+      return Fail(r, 409, "Conflict",
+                  absl::StrCat("Operation cannot be fulfilled on pods/binding \"", name,
+                               "\": pod ", name, " is already assigned to node \"",
+                               Field(*pod, "spec.nodeName"), "\""));
+    }
+    json next = *pod;
+    next["spec"]["nodeName"] = Field(b, "target.name");
+    next["status"]["conditions"] = json::array(
+        {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", Now()}}});
+    *pod = Stamp(std::move(next), "pods");
+    Record("MODIFIED", "pods", *pod);
+    Reply(r, 201, StatusObject(201, "", ""));
+  };
+  s.Post(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding)",
+         [bind](const httplib::Request& q, httplib::Response& r) {
+           bind(q.matches[1], q.matches[2], q, r);
+         });
+  s.Post(R"(/api/v1/namespaces/([^/]+)/bindings)",
+         [bind](const httplib::Request& q, httplib::Response& r) {
+           json b = json::parse(q.body, nullptr, false);
+           bind(q.matches[1], b.is_object() ? Field(b, "metadata.name") : "", q, r);
+         });
+  s.Get(R"(/api/v1/nodes/([^/]+)(/status)?)", [this](const httplib::Request& q,
+                                                      httplib::Response& r) {
+    json node;
+    if (!GetNode(q.matches[1], &node)) {
+      return Fail(r, 404, "NotFound", absl::StrCat("nodes \"", std::string(q.matches[1]),
+                                                   "\" not found"));
+    }
+    Reply(r, 200, node);
+  });
+  auto node_modify = [this, modify](const httplib::Request& q, httplib::Response& r) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = nodes_.find(q.matches[1]);
+    if (it == nodes_.end()) {
+      return Fail(r, 404, "NotFound", absl::StrCat("nodes \"", std::string(q.matches[1]),
+                                                   "\" not found"));
+    }
+    modify(it->second, "nodes", q, r, q.matches[2].length() > 0);
+  };
+  s.Patch(R"(/api/v1/nodes/([^/]+)(/status)?)", node_modify);
+  s.Put(R"(/api/v1/nodes/([^/]+)(/status)?)", node_modify);
+  s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
+    if (r.body.empty()) {
+      Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",
+           absl::StrCat("the server could not find the requested resource (", q.method, " ",
+                        q.path, ")"));
+    }
+  });
+}
+
+}  // namespace gpulet::testing

@@ -1,0 +1,98 @@
+// An in-process fake Kubernetes API server for tests and simulation. It speaks the real REST paths
+// and JSON shapes over real HTTP (or HTTPS), so production clients (src/k8s) talk to it exactly as
+// to kube-apiserver:
+//   /api/v1/pods, /api/v1/namespaces/{ns}/pods[/{name}[/status|/binding]], /api/v1/namespaces/{ns}/
+//   bindings, /api/v1/nodes[/{name}[/status]]: GET (list, get, ?watch=true&resourceVersion=N),
+//   POST (create), PATCH (merge, strategic-merge as merge, JSON patch), PUT, DELETE.
+//   Field selectors (metadata.name, metadata.namespace, spec.nodeName, status.phase,
+//   spec.schedulerName; =, ==, !=) and label selectors (=, ==, !=, in, notin, key, !key).
+//   Every change gets a cluster-wide resourceVersion; watches replay from the given version and
+//   answer 410 Gone (as an ERROR event) when it is older than the retained history. A stale
+//   metadata.resourceVersion in a PATCH/PUT body is a 409 Conflict. Errors are Status objects.
+// Test hooks: direct object access, and fault injection (the next N requests fail with a code).
+// Thread-safe. Owns its listening thread; the destructor stops it and ends open watches.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace httplib {
+class Server;
+}
+
+namespace gpulet::testing {
+
+using nlohmann::json;
+
+class FakeApiServer {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    int port = 0;                  // 0: any free port
+    std::string cert_file, key_file;  // both set: HTTPS
+    size_t history = 1000;         // watch events retained
+  };
+  FakeApiServer();
+  explicit FakeApiServer(Options options);
+  ~FakeApiServer();
+
+  // Starts listening; false (with a log line) when the port cannot be bound.
+  bool Start();
+  void Stop();
+  int port() const { return port_; }
+  std::string url() const;  // "http://127.0.0.1:PORT"
+
+  // Direct access (as an admin would through kubectl). Objects get uid, resourceVersion,
+  // creationTimestamp; pods default status.phase to Pending.
+  json CreatePod(json pod);
+  json CreateNode(json node);
+  bool DeletePod(const std::string& ns, const std::string& name);
+  bool GetPod(const std::string& ns, const std::string& name, json* out) const;
+  bool GetNode(const std::string& name, json* out) const;
+  std::vector<json> Pods() const;
+  // Sets status fields of a pod (e.g. phase Running) as the kubelet would.
+  bool SetPodPhase(const std::string& ns, const std::string& name, const std::string& phase);
+
+  // The next `count` requests (of `method`, or any when empty) fail with HTTP `code`.
+  void InjectFailures(int count, int code, const std::string& method = "");
+  // Requests served so far, by method.
+  int64_t request_count(const std::string& method) const;
+
+ private:
+  struct Event {
+    int64_t rv;
+    std::string type;
+    std::string kind;  // "pods" | "nodes"
+    json object;
+  };
+  void Routes();
+  json Stamp(json obj, const std::string& kind);  // sets rv (and uid, timestamps when new)
+  void Record(const std::string& type, const std::string& kind, const json& obj);
+
+  Options options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  int64_t rv_ = 1;
+  std::map<std::string, json> pods_;   // "ns/name"
+  std::map<std::string, json> nodes_;  // name
+  std::deque<Event> history_;
+  int fail_count_ = 0;
+  int fail_code_ = 500;
+  std::string fail_method_;
+  std::map<std::string, int64_t> requests_;
+};
+
+}  // namespace gpulet::testing
