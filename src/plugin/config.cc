@@ -1,0 +1,465 @@
+#include "plugin/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+
+namespace gpulet::plugin {
+namespace {
+
+constexpr char kPrefix[] = "nvidia.com/";
+
+const std::vector<Setting> kSettings = {
+    {"flags.migStrategy", "mig-strategy", {"MIG_STRATEGY"},
+     "MIG strategy: none | single | mixed"},
+    {"flags.failOnInitError", "fail-on-init-error", {"FAIL_ON_INIT_ERROR"},
+     "Exit when NVML cannot be initialised at start (false: wait and retry)"},
+    {"flags.nvidiaDriverRoot", "nvidia-driver-root", {"NVIDIA_DRIVER_ROOT"},
+     "Root of the NVIDIA driver installation"},
+    {"flags.nvidiaDevRoot", "nvidia-dev-root", {"NVIDIA_DEV_ROOT"},
+     "Root of the NVIDIA device nodes (default: the driver root)"},
+    {"flags.gdrcopyEnabled", "gdrcopy-enabled", {"GDRCOPY_ENABLED"},
+     "Request GDRCopy in containers (NVIDIA_GDRCOPY=enabled)"},
+    {"flags.gdsEnabled", "gds-enabled", {"GDS_ENABLED"},
+     "Request GPUDirect Storage in containers (NVIDIA_GDS=enabled)"},
+    {"flags.mofedEnabled", "mofed-enabled", {"MOFED_ENABLED"},
+     "Request MOFED in containers (NVIDIA_MOFED=enabled)"},
+    {"flags.plugin.passDeviceSpecs", "pass-device-specs", {"PASS_DEVICE_SPECS"},
+     "Return /dev/nvidia* device specs in Allocate (CPUManager compatibility)"},
+    {"flags.plugin.deviceListStrategy", "device-list-strategy", {"DEVICE_LIST_STRATEGY"},
+     "How devices reach the runtime: envvar, volume-mounts, cdi-annotations, cdi-cri "
+     "(comma list)"},
+    {"flags.plugin.deviceIDStrategy", "device-id-strategy", {"DEVICE_ID_STRATEGY"},
+     "How containers are told their devices: uuid | index"},
+    {"flags.plugin.cdiAnnotationPrefix", "cdi-annotation-prefix", {"CDI_ANNOTATION_PREFIX"},
+     "Key prefix of CDI annotations"},
+    {"flags.plugin.sharedDevicesAllocationPolicy", "shared-devices-allocation-policy",
+     {"SHARED_DEVICES_ALLOCATION_POLICY"},
+     "Preferred allocation of shared replicas: distributed | packed"},
+    {"gpulet.checkpointDeviceIDStrategy", "checkpoint-device-id-strategy",
+     {"CHECKPOINT_DEVICE_ID_STRATEGY"},
+     "Device IDs shown to the kubelet: uuid | index (index survives UUID changes)"},
+    {"gpulet.health.disable", "disable-healthchecks", {"DP_DISABLE_HEALTHCHECKS"},
+     "Health checks to skip: all | xids | comma list of XIDs"},
+    {"gpulet.health.enable", "enable-healthchecks", {"DP_ENABLE_HEALTHCHECKS"},
+     "XIDs that always make a device unhealthy (comma list; wins over disable)"},
+    {"gpulet.health.holdDown", "health-hold-down", {"GPULET_HEALTH_HOLD_DOWN"},
+     "How long a device must answer normally before it is Healthy again (e.g. 30s)"},
+    {"gpulet.health.probeInterval", "health-probe-interval", {"GPULET_HEALTH_PROBE_INTERVAL"},
+     "How often devices are probed (e.g. 1s)"},
+    {"gpulet.health.unhealthyDevicesFile", "unhealthy-devices-file", {"UNHEALTHY_DEVICES_FILE"},
+     "Manual isolation list {\"index\": [...], \"uuid\": [...]}, watched live"},
+};
+
+// Keys NVIDIA defines that concern other programs (GFD, MPS daemon, CDI spec generation): accepted
+// and ignored so NVIDIA's files load unchanged.
+const std::set<std::string> kIgnored = {
+    "flags.mpsRoot",  "flags.useNodeFeatureAPI",        "flags.deviceDiscoveryStrategy",
+    "flags.gfd",      "flags.plugin.nvidiaCTKPath",     "flags.plugin.containerDriverRoot",
+    "flags.plugin.nvidiaHookPath",
+};
+
+absl::StatusOr<bool> ParseBool(const std::string& v) {
+  std::string l = absl::AsciiStrToLower(v);
+  if (l == "true" || l == "1" || l == "t" || l == "yes") return true;
+  if (l == "false" || l == "0" || l == "f" || l == "no") return false;
+  return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not a boolean"));
+}
+
+absl::StatusOr<IdStrategy> ParseId(const std::string& v) {
+  if (v == "uuid") return IdStrategy::kUuid;
+  if (v == "index") return IdStrategy::kIndex;
+  return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not uuid or index"));
+}
+
+absl::StatusOr<absl::Duration> ParseDur(const std::string& v) {
+  absl::Duration d;
+  if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration())
+    return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not a duration like 30s"));
+  return d;
+}
+
+// Applies one scalar setting; the error names only the value (callers add where and which key).
+absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
+  if (key == "flags.migStrategy") {
+    if (v == "none") c.mig_strategy = MigStrategy::kNone;
+    else if (v == "single") c.mig_strategy = MigStrategy::kSingle;
+    else if (v == "mixed") c.mig_strategy = MigStrategy::kMixed;
+    else return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not none, single or mixed"));
+  } else if (key == "flags.failOnInitError") {
+    ASSIGN_OR_RETURN(c.fail_on_init_error, ParseBool(v));
+  } else if (key == "flags.nvidiaDriverRoot") {
+    if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    c.driver_root = v;
+  } else if (key == "flags.nvidiaDevRoot") {
+    if (!v.empty() && v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    c.dev_root = v;
+  } else if (key == "flags.gdrcopyEnabled") {
+    ASSIGN_OR_RETURN(c.gdrcopy, ParseBool(v));
+  } else if (key == "flags.gdsEnabled") {
+    ASSIGN_OR_RETURN(c.gds, ParseBool(v));
+  } else if (key == "flags.mofedEnabled") {
+    ASSIGN_OR_RETURN(c.mofed, ParseBool(v));
+  } else if (key == "flags.plugin.passDeviceSpecs") {
+    ASSIGN_OR_RETURN(c.pass_device_specs, ParseBool(v));
+  } else if (key == "flags.plugin.deviceListStrategy") {
+    ListStrategies l{false, false, false, false};
+    for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+      s = absl::StripAsciiWhitespace(s);
+      if (s == "envvar") l.envvar = true;
+      else if (s == "volume-mounts") l.volume_mounts = true;
+      else if (s == "cdi-annotations") l.cdi_annotations = true;
+      else if (s == "cdi-cri") l.cdi_cri = true;
+      else
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", s, "\" is not envvar, volume-mounts, cdi-annotations or cdi-cri"));
+    }
+    if (!l.envvar && !l.volume_mounts && !l.cdi_annotations && !l.cdi_cri)
+      return absl::InvalidArgumentError("empty list");
+    c.list = l;
+  } else if (key == "flags.plugin.deviceIDStrategy") {
+    ASSIGN_OR_RETURN(c.id_strategy, ParseId(v));
+  } else if (key == "flags.plugin.cdiAnnotationPrefix") {
+    c.cdi_annotation_prefix = v;
+  } else if (key == "flags.plugin.sharedDevicesAllocationPolicy") {
+    if (v == "distributed") c.shared_policy = SharedPolicy::kDistributed;
+    else if (v == "packed") c.shared_policy = SharedPolicy::kPacked;
+    else return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not distributed or packed"));
+  } else if (key == "gpulet.checkpointDeviceIDStrategy") {
+    ASSIGN_OR_RETURN(c.checkpoint_id_strategy, ParseId(v));
+  } else if (key == "gpulet.health.disable") {
+    c.health.disabled = c.health.xids_disabled = false;
+    c.health.disabled_xids.clear();
+    std::string l = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
+    if (l == "all") c.health.disabled = true;
+    else if (l == "xids") c.health.xids_disabled = true;
+    else RETURN_IF_ERROR(ParseXidList(v, &c.health.disabled_xids));
+  } else if (key == "gpulet.health.enable") {
+    c.health.enabled_xids.clear();
+    RETURN_IF_ERROR(ParseXidList(v, &c.health.enabled_xids));
+  } else if (key == "gpulet.health.holdDown") {
+    ASSIGN_OR_RETURN(c.health.hold_down, ParseDur(v));
+  } else if (key == "gpulet.health.probeInterval") {
+    ASSIGN_OR_RETURN(c.health.probe_interval, ParseDur(v));
+    if (c.health.probe_interval < absl::Milliseconds(10))
+      return absl::InvalidArgumentError("must be at least 10ms");
+  } else if (key == "gpulet.health.unhealthyDevicesFile") {
+    c.health.unhealthy_devices_file = v;
+  } else {
+    return absl::NotFoundError("unknown key");
+  }
+  return absl::OkStatus();
+}
+
+// --- the file ---
+
+struct FileParser {
+  const std::string& file;
+  Config& c;
+
+  std::string At(const YAML::Node& n, const std::string& key) const {
+    return absl::StrCat(file, ":", n.Mark().line + 1, ": ", key);
+  }
+  absl::Status Err(const YAML::Node& n, const std::string& key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(At(n, key), ": ", what));
+  }
+  absl::StatusOr<std::string> Scalar(const YAML::Node& n, const std::string& key) const {
+    if (!n.IsScalar()) return Err(n, key, "must be a single value");
+    return n.Scalar();
+  }
+  absl::Status NeedMap(const YAML::Node& n, const std::string& key) const {
+    if (!n.IsMap() && !n.IsNull()) return Err(n, key, "must be a mapping");
+    return absl::OkStatus();
+  }
+
+  // Walks a mapping of scalar settings (flags, flags.plugin, gpulet, gpulet.health).
+  absl::Status Settings(const YAML::Node& n, const std::string& path) {
+    RETURN_IF_ERROR(NeedMap(n, path));
+    if (n.IsNull()) return absl::OkStatus();
+    for (const auto& kv : n) {
+      std::string key = path + "." + kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (kIgnored.count(key)) continue;
+      if (key == "flags.plugin" || key == "gpulet.health") {
+        RETURN_IF_ERROR(Settings(v, key));
+        continue;
+      }
+      std::string value;
+      if (key == "flags.plugin.deviceListStrategy" && v.IsSequence()) {
+        std::vector<std::string> items;
+        for (const auto& i : v) items.push_back(i.Scalar());
+        value = absl::StrJoin(items, ",");
+      } else if (v.IsNull()) {
+        continue;  // `key:` with no value keeps the default, as NVIDIA's loader does
+      } else {
+        ASSIGN_OR_RETURN(value, Scalar(v, key));
+      }
+      absl::Status s = Apply(c, key, value);
+      if (absl::IsNotFound(s)) return Err(kv.first, key, "unknown key");
+      if (!s.ok()) return Err(v, key, s.message());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Patterns(const YAML::Node& n, const std::string& key,
+                        std::vector<NamedPattern>* out) {
+    if (!n.IsSequence()) return Err(n, key, "must be a list of {pattern, name}");
+    for (const auto& item : n) {
+      if (!item.IsMap()) return Err(item, key, "entries must be {pattern, name}");
+      NamedPattern p;
+      for (const auto& kv : item) {
+        std::string k = kv.first.Scalar();
+        if (k == "pattern") { ASSIGN_OR_RETURN(p.pattern, Scalar(kv.second, key + ".pattern")); }
+        else if (k == "name") { ASSIGN_OR_RETURN(p.name, Scalar(kv.second, key + ".name")); }
+        else return Err(kv.first, key + "." + k, "unknown key");
+      }
+      if (p.pattern.empty() || p.name.empty())
+        return Err(item, key, "entries need both pattern and name");
+      ASSIGN_OR_RETURN(p.name, ResourceName(item, key + ".name", p.name));
+      out->push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  }
+
+  // NVIDIA adds the "nvidia.com/" prefix to bare names; any other domain is refused.
+  absl::StatusOr<std::string> ResourceName(const YAML::Node& n, const std::string& key,
+                                           std::string name) const {
+    if (name.find('/') == std::string::npos) name = kPrefix + name;
+    if (!absl::StartsWith(name, kPrefix))
+      return Err(n, key, absl::StrCat("\"", name, "\" must be in the nvidia.com domain"));
+    std::string rest = name.substr(sizeof(kPrefix) - 1);
+    bool ok = !rest.empty() && rest.size() <= 63;
+    for (char ch : rest) ok = ok && (absl::ascii_isalnum(ch) || ch == '-' || ch == '.' || ch == '_');
+    if (!ok) return Err(n, key, absl::StrCat("\"", name, "\" is not a valid resource name"));
+    return name;
+  }
+
+  absl::Status TimeSlicing(const YAML::Node& n, const std::string& path) {
+    RETURN_IF_ERROR(NeedMap(n, path));
+    if (n.IsNull()) return absl::OkStatus();
+    for (const auto& kv : n) {
+      std::string k = kv.first.Scalar(), key = path + "." + k;
+      const YAML::Node& v = kv.second;
+      if (k == "renameByDefault") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, key));
+        auto b = ParseBool(s);
+        if (!b.ok()) return Err(v, key, b.status().message());
+        c.rename_by_default = *b;
+      } else if (k == "failRequestsGreaterThanOne") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, key));
+        auto b = ParseBool(s);
+        if (!b.ok()) return Err(v, key, b.status().message());
+        c.fail_requests_greater_than_one = *b;
+      } else if (k == "resources") {
+        if (!v.IsSequence()) return Err(v, key, "must be a list");
+        for (const auto& item : v) RETURN_IF_ERROR(Replicated(item, key));
+      } else {
+        return Err(kv.first, key, "unknown key");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Replicated(const YAML::Node& item, const std::string& key) {
+    if (!item.IsMap()) return Err(item, key, "entries must be mappings");
+    ReplicatedResource r;
+    r.where = absl::StrCat(file, ":", item.Mark().line + 1);
+    for (const auto& kv : item) {
+      std::string k = kv.first.Scalar(), sub = key + "." + k;
+      const YAML::Node& v = kv.second;
+      if (k == "name") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, sub));
+        ASSIGN_OR_RETURN(r.name, ResourceName(v, sub, s));
+      } else if (k == "rename") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, sub));
+        ASSIGN_OR_RETURN(r.rename, ResourceName(v, sub, s));
+      } else if (k == "replicas") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, sub));
+        if (!absl::SimpleAtoi(s, &r.replicas) || r.replicas < 2)
+          return Err(v, sub, absl::StrCat("\"", s, "\" must be an integer >= 2"));
+      } else if (k == "devices") {
+        if (v.IsSequence()) {
+          r.all_devices = false;
+          for (const auto& d : v) {
+            ASSIGN_OR_RETURN(auto s, Scalar(d, sub));
+            r.device_list.push_back(s);
+          }
+          if (r.device_list.empty()) return Err(v, sub, "empty device list");
+        } else {
+          ASSIGN_OR_RETURN(auto s, Scalar(v, sub));
+          if (s == "all") continue;
+          if (!absl::SimpleAtoi(s, &r.device_count) || r.device_count < 1)
+            return Err(v, sub, absl::StrCat("\"", s, "\" must be all, a count >= 1 or a list"));
+          r.all_devices = false;
+        }
+      } else {
+        return Err(kv.first, sub, "unknown key");
+      }
+    }
+    if (r.name.empty()) return Err(item, key, "entry needs a name");
+    if (r.replicas == 0) return Err(item, key, "entry needs replicas");
+    c.time_slicing.push_back(std::move(r));
+    return absl::OkStatus();
+  }
+
+  absl::Status Top(const YAML::Node& root) {
+    if (root.IsNull()) return absl::OkStatus();
+    if (!root.IsMap()) return Err(root, "(top level)", "must be a mapping");
+    for (const auto& kv : root) {
+      std::string k = kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (k == "version") {
+        ASSIGN_OR_RETURN(auto s, Scalar(v, k));
+        if (!s.empty() && s != "v1")
+          return Err(v, k, absl::StrCat("\"", s, "\" is not supported (want v1)"));
+      } else if (k == "flags") {
+        RETURN_IF_ERROR(Settings(v, "flags"));
+      } else if (k == "gpulet") {
+        RETURN_IF_ERROR(Settings(v, "gpulet"));
+      } else if (k == "resources") {
+        RETURN_IF_ERROR(NeedMap(v, k));
+        if (v.IsNull()) continue;
+        for (const auto& r : v) {
+          std::string rk = r.first.Scalar();
+          if (rk == "gpus") RETURN_IF_ERROR(Patterns(r.second, "resources.gpus", &c.gpus));
+          else if (rk == "mig") RETURN_IF_ERROR(Patterns(r.second, "resources.mig", &c.migs));
+          else return Err(r.first, "resources." + rk, "unknown key");
+        }
+      } else if (k == "sharing") {
+        RETURN_IF_ERROR(NeedMap(v, k));
+        if (v.IsNull()) continue;
+        for (const auto& s : v) {
+          std::string sk = s.first.Scalar();
+          if (sk == "timeSlicing") {
+            RETURN_IF_ERROR(TimeSlicing(s.second, "sharing.timeSlicing"));
+          } else if (sk == "mps") {
+            // An MPS section without resources is how NVIDIA's defaults spell "off".
+            if (s.second.IsMap() && s.second["resources"] && s.second["resources"].size() > 0)
+              return Err(s.first, "sharing.mps",
+                         "MPS sharing is not supported by gpulet; use sharing.timeSlicing or "
+                         "the vGPU resources");
+          } else {
+            return Err(s.first, "sharing." + sk, "unknown key");
+          }
+        }
+      } else if (k == "imex") {
+        RETURN_IF_ERROR(NeedMap(v, k));
+        if (v.IsNull()) continue;
+        for (const auto& i : v) {
+          std::string ik = i.first.Scalar();
+          if (ik == "channelIDs") {
+            if (!i.second.IsSequence()) return Err(i.second, "imex.channelIDs", "must be a list");
+            c.imex_channels.clear();
+            for (const auto& id : i.second) {
+              int x;
+              if (!id.IsScalar() || !absl::SimpleAtoi(id.Scalar(), &x) || x != 0)
+                return Err(id, "imex.channelIDs", "only [] or [0] are valid");
+              c.imex_channels.push_back(x);
+            }
+          } else if (ik == "required") {
+            ASSIGN_OR_RETURN(auto s, Scalar(i.second, "imex.required"));
+            auto b = ParseBool(s);
+            if (!b.ok()) return Err(i.second, "imex.required", b.status().message());
+            c.imex_required = *b;
+          } else {
+            return Err(i.first, "imex." + ik, "unknown key");
+          }
+        }
+      } else {
+        return Err(kv.first, k, "unknown key");
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+const std::vector<Setting>& Settings() { return kSettings; }
+
+std::map<std::string, std::string> EnvironmentSnapshot() {
+  std::map<std::string, std::string> env;
+  for (const auto& s : kSettings)
+    for (const char* e : s.envs)
+      if (const char* v = std::getenv(e)) env[e] = v;
+  if (const char* v = std::getenv("CONFIG_FILE")) env["CONFIG_FILE"] = v;
+  return env;
+}
+
+absl::Status ParseXidList(const std::string& text, std::set<uint64_t>* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    uint64_t x;
+    if (!absl::SimpleAtoi(part, &x))
+      return absl::InvalidArgumentError(absl::StrCat("\"", part, "\" is not an XID number"));
+    out->insert(x);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& filename,
+                                   Config base) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(filename, ":", e.mark.line + 1, ": not valid YAML: ", e.msg));
+  }
+  FileParser p{filename, base};
+  try {
+    RETURN_IF_ERROR(p.Top(root));
+  } catch (const YAML::Exception& e) {  // e.g. a key that is not a scalar
+    return absl::InvalidArgumentError(absl::StrCat(filename, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  // A shared resource is renamed to <name>.shared by default when asked to.
+  for (auto& r : base.time_slicing) {
+    if (r.rename.empty() && base.rename_by_default) r.rename = r.name + ".shared";
+    if (r.rename.size() - (sizeof(kPrefix) - 1) > 63)
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.where, ": rename: \"", r.rename, "\" is longer than 63 characters"));
+  }
+  return base;
+}
+
+absl::StatusOr<Config> LoadConfig(const ConfigSources& src) {
+  Config c;
+  if (!src.file.empty()) {
+    std::ifstream in(src.file);
+    if (!in) return absl::NotFoundError(absl::StrCat("config file ", src.file, ": cannot read"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ASSIGN_OR_RETURN(c, ParseConfig(ss.str(), src.file));
+  }
+  for (const auto& s : kSettings) {
+    for (const char* e : s.envs) {
+      auto it = src.env.find(e);
+      if (it == src.env.end()) continue;
+      absl::Status st = Apply(c, s.key, it->second);
+      if (!st.ok())
+        return absl::InvalidArgumentError(absl::StrCat("environment ", e, ": ", st.message()));
+      break;
+    }
+  }
+  for (const auto& s : kSettings) {
+    auto it = src.flags.find(s.key);
+    if (it == src.flags.end()) continue;
+    absl::Status st = Apply(c, s.key, it->second);
+    if (!st.ok())
+      return absl::InvalidArgumentError(absl::StrCat("flag --", s.flag, ": ", st.message()));
+  }
+  return c;
+}
+
+}  // namespace gpulet::plugin

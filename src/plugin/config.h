@@ -1,0 +1,106 @@
+// The device plugin's configuration: NVIDIA k8s-device-plugin `version: v1` files accepted as they
+// are (flags, resources, sharing.timeSlicing, imex), plus gpulet's own `gpulet:` section (health,
+// checkpoint ID strategy). Values come from defaults < config file < environment < flags, with
+// NVIDIA's variable and flag names. Plain values; the functions are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gpulet::plugin {
+
+enum class MigStrategy { kNone, kSingle, kMixed };
+enum class IdStrategy { kUuid, kIndex };
+enum class SharedPolicy { kDistributed, kPacked };
+
+struct ListStrategies {
+  bool envvar = true, volume_mounts = false, cdi_annotations = false, cdi_cri = false;
+  bool OnlyCdi() const { return !envvar && !volume_mounts; }
+};
+
+// resources.gpus / resources.mig: devices whose product name (GPUs) or MIG profile (MIG) matches
+// the glob `pattern` are offered as `name` (fully qualified, "nvidia.com/...").
+struct NamedPattern {
+  std::string pattern, name;
+};
+
+// One sharing.timeSlicing.resources entry.
+struct ReplicatedResource {
+  std::string name;    // fully qualified resource being shared, e.g. nvidia.com/gpu
+  std::string rename;  // fully qualified new name; empty: `name` (or name.shared, renameByDefault)
+  int replicas = 0;    // >= 2
+  // devices: all | <count> | [index or UUID, ...]
+  bool all_devices = true;
+  int device_count = 0;
+  std::vector<std::string> device_list;
+  std::string where;  // file:line, for later messages
+};
+
+struct HealthConfig {
+  bool disabled = false;       // DP_DISABLE_HEALTHCHECKS=all
+  bool xids_disabled = false;  // DP_DISABLE_HEALTHCHECKS=xids
+  std::set<uint64_t> disabled_xids, enabled_xids;
+  absl::Duration hold_down = absl::Seconds(30);   // healthy answers needed before recovery
+  absl::Duration probe_interval = absl::Seconds(1);
+  std::string unhealthy_devices_file = "/etc/nvidia-device-plugin/unhealthyDevices.json";
+};
+
+struct Config {
+  MigStrategy mig_strategy = MigStrategy::kNone;
+  bool fail_on_init_error = true;
+  std::string driver_root = "/";
+  std::string dev_root;  // empty: driver_root
+  bool gdrcopy = false, gds = false, mofed = false;
+  bool pass_device_specs = false;
+  ListStrategies list;
+  IdStrategy id_strategy = IdStrategy::kUuid;             // what containers are told
+  IdStrategy checkpoint_id_strategy = IdStrategy::kUuid;  // what the kubelet sees as device IDs
+  std::string cdi_annotation_prefix = "cdi.k8s.io/";
+  SharedPolicy shared_policy = SharedPolicy::kDistributed;
+  std::vector<NamedPattern> gpus, migs;  // empty: NVIDIA's defaults
+  bool rename_by_default = false;
+  bool fail_requests_greater_than_one = false;
+  std::vector<ReplicatedResource> time_slicing;
+  std::vector<int> imex_channels;
+  bool imex_required = false;
+  HealthConfig health;
+
+  std::string DevRoot() const { return dev_root.empty() ? driver_root : dev_root; }
+};
+
+// A scalar setting reachable from the file, the environment and a flag.
+struct Setting {
+  const char* key;                // dotted path in the file, e.g. "flags.migStrategy"
+  const char* flag;               // long flag without dashes, e.g. "mig-strategy"
+  std::vector<const char*> envs;  // environment variables, first wins
+  const char* help;
+};
+const std::vector<Setting>& Settings();
+
+struct ConfigSources {
+  std::string file;                           // config file path; empty: none
+  std::map<std::string, std::string> env;     // variable -> value (EnvironmentSnapshot())
+  std::map<std::string, std::string> flags;   // Setting::key -> value, only for flags given
+};
+
+// The environment variables of Settings() that are set in this process.
+std::map<std::string, std::string> EnvironmentSnapshot();
+
+// defaults < file < environment < flags. Errors name the source: "file:line: key: problem",
+// "environment MIG_STRATEGY: ...", "flag --mig-strategy: ...".
+absl::StatusOr<Config> LoadConfig(const ConfigSources& sources);
+
+// The file layer alone on top of `base`; `filename` is used in messages.
+absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& filename,
+                                   Config base = {});
+
+// Parses "79,48" into `out`; InvalidArgument naming the bad element.
+absl::Status ParseXidList(const std::string& text, std::set<uint64_t>* out);
+
+}  // namespace gpulet::plugin

@@ -1,0 +1,62 @@
+// The device plugin as one unit: config (with reload), health monitoring, NVIDIA resources and the
+// kubelet-facing servers, over one GpuLayer. `gpulet device-plugin` and `gpulet agent` wire it to
+// their flags. Thread-safe; owns the HealthMonitor, the PluginManager and their threads. The
+// GpuLayer is not owned and must outlive it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/gpu.h"
+#include "kubelet/server.h"
+#include "plugin/config.h"
+#include "plugin/health.h"
+
+namespace gpulet::plugin {
+
+// Blocks SIGHUP, SIGINT, SIGTERM and SIGQUIT in the calling thread and every thread it starts
+// afterwards, so that DevicePlugin::Run() receives them with sigwait. Call before any thread
+// (gRPC, NVML events) exists.
+void BlockSignals();
+
+class DevicePlugin {
+ public:
+  struct Options {
+    kubelet::ManagerOptions manager;
+    ConfigSources sources;       // re-read on every reload
+    std::string host_root = "/";  // where /proc and /dev are looked up (sim root when simulating)
+  };
+
+  DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);
+  ~DevicePlugin();  // Stop()s
+
+  // Reads the inventory, starts health monitoring and serves every resource. An unusable device
+  // plugin directory or an inventory the config cannot place is an error.
+  absl::Status Start();
+  // Loads the config again and rebuilds the resources. On any error the running config and
+  // resources stay as they are and the error is returned (and logged).
+  absl::Status Reload();
+  // Until SIGINT / SIGTERM / SIGQUIT: SIGHUP and config-file content changes reload. Returns 0.
+  int Run();
+  void Stop();
+
+  HealthMonitor* health() { return health_.get(); }
+  kubelet::PluginManager* manager() { return manager_.get(); }
+  Config config() const;
+
+ private:
+  absl::Status Apply(const Config& cfg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  gpu::GpuLayer* const gpu_;
+  const Options options_;
+  mutable absl::Mutex mu_;
+  Config config_ ABSL_GUARDED_BY(mu_);
+  gpu::Inventory inventory_;
+  std::unique_ptr<HealthMonitor> health_;
+  std::unique_ptr<kubelet::PluginManager> manager_;
+};
+
+}  // namespace gpulet::plugin

@@ -1,0 +1,32 @@
+// NVIDIA's resources built from the GPU inventory and the config: whole GPUs (nvidia.com/gpu or a
+// renamed resource), MIG devices under the none / single / mixed strategies, and time-slicing
+// replicas ("<id>::<n>"), each a kubelet::Resource. Allocate turns device IDs into the container
+// edits of the configured device-list strategies; Preferred is topology-aware for whole GPUs and
+// distributed / packed for replicas.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu/gpu.h"
+#include "kubelet/resource.h"
+#include "plugin/config.h"
+#include "plugin/health.h"
+
+namespace gpulet::plugin {
+
+// The MIG profile as NVIDIA names resources after it: "1g.5gb", "1c.2g.10gb" (fewer compute than
+// GPU slices), "1g.5gb+me" -> resource "nvidia.com/mig-1g.5gb.me".
+std::string MigProfileName(const gpu::MigDevice& m);
+
+// Builds every resource of the node. `health` must outlive the resources and is shared by them.
+// `host_root` is where /proc/driver/nvidia-caps/mig-minors and the device nodes are looked up
+// ("/" in production, the sim root for a simulated node). Errors name the device or config entry
+// (file:line) that cannot be placed.
+absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
+    const gpu::Inventory& inventory, const Config& config, const HealthMonitor* health,
+    const std::string& host_root = "/");
+
+}  // namespace gpulet::plugin

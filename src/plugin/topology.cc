@@ -1,0 +1,126 @@
+#include "plugin/topology.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpulet::plugin {
+namespace {
+
+int PcieRank(gpu::PcieRelation r) {
+  switch (r) {
+    case gpu::PcieRelation::kSameBoard: return 6;
+    case gpu::PcieRelation::kSingleSwitch: return 5;
+    case gpu::PcieRelation::kMultiSwitch: return 4;
+    case gpu::PcieRelation::kHostBridge: return 3;
+    case gpu::PcieRelation::kSameNuma: return 2;
+    case gpu::PcieRelation::kCrossNuma: return 1;
+    default: return 0;
+  }
+}
+
+// Depth-first search state. Candidates are tried in a fixed order (most promising first); each
+// node adds one candidate or skips it; `link[k]` is candidate k's score towards the chosen set.
+struct Search {
+  const TopologyScorer& t;
+  std::vector<int> cand;
+  std::vector<int64_t> link;
+  int64_t best_score = -1;
+  uint64_t best = 0;
+
+  // Upper bound on what `r` more picks from cand[pos..] can add: the r largest links to the chosen
+  // set, plus every pair among the new picks at the largest pair score left.
+  int64_t Bound(size_t pos, int r) const {
+    int64_t top[TopologyScorer::kMaxGpus];
+    int m = 0;
+    int64_t max_pair = 0;
+    for (size_t k = pos; k < cand.size(); ++k) {
+      top[m++] = link[k];
+      for (size_t l = k + 1; l < cand.size(); ++l)
+        max_pair = std::max(max_pair, t.PairScore(cand[k], cand[l]));
+    }
+    std::partial_sort(top, top + r, top + m, std::greater<>());
+    int64_t b = 0;
+    for (int i = 0; i < r; ++i) b += top[i];
+    return b + max_pair * r * (r - 1) / 2;
+  }
+
+  void Run(size_t pos, int r, int64_t score, uint64_t mask) {
+    if (r == 0) {
+      if (score > best_score) best_score = score, best = mask;
+      return;
+    }
+    if (cand.size() - pos < static_cast<size_t>(r)) return;
+    if (best_score >= 0 && score + Bound(pos, r) <= best_score) return;
+    // Take cand[pos].
+    const int g = cand[pos];
+    for (size_t k = pos + 1; k < cand.size(); ++k) link[k] += t.PairScore(cand[k], g);
+    Run(pos + 1, r - 1, score + link[pos], mask | (uint64_t{1} << g));
+    for (size_t k = pos + 1; k < cand.size(); ++k) link[k] -= t.PairScore(cand[k], g);
+    // Skip it.
+    Run(pos + 1, r, score, mask);
+  }
+};
+
+}  // namespace
+
+TopologyScorer::TopologyScorer(const gpu::Inventory& inv)
+    : n_(std::min<int>(inv.devices.size(), kMaxGpus)), pair_(n_ * n_, 0) {
+  for (int a = 0; a < n_; ++a) {
+    for (int b = 0; b < n_; ++b) {
+      if (a == b) continue;
+      gpu::Link l;
+      if (a < static_cast<int>(inv.topology.size()) &&
+          b < static_cast<int>(inv.topology[a].size()))
+        l = inv.topology[a][b];
+      int na = inv.devices[a].numa_node, nb = inv.devices[b].numa_node;
+      pair_[a * n_ + b] = int64_t{l.nvlinks} * 1000000 + PcieRank(l.pcie) * 1000 +
+                          (na >= 0 && na == nb ? 1 : 0);
+    }
+  }
+  // Links must count the same both ways; NVML can disagree (NVIDIA's allocator panics on that,
+  // their issue #448). Take the better of the two directions instead.
+  for (int a = 0; a < n_; ++a)
+    for (int b = a + 1; b < n_; ++b)
+      pair_[a * n_ + b] = pair_[b * n_ + a] = std::max(pair_[a * n_ + b], pair_[b * n_ + a]);
+}
+
+int64_t TopologyScorer::SetScore(uint64_t mask) const {
+  int64_t s = 0;
+  for (int a = 0; a < n_; ++a)
+    if (mask >> a & 1)
+      for (int b = a + 1; b < n_; ++b)
+        if (mask >> b & 1) s += PairScore(a, b);
+  return s;
+}
+
+absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t required,
+                                              int size) const {
+  const uint64_t all = n_ == 64 ? ~uint64_t{0} : (uint64_t{1} << n_) - 1;
+  available = (available | required) & all;
+  const int need = size - std::popcount(required);
+  if (size <= 0 || need < 0 || std::popcount(available) < size)
+    return absl::InvalidArgumentError(absl::StrCat("cannot choose ", size, " of ",
+                                                   std::popcount(available), " devices with ",
+                                                   std::popcount(required), " required"));
+  Search s{*this, {}, {}, -1, 0};
+  for (int g = 0; g < n_; ++g)
+    if ((available & ~required) >> g & 1) s.cand.push_back(g);
+  // Most promising first: strongest links to the required set, then to everything available.
+  auto pull = [&](int g, uint64_t m) {
+    int64_t v = 0;
+    for (int h = 0; h < n_; ++h)
+      if (h != g && (m >> h & 1)) v += PairScore(g, h);
+    return v;
+  };
+  std::vector<std::pair<int64_t, int64_t>> key(n_);
+  for (int g : s.cand) key[g] = {pull(g, required), pull(g, available)};
+  std::stable_sort(s.cand.begin(), s.cand.end(), [&](int a, int b) { return key[a] > key[b]; });
+  s.link.resize(s.cand.size());
+  for (size_t k = 0; k < s.cand.size(); ++k) s.link[k] = key[s.cand[k]].first;
+  s.Run(0, need, SetScore(required), required);
+  return s.best;
+}
+
+}  // namespace gpulet::plugin
