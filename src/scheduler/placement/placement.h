@@ -77,11 +77,13 @@ struct PodRequest {
 };
 
 // Which GPU(s) each container gets on the chosen node (same order as PodRequest::containers).
-// For a share request `gpus` has one index and `milli`/`memory_bytes` are the amounts taken.
+// For a share request `gpus` has one index and `milli`/`memory_bytes` are the amounts taken; for
+// whole GPUs milli is 1000 and memory_bytes 0 (a whole GPU takes all of its memory). A container
+// without GPUs has an empty entry.
 struct ContainerAssignment {
   std::vector<int32_t> gpus;
-  int32_t milli = 0;          // per GPU: 1000 for whole GPUs
-  int64_t memory_bytes = 0;   // per GPU: for whole GPUs, that GPU's whole memory_total_bytes
+  int32_t milli = 0;
+  int64_t memory_bytes = 0;
 };
 struct Assignment {
   std::vector<ContainerAssignment> containers;
@@ -108,9 +110,10 @@ struct WorkloadClass {
 struct Workload {
   std::vector<WorkloadClass> classes;
 };
-// Groups pods into classes of identical (cpu, memory, GPU request, models) and weights by count.
-// Pods with no GPU request are left out (they do not fragment GPUs).
-Workload WorkloadFromPods(std::span<const PodRequest> pods);
+// The FGD paper's "typical pods": pods grouped by (cpu, GPU request, models) -- memory is not part
+// of the key -- weighted by count, CPU-only pods included; only the most frequent classes that
+// together cover `coverage` of all pods are kept (the paper's simulator uses 0.95).
+Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage = 0.95);
 
 // A scored in-node placement: higher `score` is better. Scores are only comparable across nodes
 // for the same pod and the same policy.
@@ -143,14 +146,16 @@ std::vector<std::string> PolicyNames();
 // The policy the extender and `gpulet-sched` use when none is named.
 inline constexpr std::string_view kDefaultPolicy = "gpulet";
 
-// A whole decision: the best node of `cluster` for `pod` (ties go to the lowest node index), or
-// NotFound("no node fits pod X: <reason of the first few nodes>").
+// A whole decision: the best node of `cluster` for `pod`, or NotFound("no node fits pod X: ...").
+// Ties go to the lowest node index, or, when `tie_rng` is non-null, to a uniformly random one of
+// the tied nodes drawn from that PRNG state (what kube-scheduler's selectHost does; the simulator
+// uses it so that the paper's integer-scored policies are replayed faithfully).
 struct Choice {
   int32_t node = -1;  // index into cluster.nodes
   NodeScore placement;
 };
-absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod,
-                                const Policy& policy);
+absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, const Policy& policy,
+                                uint64_t* tie_rng = nullptr);
 
 // Maps scores of one decision onto the integers lo..hi (best -> hi, worst -> lo; all equal -> hi),
 // e.g. the extender's 0..10 `prioritize` range.
