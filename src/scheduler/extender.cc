@@ -1,0 +1,613 @@
+#include "scheduler/extender.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "httplib.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::scheduler {
+namespace {
+
+std::string Str(const json& j, const char* a, const char* b = nullptr) {
+  auto it = j.find(a);
+  if (it == j.end()) return "";
+  if (b) {
+    if (!it->is_object()) return "";
+    auto jt = it->find(b);
+    return jt != it->end() && jt->is_string() ? jt->get<std::string>() : "";
+  }
+  return it->is_string() ? it->get<std::string>() : "";
+}
+
+std::string Annotation(const json& obj, const std::string& key) {
+  auto md = obj.find("metadata");
+  if (md == obj.end() || !md->contains("annotations")) return "";
+  const json& a = (*md)["annotations"];
+  auto it = a.find(key);
+  return it != a.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+int64_t Quantity(const json& list, const std::string& name) {
+  auto it = list.find(name);
+  if (it == list.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (!it->is_string()) return 0;
+  auto v = vgpu::ParseIntQuantity(it->get<std::string>());
+  return v.ok() ? *v : 0;
+}
+
+// The spread policy: among GPUs that fit, the one with the most free compute; nodes score by
+// their free compute after placing (most free first).
+class SpreadPolicy final : public placement::Policy {
+ public:
+  std::string_view name() const override { return "spread"; }
+  std::optional<placement::NodeScore> Score(const placement::Node& node,
+                                            const placement::PodRequest& pod) const override {
+    if (!placement::Fits(node, pod)) return std::nullopt;
+    std::vector<int32_t> free(node.gpus.size());
+    std::vector<int64_t> mem(node.gpus.size());
+    for (size_t g = 0; g < node.gpus.size(); ++g) {
+      free[g] = node.gpus[g].healthy ? node.gpus[g].free_milli : 0;
+      mem[g] = node.gpus[g].memory_free_bytes;
+    }
+    placement::NodeScore out;
+    // Whole GPUs first (they need idle GPUs), then shares onto the emptiest GPU that fits.
+    out.assignment.containers.resize(pod.containers.size());
+    for (size_t c = 0; c < pod.containers.size(); ++c) {
+      const auto& req = pod.containers[c];
+      auto& a = out.assignment.containers[c];
+      for (size_t g = 0; g < node.gpus.size() && a.gpus.size() < size_t(req.whole_gpus); ++g) {
+        if (free[g] == placement::kMilliPerGpu) {
+          a.gpus.push_back(static_cast<int32_t>(g));
+          free[g] = 0;
+          mem[g] = 0;
+        }
+      }
+      if (req.whole_gpus > 0) {
+        if (a.gpus.size() != size_t(req.whole_gpus)) return std::nullopt;
+        a.milli = placement::kMilliPerGpu;
+        a.memory_bytes = node.gpus[a.gpus[0]].memory_total_bytes;
+      }
+    }
+    for (size_t c = 0; c < pod.containers.size(); ++c) {
+      const auto& req = pod.containers[c];
+      if (req.whole_gpus > 0 || req.milli == 0) continue;
+      int best = -1;
+      for (size_t g = 0; g < node.gpus.size(); ++g) {
+        const auto& gpu = node.gpus[g];
+        if (!gpu.healthy || !gpu.fractional_allowed || free[g] < req.milli) continue;
+        if (gpu.memory_total_bytes > 0 && mem[g] < req.memory_bytes) continue;
+        if (best < 0 || free[g] > free[best]) best = static_cast<int>(g);
+      }
+      if (best < 0) return std::nullopt;
+      free[best] -= req.milli;
+      mem[best] -= req.memory_bytes;
+      out.assignment.containers[c] = {{best}, req.milli, req.memory_bytes};
+    }
+    int64_t total_free = 0;
+    for (int32_t f : free) total_free += f;
+    out.score = static_cast<double>(total_free) /
+                std::max<size_t>(1, node.gpus.size() * placement::kMilliPerGpu);
+    return out;
+  }
+};
+
+json FailAll(const std::vector<std::string>& nodes, const std::string& why, bool with_items) {
+  json failed = json::object();
+  for (const auto& n : nodes) failed[n] = why;
+  json out = {{"FailedNodes", json::object()}, {"FailedAndUnresolvableNodes", failed},
+              {"Error", ""}};
+  if (with_items) {
+    out["Nodes"] = {{"items", json::array()}};
+    out["NodeNames"] = nullptr;
+  } else {
+    out["Nodes"] = nullptr;
+    out["NodeNames"] = json::array();
+  }
+  return out;
+}
+
+// Candidate node names of ExtenderArgs: NodeNames (nodeCacheCapable) or Nodes.items.
+std::vector<std::string> CandidateNames(const json& args, bool* with_items) {
+  std::vector<std::string> out;
+  *with_items = false;
+  auto nn = args.find("NodeNames");
+  if (nn != args.end() && nn->is_array()) {
+    for (const auto& n : *nn) {
+      if (n.is_string()) out.push_back(n.get<std::string>());
+    }
+    return out;
+  }
+  auto nodes = args.find("Nodes");
+  if (nodes != args.end() && nodes->is_object() && (*nodes)["items"].is_array()) {
+    *with_items = true;
+    for (const auto& n : (*nodes)["items"]) out.push_back(Str(n, "metadata", "name"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<placement::Policy> MakeSpreadPolicy() { return std::make_unique<SpreadPolicy>(); }
+
+Extender::Extender(k8s::Client* api, ExtenderOptions options)
+    : api_(api), options_(std::move(options)) {
+  for (const std::string& n : placement::PolicyNames()) {
+    if (auto p = placement::MakePolicy(n); p.ok()) policies_[n] = std::move(*p);
+  }
+  if (auto p = placement::MakePolicy("best-fit"); p.ok()) policies_["binpack"] = std::move(*p);
+  policies_["spread"] = MakeSpreadPolicy();
+}
+
+Extender::~Extender() { StopWatching(); }
+
+absl::StatusOr<const placement::Policy*> Extender::PolicyFor(const json& pod) const {
+  std::string name = Annotation(pod, vgpu::kAnnotationPolicy);
+  if (name.empty()) name = options_.default_policy;
+  auto it = policies_.find(name);
+  if (it == policies_.end()) {
+    std::vector<std::string> known;
+    for (const auto& [k, v] : policies_) known.push_back(k);
+    return absl::InvalidArgumentError(absl::StrCat("unknown placement policy \"", name, "\" (",
+                                                   vgpu::kAnnotationPolicy, "; known: ",
+                                                   absl::StrJoin(known, ", "), ")"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> Extender::RequestOf(
+    const json& pod) const {
+  ASSIGN_OR_RETURN(vgpu::PodRequest req, vgpu::ParsePod(pod, options_.names, 0));
+  std::pair<placement::PodRequest, std::vector<int>> out;
+  out.first.name = absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
+  for (const auto& c : req.containers) {
+    placement::ContainerRequest pc;
+    if (c.fractional()) {
+      pc.milli = static_cast<int32_t>(c.cores * placement::kMilliPerVcudaCore);
+      pc.memory_bytes = static_cast<int64_t>(c.memory_units * vgpu::kMemoryUnitBytes);
+    } else {
+      pc.whole_gpus = static_cast<int32_t>(c.whole_gpus());
+    }
+    out.first.containers.push_back(pc);
+    out.second.push_back(c.index);
+  }
+  return out;
+}
+
+void Extender::ApplyLocked(const std::string& uid, Booking b) {
+  ReleaseLocked(uid);
+  auto it = nodes_.find(b.node);
+  bool applied = false;
+  if (it != nodes_.end()) {
+    absl::Status s = placement::Apply(it->second.node, b.request, b.assignment);
+    if (!s.ok()) {
+      spdlog::warn("pod {}/{} on {}: its recorded GPUs do not fit: {}", b.ns, b.name, b.node,
+                   std::string(s.message()));
+    }
+    applied = s.ok();
+  }
+  b.applied = applied;
+  bookings_[uid] = std::move(b);
+}
+
+void Extender::ReleaseLocked(const std::string& uid) {
+  auto it = bookings_.find(uid);
+  if (it == bookings_.end()) return;
+  Booking& b = it->second;
+  if (b.applied) {
+    if (auto n = nodes_.find(b.node); n != nodes_.end()) {
+      absl::Status s = placement::Release(n->second.node, b.request, b.assignment);
+      if (!s.ok()) spdlog::warn("release {}/{}: {}", b.ns, b.name, std::string(s.message()));
+    }
+  }
+  bookings_.erase(it);
+}
+
+void Extender::UpsertNode(const json& node) {
+  std::string name = Str(node, "metadata", "name");
+  if (name.empty()) return;
+  NodeState st;
+  st.node.name = name;
+  std::string inv = Annotation(node, vgpu::kAnnotationNodeGpus);
+  json list = inv.empty() ? json() : json::parse(inv, nullptr, false);
+  if (list.is_array() && !list.empty()) {
+    for (const auto& g : list) {
+      placement::Gpu gpu;
+      gpu.memory_total_bytes =
+          g.value("memoryUnits", int64_t{0}) * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_free_bytes = gpu.memory_total_bytes;
+      gpu.healthy = g.value("healthy", true);
+      st.uuids.push_back(g.value("uuid", absl::StrCat(name, "-gpu", st.uuids.size())));
+      st.node.gpus.push_back(gpu);
+    }
+  } else {
+    // No inventory annotation: the node's vGPU capacity, split evenly (GPU Manager's model).
+    const json& status = node.contains("status") ? node["status"] : json::object();
+    const json& alloc = status.contains("allocatable") ? status["allocatable"]
+                        : status.contains("capacity") ? status["capacity"]
+                                                      : json::object();
+    int64_t gpus = Quantity(alloc, options_.names.core) / vgpu::kCoresPerGpu;
+    int64_t units = Quantity(alloc, options_.names.memory);
+    for (int64_t i = 0; i < gpus; ++i) {
+      placement::Gpu gpu;
+      gpu.memory_total_bytes =
+          units / gpus * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_free_bytes = gpu.memory_total_bytes;
+      st.uuids.push_back(absl::StrCat(name, "-gpu", i));
+      st.node.gpus.push_back(gpu);
+    }
+  }
+  for (size_t i = 0; i < st.uuids.size(); ++i) st.index_of[st.uuids[i]] = static_cast<int>(i);
+  std::unique_lock<std::shared_mutex> l(mu_);
+  // Re-apply what pods hold on this node onto the new capacity.
+  std::vector<std::pair<std::string, Booking>> held;
+  for (auto& [uid, b] : bookings_) {
+    if (b.node == name) held.emplace_back(uid, b);
+  }
+  for (auto& [uid, b] : held) ReleaseLocked(uid);
+  if (st.node.gpus.empty()) {
+    nodes_.erase(name);
+  } else {
+    nodes_[name] = std::move(st);
+  }
+  for (auto& [uid, b] : held) ApplyLocked(uid, std::move(b));
+}
+
+void Extender::RemoveNode(const std::string& name) {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  nodes_.erase(name);
+}
+
+void Extender::UpsertPod(const json& pod) {
+  std::string uid = Str(pod, "metadata", "uid");
+  if (uid.empty()) return;
+  std::string phase = Str(pod, "status", "phase");
+  std::string node = Str(pod, "spec", "nodeName");
+  if (phase == "Succeeded" || phase == "Failed") return RemovePod(pod);
+  if (node.empty()) return;  // not bound: only a bind in progress (assumed) holds GPUs
+  std::string annotated = Annotation(pod, vgpu::kAnnotationNode);
+  if (annotated != node) return;  // bound without our assignment: the node places it
+  auto req = RequestOf(pod);
+  if (!req.ok() || req->first.containers.empty()) return;
+  Booking b;
+  b.node = node;
+  b.ns = Str(pod, "metadata", "namespace");
+  b.name = Str(pod, "metadata", "name");
+  b.request = std::move(req->first);
+  b.container_index = std::move(req->second);
+  std::unique_lock<std::shared_mutex> l(mu_);
+  auto ns = nodes_.find(node);
+  for (size_t c = 0; c < b.request.containers.size(); ++c) {
+    const auto& rc = b.request.containers[c];
+    std::string list = Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix,
+                                                    b.container_index[c]));
+    placement::ContainerAssignment a;
+    for (auto uuid : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      int idx = -1;
+      if (ns != nodes_.end()) {
+        auto it = ns->second.index_of.find(std::string(uuid));
+        if (it != ns->second.index_of.end()) idx = it->second;
+      }
+      if (idx < 0) {
+        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name, std::string(uuid), node);
+        return;
+      }
+      a.gpus.push_back(idx);
+    }
+    if (rc.whole_gpus > 0) {
+      a.milli = placement::kMilliPerGpu;
+      a.memory_bytes = a.gpus.empty() ? 0 : ns->second.node.gpus[a.gpus[0]].memory_total_bytes;
+    } else {
+      a.milli = rc.milli;
+      a.memory_bytes = rc.memory_bytes;
+    }
+    b.assignment.containers.push_back(std::move(a));
+  }
+  if (auto old = bookings_.find(uid); old != bookings_.end()) {
+    auto same = [](const placement::Assignment& x, const placement::Assignment& y) {
+      if (x.containers.size() != y.containers.size()) return false;
+      for (size_t i = 0; i < x.containers.size(); ++i) {
+        if (x.containers[i].gpus != y.containers[i].gpus) return false;
+      }
+      return true;
+    };
+    if (old->second.node == node && same(old->second.assignment, b.assignment)) {
+      old->second.assumed = false;
+      return;
+    }
+  }
+  ApplyLocked(uid, std::move(b));
+}
+
+void Extender::RemovePod(const json& pod) {
+  std::string uid = Str(pod, "metadata", "uid");
+  std::unique_lock<std::shared_mutex> l(mu_);
+  ReleaseLocked(uid);
+}
+
+absl::Status Extender::Sync() {
+  if (!api_) return absl::FailedPreconditionError("no API client");
+  ASSIGN_OR_RETURN(json nodes, api_->ListNodes());
+  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector =
+                                                     "status.phase!=Succeeded,status.phase!=Failed"}));
+  {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    nodes_.clear();
+    for (auto it = bookings_.begin(); it != bookings_.end();) {
+      it = it->second.assumed ? std::next(it) : bookings_.erase(it);
+    }
+  }
+  for (const auto& n : nodes["items"]) UpsertNode(n);
+  for (const auto& p : pods["items"]) UpsertPod(p);
+  return absl::OkStatus();
+}
+
+void Extender::StartWatching() {
+  if (!api_ || node_reflector_) return;
+  node_reflector_ = std::make_unique<k8s::Reflector>(
+      api_, "/api/v1/nodes", k8s::ListOptions{},
+      [this](const std::vector<json>& items) {
+        std::vector<std::string> gone;
+        {
+          std::shared_lock<std::shared_mutex> l(mu_);
+          for (const auto& [name, st] : nodes_) gone.push_back(name);
+        }
+        for (const auto& n : items) {
+          std::erase(gone, Str(n, "metadata", "name"));
+          UpsertNode(n);
+        }
+        for (const auto& g : gone) RemoveNode(g);
+      },
+      [this](const k8s::WatchEvent& ev) {
+        if (ev.type == "DELETED") {
+          RemoveNode(Str(ev.object, "metadata", "name"));
+        } else {
+          UpsertNode(ev.object);
+        }
+      });
+  pod_reflector_ = std::make_unique<k8s::Reflector>(
+      api_, "/api/v1/pods", k8s::ListOptions{},
+      [this](const std::vector<json>& items) {
+        {
+          std::unique_lock<std::shared_mutex> l(mu_);
+          std::vector<std::string> drop;
+          for (const auto& [uid, b] : bookings_) {
+            if (!b.assumed) drop.push_back(uid);
+          }
+          for (const auto& uid : drop) ReleaseLocked(uid);
+        }
+        for (const auto& p : items) UpsertPod(p);
+      },
+      [this](const k8s::WatchEvent& ev) {
+        if (ev.type == "DELETED") {
+          RemovePod(ev.object);
+        } else {
+          UpsertPod(ev.object);
+        }
+      });
+  node_reflector_->Start();
+  pod_reflector_->Start();
+  node_reflector_->WaitSynced(std::chrono::seconds(10));
+  pod_reflector_->WaitSynced(std::chrono::seconds(10));
+}
+
+void Extender::StopWatching() {
+  if (pod_reflector_) pod_reflector_->Stop();
+  if (node_reflector_) node_reflector_->Stop();
+  pod_reflector_.reset();
+  node_reflector_.reset();
+}
+
+json Extender::Filter(const json& args) {
+  bool with_items = false;
+  std::vector<std::string> names = CandidateNames(args, &with_items);
+  const json& pod = args.contains("Pod") ? args["Pod"] : json::object();
+  auto req = RequestOf(pod);
+  if (!req.ok()) return FailAll(names, std::string(req.status().message()), with_items);
+  json out = {{"FailedNodes", json::object()},
+              {"FailedAndUnresolvableNodes", json::object()},
+              {"Error", ""}};
+  std::vector<bool> keep(names.size(), true);
+  if (!req->first.containers.empty()) {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    std::string reason;
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = nodes_.find(names[i]);
+      if (it == nodes_.end()) {
+        keep[i] = false;
+        out["FailedAndUnresolvableNodes"][names[i]] = "node has no gpulet vGPU GPUs";
+      } else if (reason.clear(); !placement::Fits(it->second.node, req->first, &reason)) {
+        keep[i] = false;
+        out["FailedNodes"][names[i]] = "vGPU: " + reason;
+      }
+    }
+  }
+  if (with_items) {
+    json items = json::array();
+    const json& all = args["Nodes"]["items"];
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (keep[i]) items.push_back(all[i]);
+    }
+    out["Nodes"] = {{"items", std::move(items)}};
+    out["NodeNames"] = nullptr;
+  } else {
+    json kept = json::array();
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (keep[i]) kept.push_back(names[i]);
+    }
+    out["NodeNames"] = std::move(kept);
+    out["Nodes"] = nullptr;
+  }
+  return out;
+}
+
+json Extender::Prioritize(const json& args) {
+  bool with_items = false;
+  std::vector<std::string> names = CandidateNames(args, &with_items);
+  const json& pod = args.contains("Pod") ? args["Pod"] : json::object();
+  json out = json::array();
+  auto req = RequestOf(pod);
+  auto policy = PolicyFor(pod);
+  if (!req.ok() || !policy.ok() || req->first.containers.empty()) {
+    for (const auto& n : names) out.push_back({{"Host", n}, {"Score", 0}});
+    return out;
+  }
+  std::vector<double> scores;
+  std::vector<int> fit;  // positions in `names` that fit
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = nodes_.find(names[i]);
+      if (it == nodes_.end()) continue;
+      if (auto s = (*policy)->Score(it->second.node, req->first)) {
+        scores.push_back(s->score);
+        fit.push_back(static_cast<int>(i));
+      }
+    }
+  }
+  std::vector<int64_t> scaled = placement::ScaleScores(scores, 0, 10);
+  std::vector<int64_t> final_scores(names.size(), 0);
+  for (size_t k = 0; k < fit.size(); ++k) final_scores[fit[k]] = scaled[k];
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.push_back({{"Host", names[i]}, {"Score", final_scores[i]}});
+  }
+  return out;
+}
+
+std::mutex& Extender::NodeLock(const std::string& node) {
+  std::lock_guard<std::mutex> l(node_locks_mu_);
+  auto& m = node_locks_[node];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
+
+json Extender::Bind(const json& args) {
+  auto error = [](const std::string& e) { return json{{"Error", e}}; };
+  std::string name = args.value("PodName", ""), ns = args.value("PodNamespace", "");
+  std::string uid = args.value("PodUID", ""), node = args.value("Node", "");
+  if (name.empty() || ns.empty() || node.empty()) {
+    return error("bind: PodName, PodNamespace and Node are required");
+  }
+  if (!api_) return error("bind: no API server client");
+  auto pod = api_->GetPod(ns, name);
+  if (!pod.ok()) return error(std::string(pod.status().message()));
+  if (uid.empty()) uid = Str(*pod, "metadata", "uid");
+  auto req = RequestOf(*pod);
+  if (!req.ok()) return error(std::string(req.status().message()));
+  if (req->first.containers.empty()) {  // not ours to place: bind as the default binder would
+    absl::Status s = api_->CreateBinding(ns, name, uid, node);
+    return error(s.ok() ? "" : std::string(s.message()));
+  }
+  auto policy = PolicyFor(*pod);
+  if (!policy.ok()) return error(std::string(policy.status().message()));
+
+  std::lock_guard<std::mutex> node_lock(NodeLock(node));
+  json annotations = json::object();
+  {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    auto ns_it = nodes_.find(node);
+    if (ns_it == nodes_.end()) return error("bind: node " + node + " has no gpulet vGPU GPUs");
+    ReleaseLocked(uid);  // a retried bind re-chooses
+    auto score = (*policy)->Score(ns_it->second.node, req->first);
+    if (!score) {
+      std::string reason;
+      placement::Fits(ns_it->second.node, req->first, &reason);
+      return error(absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ",
+                                reason));
+    }
+    for (size_t c = 0; c < req->second.size(); ++c) {
+      std::vector<std::string> uuids;
+      for (int32_t g : score->assignment.containers[c].gpus) {
+        uuids.push_back(ns_it->second.uuids[g]);
+      }
+      annotations[absl::StrCat(vgpu::kAnnotationGpusPrefix, req->second[c])] =
+          absl::StrJoin(uuids, ",");
+    }
+    Booking b{node, ns, name, req->first, score->assignment, req->second, true, false};
+    ApplyLocked(uid, std::move(b));
+  }
+  annotations[vgpu::kAnnotationNode] = node;
+  annotations[vgpu::kAnnotationBindTime] =
+      std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
+  annotations[vgpu::kAnnotationAssigned] = "false";
+  auto rollback = [&](const absl::Status& s) {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    ReleaseLocked(uid);
+    return error(std::string(s.message()));
+  };
+  json patch = {{"metadata", {{"annotations", annotations}}}};
+  if (auto p = api_->PatchPod(ns, name, k8s::PatchType::kMerge, patch); !p.ok()) {
+    return rollback(p.status());
+  }
+  if (absl::Status s = api_->CreateBinding(ns, name, uid, node); !s.ok()) return rollback(s);
+  spdlog::info("bound {}/{} to {}: {}", ns, name, node, annotations.dump());
+  return error("");
+}
+
+void Extender::Register(httplib::Server& server, const std::string& prefix) {
+  auto verb = [&server, &prefix](const std::string& path, std::function<json(const json&)> fn) {
+    server.Post(prefix + path, [fn](const httplib::Request& req, httplib::Response& res) {
+      json args = json::parse(req.body, nullptr, false);
+      if (!args.is_object()) {
+        res.status = 400;
+        res.set_content(R"({"Error":"request body is not a JSON object"})", "application/json");
+        return;
+      }
+      res.set_content(fn(args).dump(), "application/json");
+    });
+  };
+  verb("/filter", [this](const json& a) { return Filter(a); });
+  verb("/prioritize", [this](const json& a) { return Prioritize(a); });
+  verb("/bind", [this](const json& a) { return Bind(a); });
+  server.Get(prefix + "/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok", "text/plain");
+  });
+  server.Get(prefix + "/state", [this](const httplib::Request&, httplib::Response& res) {
+    placement::Cluster c = Snapshot();
+    auto uuids = GpuUuids();
+    json out = json::object();
+    for (const auto& n : c.nodes) {
+      json gpus = json::array();
+      for (size_t g = 0; g < n.gpus.size(); ++g) {
+        gpus.push_back({{"uuid", uuids[n.name][g]},
+                        {"freeCores", n.gpus[g].free_milli / placement::kMilliPerVcudaCore},
+                        {"freeMemoryUnits",
+                         n.gpus[g].memory_free_bytes / int64_t(vgpu::kMemoryUnitBytes)},
+                        {"memoryUnits",
+                         n.gpus[g].memory_total_bytes / int64_t(vgpu::kMemoryUnitBytes)}});
+      }
+      out[n.name] = gpus;
+    }
+    res.set_content(out.dump(2), "application/json");
+  });
+}
+
+placement::Cluster Extender::Snapshot() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  placement::Cluster c;
+  for (const auto& [name, st] : nodes_) c.nodes.push_back(st.node);
+  std::sort(c.nodes.begin(), c.nodes.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return c;
+}
+
+std::map<std::string, std::vector<std::string>> Extender::GpuUuids() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& [name, st] : nodes_) out[name] = st.uuids;
+  return out;
+}
+
+size_t Extender::booked_pods() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return bookings_.size();
+}
+
+}  // namespace gpulet::scheduler
