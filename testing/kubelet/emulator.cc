@@ -477,6 +477,10 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
         auto it = resources.find(res);
         int64_t alloc = it == resources.end() ? 0 : it->second.state.allocatable;
         int64_t used = it == resources.end() ? 0 : it->second.state.allocated;
+        // Devices the checkpoint holds for this very pod are its own, not someone else's.
+        if (auto ru = restored.find(spec.uid); ru != restored.end())
+          for (const auto& [ctr, rs] : ru->second)
+            if (auto rr = rs.find(res); rr != rs.end()) used -= rr->second.ids.size();
         int64_t cap = it == resources.end() ? 0 : it->second.state.capacity;
         if (alloc - used < n) insufficient.push_back("1 Insufficient " + res);
         if (cap == 0 && out_of_res.empty()) {
