@@ -3,10 +3,62 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "common/fs.h"
 #include "spdlog/spdlog.h"
+#include "vgpu/accounting.h"
 
 namespace gpulet::metrics {
+
+absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read() {
+  RealFilesystem fs("/");
+  absl::StatusOr<std::vector<std::string>> pods = fs.ListDir(root_);
+  if (!pods.ok()) {
+    // No vGPU container has started on this node yet: nothing to report, not an error.
+    if (absl::IsNotFound(pods.status())) return std::vector<VgpuContainerUsage>{};
+    return pods.status();
+  }
+  std::vector<VgpuContainerUsage> out;
+  std::map<std::string, std::pair<uint64_t, Clock::TimePoint>> seen;
+  Clock::TimePoint now = clock_->Now();
+  for (const std::string& uid : *pods) {
+    std::string pod_dir = absl::StrCat(root_, "/", uid);
+    absl::StatusOr<std::vector<std::string>> containers = fs.ListDir(pod_dir);
+    if (!containers.ok()) continue;  // a plain file, or removed meanwhile
+    std::string ns, pod = uid;
+    if (absl::StatusOr<std::string> meta = fs.ReadFile(pod_dir + "/pod"); meta.ok()) {
+      std::string m(absl::StripAsciiWhitespace(*meta));
+      if (size_t slash = m.find('/'); slash != std::string::npos) {
+        ns = m.substr(0, slash);
+        pod = m.substr(slash + 1);
+      }
+    }
+    for (const std::string& c : *containers) {
+      std::string path = absl::StrCat(pod_dir, "/", c, "/accounting");
+      vgpu::AccountingSnapshot a;
+      const char* error = "";
+      if (!fs.Exists(path) || !vgpu::ReadAccounting(path.c_str(), &a, &error)) continue;
+      VgpuContainerUsage u;
+      u.namespace_ = ns;
+      u.pod = pod;
+      u.container = c;
+      u.gpu_uuid = a.device_uuid;
+      u.memory_used_bytes = a.memory_used;
+      u.memory_limit_bytes = a.memory_limit;
+      u.core_limit_ratio = a.core_limit / 100.0;
+      if (auto it = last_busy_.find(path); it != last_busy_.end() && a.busy_ns >= it->second.first) {
+        double wall = std::chrono::duration<double, std::nano>(now - it->second.second).count();
+        if (wall > 0) u.utilization_ratio = std::min(1.0, (a.busy_ns - it->second.first) / wall);
+      }
+      seen[path] = {a.busy_ns, now};
+      out.push_back(std::move(u));
+    }
+  }
+  last_busy_ = std::move(seen);
+  return out;
+}
 
 Sampler::Sampler(gpu::GpuLayer* gpu, GpuOpener opener, kubelet::PodResourcesCache* pods,
                  VgpuUsageSource* vgpu, Clock* clock, SamplerOptions options)

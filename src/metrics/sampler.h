@@ -37,6 +37,23 @@ class VgpuUsageSource {
   virtual absl::StatusOr<std::vector<VgpuContainerUsage>> Read() = 0;
 };
 
+// The interposer's accounting files: <root>/<pod-uid>/<container>/accounting (src/vgpu/
+// accounting.h). The pod's namespace and name are read from <root>/<pod-uid>/pod ("namespace/name",
+// written by the vGPU node side when it creates the directory); without that file the pod is named
+// by its UID. Utilisation is the growth of the region's busy_ns between two reads.
+// Thread-compatible (the sampler calls it from one cycle at a time).
+class AccountingDirUsageSource : public VgpuUsageSource {
+ public:
+  explicit AccountingDirUsageSource(std::string root, Clock* clock = nullptr)
+      : root_(std::move(root)), clock_(clock ? clock : RealClock()) {}
+  absl::StatusOr<std::vector<VgpuContainerUsage>> Read() override;
+
+ private:
+  std::string root_;
+  Clock* clock_;
+  std::map<std::string, std::pair<uint64_t, Clock::TimePoint>> last_busy_;  // by file path
+};
+
 // One immutable rendering of one sample. Bodies stop before the per-scrape tail (see server.h).
 struct Snapshot {
   std::string text;         // Prometheus text 0.0.4

@@ -87,6 +87,12 @@ std::unique_ptr<httplib::Server> NewServer(int threads) {
   s->set_write_timeout(10, 0);
   s->set_keep_alive_timeout(30);
   s->set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which lets a second exporter bind the same port and
+  // silently take half the scrapes; keep only SO_REUSEADDR so a busy port is an error.
+  s->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   return s;
 }
 

@@ -1,0 +1,142 @@
+// Unit tests of the GFD-compatible feature labels. Expected values follow gpu-feature-discovery's
+// documented label set (reference/monitoring-toolkit.md section 5) for the machines we simulate.
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "labels/labels.h"
+#include "tests/metrics/expo_util.h"
+#include "tests/metrics/fake_gpu.h"
+
+namespace gpulet::labels {
+namespace {
+
+using testing_metrics::FakeGpuLayer;
+
+// A DGX H100: product sanitised, memory in MiB, driver and CUDA versions split, hopper family.
+TEST(Labels, DgxH100) {
+  FakeGpuLayer g(8);
+  Labels l = GenerateLabels(*g.GetInventory(), LabelOptions{}, 1700000000);
+  EXPECT_EQ(l["nvidia.com/gpu.present"], "true");
+  EXPECT_EQ(l["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+  EXPECT_EQ(l["nvidia.com/gpu.memory"], "81559");
+  EXPECT_EQ(l["nvidia.com/gpu.count"], "8");
+  EXPECT_EQ(l["nvidia.com/gpu.family"], "hopper");
+  EXPECT_EQ(l["nvidia.com/gpu.compute.major"], "9");
+  EXPECT_EQ(l["nvidia.com/gpu.compute.minor"], "0");
+  EXPECT_EQ(l["nvidia.com/cuda.driver-version.full"], "550.54.15");
+  EXPECT_EQ(l["nvidia.com/cuda.driver-version.major"], "550");
+  EXPECT_EQ(l["nvidia.com/cuda.driver-version.minor"], "54");
+  EXPECT_EQ(l["nvidia.com/cuda.driver-version.revision"], "15");
+  EXPECT_EQ(l["nvidia.com/cuda.driver.rev"], "15");
+  EXPECT_EQ(l["nvidia.com/cuda.runtime-version.full"], "12.4");
+  EXPECT_EQ(l["nvidia.com/cuda.runtime.major"], "12");
+  EXPECT_EQ(l["nvidia.com/mig.capable"], "true");
+  EXPECT_EQ(l.count("nvidia.com/mig.strategy"), 0u);
+  EXPECT_EQ(l["nvidia.com/gpu.replicas"], "1");
+  EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "none");
+  EXPECT_EQ(l["nvidia.com/gfd.timestamp"], "1700000000");
+}
+
+// Time-slicing replicas mark the product -SHARED (GFD's resource_test example).
+TEST(Labels, SharedProduct) {
+  FakeGpuLayer g(2);
+  LabelOptions o;
+  o.replicas = 4;
+  o.sharing_strategy = "time-slicing";
+  o.timestamp = false;
+  Labels l = GenerateLabels(*g.GetInventory(), o, 0);
+  EXPECT_EQ(l["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-SHARED");
+  EXPECT_EQ(l["nvidia.com/gpu.replicas"], "4");
+  EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+  EXPECT_EQ(l.count("nvidia.com/gfd.timestamp"), 0u);
+}
+
+// MIG mixed: full GPUs keep gpu.*, each profile gets nvidia.com/mig-<profile>.* ('+' -> '.').
+TEST(Labels, MigMixed) {
+  FakeGpuLayer g(2, /*mig_on_last=*/true);
+  LabelOptions o;
+  o.mig_strategy = "mixed";
+  Labels l = GenerateLabels(*g.GetInventory(), o, 0);
+  EXPECT_EQ(l["nvidia.com/mig.strategy"], "mixed");
+  EXPECT_EQ(l["nvidia.com/gpu.count"], "1");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.count"], "1");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.memory"], "40192");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.multiprocessors"], "60");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.slices.gi"], "3");
+  EXPECT_EQ(l["nvidia.com/mig-1g.10gb.me.count"], "1");
+  for (const auto& [k, v] : l) EXPECT_EQ(k.find('+'), std::string::npos) << k;
+}
+
+// MIG single needs every GPU in MIG mode with one profile; otherwise the product is -MIG-INVALID.
+TEST(Labels, MigSingle) {
+  FakeGpuLayer g(2, /*mig_on_last=*/true);
+  LabelOptions o;
+  o.mig_strategy = "single";
+  Labels bad = GenerateLabels(*g.GetInventory(), o, 0);
+  EXPECT_EQ(bad["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-MIG-INVALID");
+  EXPECT_EQ(bad["nvidia.com/gpu.count"], "0");
+
+  gpu::Inventory inv = *g.GetInventory();
+  inv.devices.erase(inv.devices.begin());                  // only the MIG GPU left
+  inv.devices[0].mig_devices[1] = inv.devices[0].mig_devices[0];  // one profile
+  Labels good = GenerateLabels(inv, o, 0);
+  EXPECT_EQ(good["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb");
+  EXPECT_EQ(good["nvidia.com/gpu.count"], "2");
+  EXPECT_EQ(good["nvidia.com/gpu.memory"], "40192");
+  EXPECT_EQ(good["nvidia.com/gpu.slices.gi"], "3");
+}
+
+// Families by compute capability as GFD's getArchFamily.
+TEST(Labels, FamilyByComputeCapability) {
+  FakeGpuLayer g(1);
+  gpu::Inventory inv = *g.GetInventory();
+  std::pair<std::pair<int, int>, const char*> cases[] = {
+      {{7, 0}, "volta"}, {{7, 5}, "turing"}, {{8, 0}, "ampere"}, {{8, 6}, "ampere"},
+      {{8, 9}, "ada-lovelace"}, {{10, 0}, "blackwell"}, {{12, 0}, "blackwell"}, {{4, 0}, "undefined"}};
+  for (auto [cc, family] : cases) {
+    inv.devices[0].cc_major = cc.first;
+    inv.devices[0].cc_minor = cc.second;
+    EXPECT_EQ(GenerateLabels(inv, {}, 0)["nvidia.com/gpu.family"], family);
+  }
+}
+
+// Bad options are one clear error naming the flag.
+TEST(Labels, RejectsBadOptions) {
+  LabelOptions o;
+  o.mig_strategy = "dual";
+  EXPECT_THAT(std::string(ValidateOptions(o).message()), ::testing::HasSubstr("--mig-strategy"));
+  o = {};
+  o.replicas = 3;
+  EXPECT_THAT(std::string(ValidateOptions(o).message()), ::testing::HasSubstr("--sharing-strategy"));
+  o = {};
+  o.sharing_strategy = "magic";
+  EXPECT_FALSE(ValidateOptions(o).ok());
+  EXPECT_TRUE(ValidateOptions({}).ok());
+}
+
+// The feature file is key=value lines, created with its directory, replaced atomically (no
+// temporary file left beside it).
+TEST(Labels, WritesFeatureFileAtomically) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-labels-XXXXXX").string();
+  std::string dir = mkdtemp(tmpl.data());
+  RealFilesystem fs("/");
+  std::string path = dir + "/features.d/gpulet";
+  ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "8"},
+                                          {"nvidia.com/gpu.present", "true"}}).ok());
+  EXPECT_EQ(testing_metrics::ReadFileOrEmpty(path),
+            "nvidia.com/gpu.count=8\nnvidia.com/gpu.present=true\n");
+  ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "7"}}).ok());
+  EXPECT_EQ(testing_metrics::ReadFileOrEmpty(path), "nvidia.com/gpu.count=7\n");
+  int entries = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir + "/features.d")) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpulet::labels
