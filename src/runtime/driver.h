@@ -1,0 +1,64 @@
+// The NVIDIA driver as installed under a driver root (default "/", a temporary tree in tests):
+// its device nodes, and its user-space libraries and binaries found through the root's ld cache.
+// Also which of them each NVIDIA_DRIVER_CAPABILITIES value selects. Plain functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/edits.h"
+
+namespace gpulet::runtime {
+
+// One entry of /etc/ld.so.cache: a library's name (its soname, the cache key) and its path.
+struct LdCacheEntry {
+  std::string name;   // e.g. "libcuda.so.1"
+  std::string path;   // e.g. "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+  int32_t flags = 0;  // glibc FLAG_* bits: 0x0303 = x86-64 libc6, 0x0003 = i386 libc6
+};
+constexpr int32_t kLdCacheX8664 = 0x0303;
+
+// Parses the glibc "glibc-ld.so.cache1.1" format (also when it follows an old "ld.so-1.7.0" part).
+// Written by hand: glibc keeps its parser private to ld.so/ldconfig, no Debian library exposes one,
+// and `ldconfig -p` is a fork/exec per container start with human-oriented output.
+// Truncated data, a bad magic or an out-of-range string offset is an error naming `what`.
+absl::StatusOr<std::vector<LdCacheEntry>> ParseLdCache(const std::string& data,
+                                                       const std::string& what);
+
+// Driver capabilities (NVIDIA_DRIVER_CAPABILITIES values).
+inline const std::set<std::string>& AllCapabilities() {
+  static const std::set<std::string> k = {"compute", "compat32", "graphics", "utility",
+                                          "video",   "display",  "ngx"};
+  return k;
+}
+// The capability that needs a library (by name stem "libcuda") or binary ("nvidia-smi"); empty when
+// gpulet does not know the file (it is then given with any capability).
+std::string CapabilityOfFile(const std::string& file_name);
+// Whether a control device node (by container path) is given for the capability set.
+bool ControlNodeWanted(const std::string& path, const std::set<std::string>& caps);
+
+struct DriverFiles {
+  std::string root;     // driver root, as given
+  std::string version;  // "550.54.15"
+  std::vector<std::string> libraries;  // paths inside the driver root ("/usr/lib/.../libcuda.so.X")
+  std::vector<std::string> binaries;   // paths inside the driver root
+  std::vector<std::string> control_nodes;  // "/dev/nvidiactl", ... those present under root
+};
+
+// Finds the driver's files under `root`: libraries from <root>/etc/ld.so.cache whose file name ends
+// in ".so.<version>" (x86-64 entries), binaries in <root>/usr/bin|/usr/sbin|/bin, control nodes.
+// `version` empty: taken from <root>/proc/driver/nvidia/version, else from libcuda/libnvidia-ml's
+// file name in the cache. No cache or no version is an error naming the root.
+absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version = "");
+
+// Host path of a driver-root path ("/" root: unchanged).
+std::string InRoot(const std::string& root, const std::string& path);
+
+// The edits every GPU container gets (control nodes, libraries read-only, binaries), as a CDI
+// `containerEdits` block: container paths equal the paths inside the driver root.
+ContainerEdits CommonEdits(const DriverFiles& driver);
+
+}  // namespace gpulet::runtime
