@@ -58,6 +58,7 @@ struct Device {
   uint32_t pci_device_id = 0;  // PCI device id << 16 | vendor id, as NVML reports
   uint64_t memory_bytes = 0;
   int numa_node = -1;          // from sysfs; -1 when unknown
+  std::string cpu_affinity;    // sysfs local_cpulist, e.g. "0-55,112-167"; empty when unknown
   int cc_major = 0, cc_minor = 0;
   uint32_t sm_count = 0;       // 0 when NVML cannot say
   uint32_t power_limit_mw = 0;

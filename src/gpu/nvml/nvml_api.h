@@ -1,0 +1,206 @@
+// The subset of NVIDIA's NVML C ABI that gpulet uses, declared from NVIDIA's published API
+// reference (no NVIDIA header is needed to build). Shared by the dlopen backend (nvml_layer.cc),
+// which resolves these symbols at run time, and by the fake libnvidia-ml.so.1 (testing/fake_nvml),
+// which implements them. Only types, constants and function-pointer types live here: nothing is
+// linked against NVML.
+#pragma once
+
+#include <cstdint>
+
+extern "C" {
+
+typedef int nvmlReturn_t;
+enum : int {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_UNINITIALIZED = 1,
+  NVML_ERROR_INVALID_ARGUMENT = 2,
+  NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_NO_PERMISSION = 4,
+  NVML_ERROR_ALREADY_INITIALIZED = 5,
+  NVML_ERROR_NOT_FOUND = 6,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
+  NVML_ERROR_DRIVER_NOT_LOADED = 9,
+  NVML_ERROR_TIMEOUT = 10,
+  NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+  NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+  NVML_ERROR_GPU_IS_LOST = 15,
+  NVML_ERROR_RESET_REQUIRED = 16,
+  NVML_ERROR_IN_USE = 19,
+  NVML_ERROR_MEMORY = 20,
+  NVML_ERROR_NO_DATA = 21,
+  NVML_ERROR_UNKNOWN = 999,
+};
+
+typedef struct nvmlDevice_st* nvmlDevice_t;
+typedef struct nvmlEventSet_st* nvmlEventSet_t;
+
+enum : unsigned {
+  NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96,
+  NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96,
+  NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80,
+  NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE = 80,
+  NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32,
+  NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16,
+  NVML_NVLINK_MAX_LINKS = 18,
+};
+
+typedef struct {
+  char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pciDeviceId;     // device id << 16 | vendor id
+  unsigned int pciSubSystemId;
+  char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];  // "00000000:18:00.0"
+} nvmlPciInfo_t;
+
+typedef struct {
+  unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+  unsigned int version;  // nvmlMemory_v2 below
+  unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+#define NVML_STRUCT_VERSION_OF(type, ver) (unsigned int)(sizeof(type) | ((ver) << 24U))
+#define nvmlMemory_v2 NVML_STRUCT_VERSION_OF(nvmlMemory_v2_t, 2)
+
+typedef struct {
+  unsigned int gpu, memory;  // percent
+} nvmlUtilization_t;
+
+// The process record of nvmlDeviceGetComputeRunningProcesses_v3 (and _v2).
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+  unsigned int multiprocessorCount;
+  unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
+      sharedOfaCount;
+  unsigned int gpuInstanceSliceCount, computeInstanceSliceCount;
+  unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+typedef struct {
+  nvmlDevice_t device;  // the physical GPU, also for MIG events
+  unsigned long long eventType;
+  unsigned long long eventData;  // the XID code for XID events
+  unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+enum : unsigned long long {
+  nvmlEventTypeSingleBitEccError = 0x1ULL,
+  nvmlEventTypeDoubleBitEccError = 0x2ULL,
+  nvmlEventTypePState = 0x4ULL,
+  nvmlEventTypeXidCriticalError = 0x8ULL,
+  nvmlEventTypeClock = 0x10ULL,
+};
+
+// nvmlDeviceGetFieldValues: gpulet asks only for the memory temperature (HBM boards).
+enum : unsigned { NVML_FI_DEV_MEMORY_TEMP = 82 };
+typedef union {
+  double dVal;
+  unsigned int uiVal;
+  unsigned long ulVal;
+  unsigned long long ullVal;
+  signed long long sllVal;
+  signed int siVal;
+} nvmlValue_t;
+typedef struct {
+  unsigned int fieldId;
+  unsigned int scopeId;
+  long long timestamp;
+  long long latencyUsec;
+  int valueType;  // nvmlValueType_t: 0 double, 1 uint, 2 ulong, 3 ulonglong, 4 slonglong, 5 sint
+  nvmlReturn_t nvmlReturn;
+  nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef int nvmlGpuTopologyLevel_t;
+enum : int {
+  NVML_TOPOLOGY_INTERNAL = 0,
+  NVML_TOPOLOGY_SINGLE = 10,
+  NVML_TOPOLOGY_MULTIPLE = 20,
+  NVML_TOPOLOGY_HOSTBRIDGE = 30,
+  NVML_TOPOLOGY_NODE = 40,
+  NVML_TOPOLOGY_SYSTEM = 50,
+};
+
+typedef int nvmlEnableState_t;
+enum : int { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 };
+
+typedef int nvmlIntNvLinkDeviceType_t;
+enum : int {
+  NVML_NVLINK_DEVICE_TYPE_GPU = 0,
+  NVML_NVLINK_DEVICE_TYPE_IBMNPU = 1,
+  NVML_NVLINK_DEVICE_TYPE_SWITCH = 2,
+  NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF,
+};
+
+enum : int { NVML_TEMPERATURE_GPU = 0 };
+enum : int { NVML_CLOCK_GRAPHICS = 0, NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2, NVML_CLOCK_VIDEO = 3 };
+enum : int { NVML_MEMORY_ERROR_TYPE_CORRECTED = 0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
+enum : int { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 };
+enum : int { NVML_PCIE_UTIL_TX_BYTES = 0, NVML_PCIE_UTIL_RX_BYTES = 1 };
+
+// nvmlBrandType_t
+enum : int {
+  NVML_BRAND_UNKNOWN = 0, NVML_BRAND_QUADRO = 1, NVML_BRAND_TESLA = 2, NVML_BRAND_NVS = 3,
+  NVML_BRAND_GRID = 4, NVML_BRAND_GEFORCE = 5, NVML_BRAND_TITAN = 6, NVML_BRAND_NVIDIA_VAPPS = 7,
+  NVML_BRAND_NVIDIA_VPC = 8, NVML_BRAND_NVIDIA_VCS = 9, NVML_BRAND_NVIDIA_VWS = 10,
+  NVML_BRAND_NVIDIA_CLOUD_GAMING = 11, NVML_BRAND_QUADRO_RTX = 12, NVML_BRAND_NVIDIA_RTX = 13,
+  NVML_BRAND_NVIDIA = 14, NVML_BRAND_GEFORCE_RTX = 15, NVML_BRAND_TITAN_RTX = 16,
+};
+// nvmlDeviceArchitecture_t
+enum : unsigned {
+  NVML_DEVICE_ARCH_KEPLER = 2, NVML_DEVICE_ARCH_MAXWELL = 3, NVML_DEVICE_ARCH_PASCAL = 4,
+  NVML_DEVICE_ARCH_VOLTA = 5, NVML_DEVICE_ARCH_TURING = 6, NVML_DEVICE_ARCH_AMPERE = 7,
+  NVML_DEVICE_ARCH_ADA = 8, NVML_DEVICE_ARCH_HOPPER = 9, NVML_DEVICE_ARCH_BLACKWELL = 10,
+};
+
+// Function types, one per symbol gpulet resolves (the name follows the symbol's, without "nvml").
+typedef nvmlReturn_t (*nvmlInitFn)(void);
+typedef nvmlReturn_t (*nvmlShutdownFn)(void);
+typedef const char* (*nvmlErrorStringFn)(nvmlReturn_t);
+typedef nvmlReturn_t (*nvmlSystemGetStringFn)(char*, unsigned int);
+typedef nvmlReturn_t (*nvmlSystemGetCudaDriverVersionFn)(int*);
+typedef nvmlReturn_t (*nvmlDeviceGetCountFn)(unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndexFn)(unsigned int, nvmlDevice_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetStringFn)(nvmlDevice_t, char*, unsigned int);
+typedef nvmlReturn_t (*nvmlDeviceGetUintFn)(nvmlDevice_t, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetUllFn)(nvmlDevice_t, unsigned long long*);
+typedef nvmlReturn_t (*nvmlDeviceGetIntFn)(nvmlDevice_t, int*);  // brand, pstate
+typedef nvmlReturn_t (*nvmlDeviceGetPciInfoFn)(nvmlDevice_t, nvmlPciInfo_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfoFn)(nvmlDevice_t, nvmlMemory_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfoV2Fn)(nvmlDevice_t, nvmlMemory_v2_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetCudaComputeCapabilityFn)(nvmlDevice_t, int*, int*);
+typedef nvmlReturn_t (*nvmlDeviceGetMigModeFn)(nvmlDevice_t, unsigned int*, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetMigDeviceHandleByIndexFn)(nvmlDevice_t, unsigned int,
+                                                               nvmlDevice_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetAttributesFn)(nvmlDevice_t, nvmlDeviceAttributes_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetTopologyCommonAncestorFn)(nvmlDevice_t, nvmlDevice_t,
+                                                               nvmlGpuTopologyLevel_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkStateFn)(nvmlDevice_t, unsigned int, nvmlEnableState_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemotePciInfoFn)(nvmlDevice_t, unsigned int,
+                                                            nvmlPciInfo_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemoteDeviceTypeFn)(nvmlDevice_t, unsigned int,
+                                                               nvmlIntNvLinkDeviceType_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetTemperatureFn)(nvmlDevice_t, int, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetFieldValuesFn)(nvmlDevice_t, int, nvmlFieldValue_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetClockInfoFn)(nvmlDevice_t, int, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRatesFn)(nvmlDevice_t, nvmlUtilization_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetCodecUtilizationFn)(nvmlDevice_t, unsigned int*,
+                                                         unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetTotalEccErrorsFn)(nvmlDevice_t, int, int, unsigned long long*);
+typedef nvmlReturn_t (*nvmlDeviceGetPcieThroughputFn)(nvmlDevice_t, int, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetProcessesFn)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*);
+typedef nvmlReturn_t (*nvmlEventSetCreateFn)(nvmlEventSet_t*);
+typedef nvmlReturn_t (*nvmlEventSetFreeFn)(nvmlEventSet_t);
+typedef nvmlReturn_t (*nvmlDeviceRegisterEventsFn)(nvmlDevice_t, unsigned long long,
+                                                   nvmlEventSet_t);
+typedef nvmlReturn_t (*nvmlEventSetWaitFn)(nvmlEventSet_t, nvmlEventData_t*, unsigned int);
+
+}  // extern "C"

@@ -1,0 +1,800 @@
+#include "gpu/nvml/nvml_layer.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "gpu/nvml/nvml_api.h"
+#include "spdlog/spdlog.h"
+
+namespace gpulet::gpu {
+namespace {
+
+// How long one nvmlEventSetWait call blocks. Events wake it at once; the timeout only bounds how
+// long Reinit and shutdown wait for the event thread to notice it should stop.
+constexpr unsigned kEventWaitMs = 200;
+
+// The loaded library and every entry point gpulet uses. Owns the dlopen handle; immutable after
+// Load(), so it is shared freely between threads.
+struct NvmlLib {
+  void* handle = nullptr;
+  std::string path;
+  bool simulate = false;
+  std::vector<std::string> missing;  // optional symbols this library lacks
+
+  nvmlInitFn init = nullptr;
+  nvmlShutdownFn shutdown = nullptr;
+  nvmlErrorStringFn error_string = nullptr;
+  nvmlSystemGetStringFn driver_version = nullptr, nvml_version = nullptr;
+  nvmlSystemGetCudaDriverVersionFn cuda_version = nullptr;
+  nvmlDeviceGetCountFn count = nullptr;
+  nvmlDeviceGetHandleByIndexFn handle_by_index = nullptr;
+  nvmlDeviceGetStringFn uuid = nullptr, name = nullptr;
+  nvmlDeviceGetIntFn brand = nullptr, pstate = nullptr;
+  nvmlDeviceGetUintFn arch = nullptr, minor = nullptr, power_limit = nullptr, power = nullptr,
+                      pcie_replay = nullptr, fan = nullptr, max_mig = nullptr, gi_id = nullptr,
+                      ci_id = nullptr;
+  nvmlDeviceGetPciInfoFn pci = nullptr;
+  nvmlDeviceGetMemoryInfoFn memory = nullptr;
+  nvmlDeviceGetMemoryInfoV2Fn memory_v2 = nullptr;
+  nvmlDeviceGetCudaComputeCapabilityFn cc = nullptr;
+  nvmlDeviceGetAttributesFn attributes = nullptr;
+  nvmlDeviceGetMigModeFn mig_mode = nullptr;
+  nvmlDeviceGetMigDeviceHandleByIndexFn mig_handle = nullptr;
+  nvmlDeviceGetTopologyCommonAncestorFn common_ancestor = nullptr;
+  nvmlDeviceGetNvLinkStateFn nvlink_state = nullptr;
+  nvmlDeviceGetNvLinkRemotePciInfoFn nvlink_remote_pci = nullptr;
+  nvmlDeviceGetNvLinkRemoteDeviceTypeFn nvlink_remote_type = nullptr;
+  nvmlDeviceGetTemperatureFn temperature = nullptr;
+  nvmlDeviceGetFieldValuesFn field_values = nullptr;
+  nvmlDeviceGetClockInfoFn clock = nullptr;
+  nvmlDeviceGetUllFn energy = nullptr, throttle = nullptr;
+  nvmlDeviceGetUtilizationRatesFn utilization = nullptr;
+  nvmlDeviceGetCodecUtilizationFn encoder = nullptr, decoder = nullptr;
+  nvmlDeviceGetTotalEccErrorsFn ecc = nullptr;
+  nvmlDeviceGetPcieThroughputFn pcie_throughput = nullptr;
+  nvmlDeviceGetProcessesFn processes = nullptr;
+  nvmlEventSetCreateFn event_set_create = nullptr;
+  nvmlEventSetFreeFn event_set_free = nullptr;
+  nvmlDeviceRegisterEventsFn register_events = nullptr;
+  nvmlDeviceGetUllFn supported_events = nullptr;
+  nvmlEventSetWaitFn event_wait = nullptr;
+  const char* (*sim_last_error)() = nullptr;
+  void (*sim_configure)(const char*, const char*) = nullptr;
+
+  ~NvmlLib() {
+    if (handle) dlclose(handle);
+  }
+
+  // The first of `names` the library exports; records the first name as missing otherwise.
+  template <typename F>
+  void Resolve(F& fn, std::initializer_list<const char*> names) {
+    for (const char* n : names) {
+      if (void* p = dlsym(handle, n)) {
+        fn = reinterpret_cast<F>(p);
+        return;
+      }
+    }
+    missing.push_back(*names.begin());
+  }
+
+  std::string Error(nvmlReturn_t r) const {
+    const char* s = error_string ? error_string(r) : nullptr;
+    return s ? std::string(s) : absl::StrCat("NVML error ", r);
+  }
+};
+
+absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o) {
+  auto lib = std::make_shared<NvmlLib>();
+  lib->path = o.library;
+  lib->simulate = o.simulate;
+  dlerror();
+  // RTLD_LOCAL keeps NVML's symbols out of the global namespace (the interposer and CUDA libraries
+  // loaded later must not bind to them by accident).
+  lib->handle = dlopen(o.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib->handle == nullptr) {
+    const char* err = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot load NVML library '", o.library, "': ", err ? err : "unknown dlopen error",
+        o.simulate ? " (build the gpulet_fake_nvml target)"
+                   : " (is the NVIDIA driver installed and libnvidia-ml.so.1 on the loader path? "
+                     "check `ldconfig -p | grep nvidia-ml`, or pass --nvml-library PATH; "
+                     "without a GPU use --simulate PROFILE)"));
+  }
+  NvmlLib& l = *lib;
+  l.Resolve(l.init, {"nvmlInit_v2", "nvmlInit"});
+  l.Resolve(l.shutdown, {"nvmlShutdown"});
+  l.Resolve(l.count, {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
+  l.Resolve(l.handle_by_index, {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
+  l.Resolve(l.uuid, {"nvmlDeviceGetUUID"});
+  for (const std::string& m : l.missing) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NVML library '", o.library, "' lacks the required symbol ", m, " (driver too old?)"));
+  }
+  l.Resolve(l.error_string, {"nvmlErrorString"});
+  l.Resolve(l.driver_version, {"nvmlSystemGetDriverVersion"});
+  l.Resolve(l.nvml_version, {"nvmlSystemGetNVMLVersion"});
+  l.Resolve(l.cuda_version, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
+  l.Resolve(l.name, {"nvmlDeviceGetName"});
+  l.Resolve(l.brand, {"nvmlDeviceGetBrand"});
+  l.Resolve(l.arch, {"nvmlDeviceGetArchitecture"});
+  l.Resolve(l.minor, {"nvmlDeviceGetMinorNumber"});
+  l.Resolve(l.pci, {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"});
+  l.Resolve(l.memory_v2, {"nvmlDeviceGetMemoryInfo_v2"});
+  l.Resolve(l.memory, {"nvmlDeviceGetMemoryInfo"});
+  l.Resolve(l.cc, {"nvmlDeviceGetCudaComputeCapability"});
+  l.Resolve(l.attributes, {"nvmlDeviceGetAttributes_v2"});
+  l.Resolve(l.power_limit, {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
+  l.Resolve(l.mig_mode, {"nvmlDeviceGetMigMode"});
+  l.Resolve(l.max_mig, {"nvmlDeviceGetMaxMigDeviceCount"});
+  l.Resolve(l.mig_handle, {"nvmlDeviceGetMigDeviceHandleByIndex"});
+  l.Resolve(l.gi_id, {"nvmlDeviceGetGpuInstanceId"});
+  l.Resolve(l.ci_id, {"nvmlDeviceGetComputeInstanceId"});
+  l.Resolve(l.common_ancestor, {"nvmlDeviceGetTopologyCommonAncestor"});
+  l.Resolve(l.nvlink_state, {"nvmlDeviceGetNvLinkState"});
+  l.Resolve(l.nvlink_remote_pci, {"nvmlDeviceGetNvLinkRemotePciInfo_v2"});
+  l.Resolve(l.nvlink_remote_type, {"nvmlDeviceGetNvLinkRemoteDeviceType"});
+  l.Resolve(l.temperature, {"nvmlDeviceGetTemperature"});
+  l.Resolve(l.field_values, {"nvmlDeviceGetFieldValues"});
+  l.Resolve(l.clock, {"nvmlDeviceGetClockInfo"});
+  l.Resolve(l.power, {"nvmlDeviceGetPowerUsage"});
+  l.Resolve(l.energy, {"nvmlDeviceGetTotalEnergyConsumption"});
+  l.Resolve(l.utilization, {"nvmlDeviceGetUtilizationRates"});
+  l.Resolve(l.encoder, {"nvmlDeviceGetEncoderUtilization"});
+  l.Resolve(l.decoder, {"nvmlDeviceGetDecoderUtilization"});
+  l.Resolve(l.ecc, {"nvmlDeviceGetTotalEccErrors"});
+  l.Resolve(l.throttle, {"nvmlDeviceGetCurrentClocksEventReasons",
+                         "nvmlDeviceGetCurrentClocksThrottleReasons"});
+  l.Resolve(l.pcie_replay, {"nvmlDeviceGetPcieReplayCounter"});
+  l.Resolve(l.pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
+  l.Resolve(l.fan, {"nvmlDeviceGetFanSpeed"});
+  l.Resolve(l.pstate, {"nvmlDeviceGetPerformanceState"});
+  l.Resolve(l.processes, {"nvmlDeviceGetComputeRunningProcesses_v3",
+                          "nvmlDeviceGetComputeRunningProcesses_v2"});
+  l.Resolve(l.event_set_create, {"nvmlEventSetCreate"});
+  l.Resolve(l.event_set_free, {"nvmlEventSetFree"});
+  l.Resolve(l.register_events, {"nvmlDeviceRegisterEvents"});
+  l.Resolve(l.supported_events, {"nvmlDeviceGetSupportedEventTypes"});
+  l.Resolve(l.event_wait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});
+  if (o.simulate) {  // gpulet's own extensions, present only in the fake library
+    l.sim_last_error = reinterpret_cast<const char* (*)()>(dlsym(l.handle, "gpuletSimLastError"));
+    l.sim_configure =
+        reinterpret_cast<void (*)(const char*, const char*)>(dlsym(l.handle, "gpuletSimConfigure"));
+  }
+  // memory_v2 and memory are alternatives: only both missing is a loss.
+  std::erase_if(l.missing, [&](const std::string& m) {
+    return (m == "nvmlDeviceGetMemoryInfo_v2" && l.memory) ||
+           (m == "nvmlDeviceGetMemoryInfo" && l.memory_v2);
+  });
+  for (const std::string& m : l.missing) {
+    spdlog::warn("NVML library {} lacks {}: the data it provides will be missing", o.library, m);
+  }
+  return lib;
+}
+
+// NVML's "this device cannot tell" answers: the field is left unset, not an error.
+bool Unsupported(nvmlReturn_t r) {
+  return r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND ||
+         r == NVML_ERROR_NO_PERMISSION || r == NVML_ERROR_NO_DATA ||
+         r == NVML_ERROR_INVALID_ARGUMENT;
+}
+
+std::string NormalBusId(const char* bus_id) {  // NVML's 8-digit domain, upper case
+  std::string s = absl::AsciiStrToUpper(bus_id);
+  if (s.size() == 12) s = "0000" + s;  // "0000:18:00.0"
+  return s;
+}
+
+PcieRelation FromTopologyLevel(nvmlGpuTopologyLevel_t l) {
+  switch (l) {
+    case NVML_TOPOLOGY_INTERNAL: return PcieRelation::kSameBoard;
+    case NVML_TOPOLOGY_SINGLE: return PcieRelation::kSingleSwitch;
+    case NVML_TOPOLOGY_MULTIPLE: return PcieRelation::kMultiSwitch;
+    case NVML_TOPOLOGY_HOSTBRIDGE: return PcieRelation::kHostBridge;
+    case NVML_TOPOLOGY_NODE: return PcieRelation::kSameNuma;
+    case NVML_TOPOLOGY_SYSTEM: return PcieRelation::kCrossNuma;
+    default: return PcieRelation::kUnknown;
+  }
+}
+
+const char* BrandName(int b) {
+  static const char* kNames[] = {"Unknown", "Quadro", "Tesla", "NVS", "GRID", "GeForce", "Titan",
+                                 "NVIDIA Virtual Applications", "NVIDIA Virtual PC",
+                                 "NVIDIA Virtual Compute Server", "NVIDIA RTX Virtual Workstation",
+                                 "NVIDIA Cloud Gaming", "Quadro RTX", "NVIDIA RTX", "NVIDIA",
+                                 "GeForce RTX", "Titan RTX"};
+  return b >= 0 && b < static_cast<int>(std::size(kNames)) ? kNames[b] : "Unknown";
+}
+
+const char* ArchName(unsigned a) {
+  static const char* kNames[] = {"", "", "Kepler", "Maxwell", "Pascal", "Volta", "Turing",
+                                 "Ampere", "Ada", "Hopper", "Blackwell"};
+  return a < std::size(kNames) ? kNames[a] : "Unknown";
+}
+
+// Delivers events to subscribers. Shared with the Subscription handles so that a handle outliving
+// the layer is harmless. Delivery and unsubscription serialise on `mu`.
+struct Subscribers {
+  std::mutex mu;
+  std::map<int, GpuLayer::EventCallback> callbacks;
+  int next_id = 0;
+};
+
+class SubscriptionImpl : public GpuLayer::Subscription {
+ public:
+  SubscriptionImpl(std::shared_ptr<Subscribers> s, int id) : s_(std::move(s)), id_(id) {}
+  ~SubscriptionImpl() override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->callbacks.erase(id_);
+  }
+
+ private:
+  std::shared_ptr<Subscribers> s_;
+  int id_;
+};
+
+// Thread-safety: `mu_` (shared for reads, exclusive for Reinit's swap) guards the inventory and
+// handles; `reinit_mu_` serialises Reinit/destruction; the event thread only touches its own copy
+// of the handle map and the Subscribers.
+class NvmlGpuLayer : public GpuLayer {
+ public:
+  NvmlGpuLayer(std::shared_ptr<NvmlLib> lib, const NvmlBackendOptions& o)
+      : lib_(std::move(lib)), fs_(o.host_root), owned_dir_(o.owned_dir),
+        subscribers_(std::make_shared<Subscribers>()) {}
+
+  ~NvmlGpuLayer() override {
+    std::lock_guard<std::mutex> lock(reinit_mu_);
+    StopEvents();
+    if (initialized_) lib_->shutdown();
+    if (!owned_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(owned_dir_, ec);
+    }
+  }
+
+  absl::Status Init() {
+    std::lock_guard<std::mutex> lock(reinit_mu_);
+    return InitLocked();
+  }
+
+  absl::StatusOr<Inventory> GetInventory() override {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (!has_inventory_) return absl::FailedPreconditionError("NVML was never initialised");
+    return inventory_;
+  }
+
+  absl::StatusOr<Telemetry> GetTelemetry(uint32_t index) override {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    ASSIGN_OR_RETURN(nvmlDevice_t d, Handle(index));
+    const NvmlLib& l = *lib_;
+    Telemetry t;
+    nvmlReturn_t fatal = NVML_SUCCESS;
+    const char* fatal_call = "";
+    // Runs one getter: success sets the field, "unsupported" leaves it unset, anything else (GPU
+    // lost, driver gone) aborts the sample.
+    auto get = [&](const char* call, auto fn, auto&& assign) {
+      if (fatal != NVML_SUCCESS || fn == nullptr) return;
+      nvmlReturn_t r = assign(fn);
+      if (r != NVML_SUCCESS && !Unsupported(r)) fatal = r, fatal_call = call;
+    };
+    auto uint_into = [&](std::optional<uint32_t>& field) {
+      return [&field, d](auto fn) {
+        unsigned v = 0;
+        nvmlReturn_t r = fn(d, &v);
+        if (r == NVML_SUCCESS) field = v;
+        return r;
+      };
+    };
+    get("nvmlDeviceGetTemperature", l.temperature, [&](auto fn) {
+      unsigned v = 0;
+      nvmlReturn_t r = fn(d, NVML_TEMPERATURE_GPU, &v);
+      if (r == NVML_SUCCESS) t.gpu_temp_c = v;
+      return r;
+    });
+    get("nvmlDeviceGetFieldValues", l.field_values, [&](auto fn) {
+      nvmlFieldValue_t fv{};
+      fv.fieldId = NVML_FI_DEV_MEMORY_TEMP;
+      nvmlReturn_t r = fn(d, 1, &fv);
+      if (r == NVML_SUCCESS && fv.nvmlReturn == NVML_SUCCESS) {
+        t.memory_temp_c = fv.valueType == 5 ? static_cast<uint32_t>(fv.value.siVal) : fv.value.uiVal;
+      }
+      return r;
+    });
+    std::pair<int, std::optional<uint32_t>*> clocks[] = {{NVML_CLOCK_SM, &t.sm_clock_mhz},
+                                                         {NVML_CLOCK_MEM, &t.memory_clock_mhz},
+                                                         {NVML_CLOCK_GRAPHICS, &t.graphics_clock_mhz},
+                                                         {NVML_CLOCK_VIDEO, &t.video_clock_mhz}};
+    for (auto [type, field] : clocks) {
+      get("nvmlDeviceGetClockInfo", l.clock, [&](auto fn) {
+        unsigned v = 0;
+        nvmlReturn_t r = fn(d, type, &v);
+        if (r == NVML_SUCCESS) *field = v;
+        return r;
+      });
+    }
+    get("nvmlDeviceGetPowerUsage", l.power, uint_into(t.power_usage_mw));
+    get("nvmlDeviceGetEnforcedPowerLimit", l.power_limit, uint_into(t.power_limit_mw));
+    get("nvmlDeviceGetTotalEnergyConsumption", l.energy, [&](auto fn) {
+      unsigned long long v = 0;
+      nvmlReturn_t r = fn(d, &v);
+      if (r == NVML_SUCCESS) t.total_energy_mj = v;
+      return r;
+    });
+    get("nvmlDeviceGetUtilizationRates", l.utilization, [&](auto fn) {
+      nvmlUtilization_t u{};
+      nvmlReturn_t r = fn(d, &u);
+      if (r == NVML_SUCCESS) t.gpu_util_pct = u.gpu, t.memory_util_pct = u.memory;
+      return r;
+    });
+    for (auto [fn, field] : {std::pair{l.encoder, &t.encoder_util_pct}, {l.decoder, &t.decoder_util_pct}}) {
+      get("nvmlDeviceGetEncoder/DecoderUtilization", fn, [&](auto f) {
+        unsigned v = 0, period = 0;
+        nvmlReturn_t r = f(d, &v, &period);
+        if (r == NVML_SUCCESS) *field = v;
+        return r;
+      });
+    }
+    get("nvmlDeviceGetMemoryInfo", l.memory_v2 ? nullptr : l.memory, [&](auto fn) {
+      nvmlMemory_t m{};
+      nvmlReturn_t r = fn(d, &m);
+      if (r == NVML_SUCCESS) t.fb_total_bytes = m.total, t.fb_used_bytes = m.used, t.fb_free_bytes = m.free;
+      return r;
+    });
+    get("nvmlDeviceGetMemoryInfo_v2", l.memory_v2, [&](auto fn) {
+      nvmlMemory_v2_t m{};
+      m.version = nvmlMemory_v2;
+      nvmlReturn_t r = fn(d, &m);
+      if (r == NVML_SUCCESS) {
+        t.fb_total_bytes = m.total, t.fb_used_bytes = m.used, t.fb_free_bytes = m.free;
+        t.fb_reserved_bytes = m.reserved;
+      }
+      return r;
+    });
+    std::tuple<int, int, std::optional<uint64_t>*> eccs[] = {
+        {NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &t.ecc_sbe_volatile},
+        {NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &t.ecc_dbe_volatile},
+        {NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, &t.ecc_sbe_aggregate},
+        {NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, &t.ecc_dbe_aggregate}};
+    for (auto [type, counter, field] : eccs) {
+      get("nvmlDeviceGetTotalEccErrors", l.ecc, [&](auto fn) {
+        unsigned long long v = 0;
+        nvmlReturn_t r = fn(d, type, counter, &v);
+        if (r == NVML_SUCCESS) *field = v;
+        return r;
+      });
+    }
+    get("nvmlDeviceGetCurrentClocksEventReasons", l.throttle, [&](auto fn) {
+      unsigned long long v = 0;
+      nvmlReturn_t r = fn(d, &v);
+      if (r == NVML_SUCCESS) t.throttle_reasons = v;
+      return r;
+    });
+    get("nvmlDeviceGetPcieReplayCounter", l.pcie_replay, uint_into(t.pcie_replay_count));
+    for (auto [counter, field] : {std::pair{NVML_PCIE_UTIL_TX_BYTES, &t.pcie_tx_kbps}, {NVML_PCIE_UTIL_RX_BYTES, &t.pcie_rx_kbps}}) {
+      get("nvmlDeviceGetPcieThroughput", l.pcie_throughput, [&](auto fn) {
+        unsigned v = 0;
+        nvmlReturn_t r = fn(d, counter, &v);
+        if (r == NVML_SUCCESS) *field = v;
+        return r;
+      });
+    }
+    get("nvmlDeviceGetFanSpeed", l.fan, uint_into(t.fan_speed_pct));
+    get("nvmlDeviceGetPerformanceState", l.pstate, [&](auto fn) {
+      int v = 0;
+      nvmlReturn_t r = fn(d, &v);
+      if (r == NVML_SUCCESS && v >= 0 && v < 16) t.pstate = static_cast<uint32_t>(v);
+      return r;
+    });
+    get("nvmlDeviceGetComputeRunningProcesses", l.processes, [&](auto fn) {
+      std::vector<nvmlProcessInfo_t> buf(16);
+      for (int attempt = 0; attempt < 4; ++attempt) {
+        unsigned n = static_cast<unsigned>(buf.size());
+        nvmlReturn_t r = fn(d, &n, buf.data());
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE) {  // processes started meanwhile: grow and retry
+          buf.resize(n + 8);
+          continue;
+        }
+        if (r == NVML_SUCCESS) {
+          for (unsigned i = 0; i < n && i < buf.size(); ++i) {
+            t.processes.push_back({buf[i].pid, buf[i].usedGpuMemory});
+          }
+        }
+        return r;
+      }
+      return nvmlReturn_t{NVML_SUCCESS};  // still racing after 4 tries: report no processes this sample
+    });
+    if (fatal != NVML_SUCCESS) return CallError(fatal, fatal_call, index);
+    return t;
+  }
+
+  absl::Status ProbeDevice(uint32_t index) override {
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      if (!initialized_) return NotInitialised();
+      if (index >= handles_.size()) return UnknownIndex(index);
+      if (nvmlDevice_t d = handles_[index]) {
+        char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        nvmlReturn_t r = lib_->uuid(d, buf, sizeof buf);
+        return r == NVML_SUCCESS ? absl::OkStatus() : CallError(r, "nvmlDeviceGetUUID", index);
+      }
+    }
+    // The GPU was lost when the inventory was read: see whether NVML gives a handle again.
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    nvmlDevice_t d = nullptr;
+    nvmlReturn_t r = lib_->handle_by_index(index, &d);
+    if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetHandleByIndex", index);
+    if (index < handles_.size()) handles_[index] = d;
+    return absl::OkStatus();
+  }
+
+  absl::Status Reinit() override {
+    std::lock_guard<std::mutex> lock(reinit_mu_);
+    StopEvents();
+    if (initialized_) {
+      lib_->shutdown();
+      std::unique_lock<std::shared_mutex> l(mu_);
+      initialized_ = false;
+    }
+    return InitLocked();
+  }
+
+  std::unique_ptr<Subscription> Subscribe(EventCallback cb) override {
+    std::lock_guard<std::mutex> lock(subscribers_->mu);
+    int id = subscribers_->next_id++;
+    subscribers_->callbacks[id] = std::move(cb);
+    return std::make_unique<SubscriptionImpl>(subscribers_, id);
+  }
+
+ private:
+  absl::Status NotInitialised() const {
+    return absl::UnavailableError(absl::StrCat("NVML is not initialised",
+                                               last_init_error_.empty() ? "" : ": ", last_init_error_));
+  }
+  absl::Status UnknownIndex(uint32_t index) const {
+    return absl::NotFoundError(absl::StrCat("no GPU with index ", index, " (the node has ",
+                                            handles_.size(), ")"));
+  }
+
+  absl::StatusOr<nvmlDevice_t> Handle(uint32_t index) const {
+    if (!initialized_) return NotInitialised();
+    if (index >= handles_.size()) return UnknownIndex(index);
+    if (handles_[index] == nullptr) {
+      return absl::UnavailableError(absl::StrCat("GPU ", index, " is lost (no NVML handle)"));
+    }
+    return handles_[index];
+  }
+
+  absl::Status CallError(nvmlReturn_t r, const char* call, int64_t index) const {
+    std::string msg = absl::StrCat(call, index >= 0 ? absl::StrCat(" (GPU ", index, ")") : "",
+                                   ": ", lib_->Error(r));
+    if (r == NVML_ERROR_GPU_IS_LOST || r == NVML_ERROR_UNINITIALIZED ||
+        r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_RESET_REQUIRED ||
+        r == NVML_ERROR_TIMEOUT) {
+      return absl::UnavailableError(msg);
+    }
+    if (Unsupported(r)) return absl::UnimplementedError(msg);
+    return absl::InternalError(msg);
+  }
+
+  absl::Status InitLocked() {
+    const NvmlLib& l = *lib_;
+    nvmlReturn_t r = l.init();
+    if (r != NVML_SUCCESS) {
+      std::string detail = l.sim_last_error ? l.sim_last_error() : "";
+      last_init_error_ = detail.empty()
+                             ? absl::StrCat("NVML initialisation failed: ", l.Error(r))
+                             : detail;
+      return r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_UNINITIALIZED || !detail.empty()
+                 ? absl::FailedPreconditionError(last_init_error_)
+                 : absl::UnavailableError(last_init_error_);
+    }
+    std::vector<nvmlDevice_t> handles;
+    absl::StatusOr<Inventory> inv = ReadInventory(handles);
+    if (!inv.ok()) {
+      l.shutdown();
+      last_init_error_ = std::string(inv.status().message());
+      return inv.status();
+    }
+    {
+      std::unique_lock<std::shared_mutex> lock(mu_);
+      inventory_ = *std::move(inv);
+      handles_ = std::move(handles);
+      has_inventory_ = initialized_ = true;
+      last_init_error_.clear();
+    }
+    StartEvents();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Inventory> ReadInventory(std::vector<nvmlDevice_t>& handles) {
+    const NvmlLib& l = *lib_;
+    Inventory inv;
+    char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    if (l.driver_version && l.driver_version(buf, sizeof buf) == NVML_SUCCESS) inv.driver_version = buf;
+    if (l.nvml_version && l.nvml_version(buf, sizeof buf) == NVML_SUCCESS) inv.nvml_version = buf;
+    if (l.cuda_version) l.cuda_version(&inv.cuda_driver_version);
+    unsigned count = 0;
+    nvmlReturn_t r = l.count(&count);
+    if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetCount", -1);
+    handles.assign(count, nullptr);
+    for (unsigned i = 0; i < count; ++i) {
+      r = l.handle_by_index(i, &handles[i]);
+      if (r == NVML_ERROR_GPU_IS_LOST && has_inventory_ && i < inventory_.devices.size()) {
+        // A GPU fell off the bus: keep what we knew of it so indices stay stable; calls on it
+        // answer Unavailable until it comes back (ProbeDevice) or the node is reset.
+        spdlog::warn("GPU {} is lost; keeping its last known inventory", i);
+        handles[i] = nullptr;
+        inv.devices.push_back(inventory_.devices[i]);
+        continue;
+      }
+      if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetHandleByIndex", i);
+      ASSIGN_OR_RETURN(Device dev, ReadDevice(i, handles[i]));
+      inv.devices.push_back(std::move(dev));
+    }
+    ReadTopology(inv, handles);
+    return inv;
+  }
+
+  absl::StatusOr<Device> ReadDevice(unsigned i, nvmlDevice_t d) {
+    const NvmlLib& l = *lib_;
+    Device dev;
+    dev.index = i;
+    char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    nvmlReturn_t r = l.uuid(d, buf, sizeof buf);
+    if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetUUID", i);
+    dev.uuid = buf;
+    if (l.name && l.name(d, buf, sizeof buf) == NVML_SUCCESS) dev.name = buf;
+    int brand = 0;
+    if (l.brand && l.brand(d, &brand) == NVML_SUCCESS) dev.brand = BrandName(brand);
+    unsigned v = 0;
+    if (l.arch && l.arch(d, &v) == NVML_SUCCESS) dev.architecture = ArchName(v);
+    if (l.minor && l.minor(d, &v) == NVML_SUCCESS) dev.minor = v;
+    nvmlPciInfo_t pci{};
+    if (l.pci && l.pci(d, &pci) == NVML_SUCCESS) {
+      dev.pci_bus_id = NormalBusId(pci.busId);
+      dev.pci_device_id = pci.pciDeviceId;
+    }
+    dev.memory_bytes = MemoryTotal(d);
+    if (l.cc) l.cc(d, &dev.cc_major, &dev.cc_minor);
+    nvmlDeviceAttributes_t attr{};
+    if (l.attributes && l.attributes(d, &attr) == NVML_SUCCESS) dev.sm_count = attr.multiprocessorCount;
+    if (l.power_limit && l.power_limit(d, &v) == NVML_SUCCESS) dev.power_limit_mw = v;
+    unsigned current = 0, pending = 0;
+    if (l.mig_mode && l.mig_mode(d, &current, &pending) == NVML_SUCCESS) {
+      dev.mig_capable = true;
+      dev.mig_enabled = current == NVML_FEATURE_ENABLED;
+    }
+    if (dev.mig_enabled) ReadMigDevices(dev, d);
+    if (!dev.pci_bus_id.empty()) ReadSysfs(dev);
+    return dev;
+  }
+
+  uint64_t MemoryTotal(nvmlDevice_t d) const {
+    if (lib_->memory_v2) {
+      nvmlMemory_v2_t m{};
+      m.version = nvmlMemory_v2;
+      if (lib_->memory_v2(d, &m) == NVML_SUCCESS) return m.total;
+    }
+    nvmlMemory_t m{};
+    if (lib_->memory && lib_->memory(d, &m) == NVML_SUCCESS) return m.total;
+    return 0;
+  }
+
+  void ReadMigDevices(Device& dev, nvmlDevice_t d) {
+    const NvmlLib& l = *lib_;
+    unsigned max = 0;
+    if (!l.mig_handle || !l.max_mig || l.max_mig(d, &max) != NVML_SUCCESS) {
+      spdlog::warn("GPU {}: MIG is enabled but NVML cannot list MIG devices", dev.index);
+      return;
+    }
+    for (unsigned j = 0; j < max; ++j) {
+      nvmlDevice_t m = nullptr;
+      if (l.mig_handle(d, j, &m) != NVML_SUCCESS) continue;  // unused slots answer NOT_FOUND
+      MigDevice mig;
+      mig.index = j;
+      char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+      if (l.uuid(m, buf, sizeof buf) == NVML_SUCCESS) mig.uuid = buf;
+      if (l.gi_id) l.gi_id(m, &mig.gpu_instance_id);
+      if (l.ci_id) l.ci_id(m, &mig.compute_instance_id);
+      nvmlDeviceAttributes_t a{};
+      if (l.attributes && l.attributes(m, &a) == NVML_SUCCESS) {
+        mig.gi_slices = a.gpuInstanceSliceCount;
+        mig.ci_slices = a.computeInstanceSliceCount;
+        mig.sm_count = a.multiprocessorCount;
+        mig.memory_bytes = a.memorySizeMB << 20;
+        mig.profile = MigProfileName(a.gpuInstanceSliceCount, a.computeInstanceSliceCount,
+                                     a.memorySizeMB, dev.memory_bytes);
+      } else {
+        mig.memory_bytes = MemoryTotal(m);
+      }
+      dev.mig_devices.push_back(std::move(mig));
+    }
+  }
+
+  // NUMA node and CPU list of the GPU's PCI function: sysfs wants a 4-digit domain, lower case.
+  void ReadSysfs(Device& dev) {
+    std::string dir = "/sys/bus/pci/devices/" + absl::AsciiStrToLower(dev.pci_bus_id.substr(4));
+    auto numa = fs_.ReadFile(dir + "/numa_node");
+    int n = -1;
+    if (!numa.ok() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*numa), &n)) {
+      spdlog::warn("GPU {}: NUMA node unknown ({})", dev.index,
+                   numa.ok() ? "unparsable " + dir + "/numa_node" : std::string(numa.status().message()));
+      n = -1;
+    }
+    dev.numa_node = n;
+    auto cpus = fs_.ReadFile(dir + "/local_cpulist");
+    if (cpus.ok()) dev.cpu_affinity = std::string(absl::StripAsciiWhitespace(*cpus));
+  }
+
+  void ReadTopology(Inventory& inv, const std::vector<nvmlDevice_t>& handles) {
+    const NvmlLib& l = *lib_;
+    const size_t n = handles.size();
+    inv.topology.assign(n, std::vector<Link>(n));
+    std::map<std::string, size_t> by_bus;
+    for (size_t i = 0; i < n; ++i) by_bus[inv.devices[i].pci_bus_id] = i;
+    std::vector<int> switch_links(n, 0);
+    for (size_t i = 0; i < n && l.nvlink_state && l.nvlink_remote_pci; ++i) {
+      if (!handles[i]) continue;
+      for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
+        nvmlEnableState_t active = NVML_FEATURE_DISABLED;
+        if (l.nvlink_state(handles[i], link, &active) != NVML_SUCCESS) break;  // no more links
+        if (active != NVML_FEATURE_ENABLED) continue;
+        nvmlPciInfo_t remote{};
+        if (l.nvlink_remote_pci(handles[i], link, &remote) != NVML_SUCCESS) continue;
+        nvmlIntNvLinkDeviceType_t type = NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+        if (l.nvlink_remote_type) l.nvlink_remote_type(handles[i], link, &type);
+        auto peer = by_bus.find(NormalBusId(remote.busId));
+        if (peer != by_bus.end() && peer->second != i) {
+          ++inv.topology[i][peer->second].nvlinks;
+        } else if (type == NVML_NVLINK_DEVICE_TYPE_SWITCH) {
+          ++switch_links[i];
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < n; ++j) {
+        if (i == j) continue;
+        Link& link = inv.topology[i][j];
+        // Through NVSwitch every pair talks over all links of the GPU with fewer of them.
+        if (switch_links[i] > 0 && switch_links[j] > 0) {
+          link.nvlinks += std::min(switch_links[i], switch_links[j]);
+        }
+        nvmlGpuTopologyLevel_t level;
+        if (l.common_ancestor && handles[i] && handles[j] &&
+            l.common_ancestor(handles[i], handles[j], &level) == NVML_SUCCESS) {
+          link.pcie = FromTopologyLevel(level);
+        }
+      }
+    }
+  }
+
+  // ---- events ----
+
+  void StartEvents() {
+    const NvmlLib& l = *lib_;
+    if (!l.event_set_create || !l.register_events || !l.event_wait || !l.event_set_free) return;
+    nvmlEventSet_t set = nullptr;
+    if (l.event_set_create(&set) != NVML_SUCCESS) {
+      spdlog::warn("NVML: cannot create an event set; XID/ECC events will not be delivered");
+      return;
+    }
+    std::map<nvmlDevice_t, std::pair<uint32_t, std::string>> devices;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      for (size_t i = 0; i < handles_.size(); ++i) {
+        if (!handles_[i]) continue;
+        unsigned long long want = nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError |
+                                  nvmlEventTypeDoubleBitEccError;
+        unsigned long long supported = want;
+        if (l.supported_events) l.supported_events(handles_[i], &supported);
+        nvmlReturn_t r = l.register_events(handles_[i], want & supported, set);
+        if (r != NVML_SUCCESS) {
+          spdlog::warn("GPU {}: cannot register for XID/ECC events: {}", i, l.Error(r));
+          continue;
+        }
+        devices[handles_[i]] = {static_cast<uint32_t>(i), inventory_.devices[i].uuid};
+      }
+    }
+    stop_events_ = false;
+    event_thread_ = std::thread([this, set, devices = std::move(devices)] {
+      const NvmlLib& l = *lib_;
+      while (!stop_events_.load()) {
+        nvmlEventData_t data{};
+        nvmlReturn_t r = l.event_wait(set, &data, kEventWaitMs);
+        if (r == NVML_ERROR_TIMEOUT) continue;
+        if (r != NVML_SUCCESS) {  // driver trouble: health checks see it; do not spin
+          std::this_thread::sleep_for(std::chrono::milliseconds(kEventWaitMs));
+          continue;
+        }
+        auto it = devices.find(data.device);
+        if (it == devices.end()) continue;
+        Event e;
+        e.type = data.eventType & nvmlEventTypeXidCriticalError ? Event::Type::kXid
+                 : data.eventType & nvmlEventTypeDoubleBitEccError ? Event::Type::kDoubleBitEcc
+                                                                   : Event::Type::kSingleBitEcc;
+        e.device_index = it->second.first;
+        e.uuid = it->second.second;
+        e.data = data.eventData;
+        e.gpu_instance_id = data.gpuInstanceId;
+        e.compute_instance_id = data.computeInstanceId;
+        e.time = std::chrono::system_clock::now();
+        std::lock_guard<std::mutex> lock(subscribers_->mu);
+        for (auto& [id, cb] : subscribers_->callbacks) cb(e);
+      }
+      l.event_set_free(set);
+    });
+  }
+
+  void StopEvents() {
+    stop_events_ = true;
+    if (event_thread_.joinable()) event_thread_.join();
+  }
+
+  std::shared_ptr<NvmlLib> lib_;
+  RealFilesystem fs_;
+  std::string owned_dir_;
+  std::shared_ptr<Subscribers> subscribers_;
+
+  std::mutex reinit_mu_;
+  std::shared_mutex mu_;
+  Inventory inventory_;
+  std::vector<nvmlDevice_t> handles_;  // nullptr: lost when last read
+  bool has_inventory_ = false, initialized_ = false;
+  std::string last_init_error_;
+
+  std::atomic<bool> stop_events_{false};
+  std::thread event_thread_;
+};
+
+}  // namespace
+
+std::string MigProfileName(uint32_t gi_slices, uint32_t ci_slices, uint64_t memory_mib,
+                           uint64_t parent_memory_bytes) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  uint64_t gb = 0;
+  if (parent_memory_bytes > 0) {
+    double fraction = static_cast<double>(memory_mib << 20) / static_cast<double>(parent_memory_bytes);
+    fraction = std::ceil(fraction * 8) / 8;
+    gb = static_cast<uint64_t>(std::llround(fraction * std::ceil(parent_memory_bytes / kGiB)));
+  } else {
+    gb = static_cast<uint64_t>(std::llround(memory_mib / 1024.0));
+  }
+  return ci_slices == gi_slices ? absl::StrFormat("%dg.%dgb", gi_slices, gb)
+                                : absl::StrFormat("%dc.%dg.%dgb", ci_slices, gi_slices, gb);
+}
+
+absl::StatusOr<std::unique_ptr<GpuLayer>> OpenNvmlGpuLayer(const NvmlBackendOptions& options) {
+  auto cleanup = [&] {
+    if (!options.owned_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(options.owned_dir, ec);
+    }
+  };
+  auto lib = LoadLibrary(options);
+  if (!lib.ok()) {
+    cleanup();
+    return lib.status();
+  }
+  if (options.simulate && (*lib)->sim_configure) {
+    (*lib)->sim_configure(options.machine.c_str(), options.sim_root.c_str());
+  }
+  auto layer = std::make_unique<NvmlGpuLayer>(*std::move(lib), options);
+  RETURN_IF_ERROR(layer->Init());  // the layer's destructor removes owned_dir
+  return layer;
+}
+
+}  // namespace gpulet::gpu

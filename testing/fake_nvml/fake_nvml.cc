@@ -1,0 +1,891 @@
+// The fake libnvidia-ml.so.1: NVML's C ABI (the subset in gpu/nvml/nvml_api.h) served from a
+// machine file, with live fault injection through the node's control log (control.h). Loaded by
+// production code through the same dlopen path as the real library.
+//
+// Configuration: gpuletSimConfigure(machine, sim_root) before nvmlInit, or the environment
+// variables GPULET_SIM_MACHINE / GPULET_SIM_ROOT (for programs that just dlopen the library).
+// One simulated machine per process at a time: nvmlInit for a different machine while the first
+// is initialised fails with NVML_ERROR_IN_USE. State is global and guarded by one mutex; every
+// entry point is thread-safe. Calls this fake does not implement are not exported, so callers see
+// them missing exactly as with an old driver; calls a device does not support return
+// NVML_ERROR_NOT_SUPPORTED. Built twice: the full library, and with GPULET_FAKE_NVML_LEGACY a
+// library that lacks the newer versioned symbols, to test fallbacks and degradation.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "fake_nvml/control.h"
+#include "fake_nvml/machine.h"
+#include "gpu/nvml/nvml_api.h"
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace gpulet::sim {
+namespace {
+
+// What an nvmlDevice_t points to: a physical GPU (mig < 0) or one of its MIG devices.
+struct DevHandle {
+  int gpu = 0;
+  int mig = -1;
+};
+
+struct EventSet {
+  std::map<int, unsigned long long> masks;  // gpu -> registered event types
+  std::deque<nvmlEventData_t> queue;
+};
+
+struct GpuState {
+  bool lost = false;
+  std::map<std::string, uint64_t> tel;
+};
+
+struct State {
+  std::string machine_arg, root;  // the configuration this state was built from
+  Machine m;
+  std::vector<std::unique_ptr<DevHandle>> gpus;
+  std::vector<std::vector<std::unique_ptr<DevHandle>>> migs;
+  std::set<const void*> handles;
+  std::vector<GpuState> rt;
+  std::set<EventSet*> sets;
+  bool nvml_failed = false;
+  off_t log_offset = 0;
+  std::chrono::steady_clock::time_point loaded = std::chrono::steady_clock::now();
+};
+
+std::mutex g_mu;
+std::unique_ptr<State> g_state;  // the loaded machine; survives nvmlShutdown for re-init
+int g_refcount = 0;
+std::string g_cfg_machine, g_cfg_root;
+bool g_configured = false;
+std::string g_last_error;
+std::string g_private_root;  // a temporary sim root when none was given
+
+constexpr unsigned long long kSupportedEvents =
+    nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError;
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// ---- driver-visible files under the sim root ----------------------------------------------
+
+std::string SysfsBusId(const std::string& nvml_bus_id) {  // "00000000:18:00.0" -> "0000:18:00.0"
+  return absl::AsciiStrToLower(nvml_bus_id.substr(4));
+}
+
+absl::Status Materialise(const State& s) {
+  RealFilesystem fs(s.root);
+  const Machine& m = s.m;
+  RETURN_IF_ERROR(fs.MakeDirs("/control"));
+  for (const GpuSpec& g : m.gpus) {
+    std::string dir = "/sys/bus/pci/devices/" + SysfsBusId(g.pci_bus_id);
+    RETURN_IF_ERROR(fs.MakeDirs(dir));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/numa_node", absl::StrCat(g.numa_node, "\n")));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/local_cpulist", g.cpus + "\n"));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/vendor", absl::StrCat("0x", absl::Hex(g.pci_device_id & 0xffff, absl::kZeroPad4), "\n")));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/device", absl::StrCat("0x", absl::Hex(g.pci_device_id >> 16, absl::kZeroPad4), "\n")));
+  }
+  RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia"));
+  RETURN_IF_ERROR(fs.WriteFileAtomic(
+      "/proc/driver/nvidia/version",
+      absl::StrCat("NVRM version: NVIDIA UNIX x86_64 Kernel Module  ", m.driver_version,
+                   "  (gpulet simulated node)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")));
+  // The kernel module lists every possible MIG capability: gpuG/giI/access and gpuG/giI/ciC/access.
+  std::string mig_minors = "config 1\nmonitor 2\n";
+  for (size_t g = 0; g < m.gpus.size(); ++g) {
+    for (int gi = 0; gi < 15; ++gi) {
+      int base = 3 + static_cast<int>(g) * 135 + gi * 9;
+      absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/access ", base, "\n");
+      for (int ci = 0; ci < 8; ++ci) absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/ci", ci, "/access ", base + 1 + ci, "\n");
+    }
+  }
+  RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia-caps"));
+  RETURN_IF_ERROR(fs.WriteFileAtomic("/proc/driver/nvidia-caps/mig-minors", mig_minors));
+  RETURN_IF_ERROR(fs.WriteFileAtomic(
+      "/proc/devices", absl::StrCat("Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n",
+                                    "195 nvidia-frontend\n", m.uvm_major, " nvidia-uvm\n",
+                                    m.caps_major, " nvidia-caps\n\nBlock devices:\n  8 sd\n")));
+  // Placeholders only (regular files): creating character devices needs root. Runtime tests that
+  // need real device nodes mknod them themselves.
+  RETURN_IF_ERROR(fs.MakeDirs("/dev/nvidia-caps"));
+  std::vector<std::string> devs = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"};
+  for (const GpuSpec& g : m.gpus) devs.push_back(absl::StrCat("nvidia", g.minor));
+  for (const std::string& d : devs) {
+    if (!fs.Exists("/dev/" + d)) RETURN_IF_ERROR(fs.WriteFileAtomic("/dev/" + d, ""));
+  }
+  return fs.WriteFileAtomic("/control/node", absl::StrCat("gpus ", m.gpus.size(), "\nmachine ", m.name, "\n"));
+}
+
+// ---- the control log -------------------------------------------------------------------------
+
+void Apply(State& s, const Fault& f, bool deliver_events) {
+  if (f.kind == Fault::Kind::kNvmlFail) s.nvml_failed = true;
+  if (f.kind == Fault::Kind::kNvmlOk) s.nvml_failed = false;
+  if (f.gpu < 0 || f.gpu >= static_cast<int>(s.rt.size())) return;
+  GpuState& g = s.rt[f.gpu];
+  unsigned long long type = 0;
+  switch (f.kind) {
+    case Fault::Kind::kLost: g.lost = true; break;
+    case Fault::Kind::kReset:
+      g.lost = false;
+      g.tel["ecc_sbe_volatile"] = g.tel["ecc_dbe_volatile"] = 0;
+      break;
+    case Fault::Kind::kSet:
+      for (const auto& [k, v] : f.values) g.tel[k] = v;
+      break;
+    case Fault::Kind::kEcc: {
+      const char* kind = f.double_bit ? "dbe" : "sbe";
+      ++g.tel[absl::StrCat("ecc_", kind, "_volatile")];
+      ++g.tel[absl::StrCat("ecc_", kind, "_aggregate")];
+      type = f.double_bit ? nvmlEventTypeDoubleBitEccError : nvmlEventTypeSingleBitEccError;
+      break;
+    }
+    case Fault::Kind::kXid: type = nvmlEventTypeXidCriticalError; break;
+    default: break;
+  }
+  if (type == 0 || !deliver_events) return;
+  for (EventSet* set : s.sets) {
+    auto it = set->masks.find(f.gpu);
+    if (it == set->masks.end() || !(it->second & type)) continue;
+    nvmlEventData_t e{};
+    e.device = reinterpret_cast<nvmlDevice_t>(s.gpus[f.gpu].get());
+    e.eventType = type;
+    e.eventData = f.kind == Fault::Kind::kXid ? f.code : 0;
+    e.gpuInstanceId = f.gi >= 0 ? static_cast<unsigned>(f.gi) : 0xFFFFFFFFu;
+    e.computeInstanceId = f.ci >= 0 ? static_cast<unsigned>(f.ci) : 0xFFFFFFFFu;
+    set->queue.push_back(e);
+  }
+}
+
+// Applies control-log lines appended since the last poll: one stat() when nothing changed.
+void Poll(State& s, bool deliver_events = true) {
+  std::string path = ControlLogPath(s.root);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || st.st_size == s.log_offset) return;
+  if (st.st_size < s.log_offset) s.log_offset = 0;  // log recreated: read it again
+  auto text = ReadFileToString(path);
+  if (!text.ok() || static_cast<off_t>(text->size()) < s.log_offset) return;
+  size_t pos = static_cast<size_t>(s.log_offset);
+  for (;;) {
+    size_t nl = text->find('\n', pos);
+    if (nl == std::string::npos) break;  // a partial last line is read on the next poll
+    auto f = ParseFault(absl::string_view(*text).substr(pos, nl - pos));
+    if (f.ok()) Apply(s, *f, deliver_events);
+    pos = nl + 1;
+  }
+  s.log_offset = static_cast<off_t>(pos);
+}
+
+absl::Status Load(const std::string& machine_arg, const std::string& root) {
+  ASSIGN_OR_RETURN(Machine m, LoadMachine(machine_arg));
+  auto s = std::make_unique<State>();
+  s->machine_arg = machine_arg;
+  s->root = root;
+  s->m = std::move(m);
+  for (size_t i = 0; i < s->m.gpus.size(); ++i) {
+    s->gpus.push_back(std::make_unique<DevHandle>(DevHandle{static_cast<int>(i), -1}));
+    s->handles.insert(s->gpus.back().get());
+    s->migs.emplace_back();
+    for (size_t j = 0; j < s->m.gpus[i].mig.size(); ++j) {
+      s->migs[i].push_back(std::make_unique<DevHandle>(DevHandle{static_cast<int>(i), static_cast<int>(j)}));
+      s->handles.insert(s->migs[i].back().get());
+    }
+    s->rt.push_back(GpuState{false, s->m.gpus[i].telemetry});
+  }
+  RETURN_IF_ERROR(Materialise(*s));
+  Poll(*s, /*deliver_events=*/false);  // replay the state faults of this node's history
+  g_state = std::move(s);
+  return absl::OkStatus();
+}
+
+nvmlReturn_t Init() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::string machine = g_configured ? g_cfg_machine : Env("GPULET_SIM_MACHINE");
+  std::string root = g_configured ? g_cfg_root : Env("GPULET_SIM_ROOT");
+  if (machine.empty()) machine = "dgx-h100";
+  if (root.empty()) {
+    if (g_private_root.empty()) {
+      std::string tmpl = std::filesystem::temp_directory_path().string() + "/gpulet-sim-XXXXXX";
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        g_last_error = absl::StrCat("cannot create a temporary sim root: ", std::strerror(errno));
+        return NVML_ERROR_UNKNOWN;
+      }
+      g_private_root = tmpl;
+    }
+    root = g_private_root;
+  }
+  if (g_refcount > 0 && (g_state->machine_arg != machine || g_state->root != root)) {
+    g_last_error = absl::StrCat("this process already simulates '", g_state->machine_arg, "' at ",
+                                g_state->root, "; one simulated machine per process");
+    return NVML_ERROR_IN_USE;
+  }
+  if (!g_state || g_state->machine_arg != machine || g_state->root != root) {
+    g_state.reset();
+    absl::Status st = Load(machine, root);
+    if (!st.ok()) {
+      g_last_error = std::string(st.message());
+      return NVML_ERROR_UNKNOWN;
+    }
+  } else {
+    Poll(*g_state);
+  }
+  if (g_state->nvml_failed) {
+    g_last_error = "simulated driver failure (gpulet sim fault nvml-fail)";
+    return NVML_ERROR_DRIVER_NOT_LOADED;
+  }
+  ++g_refcount;
+  g_last_error.clear();
+  return NVML_SUCCESS;
+}
+
+// Common prologue of every call after init: lock, poll, check the library is usable.
+#define ENTER()                                              \
+  std::lock_guard<std::mutex> lock(g_mu);                    \
+  if (g_refcount == 0 || !g_state) return NVML_ERROR_UNINITIALIZED; \
+  State& s = *g_state;                                       \
+  Poll(s);                                                   \
+  if (s.nvml_failed) return NVML_ERROR_UNINITIALIZED
+
+// Resolves a handle; returns from the caller on a bad or lost device.
+#define DEVICE(dev, h)                                                   \
+  if (!s.handles.count(static_cast<const void*>(dev))) return NVML_ERROR_INVALID_ARGUMENT; \
+  const DevHandle& h = *reinterpret_cast<const DevHandle*>(dev);         \
+  if (s.rt[h.gpu].lost) return NVML_ERROR_GPU_IS_LOST
+
+nvmlReturn_t CopyString(const std::string& v, char* out, unsigned int len) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (v.size() + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+  std::memcpy(out, v.c_str(), v.size() + 1);
+  return NVML_SUCCESS;
+}
+
+// A telemetry value of a physical GPU; NOT_SUPPORTED when the machine file does not give it.
+template <typename T>
+nvmlReturn_t Tel(const State& s, const DevHandle& h, const char* key, T* out) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  const auto& t = s.rt[h.gpu].tel;
+  auto it = t.find(key);
+  if (it == t.end()) return NVML_ERROR_NOT_SUPPORTED;
+  *out = static_cast<T>(it->second);
+  return NVML_SUCCESS;
+}
+
+void FillPci(const std::string& bus_id, uint32_t device_id, uint32_t subsys, nvmlPciInfo_t* p) {
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->busId, sizeof p->busId, "%s", bus_id.c_str());
+  std::snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", bus_id.substr(4).c_str());
+  std::sscanf(bus_id.c_str(), "%x:%x:%x", &p->domain, &p->bus, &p->device);
+  p->pciDeviceId = device_id;
+  p->pciSubSystemId = subsys;
+}
+
+// NVLink endpoints of a GPU, link by link: a peer GPU's or an NVSwitch's bus id.
+std::vector<std::pair<std::string, int>> Links(const State& s, int gpu) {
+  std::vector<std::pair<std::string, int>> out;
+  const Machine& m = s.m;
+  if (m.nvswitch_links > 0) {
+    for (int l = 0; l < m.nvswitch_links; ++l) {
+      out.emplace_back(m.nvswitches[l % m.nvswitches.size()], NVML_NVLINK_DEVICE_TYPE_SWITCH);
+    }
+  } else if (!m.nvlink.empty()) {
+    for (size_t j = 0; j < m.gpus.size(); ++j) {
+      for (int c = 0; c < m.nvlink[gpu][j]; ++c) out.emplace_back(m.gpus[j].pci_bus_id, NVML_NVLINK_DEVICE_TYPE_GPU);
+    }
+  }
+  return out;
+}
+
+nvmlReturn_t EventWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    {
+      ENTER();
+      auto* es = reinterpret_cast<EventSet*>(set);
+      if (!s.sets.count(es) || data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+      if (!es->queue.empty()) {
+        *data = es->queue.front();
+        es->queue.pop_front();
+        return NVML_SUCCESS;
+      }
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return NVML_ERROR_TIMEOUT;
+    // A few ms between polls keeps fault-to-delivery latency far below the 100 ms health budget.
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(2), deadline - now));
+  }
+}
+
+}  // namespace
+}  // namespace gpulet::sim
+
+using namespace gpulet::sim;  // NOLINT: the C ABI below is the whole point of this file
+
+// ---- gpulet extensions (looked up with dlsym by gpu/open.cc in simulate mode) ------------------
+
+FAKE_EXPORT void gpuletSimConfigure(const char* machine, const char* sim_root) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_cfg_machine = machine ? machine : "";
+  g_cfg_root = sim_root ? sim_root : "";
+  g_configured = true;
+}
+// The reason for the last failed nvmlInit (machine-file errors with file:line), or "".
+FAKE_EXPORT const char* gpuletSimLastError() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  thread_local std::string copy;
+  copy = g_last_error;
+  return copy.c_str();
+}
+
+// ---- init ---------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlInit() { return Init(); }
+FAKE_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int) { return Init(); }
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlInit_v2() { return Init(); }
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlShutdown() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+  --g_refcount;
+  if (g_refcount == 0 && g_state) {
+    for (EventSet* set : g_state->sets) delete set;
+    g_state->sets.clear();
+  }
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
+  switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_NO_DATA: return "No data";
+    default: return "Unknown Error";
+  }
+}
+
+// ---- system -------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char* v, unsigned int len) {
+  ENTER();
+  return CopyString(s.m.driver_version, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char* v, unsigned int len) {
+  ENTER();
+  return CopyString(s.m.nvml_version, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* v) {
+  ENTER();
+  if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+  *v = s.m.cuda_driver_version;
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* v) { return nvmlSystemGetCudaDriverVersion(v); }
+#endif
+
+// ---- device enumeration ----------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int* n) {
+  ENTER();
+  if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+  *n = static_cast<unsigned>(s.gpus.size());
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t* d) {
+  ENTER();
+  if (!d || i >= s.gpus.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+  *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* n) { return nvmlDeviceGetCount(n); }
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t* d) {
+  return nvmlDeviceGetHandleByIndex(i, d);
+}
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* d) {
+  ENTER();
+  if (!uuid || !d) return NVML_ERROR_INVALID_ARGUMENT;
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    if (s.m.gpus[i].uuid == uuid) {
+      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+      *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int* i) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!i || h.mig >= 0) return h.mig >= 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+  *i = static_cast<unsigned>(h.gpu);
+  return NVML_SUCCESS;
+}
+
+// ---- identity ---------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char* v, unsigned int len) {
+  ENTER();
+  DEVICE(dev, h);
+  return CopyString(h.mig >= 0 ? s.m.gpus[h.gpu].mig[h.mig].uuid : s.m.gpus[h.gpu].uuid, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char* v, unsigned int len) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  // A MIG device is named after its parent and profile, as nvidia-smi -L shows it.
+  return CopyString(h.mig >= 0 ? absl::StrCat(g.name, " MIG ", g.mig[h.mig].profile) : g.name, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, int* b) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!b) return NVML_ERROR_INVALID_ARGUMENT;
+  *b = s.m.gpus[h.gpu].brand;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, unsigned int* a) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!a) return NVML_ERROR_INVALID_ARGUMENT;
+  if (s.m.gpus[h.gpu].architecture == 0) return NVML_ERROR_NOT_SUPPORTED;
+  *a = s.m.gpus[h.gpu].architecture;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int* minor) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *minor = static_cast<unsigned>(s.m.gpus[h.gpu].minor);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t* p) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  FillPci(g.pci_bus_id, g.pci_device_id, g.pci_subsystem_id, p);
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t* p) { return nvmlDeviceGetPciInfo_v2(dev, p); }
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int* major, int* minor) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+  if (s.m.gpus[h.gpu].cc_major == 0) return NVML_ERROR_NOT_SUPPORTED;
+  *major = s.m.gpus[h.gpu].cc_major;
+  *minor = s.m.gpus[h.gpu].cc_minor;
+  return NVML_SUCCESS;
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+
+namespace {
+nvmlReturn_t Memory(const State& s, const DevHandle& h, uint64_t* total, uint64_t* reserved, uint64_t* used) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (h.mig >= 0) {
+    *total = g.mig[h.mig].memory_mib * kMiB;
+    *reserved = *used = 0;  // the machine file keeps usage per physical GPU
+    return NVML_SUCCESS;
+  }
+  const auto& t = s.rt[h.gpu].tel;
+  auto get = [&](const char* k) { auto it = t.find(k); return it == t.end() ? 0 : it->second; };
+  *total = g.memory_mib * kMiB;
+  *reserved = std::min<uint64_t>(get("fb_reserved_mib") * kMiB, *total);
+  *used = std::min<uint64_t>(get("fb_used_mib") * kMiB, *total - *reserved);
+  return NVML_SUCCESS;
+}
+}  // namespace
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+  uint64_t total, reserved, used;
+  Memory(s, h, &total, &reserved, &used);
+  // v1 counts reserved memory as used, as the real library does.
+  m->total = total;
+  m->used = used + reserved;
+  m->free = total - m->used;
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+  if (m->version != nvmlMemory_v2) return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  uint64_t total, reserved, used;
+  Memory(s, h, &total, &reserved, &used);
+  m->total = total;
+  m->reserved = reserved;
+  m->used = used;
+  m->free = total - reserved - used;
+  return NVML_SUCCESS;
+}
+#endif
+
+// ---- MIG --------------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int* current, unsigned int* pending) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!g.mig_capable || h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *current = *pending = g.mig_enabled ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int* n) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!s.m.gpus[h.gpu].mig_capable || h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *n = 7;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int i, nvmlDevice_t* out) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!out || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!g.mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+  if (!g.mig_enabled) return NVML_ERROR_INVALID_ARGUMENT;  // as NVML: MIG mode is off
+  if (i >= g.mig.size()) return NVML_ERROR_NOT_FOUND;
+  *out = reinterpret_cast<nvmlDevice_t>(s.migs[h.gpu][i].get());
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int* is_mig) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+  *is_mig = h.mig >= 0;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t* out) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!out || h.mig < 0) return NVML_ERROR_INVALID_ARGUMENT;
+  *out = reinterpret_cast<nvmlDevice_t>(s.gpus[h.gpu].get());
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int* id) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *id = s.m.gpus[h.gpu].mig[h.mig].gi;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int* id) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *id = s.m.gpus[h.gpu].mig[h.mig].ci;
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t dev, nvmlDeviceAttributes_t* a) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!a) return NVML_ERROR_INVALID_ARGUMENT;
+  std::memset(a, 0, sizeof *a);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (h.mig >= 0) {
+    const MigSpec& m = g.mig[h.mig];
+    a->multiprocessorCount = m.sm_count;
+    a->gpuInstanceSliceCount = m.gi_slices;
+    a->computeInstanceSliceCount = m.ci_slices;
+    a->memorySizeMB = m.memory_mib;
+    a->sharedCopyEngineCount = m.gi_slices;
+  } else {
+    a->multiprocessorCount = g.sm_count;
+    a->gpuInstanceSliceCount = a->computeInstanceSliceCount = g.mig_capable ? 7 : 0;
+    a->memorySizeMB = g.memory_mib;
+  }
+  return NVML_SUCCESS;
+}
+#endif
+
+// ---- topology ---------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuTopologyLevel_t* level) {
+  ENTER();
+  DEVICE(d1, a);
+  DEVICE(d2, b);
+  if (!level) return NVML_ERROR_INVALID_ARGUMENT;
+  if (a.mig >= 0 || b.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  const GpuSpec& x = s.m.gpus[a.gpu];
+  const GpuSpec& y = s.m.gpus[b.gpu];
+  if (a.gpu == b.gpu) *level = NVML_TOPOLOGY_INTERNAL;
+  else if (x.pcie_switch >= 0 && x.pcie_switch == y.pcie_switch) *level = NVML_TOPOLOGY_SINGLE;
+  else if (x.host_bridge >= 0 && x.host_bridge == y.host_bridge) *level = NVML_TOPOLOGY_HOSTBRIDGE;
+  else if (x.numa_node == y.numa_node) *level = NVML_TOPOLOGY_NODE;
+  else *level = NVML_TOPOLOGY_SYSTEM;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, nvmlEnableState_t* active) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  auto links = Links(s, h.gpu);
+  if (links.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  if (link >= links.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  *active = NVML_FEATURE_ENABLED;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, nvmlPciInfo_t* p) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  auto links = Links(s, h.gpu);
+  if (links.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  if (link >= links.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  uint32_t id = 0x10de;
+  for (const GpuSpec& g : s.m.gpus) if (g.pci_bus_id == links[link].first) id = g.pci_device_id;
+  FillPci(links[link].first, id, 0, p);
+  return NVML_SUCCESS;
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, nvmlIntNvLinkDeviceType_t* type) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!type) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  auto links = Links(s, h.gpu);
+  if (links.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  if (link >= links.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  *type = links[link].second;
+  return NVML_SUCCESS;
+}
+#endif
+
+// ---- telemetry --------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int* t) {
+  ENTER();
+  DEVICE(dev, h);
+  if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+  return Tel(s, h, "gpu_temp_c", t);
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t* values) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!values || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < count; ++i) {
+    nvmlFieldValue_t& v = values[i];
+    v.timestamp = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    v.latencyUsec = 0;
+    if (v.fieldId == NVML_FI_DEV_MEMORY_TEMP) {
+      v.valueType = 1;
+      v.nvmlReturn = Tel(s, h, "memory_temp_c", &v.value.uiVal);
+    } else {
+      v.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return NVML_SUCCESS;
+}
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int* mhz) {
+  ENTER();
+  DEVICE(dev, h);
+  static const char* kKeys[] = {"graphics_clock_mhz", "sm_clock_mhz", "memory_clock_mhz", "video_clock_mhz"};
+  if (type < 0 || type > 3) return NVML_ERROR_INVALID_ARGUMENT;
+  return Tel(s, h, kKeys[type], mhz);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int* mw) {
+  ENTER();
+  DEVICE(dev, h);
+  return Tel(s, h, "power_usage_mw", mw);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int* mw) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0 || s.m.gpus[h.gpu].power_limit_w == 0) return NVML_ERROR_NOT_SUPPORTED;
+  *mw = s.m.gpus[h.gpu].power_limit_w * 1000;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int* mw) {
+  return nvmlDeviceGetEnforcedPowerLimit(dev, mw);
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long* mj) {
+  ENTER();
+  DEVICE(dev, h);
+  unsigned long long base = 0;
+  if (nvmlReturn_t r = Tel(s, h, "total_energy_mj", &base); r != NVML_SUCCESS) return r;
+  // The counter grows with the current power draw, as a real one does: mW x s = mJ.
+  unsigned int mw = 0;
+  Tel(s, h, "power_usage_mw", &mw);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.loaded).count();
+  *mj = base + static_cast<unsigned long long>(mw * secs);
+  return NVML_SUCCESS;
+}
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t* u) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!u) return NVML_ERROR_INVALID_ARGUMENT;
+  if (nvmlReturn_t r = Tel(s, h, "gpu_util_pct", &u->gpu); r != NVML_SUCCESS) return r;
+  return Tel(s, h, "memory_util_pct", &u->memory);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
+  *period_us = 167000;
+  return Tel(s, h, "encoder_util_pct", u);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
+  *period_us = 167000;
+  return Tel(s, h, "decoder_util_pct", u);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int error_type, int counter, unsigned long long* n) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!s.m.gpus[h.gpu].ecc) return NVML_ERROR_NOT_SUPPORTED;
+  if ((error_type != 0 && error_type != 1) || (counter != 0 && counter != 1)) return NVML_ERROR_INVALID_ARGUMENT;
+  std::string key = absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
+  if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  auto it = s.rt[h.gpu].tel.find(key);
+  *n = it == s.rt[h.gpu].tel.end() ? 0 : it->second;  // an ECC GPU counts from zero
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long* r) {
+  ENTER();
+  DEVICE(dev, h);
+  return Tel(s, h, "throttle_reasons", r);
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long* r) {
+  return nvmlDeviceGetCurrentClocksThrottleReasons(dev, r);
+}
+#endif
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int* n) {
+  ENTER();
+  DEVICE(dev, h);
+  return Tel(s, h, "pcie_replay_count", n);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned int* kbps) {
+  ENTER();
+  DEVICE(dev, h);
+  if (counter != 0 && counter != 1) return NVML_ERROR_INVALID_ARGUMENT;
+  return Tel(s, h, counter == 0 ? "pcie_tx_kbps" : "pcie_rx_kbps", kbps);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int* pct) {
+  ENTER();
+  DEVICE(dev, h);
+  return Tel(s, h, "fan_speed_pct", pct);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int* p) {
+  ENTER();
+  DEVICE(dev, h);
+  return Tel(s, h, "pstate", p);
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int* count, nvmlProcessInfo_t* infos) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) { *count = 0; return NVML_SUCCESS; }
+  const auto& procs = s.m.gpus[h.gpu].processes;
+  if (*count < procs.size()) {
+    *count = static_cast<unsigned>(procs.size());
+    return procs.empty() ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (size_t i = 0; i < procs.size(); ++i) {
+    infos[i] = nvmlProcessInfo_t{procs[i].first, procs[i].second << 20, 0xFFFFFFFFu, 0xFFFFFFFFu};
+  }
+  *count = static_cast<unsigned>(procs.size());
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int* count, nvmlProcessInfo_t* infos) {
+  return nvmlDeviceGetComputeRunningProcesses_v3(dev, count, infos);
+}
+#endif
+
+// ---- events -----------------------------------------------------------------------------------
+
+FAKE_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) {
+  ENTER();
+  if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+  auto* es = new EventSet();
+  s.sets.insert(es);
+  *set = reinterpret_cast<nvmlEventSet_t>(es);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_state) return NVML_ERROR_UNINITIALIZED;
+  auto* es = reinterpret_cast<EventSet*>(set);
+  if (!g_state->sets.erase(es)) return NVML_ERROR_INVALID_ARGUMENT;
+  delete es;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long* types) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+  *types = s.m.gpus[h.gpu].ecc ? kSupportedEvents : nvmlEventTypeXidCriticalError;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+  ENTER();
+  DEVICE(dev, h);
+  auto* es = reinterpret_cast<EventSet*>(set);
+  if (!s.sets.count(es)) return NVML_ERROR_INVALID_ARGUMENT;
+  unsigned long long supported = s.m.gpus[h.gpu].ecc ? kSupportedEvents : nvmlEventTypeXidCriticalError;
+  if (h.mig >= 0 || (types & ~supported)) return NVML_ERROR_NOT_SUPPORTED;
+  es->masks[h.gpu] |= types;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
+  return EventWait(set, data, timeout_ms);
+}
+#ifndef GPULET_FAKE_NVML_LEGACY
+FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
+  return EventWait(set, data, timeout_ms);
+}
+#endif
