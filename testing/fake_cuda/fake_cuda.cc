@@ -98,12 +98,14 @@ struct Driver {
   SharedState* shared = &local;
   std::map<uint64_t, Alloc> allocs;  // device pointers, arrays, mipmaps, VMM handles
   uint64_t next_ptr = 0x7f0000000000ull;
+  uint64_t next_ptr32 = 0x10000000ull;  // the 32-bit (v1) entry points get addresses below 4 GiB
   std::map<int, int> primary_refs;  // physical device -> retain count
   std::map<int, CUcontext> primary;
   thread_local static CUcontext current;
   Stream null_stream;
   std::vector<std::pair<int64_t, int64_t>> intervals;  // this process's kernel [start, end)
   uint64_t allocated = 0;                               // this process's live bytes
+  uint64_t charged[kMaxDevices] = {};                   // ... per physical device
 
   Driver() {
     physical_count = std::clamp<int>(static_cast<int>(EnvU64("FAKE_CUDA_DEVICE_COUNT", 1)), 1,
@@ -120,7 +122,14 @@ struct Driver {
       }
       if (fd >= 0) close(fd);
     }
+    // A normal exit frees the process's device memory, as the real driver does. (A SIGKILLed
+    // process's memory stays counted on the fake GPU: tests judge the device before a kill.)
+    atexit(+[] {
+      Driver& d = *instance;
+      for (int i = 0; i < kMaxDevices; ++i) d.shared->dev[i].used.fetch_sub(d.charged[i]);
+    });
   }
+  static Driver* instance;
 
   static void Uuid(int physical, char out[16]) {
     memset(out, 0, 16);
@@ -171,11 +180,13 @@ struct Driver {
     while (peak < used + bytes && !d.peak.compare_exchange_weak(peak, used + bytes)) {
     }
     allocated += bytes;
+    charged[physical] += bytes;
     return CUDA_SUCCESS;
   }
   void Uncharge(int physical, uint64_t bytes) {
     shared->dev[physical].used.fetch_sub(bytes);
     allocated -= bytes;
+    charged[physical] -= bytes;
   }
 
   int CurrentDevice() {
@@ -224,9 +235,10 @@ struct Driver {
   }
 };
 thread_local CUcontext Driver::current = nullptr;
+Driver* Driver::instance = nullptr;
 
 Driver& D() {
-  static Driver* d = new Driver();  // leaked on purpose: callers may run during exit
+  static Driver* d = Driver::instance = new Driver();  // leaked: callers may run during exit
   return *d;
 }
 
@@ -430,9 +442,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
   return D().AllocOnCurrent(0, bytes, p);
 }
 CUresult cuMemAlloc(CUdeviceptr_v1* p, unsigned int bytes) {
+  LOCK;
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr q;
-  CUresult r = cuMemAlloc_v2(&q, bytes);
-  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q);  // truncated: the fake never uses it
+  CUresult r = D().AllocOnCurrent(D().next_ptr32, bytes, &q);
+  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q), D().next_ptr32 += (bytes + 0xfffff) & ~0xfffffull;
   return r;
 }
 CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned int elem) {
@@ -443,10 +457,15 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, u
 }
 CUresult cuMemAllocPitch(CUdeviceptr_v1* p, unsigned int* pitch, unsigned int w, unsigned int h,
                          unsigned int elem) {
+  LOCK;
+  if (!p || !pitch || elem == 0 || elem > 16) return CUDA_ERROR_INVALID_VALUE;
+  unsigned pt = (w + 511) & ~511u;
   CUdeviceptr q;
-  size_t pt;
-  CUresult r = cuMemAllocPitch_v2(&q, &pt, w, h, elem);
-  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q), *pitch = static_cast<unsigned>(pt);
+  CUresult r = D().AllocOnCurrent(D().next_ptr32, uint64_t{pt} * h, &q);
+  if (r == CUDA_SUCCESS) {
+    *p = static_cast<CUdeviceptr_v1>(q), *pitch = pt;
+    D().next_ptr32 += (uint64_t{pt} * h + 0xfffff) & ~0xfffffull;
+  }
   return r;
 }
 CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int flags) {

@@ -36,6 +36,7 @@ static_assert(std::is_trivially_destructible_v<vgpu::AccountingRegion>);
 
 using DlsymFn = void* (*)(void*, const char*);
 constinit std::atomic<DlsymFn> g_real_dlsym{nullptr};
+constinit void* g_cuda_handle = nullptr;  // the real libcuda, set once by DoInit
 
 DlsymFn RealDlsym() {
   DlsymFn f = g_real_dlsym.load(std::memory_order_acquire);
@@ -58,6 +59,7 @@ void DoInit() {
   vcuda::Config config = vcuda::ParseConfig(+[](const char* n) -> const char* { return getenv(n); });
   if (config.invalid) fprintf(stderr, "%s\n", config.error);
   void* cuda = OpenLib("GPULET_VGPU_REAL_LIBCUDA", "libcuda.so.1");
+  g_cuda_handle = cuda;
   // NVML is loaded only when the soft limit needs its utilisation; the memory-info hooks find it
   // on their first call (the program has loaded it by then).
   void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -337,29 +339,28 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int* total, CUdevice dev) {
 
 namespace {
 constexpr nvmlReturn_t kNvmlLibraryNotFound = 12;
-void* NvmlReal(void* vcuda::RealDriver::*member) {
+// NVML may be loaded after our initialisation: find the definition that follows ours (the real
+// libnvidia-ml), else the one in the driver's handle (the fake serves both).
+void* NvmlReal(void* vcuda::RealDriver::*member, const char* name) {
   vcuda::Core& c = C();
-  return c.real().*member;
+  if (void* fn = c.real().*member) return fn;
+  void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void* fn = h ? RealDlsym()(h, name) : nullptr;
+  if (fn == nullptr && g_cuda_handle) fn = RealDlsym()(g_cuda_handle, name);
+  return fn;
 }
 }  // namespace
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
-  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo);
-  if (fn == nullptr) {
-    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-    fn = h ? RealDlsym()(h, "nvmlDeviceGetMemoryInfo") : nullptr;
-    if (fn == nullptr) return kNvmlLibraryNotFound;
-  }
+  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
+  if (fn == nullptr) return kNvmlLibraryNotFound;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo)>(fn)(dev, m);
   if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
   return r;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
-  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2);
-  if (fn == nullptr) {
-    void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-    fn = h ? RealDlsym()(h, "nvmlDeviceGetMemoryInfo_v2") : nullptr;
-    if (fn == nullptr) return kNvmlLibraryNotFound;
-  }
+  void* fn =
+      NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
+  if (fn == nullptr) return kNvmlLibraryNotFound;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo_v2)>(fn)(dev, m);
   if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
   return r;
