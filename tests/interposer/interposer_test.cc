@@ -690,50 +690,6 @@ TEST_F(Shim, UnthrottledLaunchPassesThrough) {
 
 // --- compute pacer on virtual time ---------------------------------------------------------------
 
-// A greedy workload (1 ms kernels, two in flight, then a sync) paced by a Core on the fake's
-// timeline; returns the GPU-time share of each `window_ns` window over `total_ns`.
-std::vector<double> RunGreedy(uint32_t limit, uint32_t ceiling, int64_t total_ns, int64_t window_ns,
-                              AccountingRegion* region, int64_t warmup_ns = 0) {
-  auto set_clock = FakeSym<void (*)(int64_t (*)(), void (*)(int64_t))>("fakecuda_set_clock");
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  // Virtual time only moves forward: the fake's device timeline remembers earlier runs.
-  VirtualSleepUntil(ts.tv_sec * 1000000000LL + ts.tv_nsec + 1'000'000'000);
-  set_clock(&VirtualNow, &VirtualSleepUntil);
-  vcuda::RealDriver real;
-  EXPECT_TRUE(vcuda::ResolveRealDriver(FakeCuda(), FakeCuda(), &dlsym, &real));
-  vcuda::Config config;
-  config.core_limit = limit;
-  config.core_ceiling = ceiling;
-  auto core = std::make_unique<vcuda::Core>();
-  FakeSym<CUresult (*)(unsigned)>("cuInit")(0);
-  CUcontext ctx;
-  FakeSym<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
-  FakeSym<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
-  core->Init(real, config, region, vcuda::ClockFns{&VirtualNow, &VirtualSleepUntil});
-  EXPECT_TRUE(core->pacing());
-  CUstream stream;
-  FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&stream, 0);
-  auto launch = FakeSym<cuda::cuLaunchKernel_t>("cuLaunchKernel");
-  auto sync = FakeSym<CUresult (*)(CUstream)>("cuStreamSynchronize");
-  CUfunction f;
-  FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr, "k");
-  int64_t start = VirtualNow() + warmup_ns, end = start + total_ns;
-  for (int n = 0; VirtualNow() < end; ++n) {
-    int slot = core->BeforeLaunch(stream, false);
-    CUresult r = launch(f, 1000, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr);  // 1 ms
-    core->AfterLaunch(slot, stream, false, r);
-    if (n % 2 == 1) sync(stream);
-    VirtualSleepUntil(VirtualNow() + 2000);  // 2 us of host work per launch
-  }
-  auto busy = FakeSym<int64_t (*)(int64_t, int64_t)>("fakecuda_busy_between");
-  std::vector<double> shares;
-  for (int64_t t = start; t + window_ns <= end; t += window_ns)
-    shares.push_back(100.0 * static_cast<double>(busy(t, t + window_ns)) / static_cast<double>(window_ns));
-  set_clock(nullptr, nullptr);
-  return shares;
-}
-
 class Pacing : public ::testing::TestWithParam<uint32_t> {};
 
 // For shares 10/30/50/90 the GPU-time share of every 10 s window is within +-5 points, and of

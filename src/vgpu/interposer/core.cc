@@ -41,12 +41,8 @@ bool ParseU64(const char* s, uint64_t* out) {
   return true;
 }
 
-uint64_t Mix(uint64_t k) {  // splitmix64 finaliser: spreads pointer bits over the table
-  k ^= k >> 30;
-  k *= 0xbf58476d1ce4e5b9ull;
-  k ^= k >> 27;
-  k *= 0x94d049bb133111ebull;
-  return k ^ (k >> 31);
+uint64_t Mix(uint64_t k) {  // Fibonacci hashing: the top bits of k x 2^64/phi index the table
+  return (k * 0x9e3779b97f4a7c15ull) >> 40;
 }
 uint64_t Key(Kind kind, uint64_t handle) { return handle ^ (static_cast<uint64_t>(kind) << 60); }
 constexpr uint64_t kTombstone = 1;

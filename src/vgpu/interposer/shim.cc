@@ -91,16 +91,18 @@ void DoInit() {
   }
 }
 
-inline vcuda::Core& C() {
-  if (g_state.load(std::memory_order_acquire) != 2) {
-    int expect = 0;
-    if (g_state.compare_exchange_strong(expect, 1)) {
-      DoInit();
-      g_state.store(2, std::memory_order_release);
-    } else {
-      while (g_state.load(std::memory_order_acquire) != 2) sched_yield();
-    }
+__attribute__((noinline, cold)) void InitSlow() {
+  int expect = 0;
+  if (g_state.compare_exchange_strong(expect, 1)) {
+    DoInit();
+    g_state.store(2, std::memory_order_release);
+  } else {
+    while (g_state.load(std::memory_order_acquire) != 2) sched_yield();
   }
+}
+
+inline vcuda::Core& C() {
+  if (__builtin_expect(g_state.load(std::memory_order_acquire) != 2, 0)) InitSlow();
   return g_core;
 }
 
@@ -109,19 +111,32 @@ inline T R(void* p) {
   return reinterpret_cast<T>(p);
 }
 // Calls the real entry point `name` with the hook's own type, or fails like a missing driver.
-#define REAL(name) R<decltype(&name)>(C().real().name)
-#define FORWARD_OR_FAIL(name, ...) \
-  (C().real().name ? REAL(name)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+// Only after C() has run in the calling hook (g_core is then initialised).
+#define FORWARD_OR_FAIL(name, ...)                                                    \
+  (g_core.real().name ? R<decltype(&name)>(g_core.real().name)(__VA_ARGS__) \
+                      : CUDA_ERROR_NOT_INITIALIZED)
 
-template <class F>
-CUresult Paced(CUstream stream, bool per_thread, F&& launch) {
+// Everything but the unthrottled fast path, out of line and taking the arguments by value, so
+// that the hook itself keeps nothing live across a call and compiles to a tail call.
+template <class Fn, class... Args>
+__attribute__((noinline)) CUresult SlowLaunch(void* vcuda::RealDriver::*member, CUstream stream,
+                                              bool per_thread, Args... args) {
   vcuda::Core& c = C();
-  if (!c.pacing()) return launch();  // unthrottled: one predictable branch
+  Fn fn = R<Fn>(c.real().*member);
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!c.pacing()) return fn(args...);
   int slot = c.BeforeLaunch(stream, per_thread);
-  CUresult r = launch();
+  CUresult r = fn(args...);
   c.AfterLaunch(slot, stream, per_thread, r);
   return r;
 }
+// Unthrottled launches (initialised, no core limit): two loads, three branches, a tail call.
+#define LAUNCH(name, stream, per_thread, ...)                                          \
+  if (__builtin_expect(g_state.load(std::memory_order_acquire) == 2, 1)) {             \
+    auto fn = R<decltype(&name)>(g_core.real().name);                                  \
+    if (__builtin_expect(!g_core.pacing() && fn != nullptr, 1)) return fn(__VA_ARGS__); \
+  }                                                                                    \
+  return SlowLaunch<decltype(&name)>(&vcuda::RealDriver::name, stream, per_thread, __VA_ARGS__)
 
 }  // namespace
 
@@ -187,6 +202,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
                             const CUmemAllocationProp* prop, unsigned long long flags) {
   // Only device-located physical memory counts; host/NUMA locations pass through (and a bad prop
   // is the driver's to reject -- we never read through a null prop).
+  C();
   if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return FORWARD_OR_FAIL(cuMemCreate, handle, bytes, prop, flags);
   return C().Charged(Kind::kVmm, prop->location.id, bytes, [&](uint64_t* h) {
@@ -196,6 +212,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
   });
 }
 EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
+  C();
   if (d == nullptr) return FORWARD_OR_FAIL(cuArrayCreate_v2, a, d);
   CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
   return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
@@ -205,6 +222,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
   });
 }
 EXPORT CUresult cuArrayCreate(CUarray* a, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
+  C();
   if (d == nullptr) return FORWARD_OR_FAIL(cuArrayCreate, a, d);
   CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
   return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
@@ -214,6 +232,7 @@ EXPORT CUresult cuArrayCreate(CUarray* a, const CUDA_ARRAY_DESCRIPTOR_v1* d) {
   });
 }
 EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  C();
   if (d == nullptr) return FORWARD_OR_FAIL(cuArray3DCreate_v2, a, d);
   return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(*d, 1), [&](uint64_t* h) {
     CUresult r = FORWARD_OR_FAIL(cuArray3DCreate_v2, a, d);
@@ -222,6 +241,7 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d)
   });
 }
 EXPORT CUresult cuArray3DCreate(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR_v1* d) {
+  C();
   if (d == nullptr) return FORWARD_OR_FAIL(cuArray3DCreate, a, d);
   CUDA_ARRAY3D_DESCRIPTOR d3{d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
   return C().Charged(Kind::kArray, -1, vcuda::Core::ArrayBytes(d3, 1), [&](uint64_t* h) {
@@ -232,6 +252,7 @@ EXPORT CUresult cuArray3DCreate(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR_v1* d)
 }
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* m, const CUDA_ARRAY3D_DESCRIPTOR* d,
                                        unsigned int levels) {
+  C();
   if (d == nullptr) return FORWARD_OR_FAIL(cuMipmappedArrayCreate, m, d, levels);
   return C().Charged(Kind::kMipmap, -1, vcuda::Core::ArrayBytes(*d, levels), [&](uint64_t* h) {
     CUresult r = FORWARD_OR_FAIL(cuMipmappedArrayCreate, m, d, levels);
@@ -310,6 +331,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 // --- reports ------------------------------------------------------------------------------------
 EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  C();
   CUresult r = FORWARD_OR_FAIL(cuMemGetInfo_v2, free_bytes, total);
   if (r == CUDA_SUCCESS && free_bytes && total) C().AdjustMemInfo(free_bytes, total);
   return r;
@@ -325,6 +347,7 @@ EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total) {
   return r;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t* total, CUdevice dev) {
+  C();
   CUresult r = FORWARD_OR_FAIL(cuDeviceTotalMem_v2, total, dev);
   if (r == CUDA_SUCCESS && total) C().AdjustTotalMem(total, dev);
   return r;
@@ -370,43 +393,35 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned sh, CUstream s, void** p,
                                void** e) {
-  return Paced(s, false, [&] { return FORWARD_OR_FAIL(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, sh, s, p, e); });
+  LAUNCH(cuLaunchKernel, s, false, f, gx, gy, gz, bx, by, bz, sh, s, p, e);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned sh, CUstream s,
                                     void** p, void** e) {
-  return Paced(s, true, [&] {
-    return FORWARD_OR_FAIL(cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, sh, s, p, e);
-  });
+  LAUNCH(cuLaunchKernel_ptsz, s, true, f, gx, gy, gz, bx, by, bz, sh, s, p, e);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned sh,
                                           CUstream s, void** p) {
-  return Paced(s, false, [&] {
-    return FORWARD_OR_FAIL(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, sh, s, p);
-  });
+  LAUNCH(cuLaunchCooperativeKernel, s, false, f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
                                                unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                                unsigned sh, CUstream s, void** p) {
-  return Paced(s, true, [&] {
-    return FORWARD_OR_FAIL(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, sh, s, p);
-  });
+  LAUNCH(cuLaunchCooperativeKernel_ptsz, s, true, f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** p, void** e) {
-  return Paced(cfg ? cfg->hStream : nullptr, false,
-               [&] { return FORWARD_OR_FAIL(cuLaunchKernelEx, cfg, f, p, e); });
+  LAUNCH(cuLaunchKernelEx, cfg ? cfg->hStream : nullptr, false, cfg, f, p, e);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** p,
                                       void** e) {
-  return Paced(cfg ? cfg->hStream : nullptr, true,
-               [&] { return FORWARD_OR_FAIL(cuLaunchKernelEx_ptsz, cfg, f, p, e); });
+  LAUNCH(cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : nullptr, true, cfg, f, p, e);
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-  return Paced(s, false, [&] { return FORWARD_OR_FAIL(cuGraphLaunch, g, s); });
+  LAUNCH(cuGraphLaunch, s, false, g, s);
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-  return Paced(s, true, [&] { return FORWARD_OR_FAIL(cuGraphLaunch_ptsz, g, s); });
+  LAUNCH(cuGraphLaunch_ptsz, s, true, g, s);
 }
 
 // --- lookup paths -------------------------------------------------------------------------------
