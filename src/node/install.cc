@@ -1,0 +1,262 @@
+#include "node/install.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "runtime/cdi.h"
+#include "runtime/engine_config.h"
+
+namespace gpulet::node {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kRecord[] = "/var/lib/gpulet/install.json";
+constexpr char kBackupDir[] = "/var/lib/gpulet/backup";
+
+// Host path `p` as this process sees it under `root` ("/" leaves it alone).
+std::string Under(const std::string& root, const std::string& p) {
+  return root == "/" || root.empty() ? p : root + p;
+}
+
+std::string SelfDir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::string self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "/usr/bin/gpulet";
+  return self.substr(0, self.rfind('/'));
+}
+
+bool IsFile(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Copies `from` to `to` (atomically, with `mode`) unless `to` already has the same bytes.
+absl::StatusOr<bool> CopyIfChanged(const std::string& from, const std::string& to, mode_t mode) {
+  ASSIGN_OR_RETURN(std::string data, ReadFileToString(from));
+  if (auto old = ReadFileToString(to); old.ok() && *old == data) return false;
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to.substr(0, to.rfind('/'))));
+  RETURN_IF_ERROR(WriteFileAtomic(to, data, mode));
+  return true;
+}
+
+// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees them.
+void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
+  if (host_root == "/" || host_root.empty()) return;
+  auto strip = [&](std::string& p) {
+    if (absl::StartsWith(p, host_root + "/")) p = p.substr(host_root.size());
+  };
+  for (auto& d : e.device_nodes) {
+    strip(d.host_path);
+    if (d.host_path == d.path) d.host_path.clear();
+  }
+  for (auto& m : e.mounts) strip(m.host_path);
+}
+
+absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) { return runtime::ParseEngine(name); }
+
+std::string EngineUnit(const std::string& engine) { return engine == "docker" ? "docker" : engine; }
+
+absl::Status Restart(const std::string& command, const std::string& host_root,
+                     const std::string& engine, std::vector<std::string>* actions) {
+  if (command == "none") {
+    actions->push_back("engine configuration changed; not restarting " + engine + " (--restart none)");
+    return absl::OkStatus();
+  }
+  std::string cmd = command;
+  if (command == "auto") {
+    cmd = absl::StrCat("systemctl restart ", EngineUnit(engine));
+    if (host_root != "/" && !host_root.empty()) cmd = absl::StrCat("chroot ", host_root, " ", cmd);
+  }
+  int rc = std::system(cmd.c_str());
+  if (rc != 0)
+    return absl::UnavailableError(absl::StrCat("restarting ", engine, " with `", cmd,
+                                               "` failed (status ", rc, ")"));
+  actions->push_back("restarted " + engine + ": " + cmd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
+  struct Probe {
+    const char* engine;
+    std::vector<const char*> paths;
+  };
+  const Probe probes[] = {
+      {"containerd", {"/etc/containerd/config.toml", "/run/containerd/containerd.sock"}},
+      {"crio", {"/etc/crio/crio.conf", "/etc/crio/crio.conf.d", "/var/run/crio/crio.sock"}},
+      {"docker", {"/etc/docker/daemon.json", "/var/run/docker.sock"}},
+  };
+  for (const auto& p : probes)
+    for (const char* path : p.paths)
+      if (::access(Under(host_root, path).c_str(), F_OK) == 0) return std::string(p.engine);
+  return absl::NotFoundError(absl::StrCat(
+      "no container engine found under ", host_root,
+      " (looked for containerd, CRI-O and Docker configs and sockets); pass --runtime"));
+}
+
+absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
+  InstallResult r;
+  if (o.runtime == "auto") {
+    ASSIGN_OR_RETURN(r.engine, DetectEngine(o.host_root));
+  } else {
+    r.engine = o.runtime;
+  }
+  ASSIGN_OR_RETURN(runtime::Engine engine, EngineOf(r.engine));
+
+  // The engine's files are read and planned before anything is written: an invalid existing
+  // configuration stops the install with nothing placed.
+  runtime::ConfigureOptions co;
+  co.engine = engine;
+  co.root = o.host_root == "/" ? "" : o.host_root;
+  co.runtime_path = o.prefix + "/bin/gpulet-container-runtime";
+  co.set_as_default = o.set_as_default;
+  co.enable_cdi = true;
+  std::vector<std::string> notes;
+  ASSIGN_OR_RETURN(auto changes, runtime::PlanConfigure(co, &notes));
+  // Likewise the CDI spec is generated before anything is written.
+  ASSIGN_OR_RETURN(auto gpus, gpu::OpenGpuLayer(o.gpu));
+  ASSIGN_OR_RETURN(gpu::Inventory inv, gpus->GetInventory());
+  runtime::CdiGenerateOptions cdi;
+  cdi.driver_root = o.host_root;
+  cdi.hook_path = o.prefix + "/bin/gpulet-container-hook";
+  std::vector<std::string> warnings;
+  ASSIGN_OR_RETURN(runtime::CdiSpec spec, runtime::GenerateCdiSpec(inv, cdi, &warnings));
+  SeenFromHost(spec.edits, o.host_root);
+  for (auto& d : spec.devices) SeenFromHost(d.edits, o.host_root);
+  // What an earlier install recorded (so a re-run adds to it instead of forgetting files).
+  json record = {{"engine", r.engine}, {"files", json::array()}, {"configs", json::array()}};
+  if (auto old = ReadFileToString(Under(o.host_root, kRecord)); old.ok()) {
+    json parsed = json::parse(*old, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object())
+      return absl::DataLossError(absl::StrCat(Under(o.host_root, kRecord),
+                                              ": install record is not valid JSON; remove it "
+                                              "after checking the engine configuration by hand"));
+    record = parsed;
+  }
+  auto remember_file = [&](const std::string& host_path) {
+    for (const auto& f : record["files"])
+      if (f == host_path) return;
+    record["files"].push_back(host_path);
+  };
+
+  // 1. Runtime pieces onto the host.
+  std::string bin = o.artifacts_dir.empty() ? SelfDir() : o.artifacts_dir + "/bin";
+  std::string lib = o.artifacts_dir.empty() ? SelfDir() + "/../lib" : o.artifacts_dir + "/lib";
+  struct Piece {
+    std::string from, to;
+    mode_t mode;
+    bool required;
+  };
+  const Piece pieces[] = {
+      {bin + "/gpulet-container-runtime", o.prefix + "/bin/gpulet-container-runtime", 0755, true},
+      {bin + "/gpulet-container-hook", o.prefix + "/bin/gpulet-container-hook", 0755, true},
+      {lib + "/libgpulet-vcuda.so", o.prefix + "/lib/libgpulet-vcuda.so", 0644, false},
+  };
+  for (const auto& p : pieces)
+    if (p.required && !IsFile(p.from))
+      return absl::NotFoundError(absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
+  for (const auto& p : pieces) {
+    if (!IsFile(p.from)) {
+      r.actions.push_back(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
+      continue;
+    }
+    ASSIGN_OR_RETURN(bool changed, CopyIfChanged(p.from, Under(o.host_root, p.to), p.mode));
+    remember_file(p.to);
+    r.actions.push_back(absl::StrCat(changed ? "installed " : "unchanged ", p.to));
+  }
+
+  // 2. The CDI spec for this node's GPUs.
+  std::string cdi_path = o.cdi_dir + "/gpulet-nvidia.yaml";
+  std::string cdi_text = runtime::CdiSpecToYaml(spec);
+  bool cdi_changed = ReadFileToString(Under(o.host_root, cdi_path)).value_or("") != cdi_text;
+  if (cdi_changed) {
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, o.cdi_dir)));
+    RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, cdi_path), cdi_text, 0644));
+  }
+  remember_file(cdi_path);
+  r.actions.push_back(absl::StrCat(cdi_changed ? "wrote " : "unchanged ", cdi_path, " (",
+                                   spec.devices.size(), " CDI devices)"));
+  for (const auto& w : warnings) r.actions.push_back("warning: " + w);
+
+  // 3. The engine: keep the pre-install content of every file once, then configure.
+  for (const auto& c : changes) {
+    if (!c.changed()) continue;
+    std::string host_path = c.path.substr(co.root.size());
+    if (c.existed) remember_file(host_path + ".bak");  // ApplyChanges' own copy beside the file
+    bool known = false;
+    for (const auto& k : record["configs"]) known |= k["path"] == host_path;
+    if (known) continue;
+    json entry = {{"path", host_path}, {"existed", c.existed}};
+    if (c.existed) {
+      std::string backup = std::string(kBackupDir) + host_path;
+      RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, backup.substr(0, backup.rfind('/')))));
+      RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, backup), c.before, 0600));
+      entry["backup"] = backup;
+    }
+    record["configs"].push_back(entry);
+  }
+  // The record goes down before the engine files change: an interrupted install can be undone.
+  record["engine"] = r.engine;
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, "/var/lib/gpulet")));
+  RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, kRecord), record.dump(2) + "\n", 0600));
+  RETURN_IF_ERROR(runtime::ApplyChanges(changes));
+  for (const auto& c : changes) {
+    r.engine_config_changed |= c.changed();
+    r.actions.push_back(absl::StrCat(c.changed() ? "configured " : "unchanged ",
+                                     c.path.substr(co.root.size())));
+  }
+  if (r.engine_config_changed) RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
+  return r;
+}
+
+absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
+                                        const std::string& restart_command) {
+  InstallResult r;
+  auto text = ReadFileToString(Under(host_root, kRecord));
+  if (!text.ok()) {
+    r.actions.push_back(absl::StrCat("nothing to uninstall: no ", kRecord, " under ", host_root));
+    return r;
+  }
+  json record = json::parse(*text, nullptr, false);
+  if (record.is_discarded() || !record.is_object() || !record["files"].is_array() ||
+      !record["configs"].is_array())
+    return absl::DataLossError(absl::StrCat(Under(host_root, kRecord),
+                                            ": install record is not valid; nothing was changed"));
+  r.engine = record.value("engine", "");
+  RealFilesystem fs(host_root);
+  // Engine configuration first, so the engine never points at a shim that is already gone.
+  for (const auto& c : record["configs"]) {
+    std::string path = c.value("path", "");
+    if (c.value("existed", false)) {
+      ASSIGN_OR_RETURN(std::string before, ReadFileToString(Under(host_root, c.value("backup", ""))));
+      RETURN_IF_ERROR(WriteFileAtomic(Under(host_root, path), before, 0644));
+      r.actions.push_back("restored " + path);
+    } else {
+      RETURN_IF_ERROR(fs.Remove(path));
+      r.actions.push_back("removed " + path);
+    }
+    r.engine_config_changed = true;
+    if (c.contains("backup")) RETURN_IF_ERROR(fs.Remove(c.value("backup", "")));
+  }
+  if (r.engine_config_changed && !r.engine.empty())
+    RETURN_IF_ERROR(Restart(restart_command, host_root, r.engine, &r.actions));
+  for (const auto& f : record["files"]) {
+    RETURN_IF_ERROR(fs.Remove(f.get<std::string>()));
+    r.actions.push_back("removed " + f.get<std::string>());
+  }
+  RETURN_IF_ERROR(fs.Remove(kRecord));
+  r.actions.push_back(absl::StrCat("removed ", kRecord));
+  return r;
+}
+
+}  // namespace gpulet::node

@@ -1,0 +1,141 @@
+// gpulet install / uninstall / validate against a temporary host root: a stand-in driver root, a
+// containerd configuration, and the simulated dgx-h100 node for the inventory.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "node/install.h"
+#include "node/validate.h"
+#include "tests/runtime/fixtures.h"
+
+namespace gpulet::node {
+namespace {
+
+namespace rt = gpulet::runtime::testing;
+namespace fs = std::filesystem;
+
+constexpr char kContainerd[] =
+    "version = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n"
+    "    sandbox_image = \"registry.k8s.io/pause:3.9\"\n";
+
+class InstallTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    host_ = rt::MakeTempDir("host");
+    std::string why;
+    if (!rt::MakeDriverRoot(host_, 8, &why)) GTEST_SKIP() << why;
+    rt::WriteFile(host_ + "/etc/containerd/config.toml", kContainerd);
+    art_ = rt::MakeTempDir("art");
+    rt::WriteFile(art_ + "/bin/gpulet-container-runtime", "#!/bin/sh\nexec runc \"$@\"\n", 0755);
+    rt::WriteFile(art_ + "/bin/gpulet-container-hook", "#!/bin/sh\n", 0755);
+    rt::WriteFile(art_ + "/lib/libgpulet-vcuda.so", "not really a library");
+    opts_.host_root = host_;
+    opts_.artifacts_dir = art_;
+    opts_.restart_command = "echo x >> '" + host_ + "/restarts'";
+    opts_.gpu.simulate = "dgx-h100";
+  }
+  void TearDown() override {
+    fs::remove_all(host_);
+    fs::remove_all(art_);
+  }
+  int Restarts() {
+    std::string s = rt::ReadFile(host_ + "/restarts");
+    return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+  }
+  std::string host_, art_;
+  InstallOptions opts_;
+};
+
+// Install places the pieces, writes a CDI spec in host paths, configures containerd through a
+// drop-in and restarts it once; a second run changes nothing and does not restart.
+TEST_F(InstallTest, InstallsIdempotently) {
+  auto r = Install(opts_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->engine, "containerd");
+  EXPECT_TRUE(r->engine_config_changed);
+  for (const char* f : {"/usr/local/gpulet/bin/gpulet-container-runtime",
+                        "/usr/local/gpulet/bin/gpulet-container-hook",
+                        "/usr/local/gpulet/lib/libgpulet-vcuda.so", "/var/run/cdi/gpulet-nvidia.yaml"})
+    EXPECT_TRUE(fs::exists(host_ + f)) << f;
+  std::string cdi = rt::ReadFile(host_ + "/var/run/cdi/gpulet-nvidia.yaml");
+  EXPECT_NE(cdi.find("nvidia.com/gpu"), std::string::npos);
+  EXPECT_EQ(cdi.find(host_), std::string::npos) << "CDI spec must name host paths, not " << host_;
+  std::string main = rt::ReadFile(host_ + "/etc/containerd/config.toml");
+  EXPECT_NE(main.find("/etc/containerd/conf.d/99-gpulet.toml"), std::string::npos) << main;
+  EXPECT_EQ(main.find(host_), std::string::npos) << main;
+  std::string drop = rt::ReadFile(host_ + "/etc/containerd/conf.d/99-gpulet.toml");
+  EXPECT_NE(drop.find("/usr/local/gpulet/bin/gpulet-container-runtime"), std::string::npos) << drop;
+  EXPECT_EQ(Restarts(), 1);
+
+  auto again = Install(opts_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->engine_config_changed);
+  EXPECT_EQ(Restarts(), 1) << "an unchanged configuration must not restart the engine";
+}
+
+// Uninstall restores the engine configuration byte for byte and removes everything placed.
+TEST_F(InstallTest, UninstallRestoresAndRemoves) {
+  ASSERT_TRUE(Install(opts_).ok());
+  auto u = Uninstall(host_, opts_.restart_command);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(rt::ReadFile(host_ + "/etc/containerd/config.toml"), kContainerd);
+  for (const char* f : {"/etc/containerd/conf.d/99-gpulet.toml", "/etc/containerd/config.toml.bak",
+                        "/usr/local/gpulet/bin/gpulet-container-runtime",
+                        "/var/run/cdi/gpulet-nvidia.yaml", "/var/lib/gpulet/install.json"})
+    EXPECT_FALSE(fs::exists(host_ + f)) << f;
+  EXPECT_EQ(Restarts(), 2);
+  // Nothing installed: a clear no-op.
+  auto again = Uninstall(host_, "none");
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
+}
+
+// An invalid engine configuration is reported with file:line and nothing is placed.
+TEST_F(InstallTest, InvalidEngineConfigPlacesNothing) {
+  rt::WriteFile(host_ + "/etc/containerd/config.toml", "version = 2\n[plugins\n");
+  auto r = Install(opts_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("config.toml:2"), std::string::npos) << r.status();
+  EXPECT_FALSE(fs::exists(host_ + "/usr/local/gpulet"));
+  EXPECT_FALSE(fs::exists(host_ + "/var/lib/gpulet/install.json"));
+  EXPECT_EQ(rt::ReadFile(host_ + "/etc/containerd/config.toml"), "version = 2\n[plugins\n");
+}
+
+// A missing shim or no engine at all is one clear error.
+TEST_F(InstallTest, MissingPiecesAreClearErrors) {
+  fs::remove(art_ + "/bin/gpulet-container-hook");
+  auto r = Install(opts_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("gpulet-container-hook"), std::string::npos) << r.status();
+  EXPECT_FALSE(fs::exists(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime"));
+  fs::remove(host_ + "/etc/containerd/config.toml");
+  auto e = DetectEngine(host_);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--runtime"), std::string::npos);
+}
+
+// Validation passes driver and runtime after install and stops at the device plugin when the
+// kubelet does not answer; before install the runtime step names the fix.
+TEST_F(InstallTest, ValidateStepsInOrder) {
+  if (!rt::IsRoot()) GTEST_SKIP() << "needs root to mknod the device nodes the CDI spec names";
+  ValidateOptions v;
+  v.host_root = host_;
+  v.gpu.simulate = "dgx-h100";
+  v.pod_resources_socket = host_ + "/no-kubelet.sock";
+  ValidationReport before = ValidateStack(v);
+  ASSERT_EQ(before.steps.size(), 2u);
+  EXPECT_TRUE(before.steps[0].ok) << before.steps[0].detail;
+  EXPECT_FALSE(before.steps[1].ok);
+  EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos) << before.steps[1].detail;
+
+  ASSERT_TRUE(Install(opts_).ok());
+  ValidationReport after = ValidateStack(v);
+  ASSERT_EQ(after.steps.size(), 3u) << after.FirstFailure();
+  EXPECT_TRUE(after.steps[1].ok) << after.steps[1].detail;
+  EXPECT_FALSE(after.steps[2].ok);
+  EXPECT_NE(after.steps[2].detail.find("no-kubelet.sock"), std::string::npos);
+  EXPECT_FALSE(after.ok());
+}
+
+}  // namespace
+}  // namespace gpulet::node
