@@ -1,1 +1,256 @@
-// placeholder
+#include "runtime/engine_config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "toml++/toml.h"
+
+namespace gpulet::runtime {
+namespace {
+
+std::string DirOf(const std::string& p) {
+  size_t s = p.rfind('/');
+  return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
+}
+
+// The current content of `path`, or nothing when it does not exist.
+absl::StatusOr<FileChange> Current(const std::string& path) {
+  FileChange c;
+  c.path = path;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return c;
+  ASSIGN_OR_RETURN(c.before, ReadFileToString(path));
+  c.existed = true;
+  c.after = c.before;
+  return c;
+}
+
+absl::StatusOr<toml::table> ParseToml(const std::string& text, const std::string& path) {
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", e.source().begin.line, ": invalid TOML: ",
+                                                   std::string(e.description())));
+  }
+}
+
+std::string TomlText(const toml::table& t) {
+  std::ostringstream out;
+  out << t;
+  return out.str() + "\n";
+}
+
+// t[k1][k2]... as a table, created when missing; nullptr when a key holds a non-table.
+toml::table* Path(toml::table& t, std::initializer_list<std::string> keys) {
+  toml::table* cur = &t;
+  for (const auto& k : keys) {
+    if (!cur->contains(k)) cur->insert(k, toml::table{});
+    cur = (*cur)[k].as_table();
+    if (!cur) return nullptr;
+  }
+  return cur;
+}
+
+absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
+                                                   std::vector<std::string>* notes) {
+  std::string cfg = o.config_path.empty() ? "/etc/containerd/config.toml" : o.config_path;
+  std::string drop = o.drop_in_path.empty() ? DirOf(cfg) + "/conf.d/99-gpulet.toml" : o.drop_in_path;
+  ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
+  toml::table top;
+  if (main.existed) { ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg)); }
+  int64_t version = 2;  // no file or an empty one: version 2, as containerd 1.x reads it
+  if (main.existed && !top.empty()) {
+    auto v = top["version"].value<int64_t>();
+    if (!v)
+      return absl::FailedPreconditionError(absl::StrCat(
+          cfg, ": containerd config version 1 (no \"version\" key) is not supported; migrate it "
+               "with `containerd config migrate`"));
+    version = *v;
+  }
+  if (version != 2 && version != 3)
+    return absl::FailedPreconditionError(
+        absl::StrCat(cfg, ": unsupported containerd config version ", version, " (2 or 3)"));
+  const std::string cri = version == 2 ? "io.containerd.grpc.v1.cri" : "io.containerd.cri.v1.runtime";
+
+  // The drop-in starts from a copy of the main file's CRI section: containerd before 2.1 replaces
+  // a plugin's section from an imported file instead of merging it (containerd#5837).
+  toml::table d;
+  d.insert("version", version);
+  toml::table* cri_in = Path(d, {"plugins", cri});
+  if (auto* src = top["plugins"][cri].as_table()) *cri_in = *src;
+  toml::table* runtimes = Path(*cri_in, {"containerd", "runtimes"});
+  if (!runtimes) return absl::FailedPreconditionError(absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
+  toml::table entry;
+  if (auto* runc = (*runtimes)["runc"].as_table()) entry = *runc;  // keep the operator's runc options
+  entry.insert_or_assign("runtime_type", "io.containerd.runc.v2");
+  toml::table* opts = Path(entry, {"options"});
+  if (!opts) return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));
+  opts->insert_or_assign("BinaryName", o.runtime_path);
+  runtimes->insert_or_assign(o.runtime_name, entry);
+  if (o.set_as_default) Path(*cri_in, {"containerd"})->insert_or_assign("default_runtime_name", o.runtime_name);
+  if (o.enable_cdi) {
+    cri_in->insert_or_assign("enable_cdi", true);
+    if (!cri_in->contains("cdi_spec_dirs"))
+      cri_in->insert("cdi_spec_dirs", toml::array{"/etc/cdi", "/var/run/cdi"});
+  }
+  ASSIGN_OR_RETURN(FileChange dropin, Current(o.root + drop));
+  dropin.after = absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
+
+  // The main file imports the drop-in and states its version.
+  bool imported = false;
+  if (auto* imports = top["imports"].as_array()) {
+    for (const auto& i : *imports) imported |= i.value<std::string>() == drop;
+    if (!imported) imports->push_back(drop);
+  } else if (top.contains("imports")) {
+    return absl::FailedPreconditionError(absl::StrCat(cfg, ": \"imports\" is not an array"));
+  } else {
+    top.insert("imports", toml::array{drop});
+  }
+  if (!imported || !top.contains("version")) {
+    top.insert_or_assign("version", version);
+    main.after = TomlText(top);
+    if (main.existed && notes)
+      notes->push_back(absl::StrCat(cfg, " is rewritten to add \"imports\": comments in it are not kept "
+                                    "(the original is saved as ", cfg, ".bak)"));
+  }
+  if (notes) notes->push_back("restart containerd to apply the change");
+  return std::vector<FileChange>{dropin, main};
+}
+
+absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
+                                               std::vector<std::string>* notes) {
+  using Json = nlohmann::ordered_json;
+  if (!o.drop_in_path.empty()) return absl::InvalidArgumentError("docker has no drop-in configuration");
+  std::string cfg = o.config_path.empty() ? "/etc/docker/daemon.json" : o.config_path;
+  ASSIGN_OR_RETURN(FileChange c, Current(o.root + cfg));
+  Json j = Json::object();
+  if (c.existed && !c.before.empty()) {
+    try {
+      j = Json::parse(c.before);
+    } catch (const Json::parse_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(cfg, ": invalid JSON: ", e.what()));
+    }
+    if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg, ": not a JSON object"));
+  }
+  Json before = j;
+  if (!j.contains("runtimes")) j["runtimes"] = Json::object();
+  if (!j["runtimes"].is_object())
+    return absl::FailedPreconditionError(absl::StrCat(cfg, ": \"runtimes\" is not an object"));
+  j["runtimes"][o.runtime_name] = {{"args", Json::array()}, {"path", o.runtime_path}};
+  if (o.set_as_default) j["default-runtime"] = o.runtime_name;
+  if (o.enable_cdi) {
+    if (!j.contains("features")) j["features"] = Json::object();
+    if (!j["features"].is_object())
+      return absl::FailedPreconditionError(absl::StrCat(cfg, ": \"features\" is not an object"));
+    j["features"]["cdi"] = true;
+  }
+  if (j != before || !c.existed) c.after = j.dump(4) + "\n";  // same content: leave the text alone
+  if (notes) notes->push_back("restart dockerd to apply the change");
+  return std::vector<FileChange>{c};
+}
+
+absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
+                                             std::vector<std::string>* notes) {
+  std::string cfg = o.config_path.empty() ? "/etc/crio/crio.conf" : o.config_path;
+  std::string drop =
+      o.drop_in_path.empty() ? DirOf(cfg) + "/crio.conf.d/99-gpulet.toml" : o.drop_in_path;
+  ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
+  toml::table top;
+  if (main.existed) { ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg)); }
+  toml::table d;
+  toml::table entry;
+  for (const char* base : {"runc", "crun"})
+    if (auto* t = top["crio"]["runtime"]["runtimes"][base].as_table()) {
+      entry = *t;  // keep the operator's options for the low-level runtime
+      break;
+    }
+  entry.insert_or_assign("runtime_path", o.runtime_path);
+  entry.insert_or_assign("runtime_type", "oci");
+  Path(d, {"crio", "runtime", "runtimes"})->insert_or_assign(o.runtime_name, entry);
+  if (o.set_as_default) Path(d, {"crio", "runtime"})->insert_or_assign("default_runtime", o.runtime_name);
+  if (o.enable_cdi && notes) notes->push_back("CRI-O reads CDI specs by default; --enable-cdi changes nothing");
+  ASSIGN_OR_RETURN(FileChange dropin, Current(o.root + drop));
+  dropin.after = absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
+  if (notes) notes->push_back("restart crio to apply the change");
+  return std::vector<FileChange>{dropin};
+}
+
+}  // namespace
+
+absl::StatusOr<Engine> ParseEngine(const std::string& s) {
+  if (s == "containerd") return Engine::kContainerd;
+  if (s == "docker") return Engine::kDocker;
+  if (s == "crio" || s == "cri-o") return Engine::kCrio;
+  return absl::InvalidArgumentError(absl::StrCat("runtime \"", s, "\" is not containerd, docker or crio"));
+}
+
+absl::StatusOr<std::vector<FileChange>> PlanConfigure(const ConfigureOptions& o,
+                                                      std::vector<std::string>* notes) {
+  if (o.runtime_path.empty() || o.runtime_path[0] != '/')
+    return absl::InvalidArgumentError(absl::StrCat("the runtime path \"", o.runtime_path, "\" is not absolute"));
+  if (o.runtime_name.empty()) return absl::InvalidArgumentError("empty runtime name");
+  switch (o.engine) {
+    case Engine::kContainerd: return Containerd(o, notes);
+    case Engine::kDocker: return Docker(o, notes);
+    case Engine::kCrio: return Crio(o, notes);
+  }
+  return absl::InternalError("unknown engine");
+}
+
+absl::Status ApplyChanges(const std::vector<FileChange>& changes) {
+  for (const auto& c : changes) {
+    if (!c.changed()) continue;
+    if (c.existed) RETURN_IF_ERROR(WriteFileAtomic(c.path + ".bak", c.before, 0600));
+    std::string dir = DirOf(c.path);
+    if (::access(dir.c_str(), F_OK) != 0) {
+      // drop-in directories (conf.d) may not exist yet
+      RETURN_IF_ERROR(RealFilesystem().MakeDirs(dir));
+    }
+    RETURN_IF_ERROR(WriteFileAtomic(c.path, c.after, 0644));
+  }
+  return absl::OkStatus();
+}
+
+std::string UnifiedDiff(const FileChange& c) {
+  std::vector<std::string> a, b;
+  if (c.existed) a = absl::StrSplit(c.before, '\n');
+  b = absl::StrSplit(c.after, '\n');
+  // Longest common subsequence table (config files are small).
+  size_t n = a.size(), m = b.size();
+  std::vector<std::vector<int>> l(n + 1, std::vector<int>(m + 1, 0));
+  for (size_t i = n; i-- > 0;)
+    for (size_t j = m; j-- > 0;)
+      l[i][j] = a[i] == b[j] ? l[i + 1][j + 1] + 1 : std::max(l[i + 1][j], l[i][j + 1]);
+  std::vector<std::pair<char, std::string>> ops;
+  size_t i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && a[i] == b[j]) ops.push_back({' ', a[i++]}), ++j;
+    else if (j < m && (i == n || l[i][j + 1] >= l[i + 1][j])) ops.push_back({'+', b[j++]});
+    else ops.push_back({'-', a[i++]});
+  }
+  std::string out = absl::StrCat("--- ", c.existed ? c.path : "/dev/null", "\n+++ ", c.path, "\n");
+  std::vector<bool> show(ops.size(), false);
+  for (size_t k = 0; k < ops.size(); ++k)
+    if (ops[k].first != ' ')
+      for (size_t x = (k >= 3 ? k - 3 : 0); x < std::min(ops.size(), k + 4); ++x) show[x] = true;
+  bool gap = true;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (!show[k]) {
+      gap = true;
+      continue;
+    }
+    if (gap) out += "@@\n";
+    gap = false;
+    out += absl::StrCat(std::string(1, ops[k].first), ops[k].second, "\n");
+  }
+  return out;
+}
+
+}  // namespace gpulet::runtime
