@@ -304,17 +304,23 @@ TEST_F(E2E, MalformedLimitFailsClosed) {
       << text;
 }
 
-// Pacing through the preloaded library on the real clock: a greedy program held to 30 %.
+// Pacing through the preloaded library on the real clock: a greedy program held to 30 %. The
+// cap is strict per second; the floor is loose because on a loaded machine the program itself
+// may not get the CPU to be greedy (the virtual-time unit tests judge accuracy).
 TEST_F(E2E, PacingOnTheRealClock) {
   std::string out = Run({Bin("vcuda_probe"), "greedy", "3"}, {{"GPULET_VGPU_CORE_LIMIT", "30"}});
   std::istringstream in(out);
   int windows = 0;
+  double sum = 0;
   for (std::string l; std::getline(in, l);) {
     if (l.rfind("share ", 0) != 0) continue;
     ++windows;
-    EXPECT_NEAR(std::stod(l.substr(6)), 30.0, 5.0) << out;
+    double share = std::stod(l.substr(6));
+    sum += share;
+    EXPECT_LE(share, 35.0) << out;
   }
   EXPECT_EQ(windows, 3);
+  EXPECT_GE(sum / 3, 20.0) << out;
 }
 
 // The library exports exactly its hooks, needs only libc, and carries no C++ exception
