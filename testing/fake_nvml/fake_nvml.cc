@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -89,8 +90,37 @@ std::string SysfsBusId(const std::string& nvml_bus_id) {  // "00000000:18:00.0" 
   return absl::AsciiStrToLower(nvml_bus_id.substr(4));
 }
 
+// The fake's files are scratch state that is rebuilt at every load: written whole and renamed
+// into place (readers never see half a file) but not fsynced, which would cost a disk flush per
+// file for nothing.
+class ScratchFs {
+ public:
+  explicit ScratchFs(std::string root) : root_(std::move(root)) {}
+  absl::Status MakeDirs(const std::string& p) {
+    std::error_code ec;
+    std::filesystem::create_directories(root_ + p, ec);
+    return ec ? absl::InternalError(absl::StrCat("cannot create ", root_, p, ": ", ec.message()))
+              : absl::OkStatus();
+  }
+  bool Exists(const std::string& p) const { return std::filesystem::exists(root_ + p); }
+  absl::Status WriteFileAtomic(const std::string& p, const std::string& content) {
+    std::string tmp = absl::StrCat(root_, p, ".tmp", ::getpid());
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    bool ok = f != nullptr && std::fwrite(content.data(), 1, content.size(), f) == content.size();
+    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), (root_ + p).c_str()) != 0) {
+      std::remove(tmp.c_str());
+      return absl::InternalError(absl::StrCat("cannot write ", root_, p, ": ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string root_;
+};
+
 absl::Status Materialise(const State& s) {
-  RealFilesystem fs(s.root);
+  ScratchFs fs(s.root);
   const Machine& m = s.m;
   RETURN_IF_ERROR(fs.MakeDirs("/control"));
   for (const GpuSpec& g : m.gpus) {
