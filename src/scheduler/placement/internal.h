@@ -58,6 +58,11 @@ class PolicyImpl : public Policy {
                           Context& ctx) const = 0;
   // For a single share container: try every distinct GPU (true) or only the best-fit one.
   virtual bool TriesEveryGpu() const { return false; }
+
+ public:
+  // True when the score depends only on the node's resources, not on its name: Schedule() then
+  // scores nodes in identical states once per decision (large clusters have many).
+  virtual bool StateOnly() const { return true; }
 };
 
 // splitmix64: a tiny, fully specified PRNG step, so runs are identical on every platform.

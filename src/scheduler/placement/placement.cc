@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "scheduler/placement/internal.h"
@@ -341,6 +342,41 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
   return w;
 }
 
+namespace {
+
+// Hash of everything a state-only policy looks at; SameState() confirms a hash match.
+uint64_t StateHash(const Node& n) {
+  uint64_t h = static_cast<uint64_t>(n.cpu_milli_free) * 0x9E3779B97F4A7C15ull ^
+               static_cast<uint64_t>(n.memory_mib_free);
+  for (const Gpu& g : n.gpus) {
+    h = (h ^ static_cast<uint64_t>(g.free_milli) ^ (static_cast<uint64_t>(g.healthy) << 20) ^
+         (static_cast<uint64_t>(g.fractional_allowed) << 21) ^
+         (static_cast<uint64_t>(g.memory_free_bytes) << 22) ^ std::hash<std::string>{}(g.model)) *
+        0x100000001B3ull;
+  }
+  return h;
+}
+
+bool SameState(const Node& a, const Node& b) {
+  if (a.cpu_milli_free != b.cpu_milli_free || a.memory_mib_free != b.memory_mib_free ||
+      a.cpu_milli_total != b.cpu_milli_total || a.memory_mib_total != b.memory_mib_total ||
+      a.gpus.size() != b.gpus.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.gpus.size(); ++i) {
+    const Gpu& x = a.gpus[i];
+    const Gpu& y = b.gpus[i];
+    if (x.free_milli != y.free_milli || x.memory_free_bytes != y.memory_free_bytes ||
+        x.memory_total_bytes != y.memory_total_bytes || x.healthy != y.healthy ||
+        x.fractional_allowed != y.fractional_allowed || x.model != y.model) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, const Policy& policy,
                                 uint64_t* tie_rng) {
   const auto* impl = dynamic_cast<const internal::PolicyImpl*>(&policy);
@@ -349,11 +385,32 @@ absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, c
   int64_t ties = 0;
   internal::Plan plan, best_plan;
   const int n = static_cast<int>(cluster.nodes.size());
+  // Nodes in identical states get identical scores: score the first of each state only.
+  const bool memo_on = impl && impl->StateOnly();
+  absl::flat_hash_map<uint64_t, int> memo;
+  std::vector<std::optional<double>> memo_score;
+  std::vector<internal::Plan> memo_plan;
+  if (memo_on) {
+    memo.reserve(n);
+    memo_score.resize(n);
+    memo_plan.resize(n);
+  }
   for (int i = 0; i < n; ++i) {
     const Node& node = cluster.nodes[i];
     std::optional<double> s;
     std::optional<NodeScore> full;
-    if (impl) {
+    if (impl && memo_on) {
+      const uint64_t h = StateHash(node);
+      auto [it, inserted] = memo.try_emplace(h, i);
+      if (!inserted && SameState(cluster.nodes[it->second], node)) {
+        s = memo_score[it->second];
+        plan = memo_plan[it->second];
+      } else {
+        s = impl->ScorePlan(node, pod, &plan);
+      }
+      memo_score[i] = s;
+      memo_plan[i] = plan;
+    } else if (impl) {
       s = impl->ScorePlan(node, pod, &plan);
     } else {
       full = policy.Score(node, pod);
