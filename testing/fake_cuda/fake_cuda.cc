@@ -796,16 +796,13 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t* m) {
   return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t* m) {
-  if (!m || m->version != GPULET_NVML_MEMORY_V2) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!m || m->version != nvmlMemory_v2) return NVML_ERROR_INVALID_ARGUMENT;
   nvmlMemory_t v1;
   nvmlReturn_t r = nvmlDeviceGetMemoryInfo(d, &v1);
   if (r == NVML_SUCCESS) m->total = v1.total, m->reserved = 0, m->free = v1.free, m->used = v1.used;
   return r;
 }
 // Utilisation since this process's previous call (NVML reports the last sample period).
-typedef struct {
-  unsigned int gpu, memory;
-} nvmlUtilization_t;
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {
   int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
   if (dev < 0 || dev >= D().physical_count || !u) return NVML_ERROR_INVALID_ARGUMENT;

@@ -622,7 +622,7 @@ TEST_F(Shim, ReportsShowTheLimit) {
   EXPECT_EQ(m.used, kCtx + 10 * kMiB);
   EXPECT_EQ(m.free, kLimit - kCtx - 10 * kMiB);
   nvmlMemory_v2_t m2{};
-  m2.version = GPULET_NVML_MEMORY_V2;
+  m2.version = nvmlMemory_v2;
   ASSERT_EQ(Hook<cuda::nvmlDeviceGetMemoryInfo_v2_t>("nvmlDeviceGetMemoryInfo_v2")(dev, &m2), 0);
   EXPECT_EQ(m2.total, kLimit);
   EXPECT_EQ(m2.used, kCtx + 10 * kMiB);

@@ -54,9 +54,14 @@ uint64_t Fill(size_t chunk) {
   for (int fails = 0; fails < 3;) {
     CUdeviceptr p;
     CUresult r = cuMemAlloc_v2(&p, chunk);
-    if (r == CUDA_SUCCESS) held += chunk;
-    else if (r == CUDA_ERROR_OUT_OF_MEMORY) ++fails;
-    else return held;
+    if (r == CUDA_SUCCESS) {
+      held += chunk;
+    } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      ++fails;         // may be transient while other processes' reservations are in flight:
+      usleep(2000);    // let them settle before concluding that the container is full
+    } else {
+      return held;
+    }
   }
   return held;
 }

@@ -2,11 +2,13 @@
 // declared from NVIDIA's published driver API reference (names, signatures, struct layouts and
 // enum values are ABI facts). We never include NVIDIA's cuda.h/nvml.h: a Debian machine has
 // neither, and the interposer must build without them (DESIGN.md "Headers for NVML and CUDA").
-// Plain C types only, so both the extern "C" shims and the fake can share it.
+// NVML types come from the GPU layer's ABI header. Plain C types only, so both the extern "C" shims and the fake can share it.
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "gpu/nvml/nvml_api.h"  // the project's NVML ABI subset (types only)
 
 extern "C" {
 
@@ -126,19 +128,6 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
   int Format;
   unsigned int NumChannels, Flags;
 } CUDA_ARRAY3D_DESCRIPTOR_v1;
-
-// NVML (only what nvmlDeviceGetMemoryInfo(_v2) needs).
-typedef int nvmlReturn_t;
-enum : int { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_NOT_SUPPORTED = 3 };
-typedef struct nvmlDevice_st* nvmlDevice_t;
-typedef struct nvmlMemory_st {
-  unsigned long long total, free, used;
-} nvmlMemory_t;
-typedef struct nvmlMemory_v2_st {
-  unsigned int version;  // nvmlMemory_v2: sizeof | 2 << 24
-  unsigned long long total, reserved, free, used;
-} nvmlMemory_v2_t;
-#define GPULET_NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
 
 }  // extern "C"
 

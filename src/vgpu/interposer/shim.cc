@@ -361,7 +361,6 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int* total, CUdevice dev) {
 }
 
 namespace {
-constexpr nvmlReturn_t kNvmlLibraryNotFound = 12;
 // NVML may be loaded after our initialisation: find the definition that follows ours (the real
 // libnvidia-ml), else the one in the driver's handle (the fake serves both).
 void* NvmlReal(void* vcuda::RealDriver::*member, const char* name) {
@@ -375,7 +374,7 @@ void* NvmlReal(void* vcuda::RealDriver::*member, const char* name) {
 }  // namespace
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
   void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
-  if (fn == nullptr) return kNvmlLibraryNotFound;
+  if (fn == nullptr) return NVML_ERROR_LIBRARY_NOT_FOUND;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo)>(fn)(dev, m);
   if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
   return r;
@@ -383,7 +382,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
   void* fn =
       NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
-  if (fn == nullptr) return kNvmlLibraryNotFound;
+  if (fn == nullptr) return NVML_ERROR_LIBRARY_NOT_FOUND;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo_v2)>(fn)(dev, m);
   if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
   return r;
