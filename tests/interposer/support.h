@@ -48,7 +48,7 @@ inline void VirtualSleepUntil(int64_t t) {
 // timeline; returns the GPU-time share of each `window_ns` window over `total_ns`.
 inline std::vector<double> RunGreedy(uint32_t limit, uint32_t ceiling, int64_t total_ns,
                                      int64_t window_ns, vgpu::AccountingRegion* region,
-                                     int64_t warmup_ns = 0) {
+                                     int64_t warmup_ns = 0, int neighbour_percent = 0) {
   auto set_clock = FakeSym<void (*)(int64_t (*)(), void (*)(int64_t))>("fakecuda_set_clock");
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,7 +74,12 @@ inline std::vector<double> RunGreedy(uint32_t limit, uint32_t ceiling, int64_t t
   CUfunction f;
   FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr, "k");
   int64_t start = VirtualNow() + warmup_ns, end = start + total_ns;
+  auto foreign = FakeSym<void (*)(int, int64_t)>("fakecuda_foreign_work");
+  int64_t next_foreign = VirtualNow();
   for (int n = 0; VirtualNow() < end; ++n) {
+    // A neighbour container's work: neighbour_percent of every 10 ms, on the same GPU.
+    for (; neighbour_percent > 0 && next_foreign <= VirtualNow(); next_foreign += 10'000'000)
+      foreign(0, neighbour_percent * 100'000);
     int slot = core->BeforeLaunch(stream, false);
     CUresult r = launch(f, 1000, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr);  // 1 ms
     core->AfterLaunch(slot, stream, false, r);
