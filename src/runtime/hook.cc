@@ -209,9 +209,12 @@ int HookMain(int argc, char** argv) {
   if (cmd == "poststart" || cmd == "poststop") return 0;
   if (cmd != "prestart" && cmd != "update-ldcache") return Fail("unknown command \"" + cmd + "\"");
   std::vector<std::string> folders;
+  std::string config_path;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--folder" && i + 1 < argc) {
+    if (a == "--config" && i + 1 < argc) {
+      config_path = argv[++i];
+    } else if (a == "--folder" && i + 1 < argc) {
       folders.push_back(argv[++i]);
       if (folders.back().empty() || folders.back()[0] != '/')
         return Fail("--folder must be an absolute container path");
@@ -219,7 +222,7 @@ int HookMain(int argc, char** argv) {
       return Fail("unknown argument \"" + a + "\"");
     }
   }
-  auto config = LoadDefaultRuntimeConfig();
+  auto config = LoadDefaultRuntimeConfig(config_path);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   auto state = ReadState();
   if (!state.ok()) return Fail(std::string(state.status().message()));

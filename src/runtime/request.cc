@@ -91,6 +91,7 @@ absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path) {
   for (const auto& [k, v] : j.items())
     if (!kKeys.count(k)) return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", k, "\""));
   RuntimeConfig c;
+  c.source = path;
   RETURN_IF_ERROR(Get(j, "mode", c.mode, path));
   RETURN_IF_ERROR(Get(j, "runtimes", c.runtimes, path));
   RETURN_IF_ERROR(Get(j, "spec-dirs", c.spec_dirs, path));
@@ -113,7 +114,8 @@ absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path) {
   return c;
 }
 
-absl::StatusOr<RuntimeConfig> LoadDefaultRuntimeConfig() {
+absl::StatusOr<RuntimeConfig> LoadDefaultRuntimeConfig(const std::string& path) {
+  if (!path.empty()) return LoadRuntimeConfig(path);
   if (const char* p = std::getenv("GPULET_RUNTIME_CONFIG"); p && *p) return LoadRuntimeConfig(p);
   constexpr char kDefault[] = "/etc/gpulet/container-runtime.json";
   if (::access(kDefault, F_OK) != 0) return RuntimeConfig{};

@@ -27,13 +27,14 @@ struct RuntimeConfig {
   bool accept_envvar_when_unprivileged = false;
   bool accept_volume_mounts = true;
   bool disable_require = false;
+  std::string source;  // the file it was read from; empty for built-in defaults
 };
 
 // Reads the JSON configuration; unknown keys and wrong types are errors naming the key.
 absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path);
-// $GPULET_RUNTIME_CONFIG, else /etc/gpulet/container-runtime.json; a missing default file gives
-// the defaults.
-absl::StatusOr<RuntimeConfig> LoadDefaultRuntimeConfig();
+// `path` when given, else $GPULET_RUNTIME_CONFIG, else /etc/gpulet/container-runtime.json; a
+// missing default file gives the defaults.
+absl::StatusOr<RuntimeConfig> LoadDefaultRuntimeConfig(const std::string& path = "");
 
 struct GpuRequest {
   bool gpu_container = false;        // false: leave the container alone

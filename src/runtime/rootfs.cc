@@ -26,9 +26,8 @@ int OpenAt2(int dirfd, const std::string& path, uint64_t flags) {
   struct open_how how = {};
   how.flags = flags | O_CLOEXEC;
   how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  std::string rel = path;
-  while (!rel.empty() && rel[0] == '/') rel.erase(0, 1);
-  if (rel.empty()) rel = ".";
+  size_t skip = path.find_first_not_of('/');
+  std::string rel = skip == std::string::npos ? std::string(1, '.') : path.substr(skip);
   int fd;
   do {
     fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));

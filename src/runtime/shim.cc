@@ -106,8 +106,10 @@ absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const Runtim
       for (const auto& h : spec["hooks"]["prestart"])
         if (IsGpuletHook(h)) return std::string("legacy: hook already present");
     ContainerEdits e;
+    std::vector<std::string> args = {"gpulet-container-hook", "prestart"};
+    if (!config.source.empty()) args.insert(args.end(), {"--config", config.source});
     // An explicit env: the runtime would otherwise hand the hook the container's environment.
-    e.hooks.push_back(Hook{"prestart", config.hook_path, {"gpulet-container-hook", "prestart"},
+    e.hooks.push_back(Hook{"prestart", config.hook_path, args,
                            {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, std::nullopt});
     RETURN_IF_ERROR(ApplyEdits(e, spec));
     RETURN_IF_ERROR(SaveOciSpec(path, spec));

@@ -1,0 +1,81 @@
+// `gpulet cdi generate`: writes the CDI spec for this node's GPUs (runtime/cdi.h), atomically.
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+
+#include "cmd/gpulet/command.h"
+#include "cmd/gpulet/gpu_flags.h"
+#include "common/fs.h"
+#include "gpu/open.h"
+#include "runtime/cdi.h"
+
+namespace gpulet::cmd {
+namespace {
+
+struct CdiFlags {
+  gpu::GpuOptions gpu;
+  std::string output, format = "yaml", strategy = "both", driver_root = "/", kind = "nvidia.com/gpu";
+  std::string hook_path = "/usr/bin/gpulet-container-hook";
+};
+
+int Generate(const CdiFlags& f) {
+  auto fail = [](const std::string& m) {
+    std::cerr << "gpulet cdi generate: " << m << "\n";
+    return 1;
+  };
+  auto strategy = runtime::ParseNameStrategy(f.strategy);
+  if (!strategy.ok()) return fail(std::string(strategy.status().message()));
+  auto layer = gpu::OpenGpuLayer(f.gpu);
+  if (!layer.ok()) return fail(std::string(layer.status().message()));
+  auto inv = (*layer)->GetInventory();
+  if (!inv.ok()) return fail(std::string(inv.status().message()));
+  runtime::CdiGenerateOptions opts;
+  opts.driver_root = f.driver_root;
+  opts.kind = f.kind;
+  opts.names = *strategy;
+  opts.hook_path = f.hook_path;
+  std::vector<std::string> warnings;
+  auto spec = runtime::GenerateCdiSpec(*inv, opts, &warnings);
+  if (!spec.ok()) return fail(std::string(spec.status().message()));
+  for (const auto& w : warnings) std::cerr << "gpulet cdi generate: warning: " << w << "\n";
+  std::string text = f.format == "json" ? runtime::CdiSpecToJson(*spec) : runtime::CdiSpecToYaml(*spec);
+  if (f.output.empty() || f.output == "-") {
+    std::cout << text;
+    return 0;
+  }
+  if (auto s = WriteFileAtomic(f.output, text, 0644); !s.ok()) return fail(std::string(s.message()));
+  return 0;
+}
+
+std::function<int()> SetupCdi(CLI::App& sub) {
+  sub.require_subcommand(1);
+  auto f = std::make_shared<CdiFlags>();
+  CLI::App* gen = sub.add_subcommand("generate", "Write the CDI spec of this node's GPUs");
+  AddGpuFlags(*gen, f->gpu);
+  gen->add_option("--output,-o", f->output, "Spec file to write atomically (default: stdout)");
+  gen->add_option("--format", f->format, "yaml or json")
+      ->check(CLI::IsMember({"yaml", "json"}))
+      ->capture_default_str();
+  gen->add_option("--device-name-strategy", f->strategy,
+                  "Device names: index (\"0\", \"0:1\"), uuid (GPU-..., MIG-...) or both")
+      ->check(CLI::IsMember({"index", "uuid", "both"}))
+      ->capture_default_str();
+  gen->add_option("--driver-root", f->driver_root,
+                  "Root of the driver installation (device nodes, ld cache, libraries)")
+      ->capture_default_str();
+  gen->add_option("--kind", f->kind, "CDI kind (vendor/class)")->capture_default_str();
+  gen->add_option("--hook-path", f->hook_path,
+                  "gpulet-container-hook path for the ld-cache hook (empty: no hook)")
+      ->capture_default_str();
+  return [f, gen] {
+    if (gen->parsed()) return Generate(*f);
+    return 2;
+  };
+}
+
+}  // namespace
+
+GPULET_COMMAND(cdi, "Container Device Interface specs for the node's GPUs", SetupCdi);
+
+}  // namespace gpulet::cmd

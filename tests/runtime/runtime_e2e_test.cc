@@ -1,0 +1,268 @@
+// End-to-end tests with the real container engines that run here: runc through
+// gpulet-container-runtime (CDI and legacy modes), podman with CDI devices and with --runtime,
+// containerd's own config parser, and the security cases (symlinked mount targets, LD_PRELOAD).
+// Each needs root and its tool, and skips with the reason otherwise.
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/cdi.h"
+#include "tests/runtime/fixtures.h"
+
+namespace gpulet::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace ::gpulet::runtime::testing;
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
+const std::string kShim = kBin + "gpulet-container-runtime";
+const std::string kHook = kBin + "gpulet-container-hook";
+
+// A node: a driver root with 4 GPUs, its CDI spec (written by `gpulet cdi generate`'s code path
+// from a fake inventory), a shim config, and a busybox bundle.
+class Node : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!IsRoot()) GTEST_SKIP() << "needs root (mknod, runc)";
+    if (!Have("runc")) GTEST_SKIP() << "runc is not installed";
+    dir_ = MakeTempDir("e2e");
+    std::string why;
+    if (!MakeDriverRoot(dir_ + "/driver", 4, &why)) GTEST_SKIP() << why;
+    if (!MakeBusyboxRootfs(dir_ + "/bundle/rootfs", &why)) GTEST_SKIP() << why;
+    CdiGenerateOptions opt;
+    opt.driver_root = dir_ + "/driver";
+    opt.hook_path = kHook;
+    auto spec = GenerateCdiSpec(FakeInventory(4), opt);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    WriteFile(dir_ + "/cdi/nvidia.yaml", CdiSpecToYaml(*spec));
+    WriteConfig("auto", true);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) {
+      Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+      fs::remove_all(dir_);
+    }
+  }
+  void WriteConfig(const std::string& mode, bool accept_env) {
+    WriteFile(dir_ + "/runtime.json",
+              Json({{"mode", mode},
+                    {"runtimes", {"runc"}},
+                    {"spec-dirs", {dir_ + "/cdi"}},
+                    {"hook-path", kHook},
+                    {"accept-nvidia-visible-devices-envvar-when-unprivileged", accept_env}})
+                  .dump());
+  }
+  // Writes the bundle's config.json (from `runc spec`) running `script` with `env`.
+  void Bundle(const std::string& script, std::vector<std::string> env) {
+    fs::remove(dir_ + "/bundle/config.json");
+    ASSERT_EQ(Sh("cd " + dir_ + "/bundle && runc spec"), 0);
+    Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
+    spec["process"]["terminal"] = false;
+    spec["process"]["args"] = {"sh", "-c", script};
+    for (const auto& e : env) spec["process"]["env"].push_back(e);
+    WriteFile(dir_ + "/bundle/config.json", spec.dump(2));
+  }
+  // Runs the bundle through the shim; returns the exit status, output in *out.
+  int RunShim(std::string* out) {
+    return Sh("cd " + dir_ + "/bundle && GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + kShim +
+                  " --root " + dir_ + "/runc run gpulet-e2e </dev/null",
+              out);
+  }
+  std::string dir_;
+};
+
+constexpr char kProbe[] =
+    "ls -l /dev | grep nvidia; ls /usr/lib/x86_64-linux-gnu 2>/dev/null; "
+    "grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null; /usr/bin/nvidia-smi 2>/dev/null; true";
+
+// NVIDIA_VISIBLE_DEVICES=1: exactly /dev/nvidia1 (195:1), the control nodes, the compute and
+// utility libraries (not video/graphics), nvidia-smi, and an ld cache that knows libcuda.so.1.
+TEST_F(Node, RuncSeesExactlyTheRequestedGpu) {
+  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=1"});
+  std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("c[-rwx]+ +1 +0 +0 +195, +1 .*nvidia1\n"));
+  for (const char* gone : {"nvidia0", "nvidia2", "nvidia3", "nvidia-modeset", "libnvidia-encode",
+                           "libnvidia-glcore"})
+    EXPECT_THAT(out, Not(HasSubstr(gone))) << out;
+  for (const char* there : {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "libcuda.so.550.54.15",
+                            "libnvidia-ml.so.550.54.15", "libnvidia-ptxjitcompiler.so.550.54.15",
+                            "stand-in nvidia-smi"})
+    EXPECT_THAT(out, HasSubstr(there)) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n"));  // ld cache entries for libcuda
+  // The original bundle was rewritten in place, not half-written: still valid JSON.
+  EXPECT_NO_THROW((void)Json::parse(ReadFile(dir_ + "/bundle/config.json")));
+}
+
+// NVIDIA_VISIBLE_DEVICES=none: the driver but no GPU; an unset variable: nothing at all.
+TEST_F(Node, RuncNoneAndNoRequest) {
+  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=none"});
+  std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, Not(::testing::ContainsRegex("nvidia[0-9]"))) << out;
+  EXPECT_THAT(out, HasSubstr("nvidiactl"));
+  Bundle(kProbe, {});
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
+}
+
+// Default policy: an unprivileged image's own NVIDIA_VISIBLE_DEVICES=all grants nothing; the
+// device plugin's volume-mount list does.
+TEST_F(Node, ImageEnvvarDoesNotGrantGpusByDefault) {
+  WriteConfig("auto", /*accept_env=*/false);
+  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=all"});
+  std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
+  Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
+  WriteFile(dir_ + "/empty", "");
+  spec["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/GPU-00000002-1111-2222-3333-444444444444"},
+                            {"type", "bind"}, {"source", dir_ + "/empty"}, {"options", {"ro", "bind"}}});
+  WriteFile(dir_ + "/bundle/config.json", spec.dump());
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("195, +2 .*nvidia2\n")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia3"))) << out;
+}
+
+// Legacy mode: the prestart hook creates the nodes, mounts the libraries and runs ldconfig.
+TEST_F(Node, LegacyHookGivesTheGpu) {
+  WriteConfig("legacy", true);
+  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=2"});
+  std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("195, +2 .*nvidia2\n")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
+  EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15"));
+  EXPECT_THAT(out, HasSubstr("stand-in nvidia-smi"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n"));
+}
+
+// Legacy mode: an unmet NVIDIA_REQUIRE_CUDA stops the container with a clear message.
+TEST_F(Node, LegacyHookEnforcesRequirements) {
+  WriteConfig("legacy", true);
+  Bundle("echo started", {"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"});
+  std::string out;
+  EXPECT_NE(RunShim(&out), 0);
+  EXPECT_THAT(out, HasSubstr("unsatisfied requirement \"cuda>=13.0\""));
+  EXPECT_THAT(out, Not(HasSubstr("started")));
+}
+
+// CVE-2024-0132 class: the image's library directory is a symlink to a host directory. Neither
+// runc (CDI mode) nor our hook (legacy mode) may create or mount anything there.
+TEST_F(Node, SymlinkedMountTargetsStayInsideTheRootfs) {
+  for (const char* mode : {"auto", "legacy"}) {
+    std::string host = dir_ + "/host-" + mode;
+    fs::create_directories(host);
+    fs::remove_all(dir_ + "/bundle/rootfs/usr");
+    fs::create_directories(dir_ + "/bundle/rootfs/usr/lib");
+    fs::create_symlink(host, dir_ + "/bundle/rootfs/usr/lib/x86_64-linux-gnu");
+    fs::create_symlink(host, dir_ + "/bundle/rootfs/usr/bin");
+    WriteConfig(mode, true);
+    Bundle("ls /usr/lib/x86_64-linux-gnu/", {"NVIDIA_VISIBLE_DEVICES=0"});
+    std::string out;
+    RunShim(&out);  // may succeed (resolved inside) or fail closed; never touch the host
+    EXPECT_TRUE(fs::is_empty(host)) << mode << ": wrote outside the rootfs\n" << out;
+    Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+  }
+}
+
+// CVE-2025-23266 class: LD_PRELOAD in the image's environment (or leaked into the hook's) never
+// loads code into the hook or what it runs. The preload library is proven live first.
+TEST_F(Node, LdPreloadNeverReachesTheHook) {
+  std::string marker = dir_ + "/preloaded";
+  ASSERT_TRUE(BuildLibrary(dir_ + "/evil.so", "evil.so",
+                           "#include <stdio.h>\n__attribute__((constructor)) static void f(void) {"
+                           " FILE* m = fopen(\"" + marker + "\", \"a\"); if (m) { fputs(\"x\", m); fclose(m); } }\n"));
+  ASSERT_EQ(Sh("LD_PRELOAD=" + dir_ + "/evil.so /bin/true"), 0);
+  ASSERT_TRUE(fs::exists(marker)) << "the test's preload library does not work";
+  fs::remove(marker);
+  for (const char* mode : {"auto", "legacy"}) {
+    WriteConfig(mode, true);
+    Bundle("echo ran", {"NVIDIA_VISIBLE_DEVICES=0", "LD_PRELOAD=" + dir_ + "/evil.so",
+                        "LD_LIBRARY_PATH=/tmp"});
+    std::string out;
+    ASSERT_EQ(RunShim(&out), 0) << out;
+    EXPECT_THAT(out, HasSubstr("ran"));
+    EXPECT_FALSE(fs::exists(marker)) << mode << ": preload ran in a hook";
+    Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+  }
+  // Even when a runtime hands the hook a poisoned environment, nothing is loaded into it.
+  std::string out;
+  Sh("echo '{\"pid\": 1, \"bundle\": \"/nonexistent\"}' | LD_PRELOAD=" + dir_ + "/evil.so " + kHook +
+         " update-ldcache --folder /usr/lib",
+     &out);
+  EXPECT_FALSE(fs::exists(marker)) << "preload ran in the hook process";
+}
+
+// podman: --device nvidia.com/gpu=0 from the generated spec, and --runtime gpulet-container-runtime
+// with the device plugin's volume-mount list. podman 4.3 ignores containers.conf `cdi_spec_dirs`
+// (tried: "unresolvable CDI devices"), so the spec goes to /var/run/cdi under a unique name for the
+// test's duration; the test skips when the machine already has an nvidia.com/gpu spec there.
+TEST_F(Node, Podman) {
+  if (!Have("podman")) GTEST_SKIP() << "podman is not installed";
+  for (const char* d : {"/etc/cdi", "/var/run/cdi"})
+    if (fs::exists(d))
+      for (const auto& e : fs::directory_iterator(d))
+        if (ReadFile(e.path()).find("nvidia.com/gpu") != std::string::npos)
+          GTEST_SKIP() << "this machine has its own nvidia.com/gpu CDI spec " << e.path();
+  bool made_dir = !fs::exists("/var/run/cdi");
+  fs::create_directories("/var/run/cdi");
+  std::string spec_file = "/var/run/cdi/gpulet-e2e-" + std::to_string(::getpid()) + ".yaml";
+  fs::copy_file(dir_ + "/cdi/nvidia.yaml", spec_file);
+  struct Cleanup {
+    std::string f;
+    bool dir;
+    ~Cleanup() {
+      fs::remove(f);
+      if (dir) fs::remove("/var/run/cdi");
+    }
+  } cleanup{spec_file, made_dir};
+  std::string p = "podman --root " + dir_ + "/storage --runroot " + dir_ +
+                  "/runroot --cgroup-manager cgroupfs --events-backend file ";
+  std::string env = "CONTAINERS_CONF=" + dir_ + "/containers.conf ";
+  WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
+  std::string out;
+  ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + env + p + "import - gpulet-e2e:latest", &out), 0) << out;
+  ASSERT_EQ(Sh(env + p + "run --rm --network none --device nvidia.com/gpu=0 gpulet-e2e:latest sh -c '" +
+                   kProbe + "'", &out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
+  EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15"));
+  WriteFile(dir_ + "/empty", "");
+  ASSERT_EQ(Sh(env + "GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + p + "--runtime " + kShim +
+                   " run --rm --network none -v " + dir_ +
+                   "/empty:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" + kProbe + "'",
+               &out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("195, +3 .*nvidia3\n")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia0"))) << out;
+  Sh(env + p + "rmi -f gpulet-e2e:latest >/dev/null");
+}
+
+// containerd parses what `gpulet runtime configure` wrote and shows our runtime.
+TEST(Containerd, ConfigDumpAcceptsConfiguredFile) {
+  if (!Have("containerd")) GTEST_SKIP() << "containerd is not installed";
+  std::string dir = MakeTempDir("ctrd");
+  std::string cfg = dir + "/config.toml";
+  WriteFile(cfg, "version = 2\nroot = \"" + dir + "/root\"\nstate = \"" + dir + "/state\"\n");
+  std::string out;
+  ASSERT_EQ(Sh(kBin + "gpulet runtime configure --runtime containerd --config " + cfg +
+                   " --runtime-path " + kShim + " --set-as-default --enable-cdi", &out), 0) << out;
+  ASSERT_EQ(Sh("containerd --config " + cfg + " config dump", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]"));
+  EXPECT_THAT(out, HasSubstr("BinaryName = \"" + kShim + "\""));
+  EXPECT_THAT(out, HasSubstr("default_runtime_name = \"nvidia\""));
+  EXPECT_THAT(out, HasSubstr("enable_cdi = true"));
+  std::string before = ReadFile(cfg) + ReadFile(dir + "/conf.d/99-gpulet.toml");
+  ASSERT_EQ(Sh(kBin + "gpulet runtime configure --runtime containerd --config " + cfg +
+                   " --runtime-path " + kShim + " --set-as-default --enable-cdi --dry-run", &out), 0);
+  EXPECT_EQ(out, "no change\n");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpulet::runtime

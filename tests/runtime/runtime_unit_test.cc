@@ -1,0 +1,474 @@
+// Unit tests of the runtime pieces: ld cache parsing, CDI generation/parsing, request resolution,
+// requirement checks, OCI edits, the shim's bundle editing and argument parsing, rootfs-confined
+// path creation, engine configuration. Real files in temporary directories; no containers.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/cdi.h"
+#include "runtime/driver.h"
+#include "runtime/edits.h"
+#include "runtime/engine_config.h"
+#include "runtime/hook.h"
+#include "runtime/request.h"
+#include "runtime/rootfs.h"
+#include "runtime/shim.h"
+#include "tests/runtime/fixtures.h"
+
+namespace gpulet::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace ::gpulet::runtime::testing;
+namespace fs = std::filesystem;
+
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir("unit"); ASSERT_FALSE(dir_.empty()); }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+Json MinimalSpec(std::vector<std::string> env, bool privileged = false) {
+  Json spec = {{"ociVersion", "1.0.2"},
+               {"process", {{"args", {"sh"}}, {"env", env}, {"x-unknown-process-field", 7}}},
+               {"root", {{"path", "rootfs"}}},
+               {"x-vendor-extension", {{"keep", "me"}}}};
+  if (privileged) spec["process"]["capabilities"] = {{"bounding", {"CAP_SYS_ADMIN"}}};
+  return spec;
+}
+
+// The ld cache written by the host's ldconfig for a stand-in driver root parses to its libraries.
+TEST_F(TempDirTest, LdCacheFromRealLdconfigListsDriverLibraries) {
+  std::string why;
+  if (!MakeDriverRoot(dir_, 0, &why)) GTEST_SKIP() << why;
+  auto data = ReadFile(dir_ + "/etc/ld.so.cache");
+  auto entries = ParseLdCache(data, "cache");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  bool found = false;
+  for (const auto& e : *entries)
+    if (e.name == "libcuda.so.1") {
+      found = true;
+      EXPECT_EQ(e.path, std::string(kLibDir) + "/libcuda.so." + kDriverVersion);
+      EXPECT_EQ(e.flags, kLdCacheX8664);
+    }
+  EXPECT_TRUE(found);
+  auto drv = DiscoverDriver(dir_);
+  ASSERT_TRUE(drv.ok()) << drv.status();
+  EXPECT_EQ(drv->version, kDriverVersion);
+  EXPECT_EQ(drv->libraries.size(), 5u);
+  EXPECT_THAT(drv->binaries, ::testing::ElementsAre("/usr/bin/nvidia-smi"));
+}
+
+// Truncated, foreign or corrupted ld caches are one clear error, never a crash.
+TEST(LdCache, BadInputsAreErrors) {
+  EXPECT_THAT(std::string(ParseLdCache("", "c").status().message()), HasSubstr("not a glibc ld.so.cache"));
+  EXPECT_FALSE(ParseLdCache("garbage garbage garbage garbage garbage garbage", "c").ok());
+  std::string h = "glibc-ld.so.cache1.1";
+  h.resize(48, '\0');
+  std::string many = h;
+  uint32_t n = 1000;
+  std::memcpy(many.data() + 20, &n, 4);
+  EXPECT_THAT(std::string(ParseLdCache(many, "c").status().message()), HasSubstr("truncated"));
+  std::string bad = h;
+  n = 1;
+  std::memcpy(bad.data() + 20, &n, 4);
+  std::string entry(24, '\0');
+  uint32_t off = 1u << 30;
+  std::memcpy(entry.data() + 4, &off, 4);
+  bad += entry;
+  EXPECT_THAT(std::string(ParseLdCache(bad, "c").status().message()), HasSubstr("outside"));
+}
+
+// Generated specs name devices per strategy (docs/runtime.md) and read back the same.
+TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
+  std::string why;
+  if (!MakeDriverRoot(dir_, 2, &why)) GTEST_SKIP() << why;
+  WriteFile(dir_ + "/proc/driver/nvidia-caps/mig-minors",
+            "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
+  CdiGenerateOptions opt;
+  opt.driver_root = dir_;
+  auto spec = GenerateCdiSpec(FakeInventory(2, /*mig=*/true), opt);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  std::vector<std::string> names;
+  for (const auto& d : spec->devices) names.push_back(d.name);
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre(
+                         "0", "GPU-00000000-1111-2222-3333-444444444444", "0:0",
+                         "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd", "0:1",
+                         "MIG-00000001-aaaa-bbbb-cccc-dddddddddddd", "1",
+                         "GPU-00000001-1111-2222-3333-444444444444", "all"));
+  EXPECT_EQ(spec->kind, "nvidia.com/gpu");
+  EXPECT_EQ(spec->cdi_version, "0.5.0");  // hostPath (driver root is not "/")
+  for (const auto& d : spec->devices)
+    if (d.name == "0:1") {
+      ASSERT_EQ(d.edits.device_nodes.size(), 3u);
+      EXPECT_EQ(d.edits.device_nodes[1].path, "/dev/nvidia-caps/nvidia-cap30");
+    }
+  for (bool json : {false, true}) {
+    std::string text = json ? CdiSpecToJson(*spec) : CdiSpecToYaml(*spec);
+    auto back = ParseCdiSpec(text, "gen");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
+    ASSERT_EQ(back->devices.size(), spec->devices.size());
+    for (size_t i = 0; i < back->devices.size(); ++i) {
+      EXPECT_EQ(back->devices[i].name, spec->devices[i].name);
+      EXPECT_EQ(back->devices[i].edits.device_nodes.size(), spec->devices[i].edits.device_nodes.size());
+    }
+    EXPECT_EQ(back->edits.mounts.size(), spec->edits.mounts.size());
+    EXPECT_EQ(back->edits.hooks.size(), 1u);
+    EXPECT_EQ(back->edits.hooks[0].env, std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
+  }
+  opt.names = NameStrategy::kIndex;
+  auto idx = GenerateCdiSpec(FakeInventory(2), opt);
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(idx->devices.size(), 3u);  // "0", "1", "all"
+}
+
+// Malformed CDI specs are rejected with file:line.
+TEST(CdiSpec, MalformedSpecsNameFileAndLine) {
+  struct Case {
+    std::string text, want;
+  } cases[] = {
+      {"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n    deviceNodes:\n    - path: dev/nvidia0\n",
+       "x.yaml:7: deviceNodes.path \"dev/nvidia0\" is not absolute"},
+      {"cdiVersion: 0.5.0\nkind: nvidia\ndevices: []\n", "x.yaml:2: kind \"nvidia\" is not vendor/class"},
+      {"cdiVersion: 9.9.9\nkind: a.com/b\n", "unsupported cdiVersion"},
+      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n    hooks:\n    - hookName: sometime\n      path: /bin/true\n",
+       "x.yaml:7: unknown hookName"},
+      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices: [\n", "x.yaml:"},
+      {"[1, 2]", "must be a mapping"},
+      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: 'a b'\n  containerEdits: {}\n", "invalid device name"},
+  };
+  for (const auto& c : cases) {
+    auto s = ParseCdiSpec(c.text, "x.yaml");
+    ASSERT_FALSE(s.ok()) << c.text;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.want));
+  }
+}
+
+// An unprivileged image's own NVIDIA_VISIBLE_DEVICES grants nothing by default; privileged
+// containers, the opt-in setting, volume mounts and CDI annotations do.
+TEST(Request, EnvvarTrustAndSources) {
+  RuntimeConfig cfg;
+  auto r = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"}), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->gpu_container);
+  r = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"}, /*privileged=*/true), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=all"));
+  cfg.accept_envvar_when_unprivileged = true;
+  r = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=1,GPU-abc, 0:1"}), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=1", "nvidia.com/gpu=GPU-abc",
+                                                 "nvidia.com/gpu=0:1"));
+  EXPECT_EQ(r->capabilities, (std::set<std::string>{"utility", "compute"}));
+  for (const char* v : {"void", ""}) {
+    r = ResolveRequest(MinimalSpec({std::string("NVIDIA_VISIBLE_DEVICES=") + v}), cfg);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->gpu_container) << v;
+  }
+  r = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=none"}), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->gpu_container);
+  EXPECT_TRUE(r->devices.empty());
+
+  RuntimeConfig def;
+  Json vol = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"});
+  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-x"}, {"source", "/dev/null"}}};
+  r = ResolveRequest(vol, def);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=GPU-x"));
+  Json ann = MinimalSpec({});
+  ann["annotations"] = {{"cdi.k8s.io/gpulet", "nvidia.com/gpu=0,nvidia.com/gpu=1"}};
+  r = ResolveRequest(ann, def);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->from_cdi);
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=0", "nvidia.com/gpu=1"));
+  ann["annotations"]["cdi.k8s.io/gpulet"] = "not a name";
+  EXPECT_FALSE(ResolveRequest(ann, def).ok());
+  auto bad = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"}, true), def);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown capability \"warp\""));
+}
+
+// NVIDIA_REQUIRE_* expressions: space is OR, comma is AND; unmet ones are named.
+TEST(Request, Requirements) {
+  DriverFacts f{"550.54.15", "12.4"};
+  EXPECT_TRUE(CheckRequirements({"cuda>=12.4"}, f).ok());
+  EXPECT_TRUE(CheckRequirements({"cuda>=12.0,driver>=550"}, f).ok());
+  EXPECT_TRUE(CheckRequirements({"cuda>=13.0 driver>=550"}, f).ok());
+  auto s = CheckRequirements({"cuda>=12.5"}, f);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unsatisfied requirement \"cuda>=12.5\""));
+  EXPECT_FALSE(CheckRequirements({"cuda>=12.0,driver<550"}, f).ok());
+  EXPECT_THAT(std::string(CheckRequirements({"gpu>=1"}, f).message()), HasSubstr("unsupported constraint"));
+}
+
+// Edits keep unknown fields, and a failing edit leaves the spec as it was.
+TEST(Edits, PreserveUnknownFieldsAllOrNothing) {
+  Json spec = MinimalSpec({"A=1"});
+  ContainerEdits e;
+  e.env = {"A=2", "B=3"};
+  DeviceNode d;
+  d.path = "/dev/nvidia0";
+  d.major = 195, d.minor = 0, d.file_mode = 0666;
+  e.device_nodes.push_back(d);
+  e.mounts.push_back({"/h/libcuda.so.1", "/usr/lib/libcuda.so.1", "", {}});
+  ASSERT_TRUE(ApplyEdits(e, spec).ok());
+  EXPECT_EQ(spec["x-vendor-extension"]["keep"], "me");
+  EXPECT_EQ(spec["process"]["x-unknown-process-field"], 7);
+  EXPECT_EQ(spec["process"]["env"], Json({"A=2", "B=3"}));
+  EXPECT_EQ(spec["linux"]["devices"][0]["major"], 195);
+  EXPECT_EQ(spec["linux"]["resources"]["devices"][0]["access"], "rwm");
+  EXPECT_EQ(spec["mounts"][0]["options"][0], "ro");
+  Json broken = MinimalSpec({});
+  broken["linux"] = {{"devices", "not a list"}};
+  Json before = broken;
+  EXPECT_FALSE(ApplyEdits(e, broken).ok());
+  EXPECT_EQ(broken, before);
+}
+
+// runc's command line: global flags with values, the command, --bundle in its forms.
+TEST(Shim, ParsesRuncArguments) {
+  auto a = ParseRuncArgs({"--root", "/run/x", "--log", "/l.json", "--log-format", "json", "create",
+                          "--bundle", "/b", "--pid-file", "/p", "id"});
+  EXPECT_EQ(a.command, "create");
+  EXPECT_EQ(a.bundle, "/b");
+  EXPECT_EQ(a.log_file, "/l.json");
+  EXPECT_EQ(a.log_format, "json");
+  EXPECT_EQ(ParseRuncArgs({"--systemd-cgroup", "run", "-b", "/c", "id"}).bundle, "/c");
+  EXPECT_EQ(ParseRuncArgs({"create", "--bundle=/d", "id"}).bundle, "/d");
+  EXPECT_EQ(ParseRuncArgs({"state", "id"}).command, "state");
+  EXPECT_EQ(ParseRuncArgs({"create", "id"}).bundle, ".");
+}
+
+// The OCI state on stdin is validated.
+TEST(Hook, ContainerStateValidation) {
+  EXPECT_TRUE(ParseContainerState(R"({"ociVersion":"1.0.2","id":"x","pid":42,"bundle":"/b"})").ok());
+  EXPECT_TRUE(ParseContainerState(R"({"pid":42,"bundlePath":"/b"})").ok());
+  for (const char* bad : {"", "{", "[]", R"({"pid":0,"bundle":"/b"})", R"({"pid":"1","bundle":"/b"})",
+                          R"({"pid":1,"bundle":"rel"})", R"({"pid":1})"})
+    EXPECT_FALSE(ParseContainerState(bad).ok()) << bad;
+}
+
+class BundleTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    fs::create_directories(dir_ + "/bundle/rootfs");
+    fs::create_directories(dir_ + "/cdi");
+    WriteFile(dir_ + "/host/nvidia0", "");
+    WriteFile(dir_ + "/host/libcuda.so.550.54.15", "");
+    // Device nodes carry their numbers, so no host node (or root) is needed here.
+    WriteFile(dir_ + "/cdi/nvidia.yaml",
+              "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+              "- name: '0'\n  containerEdits:\n    deviceNodes:\n"
+              "    - {path: /dev/nvidia0, type: c, major: 195, minor: 0, fileMode: 438}\n"
+              "containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n"
+              "  deviceNodes:\n  - {path: /dev/nvidiactl, type: c, major: 195, minor: 255, fileMode: 438}\n"
+              "  mounts:\n  - {hostPath: " + dir_ + "/host/libcuda.so.550.54.15, containerPath: "
+              "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15, options: [ro, nosuid, nodev, bind]}\n");
+    cfg_.spec_dirs = {dir_ + "/cdi"};
+    cfg_.accept_envvar_when_unprivileged = true;
+  }
+  std::string Config() { return dir_ + "/bundle/config.json"; }
+  RuntimeConfig cfg_;
+};
+
+// CDI mode: the requested device, the shared edits, unknown fields kept; no request: untouched.
+TEST_F(BundleTest, ShimAppliesCdiEdits) {
+  WriteFile(Config(), MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump());
+  auto r = ModifyBundle(dir_ + "/bundle", cfg_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  Json spec = Json::parse(ReadFile(Config()));
+  EXPECT_EQ(spec["x-vendor-extension"]["keep"], "me");
+  ASSERT_EQ(spec["linux"]["devices"].size(), 2u);
+  EXPECT_EQ(spec["linux"]["devices"][0]["path"], "/dev/nvidiactl");
+  EXPECT_EQ(spec["linux"]["devices"][1]["path"], "/dev/nvidia0");
+  EXPECT_EQ(GetEnv(spec, "NVIDIA_VISIBLE_DEVICES"), "void");
+  EXPECT_EQ(spec["mounts"][0]["destination"], "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+
+  std::string plain = MinimalSpec({"PATH=/bin"}).dump();
+  WriteFile(Config(), plain);
+  r = ModifyBundle(dir_ + "/bundle", cfg_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "no GPU request");
+  EXPECT_EQ(ReadFile(Config()), plain);
+}
+
+// Malformed config.json, unknown devices and broken CDI specs fail and leave config.json intact.
+TEST_F(BundleTest, ShimFailuresLeaveConfigIntact) {
+  for (std::string text : {std::string("{\"ociVersion\": \"1.0.2\", \"process\": "),
+                           std::string("[]"), std::string("{\"ociVersion\":\"1\",\"root\":{}}")}) {
+    WriteFile(Config(), text);
+    auto r = ModifyBundle(dir_ + "/bundle", cfg_);
+    EXPECT_FALSE(r.ok()) << text;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("config.json"));
+    EXPECT_EQ(ReadFile(Config()), text);
+  }
+  std::string unknown = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=7"}).dump();
+  WriteFile(Config(), unknown);
+  auto r = ModifyBundle(dir_ + "/bundle", cfg_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("unresolvable CDI device nvidia.com/gpu=7"));
+  EXPECT_EQ(ReadFile(Config()), unknown);
+  WriteFile(dir_ + "/cdi/broken.json", "{\"cdiVersion\": \"0.5.0\", \"kind\": 3");
+  std::string ok = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump();
+  WriteFile(Config(), ok);
+  r = ModifyBundle(dir_ + "/bundle", cfg_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("broken.json:1"));
+  EXPECT_EQ(ReadFile(Config()), ok);
+}
+
+// Legacy mode adds our prestart hook once, with an explicit environment.
+TEST_F(BundleTest, ShimLegacyModeAddsHookOnce) {
+  cfg_.mode = "legacy";
+  WriteFile(Config(), MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump());
+  ASSERT_TRUE(ModifyBundle(dir_ + "/bundle", cfg_).ok());
+  ASSERT_TRUE(ModifyBundle(dir_ + "/bundle", cfg_).ok());
+  Json spec = Json::parse(ReadFile(Config()));
+  ASSERT_EQ(spec["hooks"]["prestart"].size(), 1u);
+  EXPECT_EQ(spec["hooks"]["prestart"][0]["args"], Json({"gpulet-container-hook", "prestart"}));
+  EXPECT_EQ(spec["hooks"]["prestart"][0]["env"], Json({"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}));
+  EXPECT_FALSE(spec.contains("linux"));
+}
+
+// The real shim binary never starts the low-level runtime on a bad config.json, and does start it
+// (unchanged arguments) for other commands.
+TEST_F(BundleTest, ShimBinaryFailsClosed) {
+  std::string marker = dir_ + "/runtime-ran";
+  WriteFile(dir_ + "/fake-runc", "#!/bin/sh\necho \"$@\" > " + marker + "\n", 0755);
+  WriteFile(dir_ + "/config.json",
+            Json({{"runtimes", {dir_ + "/fake-runc"}}, {"spec-dirs", {dir_ + "/cdi"}},
+                  {"accept-nvidia-visible-devices-envvar-when-unprivileged", true}})
+                .dump());
+  std::string shim = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-container-runtime";
+  std::string env = "GPULET_RUNTIME_CONFIG=" + dir_ + "/config.json ";
+  WriteFile(Config(), "{not json");
+  std::string out;
+  EXPECT_NE(Sh(env + shim + " --log " + dir_ + "/log.json --log-format json create --bundle " +
+                   dir_ + "/bundle id1", &out), 0);
+  EXPECT_THAT(out, HasSubstr("container not started"));
+  EXPECT_FALSE(fs::exists(marker));
+  EXPECT_EQ(ReadFile(Config()), "{not json");
+  EXPECT_THAT(ReadFile(dir_ + "/log.json"), HasSubstr("\"level\":\"error\""));
+  EXPECT_EQ(Sh(env + shim + " --root /x state id1", &out), 0) << out;
+  EXPECT_EQ(ReadFile(marker), "--root /x state id1\n");
+  WriteFile(dir_ + "/config.json", "{\"mode\": \"fast\"}");
+  EXPECT_NE(Sh(env + shim + " state id1", &out), 0);
+  EXPECT_THAT(out, HasSubstr("mode \"fast\" is not auto, cdi or legacy"));
+}
+
+// Creation inside a rootfs never leaves it, whatever symlinks the image holds (CVE-2024-0132 class).
+TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
+  std::string rootfs = dir_ + "/rootfs", host = dir_ + "/host-target";
+  fs::create_directories(rootfs + "/usr");
+  fs::create_directories(host);
+  fs::create_symlink(host, rootfs + "/usr/lib");             // absolute, at a host path
+  fs::create_symlink("../../../../../../..", rootfs + "/up");  // relative, climbing out
+  fs::create_symlink(host + "/evil", rootfs + "/file-link");  // a file target pointing out
+  auto root = OpenRoot(rootfs);
+  ASSERT_TRUE(root.ok());
+  ASSERT_TRUE(CreateFileInRoot(*root, "/usr/lib/x86_64-linux-gnu/libcuda.so.1").ok());
+  ASSERT_TRUE(MkdirAllInRoot(*root, "/up/etc/evil").ok());
+  ASSERT_TRUE(MknodInRoot(*root, "/up/dev/fifo", S_IFIFO | 0600, 0).ok());
+  auto f = CreateFileInRoot(*root, "/file-link");
+  EXPECT_TRUE(fs::is_empty(host)) << "something was created outside the rootfs";
+  EXPECT_TRUE(fs::exists(rootfs + host + "/x86_64-linux-gnu/libcuda.so.1"));
+  EXPECT_TRUE(fs::exists(rootfs + "/etc/evil"));
+  EXPECT_TRUE(fs::exists(rootfs + "/dev/fifo"));
+  EXPECT_FALSE(MkdirAllInRoot(*root, "/a/../b").ok());
+}
+
+// Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
+TEST_F(TempDirTest, DockerDaemonJson) {
+  std::string p = dir_ + "/daemon.json";
+  std::string orig = "{\"log-driver\": \"journald\", \"runtimes\": {\"other\": {\"path\": \"/x\"}}}";
+  WriteFile(p, orig);
+  ConfigureOptions o;
+  o.engine = Engine::kDocker;
+  o.config_path = p;
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  o.set_as_default = o.enable_cdi = true;
+  auto plan = PlanConfigure(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(UnifiedDiff((*plan)[0]), HasSubstr("+    \"default-runtime\": \"nvidia\""));
+  EXPECT_EQ(ReadFile(p), orig);  // planning writes nothing
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  Json j = Json::parse(ReadFile(p));
+  EXPECT_EQ(j["log-driver"], "journald");
+  EXPECT_EQ(j["runtimes"]["other"]["path"], "/x");
+  EXPECT_EQ(j["runtimes"]["nvidia"]["path"], "/usr/bin/gpulet-container-runtime");
+  EXPECT_EQ(j["features"]["cdi"], true);
+  EXPECT_EQ(ReadFile(p + ".bak"), orig);
+  std::string after = ReadFile(p);
+  auto again = PlanConfigure(o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE((*again)[0].changed());
+  WriteFile(p, "{\"a\": ");
+  auto bad = PlanConfigure(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("daemon.json: invalid JSON"));
+}
+
+// containerd v2/v3: drop-in with the runtime, imports in the main file; idempotent; bad TOML named.
+TEST_F(TempDirTest, ContainerdDropIn) {
+  for (int version : {2, 3}) {
+    std::string d = dir_ + "/v" + std::to_string(version);
+    std::string cri = version == 2 ? "io.containerd.grpc.v1.cri" : "io.containerd.cri.v1.runtime";
+    std::string p = d + "/config.toml";
+    WriteFile(p, "version = " + std::to_string(version) + "\n# operator comment\n[plugins.\"" + cri +
+                     "\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+                     "  [plugins.\"" + cri + "\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n");
+    ConfigureOptions o;
+    o.config_path = p;
+    o.runtime_path = "/opt/gpulet/bin/gpulet-container-runtime";
+    o.set_as_default = o.enable_cdi = true;
+    auto plan = PlanConfigure(o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(ApplyChanges(*plan).ok());
+    std::string drop = ReadFile(d + "/conf.d/99-gpulet.toml");
+    EXPECT_THAT(drop, HasSubstr("BinaryName = '/opt/gpulet/bin/gpulet-container-runtime'"));
+    EXPECT_THAT(drop, HasSubstr("SystemdCgroup = true"));  // runc's options carried over
+    EXPECT_THAT(drop, HasSubstr("default_runtime_name = 'nvidia'"));
+    EXPECT_THAT(drop, HasSubstr("enable_cdi = true"));
+    EXPECT_THAT(drop, HasSubstr(cri));
+    EXPECT_THAT(ReadFile(p), HasSubstr(d + "/conf.d/99-gpulet.toml"));
+    auto again = PlanConfigure(o);
+    ASSERT_TRUE(again.ok());
+    for (const auto& c : *again) EXPECT_FALSE(c.changed()) << c.path << "\n" << UnifiedDiff(c);
+  }
+  std::string p = dir_ + "/bad.toml";
+  WriteFile(p, "version = 2\n[plugins\n");
+  ConfigureOptions o;
+  o.config_path = p;
+  o.runtime_path = "/x";
+  auto bad = PlanConfigure(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad.toml:2"));
+  WriteFile(p, "[plugins.cri]\n");
+  EXPECT_THAT(std::string(PlanConfigure(o).status().message()), HasSubstr("version 1"));
+}
+
+// CRI-O: a drop-in with the runtime and, with --set-as-default, the default runtime.
+TEST_F(TempDirTest, CrioDropIn) {
+  ConfigureOptions o;
+  o.engine = Engine::kCrio;
+  o.config_path = dir_ + "/crio.conf";
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  o.set_as_default = true;
+  auto plan = PlanConfigure(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  std::string drop = ReadFile(dir_ + "/crio.conf.d/99-gpulet.toml");
+  EXPECT_THAT(drop, HasSubstr("runtime_path = '/usr/bin/gpulet-container-runtime'"));
+  EXPECT_THAT(drop, HasSubstr("runtime_type = 'oci'"));
+  EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
+}
+
+}  // namespace
+}  // namespace gpulet::runtime
