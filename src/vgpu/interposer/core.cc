@@ -445,10 +445,15 @@ void Core::Harvest(bool wait_oldest) {
       Fn<cuda::cuEventSynchronize_t>(real_.cuEventSynchronize)(p.end);
       wait_oldest = false;
     }
-    if (Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.end) != CUDA_SUCCESS) break;
+    CUresult q = Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.end);
+    if (q == CUDA_ERROR_NOT_READY) break;
     float ms = 0;
-    if (Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
-        CUDA_SUCCESS) {
+    // Any other error (e.g. the context was destroyed under the events): drop the entry uncharged
+    // rather than let it block the ring; the slot's events are recreated on next use.
+    if (q != CUDA_SUCCESS) p.ctx = nullptr;
+    if (q == CUDA_SUCCESS &&
+        Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
+            CUDA_SUCCESS) {
       Charge(static_cast<int64_t>(static_cast<double>(ms) * 1e6), clock_.now_ns());
     }
     ring_head_ = (ring_head_ + 1) % kRing;
