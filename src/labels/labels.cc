@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 
 namespace gpulet::labels {
 namespace {
@@ -192,6 +193,57 @@ absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Lab
     if (!st.ok()) return st;
   }
   return fs.WriteFileAtomic(path, FormatFeatureFile(labels), 0644);
+}
+
+LabelRefresher::LabelRefresher(gpu::GpuLayer* gpu, Filesystem* fs, std::string path,
+                               LabelOptions options, std::chrono::milliseconds interval,
+                               Clock* clock)
+    : gpu_(gpu),
+      fs_(fs),
+      path_(std::move(path)),
+      options_(std::move(options)),
+      interval_(interval),
+      clock_(clock ? clock : RealClock()) {}
+
+LabelRefresher::~LabelRefresher() { Stop(); }
+
+absl::Status LabelRefresher::WriteOnce() {
+  absl::StatusOr<gpu::Inventory> inv = gpu_->GetInventory();
+  if (!inv.ok()) {
+    // Keep the previous file: NFD would otherwise drop every GPU label on a transient failure.
+    return absl::UnavailableError(
+        absl::StrCat("labels: GPU inventory unavailable: ", inv.status().message()));
+  }
+  absl::Status st =
+      WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options_, clock_->UnixSeconds()));
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("labels: ", path_, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+void LabelRefresher::Start() {
+  {
+    absl::MutexLock l(&mu_);
+    if (thread_.joinable()) return;
+    stop_ = false;
+  }
+  thread_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock l(&mu_);
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::FromChrono(interval_))) return;
+      }
+      (void)WriteOnce();  // a failure keeps the last good file; retried next interval
+    }
+  });
+}
+
+void LabelRefresher::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace gpulet::labels

@@ -4,12 +4,16 @@
 // atomically, so NFD never reads half a file.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/fs.h"
 #include "gpu/gpu.h"
 
@@ -44,5 +48,29 @@ absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Lab
 
 // GFD's sanitising of a model name: characters outside [A-Za-z0-9-_. ] dropped, spaces -> '-'.
 std::string SanitizeLabelValue(const std::string& s);
+
+// Rewrites the feature file from the GPU layer's inventory every `interval` (GFD's
+// --sleep-interval). Thread-safe; owns its thread; `gpu` and `fs` must outlive it.
+class LabelRefresher {
+ public:
+  LabelRefresher(gpu::GpuLayer* gpu, Filesystem* fs, std::string path, LabelOptions options,
+                 std::chrono::milliseconds interval, Clock* clock = nullptr);
+  ~LabelRefresher();
+  // One refresh: inventory -> labels -> atomic write. Errors name the file or the GPU layer.
+  absl::Status WriteOnce();
+  void Start();  // refreshes in the background (the first write is the caller's WriteOnce)
+  void Stop();
+
+ private:
+  gpu::GpuLayer* gpu_;
+  Filesystem* fs_;
+  std::string path_;
+  LabelOptions options_;
+  std::chrono::milliseconds interval_;
+  Clock* clock_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 }  // namespace gpulet::labels

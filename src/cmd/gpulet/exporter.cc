@@ -1,0 +1,50 @@
+// `gpulet exporter`: the Prometheus exporter alone (the agent serves the same from its shared GPU
+// layer). NVML missing at start is not fatal: /metrics answers with gpulet_exporter_nvml_up 0 and
+// the GPU layer is opened again every interval.
+#include <iostream>
+#include <memory>
+
+#include "cmd/gpulet/command.h"
+#include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/metrics_flags.h"
+#include "gpu/open.h"
+#include "metrics/exporter.h"
+
+namespace gpulet::cmd {
+namespace {
+
+std::function<int()> SetupExporter(CLI::App& sub) {
+  auto gpu_opts = std::make_shared<gpu::GpuOptions>();
+  auto flags = std::make_shared<ExporterFlags>();
+  AddGpuFlags(sub, *gpu_opts);
+  AddExporterFlags(sub, *flags, /*with_pod_socket=*/true);
+  return [gpu_opts, flags] {
+    auto options = ToExporterOptions(*flags);
+    if (!options.ok()) {
+      std::cerr << "gpulet exporter: " << options.status().message() << "\n";
+      return 2;
+    }
+    const sigset_t stop = BlockStopSignals();
+    auto opener = [gpu_opts] { return gpu::OpenGpuLayer(*gpu_opts); };
+    auto exporter = metrics::Exporter::Start(*std::move(options), nullptr, opener);
+    if (!exporter.ok()) {
+      std::cerr << "gpulet exporter: " << exporter.status().message() << "\n";
+      return 1;
+    }
+    // Tests and scripts that pass port 0 read the chosen port here.
+    std::cout << "gpulet exporter: listening on port " << (*exporter)->port() << std::endl;
+    int sig = 0;
+    sigwait(&stop, &sig);
+    (*exporter)->Stop();
+    return 0;
+  };
+}
+
+}  // namespace
+
+GPULET_COMMAND(exporter,
+               "Serve GPU metrics for Prometheus (gpulet, DCGM, nvidia_smi, GPU Manager names) "
+               "with per-pod attribution",
+               SetupExporter);
+
+}  // namespace gpulet::cmd

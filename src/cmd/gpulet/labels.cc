@@ -1,0 +1,60 @@
+// `gpulet labels`: GFD-compatible node labels as an NFD feature file, once (--oneshot) or
+// refreshed every --interval (the agent runs the same refresher on its shared GPU layer).
+#include <iostream>
+#include <memory>
+
+#include "cmd/gpulet/command.h"
+#include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/metrics_flags.h"
+#include "gpu/open.h"
+#include "labels/labels.h"
+
+namespace gpulet::cmd {
+namespace {
+
+std::function<int()> SetupLabels(CLI::App& sub) {
+  auto gpu_opts = std::make_shared<gpu::GpuOptions>();
+  auto flags = std::make_shared<LabelFlags>();
+  auto oneshot = std::make_shared<bool>(false);
+  AddGpuFlags(sub, *gpu_opts);
+  AddLabelFlags(sub, *flags);
+  sub.add_flag("--oneshot", *oneshot, "Write the labels once and exit");
+  return [gpu_opts, flags, oneshot] {
+    RealFilesystem fs("/");
+    auto options = ToLabelOptions(*flags, fs);
+    if (!options.ok()) {
+      std::cerr << "gpulet labels: " << options.status().message() << "\n";
+      return 2;
+    }
+    auto interval = ParseFlagDuration("interval", flags->interval);
+    if (!interval.ok()) {
+      std::cerr << "gpulet labels: " << interval.status().message() << "\n";
+      return 2;
+    }
+    const sigset_t stop = BlockStopSignals();
+    auto layer = gpu::OpenGpuLayer(*gpu_opts);
+    if (!layer.ok()) {
+      std::cerr << "gpulet labels: " << layer.status().message() << "\n";
+      return 1;
+    }
+    labels::LabelRefresher refresher(layer->get(), &fs, flags->output, *options, *interval);
+    if (absl::Status st = refresher.WriteOnce(); !st.ok()) {
+      std::cerr << "gpulet labels: " << st.message() << "\n";
+      return 1;
+    }
+    if (*oneshot) return 0;
+    refresher.Start();
+    int sig = 0;
+    sigwait(&stop, &sig);
+    refresher.Stop();
+    return 0;
+  };
+}
+
+}  // namespace
+
+GPULET_COMMAND(labels,
+               "Write GPU feature labels (gpu-feature-discovery compatible) as an NFD feature file",
+               SetupLabels);
+
+}  // namespace gpulet::cmd

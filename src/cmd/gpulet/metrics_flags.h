@@ -1,0 +1,174 @@
+// Flags of the exporter and the feature labels, shared by `gpulet exporter`, `gpulet labels` and
+// `gpulet agent` so they are spelled and defaulted the same everywhere. Header-only wiring.
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "labels/labels.h"
+#include "metrics/exporter.h"
+
+namespace gpulet::cmd {
+
+struct ExporterFlags {
+  std::string address = ":9400";
+  std::string interval = "10s";
+  std::string families = "gpulet,dcgm";
+  std::string gpu_manager_address;
+  std::string hostname;
+  bool no_hostname = false;
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string pod_resources_interval = "10s";
+  std::vector<std::string> resource_names;
+  std::string vgpu_accounting_dir = "/var/lib/gpulet/vgpu";
+};
+
+struct LabelFlags {
+  std::string output = labels::kDefaultFeatureFile;
+  std::string interval = "60s";
+  std::string mig_strategy = "none";
+  int replicas = 1;
+  std::string sharing_strategy = "none";
+  bool no_timestamp = false;
+  std::string machine_type_file = "/sys/class/dmi/id/product_name";
+};
+
+// `with_pod_socket`: false when the command already has --pod-resources-socket (the agent's
+// device-plugin flags); then that value is copied in by the caller.
+inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_socket,
+                             const std::string& prefix = "") {
+  sub.add_option("--" + prefix + "address", f.address,
+                 "Listen address of GET /metrics and /health ([host]:port)")
+      ->capture_default_str()->type_name("ADDR");
+  sub.add_option("--" + prefix + "interval", f.interval,
+                 "Sampling interval: NVML, vGPU accounting and rendering run this often in the "
+                 "background; a scrape never waits for them")
+      ->capture_default_str()->type_name("DURATION");
+  sub.add_option("--" + prefix + "families", f.families,
+                 "Metric family sets to export, comma-separated: gpulet (own names), dcgm "
+                 "(dcgm-exporter names), nvidia-smi (nvidia_gpu_exporter names), gpu-manager "
+                 "(GPU Manager's container_* names)")
+      ->capture_default_str()->type_name("LIST");
+  sub.add_option("--" + prefix + "gpu-manager-address", f.gpu_manager_address,
+                 "Also serve GPU Manager's GET /metric on this address (e.g. :5678); empty: off")
+      ->type_name("ADDR");
+  sub.add_option("--" + prefix + "hostname", f.hostname,
+                 "Node name in DCGM's Hostname and GPU Manager's node labels; default $NODE_NAME, "
+                 "else the host name")
+      ->type_name("NAME");
+  sub.add_flag("--" + prefix + "no-hostname", f.no_hostname,
+               "Omit DCGM's Hostname label (dcgm-exporter's --no-hostname)");
+  if (with_pod_socket) {
+    sub.add_option("--pod-resources-socket", f.pod_resources_socket,
+                   "Kubelet PodResources socket for per-pod attribution; empty: off")
+        ->capture_default_str()->type_name("PATH");
+  }
+  sub.add_option("--" + prefix + "pod-resources-interval", f.pod_resources_interval,
+                 "How often the kubelet is asked which pod holds which GPU (also on demand after "
+                 "allocations in the agent); never per scrape")
+      ->capture_default_str()->type_name("DURATION");
+  sub.add_option("--" + prefix + "resource-name", f.resource_names,
+                 "Extra resource name attributed to pods besides nvidia.com/* (repeatable)")
+      ->type_name("NAME");
+  sub.add_option("--" + prefix + "vgpu-accounting-dir", f.vgpu_accounting_dir,
+                 "Root of the vGPU accounting files (<pod-uid>/<container>/accounting); empty: "
+                 "off")
+      ->capture_default_str()->type_name("DIR");
+}
+
+// `with_sharing_flags`: false in the agent, where MIG strategy and replicas come from the device
+// plugin's config instead.
+inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefix = "",
+                          bool with_sharing_flags = true) {
+  sub.add_option("--" + prefix + "output", f.output,
+                 "NFD feature file to write (atomically)")
+      ->capture_default_str()->type_name("FILE");
+  sub.add_option("--" + prefix + "interval", f.interval,
+                 "Rewrite the labels this often (GFD's --sleep-interval)")
+      ->capture_default_str()->type_name("DURATION");
+  if (with_sharing_flags) {
+    sub.add_option("--mig-strategy", f.mig_strategy, "MIG strategy: none, single or mixed")
+        ->capture_default_str();
+    sub.add_option("--replicas", f.replicas,
+                   "GPU sharing replicas (gpu.replicas; > 1 marks the product -SHARED)")
+        ->capture_default_str();
+    sub.add_option("--sharing-strategy", f.sharing_strategy,
+                   "none, time-slicing or mps (gpu.sharing-strategy)")
+        ->capture_default_str();
+  }
+  sub.add_flag("--" + prefix + "no-timestamp", f.no_timestamp, "Omit nvidia.com/gfd.timestamp");
+  sub.add_option("--" + prefix + "machine-type-file", f.machine_type_file,
+                 "File holding the machine type (nvidia.com/gpu.machine); missing: omitted")
+      ->capture_default_str()->type_name("FILE");
+}
+
+// Blocks SIGINT/SIGTERM/SIGQUIT in this thread and every thread started afterwards (call before
+// any), so the command can sigwait() on the returned set for a clean stop.
+inline sigset_t BlockStopSignals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
+
+inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::string& flag,
+                                                                   const std::string& v) {
+  absl::Duration d;
+  if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", v, "': expected a positive duration like 10s or 500ms"));
+  }
+  return absl::ToChronoMilliseconds(d);
+}
+
+inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const ExporterFlags& f) {
+  metrics::ExporterOptions o;
+  auto fam = metrics::ParseFamilies(f.families);
+  if (!fam.ok()) return fam.status();
+  auto interval = ParseFlagDuration("interval", f.interval);
+  if (!interval.ok()) return interval.status();
+  auto pod_interval = ParseFlagDuration("pod-resources-interval", f.pod_resources_interval);
+  if (!pod_interval.ok()) return pod_interval.status();
+  if (auto a = metrics::ParseListenAddress(f.address); !a.ok()) return a.status();
+  if (!f.gpu_manager_address.empty()) {
+    if (auto a = metrics::ParseListenAddress(f.gpu_manager_address); !a.ok()) return a.status();
+  }
+  o.server.address = f.address;
+  o.server.gpu_manager_address = f.gpu_manager_address;
+  o.sampler.interval = *interval;
+  o.sampler.render.families = *fam;
+  o.sampler.render.dcgm_hostname = !f.no_hostname;
+  o.sampler.hostname = f.hostname.empty() ? metrics::DefaultHostname() : f.hostname;
+  o.pod_resources_socket = f.pod_resources_socket;
+  o.pod_resources_interval = *pod_interval;
+  o.extra_resources = f.resource_names;
+  o.vgpu_accounting_dir = f.vgpu_accounting_dir;
+  return o;
+}
+
+inline absl::StatusOr<labels::LabelOptions> ToLabelOptions(const LabelFlags& f,
+                                                           const Filesystem& fs) {
+  labels::LabelOptions o;
+  o.mig_strategy = f.mig_strategy;
+  o.replicas = f.replicas;
+  o.sharing_strategy = f.sharing_strategy;
+  o.timestamp = !f.no_timestamp;
+  if (!f.machine_type_file.empty()) {
+    if (auto m = fs.ReadFile(f.machine_type_file); m.ok()) {
+      o.machine_type = std::string(absl::StripAsciiWhitespace(*m));
+    }
+  }
+  if (absl::Status st = labels::ValidateOptions(o); !st.ok()) return st;
+  return o;
+}
+
+}  // namespace gpulet::cmd

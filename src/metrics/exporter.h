@@ -1,0 +1,58 @@
+// The whole exporter as one object, for `gpulet exporter` and `gpulet agent`: PodResources cache,
+// vGPU accounting reader, sampler and HTTP server, started and stopped together.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu/gpu.h"
+#include "metrics/sampler.h"
+#include "metrics/server.h"
+
+namespace gpulet::metrics {
+
+struct ExporterOptions {
+  ServerOptions server;
+  SamplerOptions sampler;
+  std::string pod_resources_socket;  // empty: no pod attribution
+  std::chrono::milliseconds pod_resources_interval{10000};
+  std::vector<std::string> extra_resources;  // resource names kept besides nvidia.com/*
+  std::string vgpu_accounting_dir;           // empty: no vGPU usage
+};
+
+// "gpulet,dcgm" -> FamilySet bits. InvalidArgument naming an unknown set.
+absl::StatusOr<unsigned> ParseFamilies(const std::string& list);
+
+// The node name used as DCGM's Hostname / GPU Manager's node: $NODE_NAME, else gethostname().
+std::string DefaultHostname();
+
+class Exporter {
+ public:
+  // `gpu` (not owned, may be null) is a layer shared with the agent; with null, `opener` opens
+  // one and retries until it succeeds. Starts sampling and serving; an error names the cause
+  // (e.g. the address in use).
+  static absl::StatusOr<std::unique_ptr<Exporter>> Start(ExporterOptions options,
+                                                         gpu::GpuLayer* gpu,
+                                                         Sampler::GpuOpener opener);
+  ~Exporter();
+  void Stop();
+
+  // Ask the kubelet again soon (after a device-plugin allocation); returns at once.
+  void RefreshPods();
+
+  int port() const { return server_->port(); }
+  int gpu_manager_port() const { return server_->gpu_manager_port(); }
+  Sampler& sampler() { return *sampler_; }
+
+ private:
+  Exporter() = default;
+  std::unique_ptr<kubelet::PodResourcesCache> pods_;
+  std::unique_ptr<VgpuUsageSource> vgpu_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<MetricsServer> server_;
+};
+
+}  // namespace gpulet::metrics
