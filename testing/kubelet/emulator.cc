@@ -107,6 +107,7 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
   bool checkpoint_loaded = false;
   bool dirty = false;          // something freed or appeared: retry pending pods
   bool worker_stop = false;
+  int busy = 0;                // retries taken from `dirty` and not finished yet
   std::unique_ptr<grpc::Server> server;
   std::thread worker;
   std::mutex admit_mu;  // one admission at a time, like the kubelet's pod workers for admission
@@ -660,11 +661,13 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       }
       if (dirty) {
         dirty = false;
+        ++busy;
         RecountAll();
         WriteCheckpoint();
         l.unlock();
         RetryPending();
         l.lock();
+        --busy;
         cv.notify_all();
         continue;
       }
@@ -894,6 +897,19 @@ bool KubeletEmulator::HasTimedPods() const {
   for (const auto& p : impl_->pods)
     if (p.phase == PodPhase::kRunning && p.spec.run_time_ms > 0) return true;
   return false;
+}
+
+bool KubeletEmulator::WaitIdle(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> a(impl_->admit_mu);  // no admission running right now
+      std::lock_guard<std::mutex> l(impl_->mu);
+      if (!impl_->dirty && impl_->busy == 0) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 std::vector<Event> KubeletEmulator::Events() const {

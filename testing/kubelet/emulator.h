@@ -148,6 +148,9 @@ class KubeletEmulator {
                                             PodPhase phase, std::chrono::milliseconds timeout);
   // True while some Running pod has a simulated run time still to go (it will free devices).
   bool HasTimedPods() const;
+  // Waits until no admission or retry is in progress or queued (after a pod completed or devices
+  // changed). False on timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout);
 
   std::vector<Event> Events() const;
 

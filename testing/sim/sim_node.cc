@@ -1,0 +1,327 @@
+// The simulated node behind `gpulet sim`. See sim_node.h.
+#include "testing/sim/sim_node.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "fake_nvml/control.h"
+#include "fake_nvml/machine.h"
+
+extern char** environ;
+
+namespace gpulet::sim {
+namespace {
+
+namespace stdfs = std::filesystem;
+using std::chrono::milliseconds;
+
+std::string SelfDir() {
+  std::error_code ec;
+  auto p = stdfs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+std::string Pad(const std::string& s, size_t n) { return s.size() >= n ? s + " " : s + std::string(n - s.size(), ' '); }
+
+}  // namespace
+
+SimPaths::SimPaths(const std::string& r)
+    : root(r),
+      device_plugin_dir(r + "/kubelet/device-plugins"),
+      pod_resources_socket(r + "/kubelet/pod-resources/kubelet.sock"),
+      agent_log(r + "/agent.log"),
+      pid_file(r + "/sim.lock") {}
+
+std::string DefaultSimRoot() {
+  const char* tmp = getenv("TMPDIR");
+  return absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/gpulet-sim-", getuid());
+}
+
+SimNode::SimNode(SimOptions options, std::ostream& out)
+    : opt_(std::move(options)),
+      out_(out),
+      paths_(opt_.sim_root.empty() ? DefaultSimRoot() : opt_.sim_root) {
+  if (opt_.agent_binary.empty()) opt_.agent_binary = SelfDir() + "/gpulet";
+}
+
+SimNode::~SimNode() {
+  Stop();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
+
+absl::Status SimNode::Prepare() {
+  if (opt_.profile.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--simulate PROFILE is required (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
+                     ", or a machine-file path)"));
+  auto machine = LoadMachine(opt_.profile);
+  if (!machine.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--simulate ", opt_.profile, ": ",
+                                                   machine.status().message()));
+  gpus_ = static_cast<int>(machine->gpus.size());
+  if (access(opt_.agent_binary.c_str(), X_OK) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "agent binary not found: ", opt_.agent_binary,
+        " (build it: cmake --build build --target gpulet; or pass --agent-binary PATH)"));
+  for (const auto& f : opt_.pod_files) {
+    ASSIGN_OR_RETURN(auto pods, emu::LoadPodFile(f));
+    for (auto& p : pods) {
+      for (const auto& q : pods_)
+        if (q.Key() == p.Key())
+          return absl::InvalidArgumentError(absl::StrCat(p.source, ": pod ", p.Key(),
+                                                         " is already defined at ", q.source));
+      pods_.push_back(std::move(p));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimNode::Start() {
+  std::error_code ec;
+  stdfs::create_directories(paths_.root, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create sim root ", paths_.root, ": ", ec.message()));
+  lock_fd_ = open(paths_.pid_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a simulated node is already running at ", paths_.root,
+        " (stop it, or pass --sim-root DIR for a second node)"));
+  // A new node starts clean: no kubelet state, no fault state from an earlier node.
+  stdfs::remove_all(paths_.root + "/kubelet", ec);
+  stdfs::remove(ControlLogPath(paths_.root), ec);
+
+  emu::EmulatorOptions eo;
+  eo.device_plugin_dir = paths_.device_plugin_dir;
+  eo.pod_resources_socket = paths_.pod_resources_socket;
+  emu_ = std::make_unique<emu::KubeletEmulator>(eo);
+  RETURN_IF_ERROR(emu_->Start());
+  t0_ = std::chrono::steady_clock::now();
+
+  std::vector<std::string> args = {opt_.agent_binary,       "agent",
+                                   "--simulate",            opt_.profile,
+                                   "--sim-root",            paths_.root,
+                                   "--device-plugin-dir",   paths_.device_plugin_dir,
+                                   "--pod-resources-socket", paths_.pod_resources_socket};
+  args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, paths_.agent_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);  // our caller blocks SIGINT/SIGTERM; the agent must not
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  int rc = posix_spawn(&agent_pid_, opt_.agent_binary.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    agent_pid_ = -1;
+    return absl::InternalError(absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));
+  }
+  out_ << "Simulated node " << "sim-node" << ": " << opt_.profile << ", " << gpus_
+       << " GPUs on the fake NVML; sim root " << paths_.root << "\n"
+       << "Agent: " << absl::StrJoin(args, " ") << "  (pid " << agent_pid_ << ", log "
+       << paths_.agent_log << ")\n";
+
+  // Registered means: every resource registered so far has sent its device list, and nothing new
+  // has registered for a moment (the agent registers its resources one after another).
+  auto deadline = std::chrono::steady_clock::now() + opt_.register_timeout;
+  auto last_change = std::chrono::steady_clock::now();
+  int64_t last_regs = 0;
+  while (true) {
+    if (!AgentAlive())
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the agent exited (", agent_status_ >= 256 ? "signal " : "status ",
+          agent_status_ % 256, ") before registering with the kubelet emulator; ",
+          "last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
+    auto now = std::chrono::steady_clock::now();
+    int64_t regs = emu_->registrations();
+    if (regs != last_regs) last_regs = regs, last_change = now;
+    auto res = emu_->Resources();
+    bool all_listed = !res.empty() && std::all_of(res.begin(), res.end(), [](const auto& r) {
+      return r.generation > 0;
+    });
+    if (all_listed && now - last_change > milliseconds(500)) break;
+    if (now > deadline)
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the agent registered no resource with ", paths_.device_plugin_dir, "/kubelet.sock within ",
+          opt_.register_timeout.count() / 1000, "s; last lines of ", paths_.agent_log, ":\n",
+          AgentLogTail()));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  for (const auto& r : emu_->Resources())
+    out_ << "Registered: " << r.name << " (endpoint " << r.endpoint << ", " << r.capacity
+         << " devices, " << r.allocatable << " healthy)\n";
+  out_ << "\nEvents:\n";
+  PrintNewEvents();
+  return absl::OkStatus();
+}
+
+void SimNode::RunPods() {
+  int64_t longest = 0;
+  for (const auto& p : pods_) {
+    auto st = emu_->AddPod(p);
+    if (!st.ok()) out_ << "  " << p.source << ": " << st.status().message() << "\n";
+    longest = std::max(longest, p.run_time_ms);
+    PrintNewEvents();
+  }
+  // Let simulated run times play out; pods they free devices for get admitted meanwhile.
+  auto deadline = std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
+  while ((emu_->HasTimedPods() || !emu_->WaitIdle(milliseconds(0))) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    PrintNewEvents();
+  }
+  emu_->WaitIdle(std::chrono::seconds(5));
+  PrintNewEvents();
+}
+
+void SimNode::PrintNewEvents() {
+  auto events = emu_->Events();
+  for (; events_printed_ < events.size(); ++events_printed_) {
+    const auto& e = events[events_printed_];
+    double t = std::chrono::duration<double>(e.at - t0_).count();
+    std::ostringstream ts;
+    ts << "+" << std::fixed << std::setprecision(2) << std::max(0.0, t) << "s";
+    out_ << "  " << Pad(ts.str(), 8) << Pad(e.type, 8) << Pad(e.reason, 25) << Pad(e.object, 32)
+         << e.message << "\n";
+  }
+  out_.flush();
+}
+
+void SimNode::PrintNode() {
+  auto res = emu_->Resources();
+  size_t w = 16;
+  for (const auto& r : res) w = std::max(w, r.name.size() + 2);
+  out_ << "\nName:               sim-node\n";
+  out_ << "Capacity:\n";
+  for (const auto& r : res) out_ << "  " << Pad(r.name + ":", w) << " " << r.capacity << "\n";
+  out_ << "Allocatable:\n";
+  for (const auto& r : res) out_ << "  " << Pad(r.name + ":", w) << " " << r.allocatable << "\n";
+  out_ << "Allocated resources:\n  (Total limits may be over 100 percent, i.e., overcommitted.)\n";
+  out_ << "  " << Pad("Resource", w) << " Requests  Limits\n";
+  out_ << "  " << Pad("--------", w) << " --------  ------\n";
+  for (const auto& r : res)
+    out_ << "  " << Pad(r.name, w) << " " << Pad(std::to_string(r.allocated), 9) << " "
+         << r.allocated << "\n";
+}
+
+void SimNode::PrintPods() {
+  out_ << "\nPods:\n";
+  for (const auto& p : emu_->Pods()) {
+    out_ << "  " << Pad(p.spec.Key(), 30) << Pad(emu::PodPhaseName(p.phase), 10)
+         << (p.reason.empty() ? "" : p.reason + ": ") << p.message << "\n";
+    for (const auto& c : p.spec.containers) {
+      out_ << "    container " << c.name << " (" << c.image << ")\n";
+      for (const auto& a : p.containers) {
+        if (a.container != c.name) continue;
+        for (const auto& [res, ids] : a.devices)
+          out_ << "      " << res << ": " << absl::StrJoin(ids, ",") << "\n";
+        std::map<std::string, std::string> envs(a.response.envs().begin(), a.response.envs().end());
+        for (const auto& [k, v] : envs) out_ << "      env     " << k << "=" << v << "\n";
+        for (const auto& d : a.response.devices())
+          out_ << "      device  " << d.host_path() << " -> " << d.container_path() << " ("
+               << d.permissions() << ")\n";
+        for (const auto& m : a.response.mounts())
+          out_ << "      mount   " << m.host_path() << " -> " << m.container_path()
+               << (m.read_only() ? " (ro)" : "") << "\n";
+        for (const auto& cdi : a.response.cdi_devices()) out_ << "      cdi     " << cdi.name() << "\n";
+        std::map<std::string, std::string> ann(a.response.annotations().begin(),
+                                               a.response.annotations().end());
+        for (const auto& [k, v] : ann) out_ << "      annot.  " << k << "=" << v << "\n";
+      }
+    }
+  }
+  out_.flush();
+}
+
+void SimNode::Serve() {
+  out_ << "\nServing the simulated node until SIGINT/SIGTERM:\n"
+       << "  sim root:               " << paths_.root << "\n"
+       << "  device-plugin dir:      " << paths_.device_plugin_dir << "\n"
+       << "  kubelet registration:   " << emu_->kubelet_socket() << "\n"
+       << "  PodResources v1:        " << emu_->pod_resources_socket() << "\n"
+       << "  agent:                  pid " << agent_pid_ << ", log " << paths_.agent_log << "\n"
+       << "  faults:                 gpulet sim fault --sim-root " << paths_.root
+       << " xid --gpu 3 --code 79\n\nEvents:\n";
+  out_.flush();
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  bool agent_reported = false;
+  while (true) {
+    timespec ts{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&set, nullptr, &ts);
+    PrintNewEvents();
+    if (sig == SIGINT || sig == SIGTERM) {
+      out_ << "Received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping.\n";
+      break;
+    }
+    if (!agent_reported && !AgentAlive()) {
+      out_ << "  the agent exited (status " << agent_status_ << "); last lines of " << paths_.agent_log
+           << ":\n" << AgentLogTail();
+      agent_reported = true;
+    }
+  }
+}
+
+bool SimNode::AgentAlive() {
+  if (agent_pid_ < 0) return false;
+  int status = 0;
+  pid_t r = waitpid(agent_pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  agent_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 256 + WTERMSIG(status);
+  agent_pid_ = -1;
+  return false;
+}
+
+std::string SimNode::AgentLogTail() const {
+  auto text = ReadFileToString(paths_.agent_log);
+  if (!text.ok() || text->empty()) return "  (empty)\n";
+  std::vector<std::string> lines;
+  std::istringstream in(*text);
+  for (std::string l; std::getline(in, l);) lines.push_back("  " + l);
+  size_t from = lines.size() > 15 ? lines.size() - 15 : 0;
+  return absl::StrJoin(lines.begin() + from, lines.end(), "\n") + "\n";
+}
+
+void SimNode::Stop() {
+  if (agent_pid_ > 0 && AgentAlive()) {
+    kill(agent_pid_, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (AgentAlive() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(10));
+    if (agent_pid_ > 0) {
+      kill(agent_pid_, SIGKILL);
+      waitpid(agent_pid_, nullptr, 0);
+      agent_pid_ = -1;
+      out_ << "\nAgent did not stop within 5s of SIGTERM; killed.\n";
+    } else {
+      out_ << "\nAgent stopped (" << (agent_status_ >= 256 ? "signal " : "exit status ")
+           << agent_status_ % 256 << ").\n";
+    }
+  }
+  if (emu_) emu_->Stop();
+}
+
+}  // namespace gpulet::sim

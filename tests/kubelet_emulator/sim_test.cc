@@ -1,0 +1,189 @@
+// `gpulet sim` end to end: the real gpulet-sim and gpulet binaries as processes. Bad inputs need
+// only gpulet-sim; the node runs need the real agent (`gpulet agent`) and skip without it.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "k8s/podresources/v1/api.grpc.pb.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
+const std::string kSrc = GPULET_SOURCE_DIR;
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+// Runs a shell command, returning its exit code and merged stdout/stderr.
+Result Shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class SimTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access((kBin + "gpulet-sim").c_str(), X_OK) != 0)
+      GTEST_SKIP() << "gpulet-sim is not built (cmake --build build --target gpulet-sim)";
+    char tmpl[] = "/tmp/gsim-XXXXXX";
+    root_ = mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+  std::string Sim(const std::string& args) {
+    return kBin + "gpulet-sim --sim-root " + root_ + " " + args;
+  }
+  static bool AgentBuilt() {
+    return access((kBin + "gpulet").c_str(), X_OK) == 0 &&
+           Shell(kBin + "gpulet agent --help").code == 0;
+  }
+  std::string root_;
+};
+
+// An unknown profile is refused before anything starts, naming the profile.
+TEST_F(SimTest, UnknownProfile) {
+  Result r = Shell(Sim("--simulate no-such-node"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--simulate no-such-node"));
+}
+
+// A bad pod file is refused with file:line before anything starts.
+TEST_F(SimTest, BadPodYamlNamesFileAndLine) {
+  std::string f = root_ + "/bad.yaml";
+  std::ofstream(f) << "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n"
+                      "  - name: c\n    image: i\n    resources:\n      limits:\n"
+                      "        nvidia.com/gpu: half\n";
+  Result r = Shell(Sim("--simulate dgx-h100 --agent-binary /bin/true " + f));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(f + ":10: spec.containers[0].resources.limits[nvidia.com/gpu]"));
+}
+
+// A missing agent binary is named, with how to build it.
+TEST_F(SimTest, MissingAgentBinary) {
+  Result r = Shell(Sim("--simulate dgx-h100 --agent-binary /nonexistent/gpulet"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("agent binary not found: /nonexistent/gpulet"));
+}
+
+// An agent that dies before registering is reported with its exit status, and nothing hangs.
+TEST_F(SimTest, AgentExitingEarlyIsReported) {
+  Result r = Shell(Sim("--simulate dgx-h100 --agent-binary /bin/false"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("the agent exited (status 1) before registering"));
+  EXPECT_FALSE(fs::exists(root_ + "/kubelet/device-plugins/kubelet.sock"));  // cleaned up
+}
+
+// A fault aimed at a sim root without a running node says so.
+TEST_F(SimTest, FaultWithoutNode) {
+  Result r = Shell(kBin + "gpulet-sim fault xid --gpu 3 --code 79 --sim-root " + root_);
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("no simulated node at " + root_));
+  r = Shell(kBin + "gpulet-sim fault xid --gpu 3 --sim-root " + root_);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("missing code=XID"));
+}
+
+// `gpulet sim` forwards to gpulet-sim, --help included.
+TEST_F(SimTest, GpuletForwardsToRunner) {
+  if (access((kBin + "gpulet").c_str(), X_OK) != 0) GTEST_SKIP() << "gpulet is not built";
+  Result r = Shell(kBin + "gpulet sim --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--serve"));
+  r = Shell(kBin + "gpulet sim --simulate no-such-node --sim-root " + root_);
+  EXPECT_EQ(r.code, 2) << r.out;
+}
+
+// The demo: 8 H100s advertised by the real agent; the example pods placed; the notebook waits
+// Pending until vectoradd completes; the vGPU pod's state is explained; the agent stops cleanly.
+TEST_F(SimTest, DemoWithRealAgent) {
+  if (!AgentBuilt()) GTEST_SKIP() << "`gpulet agent` is not built yet (device plugin issue)";
+  Result r = Shell(Sim("--simulate dgx-h100 " + kSrc + "/examples/*.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("Capacity:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("Allocatable:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("default/cuda-vectoradd +Succeeded")));
+  for (const char* pod : {"pytorch-ddp-train", "llm-serving", "embeddings", "notebook"})
+    EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("default/") + pod + " +Running")))
+        << pod << "\n" << r.out;
+  // The notebook went Pending first, then Running after vectoradd completed.
+  size_t pending = r.out.find("Unschedulable");
+  size_t completed = r.out.find("Completed");
+  size_t started = r.out.rfind("pod/default/notebook");
+  EXPECT_NE(pending, std::string::npos);
+  EXPECT_LT(pending, completed);
+  EXPECT_LT(completed, started);
+  EXPECT_THAT(r.out, HasSubstr("NVIDIA_VISIBLE_DEVICES=GPU-"));
+  EXPECT_THAT(r.out, HasSubstr("Agent stopped (exit status 0)"));
+}
+
+// --serve keeps the node up: PodResources answers over its socket, an injected XID fault on one
+// GPU takes it out of the allocatable set, SIGTERM stops everything with exit 0.
+TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
+  if (!AgentBuilt()) GTEST_SKIP() << "`gpulet agent` is not built yet (device plugin issue)";
+  std::string log = root_ + "/../" + fs::path(root_).filename().string() + ".out";
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string cmd = Sim("--simulate dgx-h100 --serve > " + log + " 2>&1");
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+    _exit(127);
+  }
+  auto read_log = [&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_log().find("Serving") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_THAT(read_log(), HasSubstr("Serving")) << read_log();
+  auto stub = v1::PodResourcesLister::NewStub(grpc::CreateChannel(
+      "unix:" + root_ + "/kubelet/pod-resources/kubelet.sock", grpc::InsecureChannelCredentials()));
+  auto healthy_gpus = [&] {
+    grpc::ClientContext ctx;
+    v1::AllocatableResourcesResponse resp;
+    if (!stub->GetAllocatableResources(&ctx, {}, &resp).ok()) return -1;
+    int n = 0;
+    for (const auto& d : resp.devices()) n += d.resource_name() == "nvidia.com/gpu";
+    return n;
+  };
+  EXPECT_EQ(healthy_gpus(), 8);
+  Result f = Shell(kBin + "gpulet-sim fault xid --gpu 3 --code 79 --sim-root " + root_);
+  EXPECT_EQ(f.code, 0) << f.out;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (healthy_gpus() != 7 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(healthy_gpus(), 7) << read_log();
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_log();
+  EXPECT_THAT(read_log(), HasSubstr("Received SIGTERM"));
+  fs::remove(log);
+}
+
+}  // namespace
