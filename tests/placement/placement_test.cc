@@ -202,6 +202,16 @@ TEST(Policies, BestFitPicksTightestNode) {
   EXPECT_EQ(Decide("best-fit", c, Whole(1)).node, 1);
 }
 
+// Without a workload FGD's measure is undefined; fgd and gpulet then fall back to best fit
+// (the extender may not know the workload), so they pick the tight node too.
+TEST(Policies, FragPoliciesWithoutWorkloadFallBackToBestFit) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("roomy", 4));
+  c.nodes.push_back(MakeNode("tight", 1));
+  EXPECT_EQ(Decide("fgd", c, Whole(1)).node, 1);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1)).node, 1);
+}
+
 // GPU packing: a share goes to a GPU already shared (score >= 50) before any idle node
 // (score <= 33); within the node, to the used GPU (best-fit GPU selection).
 TEST(Policies, GpuPackingPrefersSharedGpu) {

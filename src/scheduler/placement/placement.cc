@@ -351,7 +351,8 @@ uint64_t StateHash(const Node& n) {
   for (const Gpu& g : n.gpus) {
     h = (h ^ static_cast<uint64_t>(g.free_milli) ^ (static_cast<uint64_t>(g.healthy) << 20) ^
          (static_cast<uint64_t>(g.fractional_allowed) << 21) ^
-         (static_cast<uint64_t>(g.memory_free_bytes) << 22) ^ std::hash<std::string>{}(g.model)) *
+         (static_cast<uint64_t>(g.memory_free_bytes) << 22) ^ (g.model.size() << 40) ^
+         (g.model.empty() ? 0 : static_cast<uint64_t>(static_cast<unsigned char>(g.model.back())) << 48)) *
         0x100000001B3ull;
   }
   return h;
@@ -387,29 +388,28 @@ absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, c
   const int n = static_cast<int>(cluster.nodes.size());
   // Nodes in identical states get identical scores: score the first of each state only.
   const bool memo_on = impl && impl->StateOnly();
-  absl::flat_hash_map<uint64_t, int> memo;
-  std::vector<std::optional<double>> memo_score;
-  std::vector<internal::Plan> memo_plan;
-  if (memo_on) {
-    memo.reserve(n);
-    memo_score.resize(n);
-    memo_plan.resize(n);
-  }
+  absl::flat_hash_map<uint64_t, int> memo;  // state hash -> memo_entries index
+  struct MemoEntry {
+    int node;
+    std::optional<double> score;
+    internal::Plan plan;
+  };
+  std::vector<MemoEntry> memo_entries;
+  if (memo_on) memo.reserve(n);
   for (int i = 0; i < n; ++i) {
     const Node& node = cluster.nodes[i];
     std::optional<double> s;
     std::optional<NodeScore> full;
     if (impl && memo_on) {
       const uint64_t h = StateHash(node);
-      auto [it, inserted] = memo.try_emplace(h, i);
-      if (!inserted && SameState(cluster.nodes[it->second], node)) {
-        s = memo_score[it->second];
-        plan = memo_plan[it->second];
+      auto [it, inserted] = memo.try_emplace(h, static_cast<int>(memo_entries.size()));
+      if (!inserted && SameState(cluster.nodes[memo_entries[it->second].node], node)) {
+        s = memo_entries[it->second].score;
+        plan = memo_entries[it->second].plan;
       } else {
         s = impl->ScorePlan(node, pod, &plan);
+        if (inserted) memo_entries.push_back({i, s, plan});
       }
-      memo_score[i] = s;
-      memo_plan[i] = plan;
     } else if (impl) {
       s = impl->ScorePlan(node, pod, &plan);
     } else {

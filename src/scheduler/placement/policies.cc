@@ -248,14 +248,23 @@ class FragPolicy final : public PolicyImpl {
   bool TriesEveryGpu() const override { return true; }
   double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,
                   Context& ctx) const override {
-    const FragModel::State s = frag_.StateOf(node);
-    if (!ctx.has_before) {
-      ctx.before = frag_.Frag(s);
-      ctx.has_before = true;
+    double score;
+    if (frag_.empty()) {
+      // No workload given (SetWorkload not called or empty): fragmentation is undefined, so
+      // fall back to best fit rather than scoring every node alike.
+      const double left = 0.5 * (node.cpu_milli_free - pod.cpu_milli) / kMaxSpecCpu +
+                          0.5 * (NodeGpuFree(node) - pod.TotalGpuMilli()) / kMaxSpecGpu;
+      score = std::trunc((1.0 - left) * 100);
+    } else {
+      const FragModel::State s = frag_.StateOf(node);
+      if (!ctx.has_before) {
+        ctx.before = frag_.Frag(s);
+        ctx.has_before = true;
+      }
+      const double delta = ctx.before - frag_.FragAfter(s, pod, plan, node);
+      if (o_.exact) return delta;
+      score = std::trunc(100.0 / (1.0 + std::exp(-delta / 1000.0)));
     }
-    const double delta = ctx.before - frag_.FragAfter(s, pod, plan, node);
-    if (o_.exact) return delta;
-    double score = std::trunc(100.0 / (1.0 + std::exp(-delta / 1000.0)));
     if (o_.steer_cpu_tasks && pod.TotalGpuMilli() == 0) {
       const double free_gpus = static_cast<double>(NodeGpuFree(node)) / kMaxSpecGpu;
       score += 0.9 * (1.0 - std::clamp(free_gpus, 0.0, 1.0));
