@@ -1,6 +1,7 @@
 #include "runtime/driver.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <map>
@@ -126,12 +127,25 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
         if (words[i] == "Module") version = words[i + 1];
     }
   }
+  // Cache entries are keyed by soname and usually point at the soname link (libcuda.so.1 ->
+  // libcuda.so.550.54.15): follow one level of link inside the driver root to the real file.
+  std::vector<std::string> resolved;
+  for (const auto& e : entries) {
+    if (e.flags != kLdCacheX8664) continue;
+    std::string p = e.path;
+    char target[4096];
+    ssize_t n = ::readlink(InRoot(root, p).c_str(), target, sizeof target - 1);
+    if (n > 0) {
+      std::string t(target, static_cast<size_t>(n));
+      p = t[0] == '/' ? t : p.substr(0, p.rfind('/') + 1) + t;
+    }
+    resolved.push_back(p);
+  }
   if (version.empty()) {
-    for (const auto& e : entries) {
-      std::string file = e.path.substr(e.path.rfind('/') + 1);
+    for (const auto& path : resolved) {
+      std::string file = path.substr(path.rfind('/') + 1);
       for (const char* lib : {"libcuda.so.", "libnvidia-ml.so."})
-        if (absl::StartsWith(file, lib) && file.size() > strlen(lib) + 1 &&
-            file.find('.', strlen(lib)) != std::string::npos)
+        if (absl::StartsWith(file, lib) && file.find('.', strlen(lib)) != std::string::npos)
           version = file.substr(strlen(lib));
       if (!version.empty()) break;
     }
@@ -142,11 +156,9 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
                                             "/proc/driver/nvidia/version, no libcuda.so.<version>)"));
   out.version = version;
   std::set<std::string> seen;
-  for (const auto& e : entries) {
-    if (e.flags != kLdCacheX8664) continue;
-    if (!absl::EndsWith(e.path, ".so." + version)) continue;
-    if (seen.insert(e.path).second) out.libraries.push_back(e.path);
-  }
+  for (const auto& path : resolved)
+    if (absl::EndsWith(path, ".so." + version) && seen.insert(path).second)
+      out.libraries.push_back(path);
   for (const auto& [name, cap] : FileCapabilities()) {
     if (absl::StartsWith(name, "lib")) continue;
     for (const char* dir : {"/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"}) {

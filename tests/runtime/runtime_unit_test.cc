@@ -53,14 +53,15 @@ TEST_F(TempDirTest, LdCacheFromRealLdconfigListsDriverLibraries) {
   for (const auto& e : *entries)
     if (e.name == "libcuda.so.1") {
       found = true;
-      EXPECT_EQ(e.path, std::string(kLibDir) + "/libcuda.so." + kDriverVersion);
+      EXPECT_EQ(e.path, std::string(kLibDir) + "/libcuda.so.1");  // the soname link
       EXPECT_EQ(e.flags, kLdCacheX8664);
     }
   EXPECT_TRUE(found);
   auto drv = DiscoverDriver(dir_);
   ASSERT_TRUE(drv.ok()) << drv.status();
   EXPECT_EQ(drv->version, kDriverVersion);
-  EXPECT_EQ(drv->libraries.size(), 5u);
+  EXPECT_EQ(drv->libraries.size(), 5u);  // links followed to the .so.<version> files
+  EXPECT_THAT(drv->libraries, ::testing::Contains(std::string(kLibDir) + "/libcuda.so." + kDriverVersion));
   EXPECT_THAT(drv->binaries, ::testing::ElementsAre("/usr/bin/nvidia-smi"));
 }
 
@@ -373,6 +374,9 @@ TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
   fs::create_symlink(host + "/evil", rootfs + "/file-link");  // a file target pointing out
   auto root = OpenRoot(rootfs);
   ASSERT_TRUE(root.ok());
+  // A dangling in-root target fails closed; it must never create on the host.
+  auto through_abs = CreateFileInRoot(*root, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+  fs::create_directories(rootfs + host);  // once the in-root target exists, creation goes there
   ASSERT_TRUE(CreateFileInRoot(*root, "/usr/lib/x86_64-linux-gnu/libcuda.so.1").ok());
   ASSERT_TRUE(MkdirAllInRoot(*root, "/up/etc/evil").ok());
   ASSERT_TRUE(MknodInRoot(*root, "/up/dev/fifo", S_IFIFO | 0600, 0).ok());
