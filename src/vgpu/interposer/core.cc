@@ -44,7 +44,6 @@ bool ParseU64(const char* s, uint64_t* out) {
 uint64_t Mix(uint64_t k) {  // Fibonacci hashing: the top bits of k x 2^64/phi index the table
   return (k * 0x9e3779b97f4a7c15ull) >> 40;
 }
-uint64_t Key(Kind kind, uint64_t handle) { return handle ^ (static_cast<uint64_t>(kind) << 60); }
 constexpr uint64_t kTombstone = 1;
 
 }  // namespace
@@ -210,8 +209,7 @@ void Core::ResolveDevices() {
   devices_state_.store(2, std::memory_order_release);
 }
 
-bool Core::Limited(int ordinal) {
-  if (all_limited_) return true;
+bool Core::LimitedSlow(int ordinal) {
   if (devices_state_.load(std::memory_order_acquire) != 2) ResolveDevices();
   if (ordinal < 0) {
     CUdevice d;
@@ -222,38 +220,6 @@ bool Core::Limited(int ordinal) {
 }
 
 // --- memory -------------------------------------------------------------------------------------
-
-CUresult Core::Reserve(int ordinal, uint64_t bytes, bool* counted) {
-  *counted = Limited(ordinal);
-  if (!*counted) return CUDA_SUCCESS;
-  if (!EnsureSlot()) return CUDA_ERROR_OUT_OF_MEMORY;  // 128 live processes in one container
-  int s = slot_.load(std::memory_order_relaxed);
-  return vgpu::Reserve(*region_, s, owner_, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-void Core::Undo(uint64_t bytes, bool counted) {
-  if (counted) vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
-}
-
-void Core::Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted) {
-  // An uncounted allocation (another GPU) is not recorded; its free then finds nothing.
-  if (!counted) return;
-  if (!TableInsert(Key(kind, handle), bytes)) {
-    // Table full: keep the charge (it can never be returned, which errs on the safe side).
-    table_overflow_.fetch_add(1, std::memory_order_relaxed);
-  }
-}
-
-uint64_t Core::Take(Kind kind, uint64_t handle) { return TableErase(Key(kind, handle)); }
-
-void Core::Settle(Kind kind, uint64_t handle, uint64_t bytes, CUresult freed) {
-  if (bytes == 0) return;
-  if (freed == CUDA_SUCCESS) {
-    vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
-  } else {
-    TableInsert(Key(kind, handle), bytes);  // still allocated: keep it on the books
-  }
-}
 
 bool Core::TableInsert(uint64_t key, uint64_t bytes) {
   uint64_t i = Mix(key);

@@ -87,13 +87,37 @@ class Core {
   // --- memory: reserve, let the driver allocate, record; or undo. -----------------------------
   // `ordinal` is the process-local device the memory lands on, -1 = the current context's.
   // Returns CUDA_SUCCESS with the reservation taken, or CUDA_ERROR_OUT_OF_MEMORY.
-  CUresult Reserve(int ordinal, uint64_t bytes, bool* counted);
-  void Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted);
-  void Undo(uint64_t bytes, bool counted);
+  // (Inline: these are the per-allocation hot path.)
+  CUresult Reserve(int ordinal, uint64_t bytes, bool* counted) {
+    *counted = Limited(ordinal);
+    if (!*counted) return CUDA_SUCCESS;
+    int s = slot_.load(std::memory_order_relaxed);
+    if (s < 0) {  // first allocation, or after fork(); 128 live processes per container at most
+      if (!EnsureSlot()) return CUDA_ERROR_OUT_OF_MEMORY;
+      s = slot_.load(std::memory_order_relaxed);
+    }
+    return vgpu::Reserve(*region_, s, owner_, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted) {
+    // An uncounted allocation (another GPU) is not recorded; its free then finds nothing.
+    // Table full: the charge stays (it can never be returned, which errs on the safe side).
+    if (counted && !TableInsert(Key(kind, handle), bytes))
+      table_overflow_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void Undo(uint64_t bytes, bool counted) {
+    if (counted) vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+  }
   // Free path: Take before the real free (so a recycled handle can never be mistaken for the
   // freed one), then Settle with the driver's result.
-  uint64_t Take(Kind kind, uint64_t handle);
-  void Settle(Kind kind, uint64_t handle, uint64_t bytes, CUresult freed);
+  uint64_t Take(Kind kind, uint64_t handle) { return TableErase(Key(kind, handle)); }
+  void Settle(Kind kind, uint64_t handle, uint64_t bytes, CUresult freed) {
+    if (bytes == 0) return;
+    if (freed == CUDA_SUCCESS) {
+      vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+    } else {
+      TableInsert(Key(kind, handle), bytes);  // still allocated: keep it on the books
+    }
+  }
 
   // Runs `alloc` (which returns a CUresult and fills *handle) under a reservation.
   template <class F>
@@ -155,7 +179,11 @@ class Core {
   static constexpr int64_t kBurstNs = 5'000'000;  // idle credit a container may bank
 
  private:
-  bool Limited(int ordinal);
+  static uint64_t Key(Kind kind, uint64_t handle) {
+    return handle ^ (static_cast<uint64_t>(kind) << 60);
+  }
+  bool Limited(int ordinal) { return all_limited_ || LimitedSlow(ordinal); }
+  bool LimitedSlow(int ordinal);
   bool EnsureSlot();
   void ResolveDevices();
   void Harvest(bool wait_oldest);
