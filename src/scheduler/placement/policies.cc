@@ -33,6 +33,14 @@ int64_t NodeGpuFree(const Node& node) {
   return total;
 }
 
+// The paper simulator's best-fit score: 100 x (1 - leftover), leftover = half normalised free CPU
+// plus half normalised free GPU after placing; integer levels.
+double BestFitScore(const Node& node, const PodRequest& pod) {
+  const double left = 0.5 * (node.cpu_milli_free - pod.cpu_milli) / kMaxSpecCpu +
+                      0.5 * (NodeGpuFree(node) - pod.TotalGpuMilli()) / kMaxSpecGpu;
+  return std::trunc((1.0 - left) * 100);
+}
+
 uint64_t Mix(uint64_t a, uint64_t b) {
   uint64_t s = a ^ (b * 0x9E3779B97F4A7C15ull);
   return internal::SplitMix(s);
@@ -68,9 +76,7 @@ class BestFitPolicy final : public PolicyImpl {
 
  protected:
   double Evaluate(const Node& node, const PodRequest& pod, const Plan&, Context&) const override {
-    const double left = 0.5 * (node.cpu_milli_free - pod.cpu_milli) / kMaxSpecCpu +
-                        0.5 * (NodeGpuFree(node) - pod.TotalGpuMilli()) / kMaxSpecGpu;
-    return std::trunc((1.0 - left) * 100);
+    return BestFitScore(node, pod);
   }
 };
 
@@ -252,9 +258,7 @@ class FragPolicy final : public PolicyImpl {
     if (frag_.empty()) {
       // No workload given (SetWorkload not called or empty): fragmentation is undefined, so
       // fall back to best fit rather than scoring every node alike.
-      const double left = 0.5 * (node.cpu_milli_free - pod.cpu_milli) / kMaxSpecCpu +
-                          0.5 * (NodeGpuFree(node) - pod.TotalGpuMilli()) / kMaxSpecGpu;
-      score = std::trunc((1.0 - left) * 100);
+      score = BestFitScore(node, pod);
     } else {
       const FragModel::State s = frag_.StateOf(node);
       if (!ctx.has_before) {
