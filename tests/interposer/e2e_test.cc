@@ -267,6 +267,13 @@ TEST_F(E2E, VisibleDevicesReorderAndHide) {
   EXPECT_GT(held("1", ".b"), limit_);
   two["CUDA_VISIBLE_DEVICES"] = "0";  // the limited GPU hidden: ordinal 0 is the other one
   EXPECT_GT(held("0", ".c"), limit_);
+  // Reports follow the GPU too: CUDA ordinal 0 (physical 1) shows the limit, NVML's device 0
+  // (physical 0, another tenant's GPU) shows the whole card.
+  two["CUDA_VISIBLE_DEVICES"] = "1,0";
+  two["FAKE_CUDA_STATE"] = state_ + ".d";
+  std::string info = Run({Bin("vcuda_probe"), "info"}, two);
+  EXPECT_EQ(Field(info, "meminfo", 1), limit_);
+  EXPECT_EQ(Field(info, "nvml", 0), 1024 * kMiB);
 }
 
 // GPULET_VGPU_DISABLE=1 turns the library into a pass-through.

@@ -363,13 +363,14 @@ void Core::AdjustTotalMem(size_t* total, CUdevice dev) {
   if (config_.memory_limit < *total) *total = config_.memory_limit;
 }
 
-void Core::AdjustNvmlMemory(nvmlDevice_t dev, unsigned long long* total,
+void Core::AdjustNvmlMemory(nvmlDevice_t dev, void* get_uuid, unsigned long long* total,
                             unsigned long long* free_b, unsigned long long* used) {
   if (config_.disabled || config_.memory_limit == 0) return;
-  if (config_.has_uuid && real_.nvmlDeviceGetUUID) {
+  if (config_.has_uuid) {
     char text[96];
     char uuid[16];
-    if (Fn<cuda::nvmlDeviceGetUUID_t>(real_.nvmlDeviceGetUUID)(dev, text, sizeof text) !=
+    if (get_uuid == nullptr ||
+        Fn<cuda::nvmlDeviceGetUUID_t>(get_uuid)(dev, text, sizeof text) !=
             NVML_SUCCESS ||
         !ParseUuid(text, uuid) || memcmp(uuid, config_.uuid, 16) != 0)
       return;  // another GPU of the node: shown as it is

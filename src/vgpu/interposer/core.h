@@ -156,8 +156,9 @@ class Core {
   // Reports: the limit instead of the card.
   void AdjustMemInfo(size_t* free_bytes, size_t* total);
   void AdjustTotalMem(size_t* total, CUdevice dev);
-  void AdjustNvmlMemory(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free_b,
-                        unsigned long long* used);
+  // get_uuid: NVML's nvmlDeviceGetUUID (the shim finds it even if NVML was loaded after Init).
+  void AdjustNvmlMemory(nvmlDevice_t dev, void* get_uuid, unsigned long long* total,
+                        unsigned long long* free_b, unsigned long long* used);
 
   // --- compute: called around every launch when pacing() -------------------------------------
   // Blocks until the container may launch, then records the start event on `stream`.

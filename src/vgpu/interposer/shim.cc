@@ -376,7 +376,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
   void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
   if (fn == nullptr) return NVML_ERROR_LIBRARY_NOT_FOUND;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo)>(fn)(dev, m);
-  if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
+  if (r == NVML_SUCCESS && m)
+    C().AdjustNvmlMemory(dev, NvmlReal(&vcuda::RealDriver::nvmlDeviceGetUUID, "nvmlDeviceGetUUID"),
+                         &m->total, &m->free, &m->used);
   return r;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
@@ -384,7 +386,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
       NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
   if (fn == nullptr) return NVML_ERROR_LIBRARY_NOT_FOUND;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo_v2)>(fn)(dev, m);
-  if (r == NVML_SUCCESS && m) C().AdjustNvmlMemory(dev, &m->total, &m->free, &m->used);
+  if (r == NVML_SUCCESS && m)
+    C().AdjustNvmlMemory(dev, NvmlReal(&vcuda::RealDriver::nvmlDeviceGetUUID, "nvmlDeviceGetUUID"),
+                         &m->total, &m->free, &m->used);
   return r;
 }
 
