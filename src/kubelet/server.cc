@@ -25,10 +25,13 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-ino_t InodeOf(const std::string& path) {
+// Identity of a file: inode and change time, so a file deleted and created again is a different
+// file even when the filesystem reuses the inode number. 0 when absent.
+uint64_t InodeOf(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return 0;
-  return st.st_ino;
+  return (uint64_t{st.st_ino} * 1000003u) ^
+         (uint64_t(st.st_ctim.tv_sec) * 1000000000u + st.st_ctim.tv_nsec) ^ 1;
 }
 
 }  // namespace
@@ -194,14 +197,14 @@ class PluginServer final : public v1beta1::DevicePlugin::Service {
   mutable absl::Mutex life_mu_;  // serialises Serve/Retire between the manager thread and callers
   bool retired_ ABSL_GUARDED_BY(life_mu_) = false;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(life_mu_);
-  ino_t inode_ ABSL_GUARDED_BY(life_mu_) = 0;
+  uint64_t inode_ ABSL_GUARDED_BY(life_mu_) = 0;
   std::atomic<bool> stopping_{false};
 };
 
 struct PluginManager::Entry {
   std::unique_ptr<PluginServer> server;
   bool registered = false;
-  ino_t kubelet_inode = 0;  // the kubelet.sock we registered with
+  uint64_t kubelet_inode = 0;  // identity of the kubelet.sock we registered with
   absl::Time next_attempt = absl::InfinitePast();
   absl::Duration backoff;
   int registrations = 0;
@@ -309,7 +312,7 @@ void PluginManager::Tick() {
   }
   const std::string kubelet_sock =
       options_.kubelet_socket.empty() ? "" : options_.plugin_dir + "/" + options_.kubelet_socket;
-  const ino_t kubelet_inode = kubelet_sock.empty() ? 0 : InodeOf(kubelet_sock);
+  const uint64_t kubelet_inode = kubelet_sock.empty() ? 0 : InodeOf(kubelet_sock);
   for (auto& e : entries) {
     {
       absl::MutexLock l(&mu_);
