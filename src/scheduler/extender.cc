@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "httplib.h"
 #include "spdlog/spdlog.h"
+#include "vgpu/policy.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -40,62 +41,6 @@ int64_t Quantity(const json& list, const std::string& name) {
   auto v = vgpu::ParseIntQuantity(it->get<std::string>());
   return v.ok() ? *v : 0;
 }
-
-// The spread policy: among GPUs that fit, the one with the most free compute; nodes score by
-// their free compute after placing (most free first).
-class SpreadPolicy final : public placement::Policy {
- public:
-  std::string_view name() const override { return "spread"; }
-  std::optional<placement::NodeScore> Score(const placement::Node& node,
-                                            const placement::PodRequest& pod) const override {
-    if (!placement::Fits(node, pod)) return std::nullopt;
-    std::vector<int32_t> free(node.gpus.size());
-    std::vector<int64_t> mem(node.gpus.size());
-    for (size_t g = 0; g < node.gpus.size(); ++g) {
-      free[g] = node.gpus[g].healthy ? node.gpus[g].free_milli : 0;
-      mem[g] = node.gpus[g].memory_free_bytes;
-    }
-    placement::NodeScore out;
-    // Whole GPUs first (they need idle GPUs), then shares onto the emptiest GPU that fits.
-    out.assignment.containers.resize(pod.containers.size());
-    for (size_t c = 0; c < pod.containers.size(); ++c) {
-      const auto& req = pod.containers[c];
-      auto& a = out.assignment.containers[c];
-      for (size_t g = 0; g < node.gpus.size() && a.gpus.size() < size_t(req.whole_gpus); ++g) {
-        if (free[g] == placement::kMilliPerGpu) {
-          a.gpus.push_back(static_cast<int32_t>(g));
-          free[g] = 0;
-          mem[g] = 0;
-        }
-      }
-      if (req.whole_gpus > 0) {
-        if (a.gpus.size() != size_t(req.whole_gpus)) return std::nullopt;
-        a.milli = placement::kMilliPerGpu;
-        a.memory_bytes = node.gpus[a.gpus[0]].memory_total_bytes;
-      }
-    }
-    for (size_t c = 0; c < pod.containers.size(); ++c) {
-      const auto& req = pod.containers[c];
-      if (req.whole_gpus > 0 || req.milli == 0) continue;
-      int best = -1;
-      for (size_t g = 0; g < node.gpus.size(); ++g) {
-        const auto& gpu = node.gpus[g];
-        if (!gpu.healthy || !gpu.fractional_allowed || free[g] < req.milli) continue;
-        if (gpu.memory_total_bytes > 0 && mem[g] < req.memory_bytes) continue;
-        if (best < 0 || free[g] > free[best]) best = static_cast<int>(g);
-      }
-      if (best < 0) return std::nullopt;
-      free[best] -= req.milli;
-      mem[best] -= req.memory_bytes;
-      out.assignment.containers[c] = {{best}, req.milli, req.memory_bytes};
-    }
-    int64_t total_free = 0;
-    for (int32_t f : free) total_free += f;
-    out.score = static_cast<double>(total_free) /
-                std::max<size_t>(1, node.gpus.size() * placement::kMilliPerGpu);
-    return out;
-  }
-};
 
 json FailAll(const std::vector<std::string>& nodes, const std::string& why, bool with_items) {
   json failed = json::object();
@@ -133,15 +78,11 @@ std::vector<std::string> CandidateNames(const json& args, bool* with_items) {
 
 }  // namespace
 
-std::unique_ptr<placement::Policy> MakeSpreadPolicy() { return std::make_unique<SpreadPolicy>(); }
-
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
     : api_(api), options_(std::move(options)) {
-  for (const std::string& n : placement::PolicyNames()) {
-    if (auto p = placement::MakePolicy(n); p.ok()) policies_[n] = std::move(*p);
+  for (const std::string& n : vgpu::VgpuPolicyNames()) {
+    if (auto p = vgpu::MakeVgpuPolicy(n); p.ok()) policies_[n] = std::move(*p);
   }
-  if (auto p = placement::MakePolicy("best-fit"); p.ok()) policies_["binpack"] = std::move(*p);
-  policies_["spread"] = MakeSpreadPolicy();
 }
 
 Extender::~Extender() { StopWatching(); }
@@ -256,6 +197,17 @@ void Extender::UpsertNode(const json& node) {
     nodes_[name] = std::move(st);
   }
   for (auto& [uid, b] : held) ApplyLocked(uid, std::move(b));
+  std::vector<json> waiting;
+  for (auto it = orphans_.begin(); it != orphans_.end();) {
+    if (nodes_.count(name) && it->second["spec"].value("nodeName", "") == name) {
+      waiting.push_back(std::move(it->second));
+      it = orphans_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  l.unlock();
+  for (const json& p : waiting) UpsertPod(p);
 }
 
 void Extender::RemoveNode(const std::string& name) {
@@ -282,6 +234,10 @@ void Extender::UpsertPod(const json& pod) {
   b.container_index = std::move(req->second);
   std::unique_lock<std::shared_mutex> l(mu_);
   auto ns = nodes_.find(node);
+  if (ns == nodes_.end()) {  // its node is not known yet: counted when the node arrives
+    orphans_[uid] = pod;
+    return;
+  }
   for (size_t c = 0; c < b.request.containers.size(); ++c) {
     const auto& rc = b.request.containers[c];
     std::string list = Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix,
@@ -327,6 +283,7 @@ void Extender::UpsertPod(const json& pod) {
 void Extender::RemovePod(const json& pod) {
   std::string uid = Str(pod, "metadata", "uid");
   std::unique_lock<std::shared_mutex> l(mu_);
+  orphans_.erase(uid);
   ReleaseLocked(uid);
 }
 
@@ -338,6 +295,7 @@ absl::Status Extender::Sync() {
   {
     std::unique_lock<std::shared_mutex> l(mu_);
     nodes_.clear();
+    orphans_.clear();
     for (auto it = bookings_.begin(); it != bookings_.end();) {
       it = it->second.assumed ? std::next(it) : bookings_.erase(it);
     }
@@ -375,6 +333,7 @@ void Extender::StartWatching() {
       [this](const std::vector<json>& items) {
         {
           std::unique_lock<std::shared_mutex> l(mu_);
+          orphans_.clear();
           std::vector<std::string> drop;
           for (const auto& [uid, b] : bookings_) {
             if (!b.assumed) drop.push_back(uid);

@@ -105,13 +105,10 @@ class Extender {
   mutable std::shared_mutex mu_;
   std::unordered_map<std::string, NodeState> nodes_;
   std::unordered_map<std::string, Booking> bookings_;  // by pod uid
+  std::unordered_map<std::string, json> orphans_;      // bound pods whose node is not known yet
   std::mutex node_locks_mu_;
   std::map<std::string, std::unique_ptr<std::mutex>> node_locks_;
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;
 };
-
-// "spread": the node and GPU with the most free compute (the opposite of binpack). Written on the
-// placement library's public Policy interface and Fits().
-std::unique_ptr<placement::Policy> MakeSpreadPolicy();
 
 }  // namespace gpulet::scheduler

@@ -1,0 +1,59 @@
+// The vGPU admission webhook: AdmissionReview v1 (admission.k8s.io/v1) for pod CREATE. The
+// validating endpoint applies the vGPU rules (vgpu/rules.h) and denies with the rule's message;
+// the mutating endpoint (optional) points vGPU pods at a scheduler profile (spec.schedulerName)
+// so clusters can route them to the kube-scheduler that calls the extender.
+// "Memory must fit one GPU" needs the largest GPU of the cluster: a fixed option, or learned from
+// the nodes through the API server (cached for 30 s).
+// Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include "k8s/client.h"
+#include "vgpu/rules.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace gpulet::scheduler {
+
+using nlohmann::json;
+
+struct WebhookOptions {
+  vgpu::ResourceNames names;
+  int64_t max_memory_units = 0;  // largest GPU, in 256 MiB units; 0 = learn from nodes
+  std::string scheduler_name;    // mutate: set spec.schedulerName of vGPU pods (empty: no)
+};
+
+class AdmissionWebhook {
+ public:
+  // `api` may be null (then only options.max_memory_units bounds memory).
+  AdmissionWebhook(WebhookOptions options, k8s::Client* api);
+
+  // One AdmissionReview in, one AdmissionReview (with .response) out. Malformed reviews give
+  // InvalidArgument (answered as HTTP 400).
+  absl::StatusOr<json> Validate(const json& review);
+  absl::StatusOr<json> Mutate(const json& review);
+
+  // POST /validate and /mutate.
+  void Register(httplib::Server& server);
+
+  // Largest GPU memory among the cluster's nodes, in units (annotation or capacity); 0 if none.
+  int64_t MaxMemoryUnits();
+
+ private:
+  WebhookOptions options_;
+  k8s::Client* api_;
+  std::mutex mu_;
+  int64_t cached_units_ = 0;
+  std::chrono::steady_clock::time_point cached_at_{};
+};
+
+// Largest per-GPU memory, in units, that a node object offers (gpulet.io/vgpu-gpus annotation,
+// else allocatable memory units / (cores / 100)); 0 when the node has no vGPU resources.
+int64_t NodeMaxGpuUnits(const json& node, const vgpu::ResourceNames& names);
+
+}  // namespace gpulet::scheduler

@@ -1,0 +1,501 @@
+#include "vgpu/node.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "vgpu/accounting.h"
+#include "vgpu/policy.h"
+
+namespace gpulet::vgpu {
+namespace {
+
+using nlohmann::json;
+
+std::string Ann(const json& pod, const std::string& key) {
+  const json& md = pod.contains("metadata") ? pod["metadata"] : json::object();
+  if (!md.contains("annotations") || !md["annotations"].is_object()) return "";
+  auto it = md["annotations"].find(key);
+  return it != md["annotations"].end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+json GrantToJson(const Grant& g) {
+  return {{"podUID", g.pod_uid},       {"namespace", g.ns},        {"pod", g.pod},
+          {"container", g.container},  {"index", g.container_index}, {"gpus", g.gpus},
+          {"cores", g.cores},          {"memoryUnits", g.memory_units},
+          {"ceiling", g.ceiling},      {"deviceIDs", g.device_ids},
+          {"accountingDir", g.accounting_dir}, {"inject", g.inject}, {"time", g.time_ns}};
+}
+
+Grant GrantFromJson(const json& j) {
+  Grant g;
+  g.pod_uid = j.value("podUID", "");
+  g.ns = j.value("namespace", "");
+  g.pod = j.value("pod", "");
+  g.container = j.value("container", "");
+  g.container_index = j.value("index", 0);
+  g.gpus = j.value("gpus", std::vector<std::string>{});
+  g.cores = j.value("cores", int64_t{0});
+  g.memory_units = j.value("memoryUnits", int64_t{0});
+  g.ceiling = j.value("ceiling", int64_t{0});
+  g.device_ids = j.value("deviceIDs", std::vector<std::string>{});
+  g.accounting_dir = j.value("accountingDir", "");
+  g.inject = j.value("inject", true);
+  g.time_ns = j.value("time", int64_t{0});
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
+                                              const std::string& selection, bool nominal_memory) {
+  std::vector<PoolGpu> out;
+  auto add = [&](const gpu::Device& d) {
+    PoolGpu p;
+    p.uuid = d.uuid;
+    p.index = d.index;
+    p.memory_units = nominal_memory
+                         ? static_cast<int64_t>((d.memory_bytes + (1ull << 30) - 1) >> 30) * 4
+                         : MemoryUnitsOf(d.memory_bytes);
+    out.push_back(p);
+  };
+  if (selection.empty()) return out;
+  if (selection == "all") {
+    for (const auto& d : inv.devices) {
+      if (!d.mig_enabled) add(d);
+    }
+    return out;
+  }
+  for (auto part : absl::StrSplit(selection, ',', absl::SkipWhitespace())) {
+    std::string item(absl::StripAsciiWhitespace(part));
+    uint32_t idx = 0;
+    bool by_index = absl::SimpleAtoi(item, &idx);
+    const gpu::Device* found = nullptr;
+    for (const auto& d : inv.devices) {
+      if ((by_index && d.index == idx) || (!by_index && d.uuid == item)) found = &d;
+    }
+    if (!found) {
+      return absl::NotFoundError(absl::StrCat("vGPU GPU \"", item, "\" is not on this node"));
+    }
+    if (found->mig_enabled) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vGPU GPU \"", item, "\" has MIG enabled; MIG GPUs cannot be shared"));
+    }
+    add(*found);
+  }
+  return out;
+}
+
+NodeAssigner::NodeAssigner(NodeOptions options, std::vector<PoolGpu> pool, k8s::Client* api,
+                           Clock* clock)
+    : options_(std::move(options)), pool_(std::move(pool)), api_(api), clock_(clock) {}
+
+absl::Status NodeAssigner::Load() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string path = options_.state_dir + "/assignments.json";
+  auto text = ReadFileToString(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
+    return text.status();
+  }
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j["grants"].is_array()) {
+    return absl::DataLossError(absl::StrCat(path, ": not a gpulet vGPU checkpoint"));
+  }
+  grants_.clear();
+  for (const auto& g : j["grants"]) grants_.push_back(GrantFromJson(g));
+  return absl::OkStatus();
+}
+
+absl::Status NodeAssigner::SaveLocked() {
+  json list = json::array();
+  for (const auto& g : grants_) list.push_back(GrantToJson(g));
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(options_.state_dir));
+  return WriteFileAtomic(options_.state_dir + "/assignments.json",
+                         json{{"version", 1}, {"grants", list}}.dump(1), 0600);
+}
+
+std::vector<Grant> NodeAssigner::grants() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return grants_;
+}
+
+absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLocked() {
+  std::vector<Candidate> out;
+  if (!api_) return out;
+  ASSIGN_OR_RETURN(json pods,
+                   api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=",
+                                                                      options_.node_name,
+                                                                      ",status.phase=Pending")}));
+  for (const json& pod : pods["items"]) {
+    auto req = ParsePod(pod, options_.names, 0);
+    if (!req.ok() || req->empty()) continue;
+    const json& md = pod["metadata"];
+    std::string uid = md.value("uid", "");
+    int64_t order = 0;
+    if (!absl::SimpleAtoi(Ann(pod, kAnnotationBindTime), &order)) {
+      absl::Time t;
+      std::string err;
+      if (absl::ParseTime(absl::RFC3339_full, md.value("creationTimestamp", ""), &t, &err)) {
+        order = absl::ToUnixNanos(t);
+      }
+    }
+    bool annotated = Ann(pod, kAnnotationNode) == options_.node_name;
+    bool pod_disable = Ann(pod, "gpulet.io/vgpu-disable") == "1" ||
+                       Ann(pod, "gpulet.io/vgpu-disable") == "true";
+    int64_t soft = 0;
+    absl::SimpleAtoi(Ann(pod, kAnnotationCoreLimit), &soft);
+    for (const auto& c : req->containers) {
+      bool served = std::any_of(grants_.begin(), grants_.end(), [&](const Grant& g) {
+        return g.pod_uid == uid && g.container_index == c.index;
+      });
+      if (served) continue;
+      Candidate cand;
+      cand.uid = uid;
+      cand.ns = md.value("namespace", "");
+      cand.pod = md.value("name", "");
+      cand.container = c.name;
+      cand.index = c.index;
+      cand.cores = c.cores;
+      cand.memory_units = c.memory_units;
+      cand.ceiling = c.fractional() ? std::clamp<int64_t>(soft, c.cores, 100) : 100;
+      cand.order = order;
+      if (annotated) {
+        for (auto u : absl::StrSplit(Ann(pod, absl::StrCat(kAnnotationGpusPrefix, c.index)), ',',
+                                     absl::SkipEmpty())) {
+          cand.annotated_gpus.emplace_back(u);
+        }
+      }
+      cand.inject = c.fractional() && !pod_disable;
+      const json& spec_c = pod["spec"]["containers"][c.index];
+      if (spec_c.contains("env") && spec_c["env"].is_array()) {
+        for (const auto& e : spec_c["env"]) {
+          if (e.value("name", "") == "GPULET_VGPU_DISABLE" &&
+              (e.value("value", "") == "1" || e.value("value", "") == "true")) {
+            cand.inject = false;
+          }
+        }
+      }
+      cand.pod_json = pod;
+      out.push_back(std::move(cand));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.order, a.ns, a.pod, a.index) < std::tie(b.order, b.ns, b.pod, b.index);
+  });
+  return out;
+}
+
+absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_units,
+                                                std::vector<std::string> ids) {
+  ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
+  if (!api_) {
+    // No API server (a bare simulated node): the kubelet's counts are the request; the pod is
+    // unknown until PodResources names it (Correct()).
+    Candidate anon;
+    anon.uid = absl::StrCat("unknown-", grants_.size(), "-", clock_->UnixSeconds());
+    anon.container = "c";
+    anon.cores = cores;
+    anon.memory_units = memory_units;
+    anon.ceiling = cores < kCoresPerGpu ? cores : 100;
+    anon.inject = cores < kCoresPerGpu;
+    cands.push_back(anon);
+  }
+  auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) {
+    return c.cores == cores && c.memory_units == memory_units;
+  });
+  if (it == cands.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+        " has an unserved container asking ", options_.names.core, " ", cores, " and ",
+        options_.names.memory, " ", memory_units));
+  }
+  const Candidate& c = *it;
+  // This node's pool as the placement library sees it, minus what is granted.
+  placement::Node node;
+  node.name = options_.node_name;
+  std::map<std::string, int> index_of;
+  for (const auto& p : pool_) {
+    placement::Gpu g;
+    g.memory_total_bytes = g.memory_free_bytes = p.memory_units * int64_t(kMemoryUnitBytes);
+    g.healthy = p.healthy;
+    index_of[p.uuid] = static_cast<int>(node.gpus.size());
+    node.gpus.push_back(g);
+  }
+  for (const auto& g : grants_) {
+    for (const auto& u : g.gpus) {
+      auto gi = index_of.find(u);
+      if (gi == index_of.end()) continue;
+      placement::Gpu& gpu = node.gpus[gi->second];
+      bool whole = g.cores >= kCoresPerGpu;
+      gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
+      gpu.memory_free_bytes -= whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+    }
+  }
+  placement::PodRequest pr;
+  pr.name = c.ns + "/" + c.pod;
+  placement::ContainerRequest cr;
+  if (cores < kCoresPerGpu) {
+    cr.milli = static_cast<int32_t>(cores * placement::kMilliPerVcudaCore);
+    cr.memory_bytes = memory_units * int64_t(kMemoryUnitBytes);
+  } else {
+    cr.whole_gpus = static_cast<int32_t>(cores / kCoresPerGpu);
+  }
+  pr.containers.push_back(cr);
+  std::vector<std::string> gpus;
+  if (!c.annotated_gpus.empty()) {
+    placement::Assignment a;
+    a.containers.resize(1);
+    bool known = true;
+    for (const auto& u : c.annotated_gpus) {
+      if (!index_of.count(u)) known = false;
+      else a.containers[0].gpus.push_back(index_of[u]);
+    }
+    if (known) {
+      a.containers[0].milli = cr.whole_gpus ? placement::kMilliPerGpu : cr.milli;
+      a.containers[0].memory_bytes =
+          cr.whole_gpus ? node.gpus[a.containers[0].gpus[0]].memory_total_bytes : cr.memory_bytes;
+      placement::Node trial = node;
+      if (placement::Apply(trial, pr, a).ok()) gpus = c.annotated_gpus;
+    }
+    if (gpus.empty()) {
+      spdlog::warn("pod {}/{}: the extender's GPUs {} are not free here; placing on the node",
+                   c.ns, c.pod, absl::StrJoin(c.annotated_gpus, ","));
+    }
+  }
+  if (gpus.empty()) {
+    ASSIGN_OR_RETURN(auto policy, MakeVgpuPolicy(options_.policy));
+    auto score = policy->Score(node, pr);
+    if (!score) {
+      std::string reason;
+      placement::Fits(node, pr, &reason);
+      return absl::ResourceExhaustedError(absl::StrCat("vGPU Allocate: pod ", c.ns, "/", c.pod,
+                                                       " container ", c.container,
+                                                       " does not fit on this node: ", reason));
+    }
+    for (int32_t g : score->assignment.containers[0].gpus) gpus.push_back(pool_[g].uuid);
+  }
+  Grant g;
+  g.pod_uid = c.uid;
+  g.ns = c.ns;
+  g.pod = c.pod;
+  g.container = c.container;
+  g.container_index = c.index;
+  g.gpus = gpus;
+  g.cores = cores;
+  g.memory_units = memory_units;
+  g.ceiling = c.ceiling;
+  g.device_ids = std::move(ids);
+  g.inject = c.inject;
+  g.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  if (cores < kCoresPerGpu) {
+    g.accounting_dir = absl::StrCat(options_.state_dir, "/", c.uid, "/", c.container);
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir));
+    std::string file = g.accounting_dir + "/accounting";
+    if (!RealFilesystem().Exists(file)) {
+      // A zero-filled file is a valid empty region (vgpu/accounting.h).
+      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), 0666));
+    }
+  }
+  grants_.push_back(g);
+  if (absl::Status s = SaveLocked(); !s.ok()) {
+    grants_.pop_back();
+    return s;
+  }
+  PatchAnnotations(g);
+  return g;
+}
+
+void NodeAssigner::PatchAnnotations(const Grant& g) {
+  if (!api_) return;
+  // Record where the container really is, and mark the pod assigned once every vGPU container is.
+  json ann = {{kAnnotationNode, options_.node_name},
+              {absl::StrCat(kAnnotationGpusPrefix, g.container_index), absl::StrJoin(g.gpus, ",")}};
+  auto pod = api_->GetPod(g.ns, g.pod);
+  if (pod.ok()) {
+    auto req = ParsePod(*pod, options_.names, 0);
+    bool all = req.ok() && std::all_of(req->containers.begin(), req->containers.end(),
+                                       [&](const ContainerRequest& c) {
+                                         return std::any_of(grants_.begin(), grants_.end(),
+                                                            [&](const Grant& x) {
+                                                              return x.pod_uid == g.pod_uid &&
+                                                                     x.container_index == c.index;
+                                                            });
+                                       });
+    if (all) ann[kAnnotationAssigned] = "true";
+  }
+  auto r = api_->PatchPod(g.ns, g.pod, k8s::PatchType::kMerge,
+                          {{"metadata", {{"annotations", ann}}}});
+  if (!r.ok()) spdlog::warn("annotate {}/{}: {}", g.ns, g.pod, r.status().ToString());
+}
+
+absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
+    bool is_core, const std::vector<std::string>& ids) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto now = clock_->Now();
+  if (pending_ && now - pending_->at > std::chrono::seconds(30)) pending_.reset();
+  // The second call of a container's pair: both numbers are known now.
+  if (pending_ && pending_->is_core != is_core) {
+    std::vector<std::string> core_ids = is_core ? ids : pending_->ids;
+    std::vector<std::string> mem_ids = is_core ? pending_->ids : ids;
+    pending_.reset();
+    std::vector<std::string> all = core_ids;
+    all.insert(all.end(), mem_ids.begin(), mem_ids.end());
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(core_ids.size()),
+                                          static_cast<int64_t>(mem_ids.size()), all));
+    return Response(g);
+  }
+  if (!is_core) {
+    pending_ = Pending{false, ids, now};
+    return v1beta1::ContainerAllocateResponse();
+  }
+  // Cores first: a container without memory completes now; one with memory waits for its pair.
+  if (!api_) {  // without pods to look at, the rules decide: a share always has memory
+    if (ids.size() < static_cast<size_t>(kCoresPerGpu)) {
+      pending_ = Pending{true, ids, now};
+      return v1beta1::ContainerAllocateResponse();
+    }
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(ids.size()), 0, ids));
+    return Response(g);
+  }
+  ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
+  auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) {
+    return c.cores == static_cast<int64_t>(ids.size());
+  });
+  if (it != cands.end() && it->memory_units == 0) {
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(ids.size()), 0, ids));
+    return Response(g);
+  }
+  if (it == cands.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+        " has an unserved container asking ", options_.names.core, " ", ids.size()));
+  }
+  pending_ = Pending{true, ids, now};
+  return v1beta1::ContainerAllocateResponse();
+}
+
+v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const {
+  v1beta1::ContainerAllocateResponse r;
+  auto& env = *r.mutable_envs();
+  env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
+  (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
+      absl::StrCat(g.ns, "/", g.pod, "/", g.container);
+  if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
+  env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
+  env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
+  env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
+  auto* acc = r.add_mounts();
+  acc->set_host_path(g.accounting_dir + "/accounting");
+  acc->set_container_path(kContainerAccounting);
+  acc->set_read_only(false);
+  if (g.inject) {
+    auto* lib = r.add_mounts();
+    lib->set_host_path(options_.library_host_path);
+    lib->set_container_path(kContainerLibrary);
+    lib->set_read_only(true);
+    env["LD_PRELOAD"] = kContainerLibrary;
+  } else {
+    env["GPULET_VGPU_DISABLE"] = "1";
+  }
+  return r;
+}
+
+std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto cands = CandidatesLocked();
+  if (!cands.ok()) return "";
+  for (const auto& c : *cands) {
+    if ((cores == 0 || c.cores == cores) && (memory_units == 0 || c.memory_units == memory_units)) {
+      return c.annotated_gpus.empty() ? "" : c.annotated_gpus[0];
+    }
+  }
+  return "";
+}
+
+absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::set<std::string> gone;
+  auto keep = std::remove_if(grants_.begin(), grants_.end(), [&](const Grant& g) {
+    if (live_uids.count(g.pod_uid)) return false;
+    gone.insert(g.pod_uid);
+    return true;
+  });
+  if (keep == grants_.end()) return absl::OkStatus();
+  grants_.erase(keep, grants_.end());
+  for (const auto& uid : gone) {
+    std::error_code ec;
+    if (!uid.empty()) std::filesystem::remove_all(options_.state_dir + "/" + uid, ec);
+    spdlog::info("vGPU: released the GPUs of pod {}", uid);
+  }
+  return SaveLocked();
+}
+
+absl::Status NodeAssigner::ReleaseGoneFromApi() {
+  if (!api_) return absl::FailedPreconditionError("no API client");
+  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector = "spec.nodeName=" +
+                                                                      options_.node_name}));
+  std::set<std::string> live;
+  for (const auto& p : pods["items"]) {
+    std::string phase = p["status"].value("phase", "");
+    if (phase != "Succeeded" && phase != "Failed") live.insert(p["metadata"].value("uid", ""));
+  }
+  return Release(live);
+}
+
+absl::Status NodeAssigner::Correct(
+    const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
+  std::lock_guard<std::mutex> l(mu_);
+  bool changed = false;
+  std::vector<size_t> touched;
+  for (size_t i = 0; i < grants_.size(); ++i) {
+    Grant& g = grants_[i];
+    if (g.device_ids.empty()) continue;
+    auto o = owner_of.find(g.device_ids[0]);
+    if (o == owner_of.end()) continue;
+    const auto& [pod_key, container] = o->second;  // "ns/name", container name
+    if (pod_key == g.ns + "/" + g.pod && container == g.container) continue;
+    // The kubelet gave these devices to another container: find its grant and swap identities
+    // (the GPUs stay with the devices, which is where the containers really run).
+    for (size_t j = 0; j < grants_.size(); ++j) {
+      Grant& h = grants_[j];
+      if (j == i || h.ns + "/" + h.pod != pod_key || h.container != container) continue;
+      std::swap(g.pod_uid, h.pod_uid);
+      std::swap(g.ns, h.ns);
+      std::swap(g.pod, h.pod);
+      std::swap(g.container, h.container);
+      std::swap(g.container_index, h.container_index);
+      std::swap(g.ceiling, h.ceiling);
+      touched.push_back(i);
+      touched.push_back(j);
+      changed = true;
+      spdlog::warn("vGPU: kubelet admitted {} and {} in the other order; records swapped", pod_key,
+                   g.ns + "/" + g.pod);
+      break;
+    }
+    if (g.pod_uid.rfind("unknown-", 0) == 0 && g.ns + "/" + g.pod != pod_key) {
+      // A grant made without an API server learns its pod from the kubelet's record.
+      size_t slash = pod_key.find('/');
+      g.ns = pod_key.substr(0, slash);
+      g.pod = slash == std::string::npos ? pod_key : pod_key.substr(slash + 1);
+      g.container = container;
+      changed = true;
+    }
+  }
+  if (!changed) return absl::OkStatus();
+  RETURN_IF_ERROR(SaveLocked());
+  for (size_t i : touched) PatchAnnotations(grants_[i]);
+  return absl::OkStatus();
+}
+
+}  // namespace gpulet::vgpu
