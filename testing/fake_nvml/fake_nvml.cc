@@ -10,6 +10,7 @@
 // them missing exactly as with an old driver; calls a device does not support return
 // NVML_ERROR_NOT_SUPPORTED. Built twice: the full library, and with GPULET_FAKE_NVML_LEGACY a
 // library that lacks the newer versioned symbols, to test fallbacks and degradation.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -209,17 +210,23 @@ void Poll(State& s, bool deliver_events = true) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || st.st_size == s.log_offset) return;
   if (st.st_size < s.log_offset) s.log_offset = 0;  // log recreated: read it again
-  auto text = ReadFileToString(path);
-  if (!text.ok() || static_cast<off_t>(text->size()) < s.log_offset) return;
-  size_t pos = static_cast<size_t>(s.log_offset);
+  // Only the new tail is read, so a long-lived node with a long log stays cheap.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  std::string text(static_cast<size_t>(st.st_size - s.log_offset), '\0');
+  ssize_t n = ::pread(fd, text.data(), text.size(), s.log_offset);
+  ::close(fd);
+  if (n <= 0) return;
+  text.resize(static_cast<size_t>(n));
+  size_t pos = 0;
   for (;;) {
-    size_t nl = text->find('\n', pos);
+    size_t nl = text.find('\n', pos);
     if (nl == std::string::npos) break;  // a partial last line is read on the next poll
-    auto f = ParseFault(absl::string_view(*text).substr(pos, nl - pos));
+    auto f = ParseFault(absl::string_view(text).substr(pos, nl - pos));
     if (f.ok()) Apply(s, *f, deliver_events);
     pos = nl + 1;
   }
-  s.log_offset = static_cast<off_t>(pos);
+  s.log_offset += static_cast<off_t>(pos);
 }
 
 absl::Status Load(const std::string& machine_arg, const std::string& root) {

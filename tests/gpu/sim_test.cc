@@ -13,6 +13,7 @@
 
 #include "conformance.h"
 #include "fake_nvml/control.h"
+#include "fake_nvml/fault_cli.h"
 #include "fake_nvml/machine.h"
 #include "gmock/gmock.h"
 #include "gpu/nvml/nvml_api.h"
@@ -346,6 +347,39 @@ TEST_F(SimTest, InjectFaultValidates) {
   EXPECT_FALSE(sim::ParseFault("xid gpu=1").ok());
   EXPECT_FALSE(sim::ParseFault("set gpu=1 bogus=3").ok());
   EXPECT_FALSE(sim::ParseFault("explode gpu=1").ok());
+}
+
+// The fault command line drives the same log: xid reaches a subscriber, set changes telemetry, and
+// bad invocations fail with status 1 instead of writing anything.
+TEST_F(SimTest, FaultCommandLine) {
+  Start("dgx-h100");
+  EventSink sink;
+  auto sub = layer_->Subscribe(sink.Callback());
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "fault");
+    args.push_back("--sim-root");
+    args.push_back(root_);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return sim::RunFaultCommand(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(run({"xid", "--gpu", "3", "--code", "79"}), 0);
+  ASSERT_TRUE(sink.Wait(1));
+  EXPECT_EQ(sink.events[0].device_index, 3u);
+  EXPECT_EQ(sink.events[0].data, 79u);
+  EXPECT_EQ(run({"set", "--gpu", "1", "--temp", "91", "--value", "fan_speed_pct=40"}), 0);
+  EXPECT_EQ(layer_->GetTelemetry(1)->gpu_temp_c, 91u);
+  EXPECT_EQ(layer_->GetTelemetry(1)->fan_speed_pct, 40u);
+  EXPECT_EQ(layer_->GetTelemetry(1)->gpu_util_pct, 0u) << "only the given keys change";
+  EXPECT_EQ(run({"lost", "--gpu", "2"}), 0);
+  EXPECT_EQ(layer_->ProbeDevice(2).code(), absl::StatusCode::kUnavailable);
+  auto log_size = fs::file_size(sim::ControlLogPath(root_));
+  EXPECT_NE(run({"xid", "--gpu", "9", "--code", "79"}), 0) << "no GPU 9";
+  EXPECT_NE(run({"xid", "--gpu", "1"}), 0) << "missing --code";
+  EXPECT_NE(run({"set", "--gpu", "1", "--value", "bogus=1"}), 0);
+  EXPECT_NE(run({"set", "--gpu", "1"}), 0) << "nothing to set";
+  EXPECT_NE(run({"ecc", "--gpu", "1", "--type", "tbe"}), 0);
+  EXPECT_EQ(fs::file_size(sim::ControlLogPath(root_)), log_size);
 }
 
 // ---- bad inputs -------------------------------------------------------------------------------

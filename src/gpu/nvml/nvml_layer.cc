@@ -490,23 +490,29 @@ class NvmlGpuLayer : public GpuLayer {
     return absl::InternalError(msg);
   }
 
+  void SetInitError(std::string msg) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    last_init_error_ = std::move(msg);
+  }
+
   absl::Status InitLocked() {
     const NvmlLib& l = *lib_;
     nvmlReturn_t r = l.init();
     if (r != NVML_SUCCESS) {
       std::string detail = l.sim_last_error ? l.sim_last_error() : "";
-      last_init_error_ = detail.empty()
-                             ? absl::StrCat("NVML initialisation failed: ", l.Error(r))
-                             : detail;
+      std::string msg = detail.empty()
+                            ? absl::StrCat("NVML initialisation failed: ", l.Error(r))
+                            : detail;
+      SetInitError(msg);
       return r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_UNINITIALIZED || !detail.empty()
-                 ? absl::FailedPreconditionError(last_init_error_)
-                 : absl::UnavailableError(last_init_error_);
+                 ? absl::FailedPreconditionError(msg)
+                 : absl::UnavailableError(msg);
     }
     std::vector<nvmlDevice_t> handles;
     absl::StatusOr<Inventory> inv = ReadInventory(handles);
     if (!inv.ok()) {
       l.shutdown();
-      last_init_error_ = std::string(inv.status().message());
+      SetInitError(std::string(inv.status().message()));
       return inv.status();
     }
     {
