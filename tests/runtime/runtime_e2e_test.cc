@@ -97,19 +97,20 @@ TEST_F(Node, RuncSeesExactlyTheRequestedGpu) {
     EXPECT_THAT(out, HasSubstr(there)) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n"));  // ld cache entries for libcuda
   // The original bundle was rewritten in place, not half-written: still valid JSON.
-  EXPECT_NO_THROW((void)Json::parse(ReadFile(dir_ + "/bundle/config.json")));
+  EXPECT_FALSE(Json::parse(ReadFile(dir_ + "/bundle/config.json"), nullptr, false).is_discarded());
 }
 
-// NVIDIA_VISIBLE_DEVICES=none: the driver but no GPU; an unset variable: nothing at all.
+// No variable: nothing at all; NVIDIA_VISIBLE_DEVICES=none: the driver but no GPU. (In this order:
+// a reused rootfs keeps the empty mount targets runc created.)
 TEST_F(Node, RuncNoneAndNoRequest) {
-  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=none"});
+  Bundle(kProbe, {});
   std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
+  Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=none"});
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, Not(::testing::ContainsRegex("nvidia[0-9]"))) << out;
   EXPECT_THAT(out, HasSubstr("nvidiactl"));
-  Bundle(kProbe, {});
-  ASSERT_EQ(RunShim(&out), 0) << out;
-  EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
 }
 
 // Default policy: an unprivileged image's own NVIDIA_VISIBLE_DEVICES=all grants nothing; the
@@ -149,7 +150,8 @@ TEST_F(Node, LegacyHookEnforcesRequirements) {
   Bundle("echo started", {"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"});
   std::string out;
   EXPECT_NE(RunShim(&out), 0);
-  EXPECT_THAT(out, HasSubstr("unsatisfied requirement \"cuda>=13.0\""));
+  EXPECT_THAT(out, HasSubstr("gpulet-container-hook: unsatisfied requirement"));
+  EXPECT_THAT(out, HasSubstr("cuda>=13.0"));
   EXPECT_THAT(out, Not(HasSubstr("started")));
 }
 
