@@ -426,7 +426,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& f
   // A shared resource is renamed to <name>.shared by default when asked to.
   for (auto& r : base.time_slicing) {
     if (r.rename.empty() && base.rename_by_default) r.rename = r.name + ".shared";
-    if (r.rename.size() - (sizeof(kPrefix) - 1) > 63)
+    if (!r.rename.empty() && r.rename.size() - (sizeof(kPrefix) - 1) > 63)
       return absl::InvalidArgumentError(
           absl::StrCat(r.where, ": rename: \"", r.rename, "\" is longer than 63 characters"));
   }
