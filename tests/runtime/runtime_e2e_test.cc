@@ -246,6 +246,45 @@ TEST_F(Node, Podman) {
   Sh(env + p + "rmi -f gpulet-e2e:latest >/dev/null");
 }
 
+// The containerd daemon (root, state and socket in a temporary dir) runs a podman-saved image with
+// `ctr run --runc-binary=<our shim> --env NVIDIA_VISIBLE_DEVICES=0`: privileged, it gets GPU 0; as
+// an unprivileged container under the default policy (accept-envvar off), nothing.
+TEST_F(Node, ContainerdCtrRun) {
+  if (!Have("containerd") || !Have("ctr") || !Have("podman")) GTEST_SKIP() << "needs containerd, ctr and podman";
+  std::string c = dir_ + "/ctrd";
+  fs::create_directories(c);
+  WriteFile(c + "/config.toml", "version = 2\nroot = \"" + c + "/root\"\nstate = \"" + c +
+                                    "/state\"\n[grpc]\naddress = \"" + c + "/sock\"\n"
+                                    "[ttrpc]\naddress = \"\"\n[debug]\naddress = \"\"\n[metrics]\naddress = \"\"\n"
+                                    "[plugins.\"io.containerd.grpc.v1.cri\"]\ndisable_tcp_service = true\n");
+  WriteConfig("auto", /*accept_env=*/false);
+  std::string p = "podman --root " + dir_ + "/storage --runroot " + dir_ +
+                  "/runroot --cgroup-manager cgroupfs --events-backend file ";
+  std::string penv = "CONTAINERS_CONF=" + dir_ + "/containers.conf ";
+  WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
+  std::string out;
+  ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + penv + p + "import - gpulet-ctr:latest", &out), 0) << out;
+  ASSERT_EQ(Sh(penv + p + "save --format oci-archive -o " + c + "/img.tar gpulet-ctr:latest", &out), 0) << out;
+  // The shim inherits containerd's environment: that is how it finds this test's config.
+  ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json setsid containerd --config " + c +
+                   "/config.toml >" + c + "/log 2>&1 & echo $! > " + c + "/pid"), 0);
+  std::string ctr = "ctr --address " + c + "/sock ";
+  bool up = false;
+  for (int i = 0; i < 100 && !up; ++i, ::usleep(100000)) up = Sh(ctr + "version >/dev/null") == 0;
+  struct Stop {
+    std::string pidfile;
+    ~Stop() { Sh("kill $(cat " + pidfile + ") 2>/dev/null; sleep 0.5"); }
+  } stop{c + "/pid"};
+  ASSERT_TRUE(up) << ReadFile(c + "/log");
+  ASSERT_EQ(Sh(ctr + "images import --base-name localhost/gpulet-ctr " + c + "/img.tar", &out), 0) << out;
+  std::string run = ctr + "run --rm --runc-binary=" + kShim + " --env NVIDIA_VISIBLE_DEVICES=0 ";
+  ASSERT_EQ(Sh(run + "--privileged localhost/gpulet-ctr:latest t1 sh -c 'ls -l /dev | grep nvidia'", &out), 0) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
+  Sh(run + "localhost/gpulet-ctr:latest t2 sh -c 'ls -l /dev | grep nvidia; true'", &out);
+  EXPECT_THAT(out, Not(::testing::ContainsRegex("nvidia[0-9]"))) << out;
+}
+
 // containerd parses what `gpulet runtime configure` wrote and shows our runtime.
 TEST(Containerd, ConfigDumpAcceptsConfiguredFile) {
   if (!Have("containerd")) GTEST_SKIP() << "containerd is not installed";
