@@ -26,7 +26,7 @@ namespace {
 
 // How long one nvmlEventSetWait call blocks. Events wake it at once; the timeout only bounds how
 // long Reinit and shutdown wait for the event thread to notice it should stop.
-constexpr unsigned kEventWaitMs = 200;
+constexpr unsigned kEventWaitMs = 50;
 
 // The loaded library and every entry point gpulet uses. Owns the dlopen handle; immutable after
 // Load(), so it is shared freely between threads.
