@@ -175,9 +175,33 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
 }
 
 absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
+  // Atomic for readers (temp file + rename), but without fsync: it cost most of the shim's time on
+  // a busy disk, and after a crash the container being created is gone anyway.
   struct stat st;
   mode_t mode = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
-  return WriteFileAtomic(path, spec.dump() + "\n", mode);
+  std::string tmp = absl::StrCat(path, ".gpulet-", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  std::string text = spec.dump() + "\n";
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(err)));
+    }
+    off += static_cast<size_t>(n);
+  }
+  ::fchmod(fd, mode);
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot replace ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key) {
