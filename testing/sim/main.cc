@@ -5,8 +5,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/str_cat.h"
-#include "fake_nvml/control.h"
+#include "fake_nvml/fault_cli.h"
 #include "testing/sim/sim_node.h"
 
 namespace {
@@ -67,53 +66,14 @@ int main(int argc, char** argv) {
   app.add_option("pods", opt.pod_files, "Pod YAML files (kind: Pod; several documents per file)")
       ->type_name("POD.yaml");
 
-  // gpulet sim fault KIND ...: one fault into the running node's control log.
+  // gpulet sim fault KIND ...: the GPU layer's fault front end (testing/fake_nvml/fault_cli.h).
   CLI::App* fault = app.add_subcommand(
       "fault", "Inject a fault into a running simulated node (XID event, GPU lost, reset, NVML "
                "init failure/recovery, ECC event, telemetry values)");
-  std::string kind, ecc_type;
-  std::string fault_root;
-  int gpu = -1;
-  uint64_t code = 0;
-  int64_t gi = -1, ci = -1;
-  std::vector<std::string> values;
-  fault->add_option("kind", kind, "xid | ecc | lost | reset | nvml-fail | nvml-ok | set")
-      ->required()
-      ->check(CLI::IsMember({"xid", "ecc", "lost", "reset", "nvml-fail", "nvml-ok", "set"}));
-  fault->add_option("--sim-root", fault_root,
-                    "The node's sim root (default: $TMPDIR/gpulet-sim-<uid>, as `gpulet sim` uses)")
-      ->type_name("DIR");
-  fault->add_option("--gpu", gpu, "GPU index (all kinds but nvml-fail / nvml-ok)");
-  fault->add_option("--code", code, "XID number (xid), e.g. 79 = GPU fell off the bus");
-  fault->add_option("--type", ecc_type, "ecc: sbe (single-bit) or dbe (double-bit)")
-      ->check(CLI::IsMember({"sbe", "dbe"}));
-  fault->add_option("--gi", gi, "xid on a MIG device: GPU instance id");
-  fault->add_option("--ci", ci, "xid on a MIG device: compute instance id");
-  fault->add_option("values", values, "set: telemetry KEY=VALUE pairs (e.g. temperature_gpu=92)");
+  std::function<int()> run_fault = gpulet::sim::SetupFaultCommand(*fault);
 
   CLI11_PARSE(app, argc, argv);
 
-  if (fault->parsed()) {
-    std::string line = kind;
-    if (gpu >= 0) line += absl::StrCat(" gpu=", gpu);
-    if (code) line += absl::StrCat(" code=", code);
-    if (!ecc_type.empty()) line += " type=" + ecc_type;
-    if (gi >= 0) line += absl::StrCat(" gi=", gi);
-    if (ci >= 0) line += absl::StrCat(" ci=", ci);
-    for (const auto& v : values) line += " " + v;
-    auto f = gpulet::sim::ParseFault(line);
-    if (!f.ok()) {
-      std::cerr << "gpulet sim fault: " << f.status().message() << "\n";
-      return 2;
-    }
-    std::string root = fault_root.empty() ? gpulet::sim::DefaultSimRoot() : fault_root;
-    absl::Status s = gpulet::sim::InjectFault(root, *f);
-    if (!s.ok()) {
-      std::cerr << "gpulet sim fault: " << s.message() << "\n";
-      return 1;
-    }
-    std::cout << "injected: " << gpulet::sim::FormatFault(*f) << " (" << root << ")\n";
-    return 0;
-  }
+  if (fault->parsed()) return run_fault();
   return RunNode(std::move(opt), serve);
 }

@@ -103,8 +103,8 @@ TEST_F(SimTest, FaultWithoutNode) {
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("no simulated node at " + root_));
   r = Shell(kBin + "gpulet-sim fault xid --gpu 3 --sim-root " + root_);
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.out, HasSubstr("missing code=XID"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--code"));
 }
 
 // `gpulet sim` forwards to gpulet-sim, --help included.
