@@ -1,0 +1,157 @@
+// The scheduler extender's verbs on state fed directly (no HTTP): filter reasons, wire shapes,
+// binpack vs spread, whole vs fractional exclusivity, bad pods.
+#include "scheduler/extender.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace gpulet::scheduler {
+namespace {
+
+using ::testing::HasSubstr;
+
+json Node(const std::string& name, int gpus, int units) {
+  json list = json::array();
+  for (int i = 0; i < gpus; ++i) {
+    list.push_back({{"uuid", name + "-GPU-" + std::to_string(i)}, {"index", i},
+                    {"memoryUnits", units}});
+  }
+  return {{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", list.dump()}}}}}};
+}
+
+json Pod(const std::string& name, int cores, int mem, const std::string& policy = "") {
+  json limits = {{"tencent.com/vcuda-core", cores}};
+  if (mem) limits["tencent.com/vcuda-memory"] = mem;
+  json pod = {{"metadata", {{"name", name}, {"namespace", "default"}, {"uid", "uid-" + name}}},
+              {"spec", {{"containers", json::array({{{"name", "c"},
+                                                     {"resources", {{"limits", limits}}}}})}}}};
+  if (!policy.empty()) pod["metadata"]["annotations"] = {{"gpulet.io/vgpu-policy", policy}};
+  return pod;
+}
+
+// A pod bound to `node` with its GPUs recorded, as the extender's bind leaves it.
+json Bound(json pod, const std::string& node, const std::string& gpus) {
+  pod["spec"]["nodeName"] = node;
+  pod["metadata"]["annotations"]["gpulet.io/vgpu-node"] = node;
+  pod["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"] = gpus;
+  return pod;
+}
+
+json Args(const json& pod, std::vector<std::string> nodes) {
+  return {{"Pod", pod}, {"NodeNames", nodes}, {"Nodes", nullptr}};
+}
+
+// Filter keeps nodes where one GPU fits and says why the others fail, per node.
+TEST(Extender, FilterReasons) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("big", 2, 318));
+  e.UpsertNode(Node("small", 2, 63));
+  json out = e.Filter(Args(Pod("p", 30, 100), {"big", "small", "cpu-only"}));
+  EXPECT_EQ(out["NodeNames"], json::array({"big"}));
+  EXPECT_THAT(out["FailedNodes"]["small"].get<std::string>(), HasSubstr("vGPU:"));
+  EXPECT_THAT(out["FailedAndUnresolvableNodes"]["cpu-only"].get<std::string>(),
+              HasSubstr("no gpulet vGPU GPUs"));
+  EXPECT_EQ(out["Error"], "");
+}
+
+// With full Node objects (nodeCacheCapable: false) the answer carries the kept Node objects.
+TEST(Extender, FilterWithNodeObjects) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("a", 1, 64));
+  e.UpsertNode(Node("b", 1, 64));
+  e.UpsertPod(Bound(Pod("x", 80, 8), "a", "a-GPU-0"));
+  json args = {{"Pod", Pod("p", 30, 8)},
+               {"Nodes", {{"items", json::array({Node("a", 1, 64), Node("b", 1, 64)})}}}};
+  json out = e.Filter(args);
+  ASSERT_EQ(out["Nodes"]["items"].size(), 1u);
+  EXPECT_EQ(out["Nodes"]["items"][0]["metadata"]["name"], "b");
+  EXPECT_TRUE(out["NodeNames"].is_null());
+}
+
+// A pod breaking the rules fails on every node with the rule's message.
+TEST(Extender, InvalidPodFailsEverywhere) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("a", 1, 64));
+  json out = e.Filter(Args(Pod("p", 150, 8), {"a"}));
+  EXPECT_EQ(out["NodeNames"], json::array());
+  EXPECT_THAT(out["FailedAndUnresolvableNodes"]["a"].get<std::string>(),
+              HasSubstr("multiple of 100"));
+}
+
+// Binpack prefers the fuller node; spread the emptier one; the annotation picks per pod.
+TEST(Extender, BinpackAndSpread) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("busy", 2, 64));
+  e.UpsertNode(Node("idle", 2, 64));
+  e.UpsertPod(Bound(Pod("x", 50, 8), "busy", "busy-GPU-0"));
+  auto score = [&](const json& pod) {
+    std::map<std::string, int64_t> s;
+    for (const auto& h : e.Prioritize(Args(pod, {"busy", "idle"}))) s[h["Host"]] = h["Score"];
+    return s;
+  };
+  auto bp = score(Pod("p", 20, 4));
+  EXPECT_GT(bp["busy"], bp["idle"]);
+  auto sp = score(Pod("p", 20, 4, "spread"));
+  EXPECT_GT(sp["idle"], sp["busy"]);
+  for (const auto& [h, s] : bp) {
+    EXPECT_GE(s, 0);
+    EXPECT_LE(s, 10);
+  }
+  // Unknown policy: all zero, not a crash.
+  auto bad = score(Pod("p", 20, 4, "nonsense"));
+  EXPECT_EQ(bad["busy"], 0);
+}
+
+// A GPU booked whole takes no share, and a GPU with a share cannot be booked whole.
+TEST(Extender, WholeAndFractionalNeverShare) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("n", 2, 64));
+  e.UpsertPod(Bound(Pod("whole", 100, 0), "n", "n-GPU-0"));
+  e.UpsertPod(Bound(Pod("share", 10, 1), "n", "n-GPU-1"));
+  EXPECT_EQ(e.Filter(Args(Pod("w", 100, 0), {"n"}))["NodeNames"], json::array());
+  EXPECT_EQ(e.Filter(Args(Pod("s", 90, 1), {"n"}))["NodeNames"], json::array({"n"}));
+  EXPECT_EQ(e.Filter(Args(Pod("s", 91, 1), {"n"}))["NodeNames"], json::array());
+  // Releasing the whole pod frees its GPU.
+  e.RemovePod(Pod("whole", 100, 0));
+  EXPECT_EQ(e.Filter(Args(Pod("w", 100, 0), {"n"}))["NodeNames"], json::array({"n"}));
+}
+
+// Pods that arrive before their node are counted once the node appears; a node update keeps them.
+TEST(Extender, PodBeforeNodeAndNodeUpdates) {
+  Extender e(nullptr, {});
+  e.UpsertPod(Bound(Pod("x", 60, 8), "n", "n-GPU-0"));
+  e.UpsertNode(Node("n", 1, 64));
+  EXPECT_EQ(e.Snapshot().nodes[0].gpus[0].free_milli, 400);
+  e.UpsertNode(Node("n", 1, 64));
+  EXPECT_EQ(e.Snapshot().nodes[0].gpus[0].free_milli, 400);
+  EXPECT_EQ(e.booked_pods(), 1u);
+  // Finished pods give their share back.
+  json done = Bound(Pod("x", 60, 8), "n", "n-GPU-0");
+  done["status"]["phase"] = "Succeeded";
+  e.UpsertPod(done);
+  EXPECT_EQ(e.Snapshot().nodes[0].gpus[0].free_milli, 1000);
+}
+
+// Without the inventory annotation, capacity is split evenly across cores/100 GPUs.
+TEST(Extender, NodeFromCapacity) {
+  Extender e(nullptr, {});
+  e.UpsertNode({{"metadata", {{"name", "n"}}},
+                {"status",
+                 {{"allocatable",
+                   {{"tencent.com/vcuda-core", "800"}, {"tencent.com/vcuda-memory", "2560"}}}}}});
+  auto c = e.Snapshot();
+  ASSERT_EQ(c.nodes.size(), 1u);
+  ASSERT_EQ(c.nodes[0].gpus.size(), 8u);
+  EXPECT_EQ(c.nodes[0].gpus[0].memory_total_bytes, 320ll * 256 * 1024 * 1024);
+}
+
+// Bind without an API client reports an error in the wire shape instead of crashing.
+TEST(Extender, BindNeedsApi) {
+  Extender e(nullptr, {});
+  json out = e.Bind({{"PodName", "p"}, {"PodNamespace", "default"}, {"Node", "n"}});
+  EXPECT_THAT(out["Error"].get<std::string>(), HasSubstr("no API server client"));
+  EXPECT_THAT(e.Bind(json::object())["Error"].get<std::string>(), HasSubstr("required"));
+}
+
+}  // namespace
+}  // namespace gpulet::scheduler

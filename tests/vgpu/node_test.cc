@@ -1,0 +1,298 @@
+// Node-side vGPU assignment against the fake API server: finding the pod of an Allocate, two
+// identical pods, the container contract (env, mounts), checkpoint across restarts, release,
+// correction from the kubelet's record, and the kubelet resources' device lists and preferences.
+#include "vgpu/node.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/fs.h"
+#include "testing/apiserver/fake_apiserver.h"
+#include "vgpu/accounting.h"
+
+namespace gpulet::vgpu {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kUnits = 318;
+
+std::vector<std::string> Ids(const std::string& uuid, const char* kind, int n, int from = 0) {
+  std::vector<std::string> out;
+  for (int i = from; i < from + n; ++i) out.push_back(uuid + kind + std::to_string(i));
+  return out;
+}
+
+json PodObj(const std::string& name, int cores, int mem, int64_t bind_time = 0,
+            const std::string& gpus = "") {
+  json limits = {{"tencent.com/vcuda-core", std::to_string(cores)}};
+  if (mem) limits["tencent.com/vcuda-memory"] = std::to_string(mem);
+  json pod = {{"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", json::object()}}},
+              {"spec", {{"nodeName", "node-1"},
+                        {"containers", json::array({{{"name", "cuda"},
+                                                     {"resources", {{"limits", limits}}}}})}}}};
+  if (bind_time) pod["metadata"]["annotations"]["gpulet.io/vgpu-bind-time"] = std::to_string(bind_time);
+  if (!gpus.empty()) {
+    pod["metadata"]["annotations"]["gpulet.io/vgpu-node"] = "node-1";
+    pod["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"] = gpus;
+  }
+  return pod;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string t = (std::filesystem::temp_directory_path() / "vgpu-node-XXXXXX").string();
+    dir_ = mkdtemp(t.data());
+    ASSERT_TRUE(api_.Start());
+    k8s::Config c;
+    c.server = api_.url();
+    c.initial_backoff = std::chrono::milliseconds(1);
+    client_ = std::make_unique<k8s::Client>(c);
+    opts_.node_name = "node-1";
+    opts_.state_dir = dir_ + "/state";
+    pool_ = {{"GPU-0", 0, kUnits}, {"GPU-1", 1, kUnits}};
+    assigner_ = Make();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::shared_ptr<NodeAssigner> Make() {
+    auto a = std::make_shared<NodeAssigner>(opts_, pool_, client_.get());
+    EXPECT_TRUE(a->Load().ok());
+    return a;
+  }
+  // One container's two Allocate calls (in the given order); returns the full response.
+  v1beta1::ContainerAllocateResponse AllocPair(NodeAssigner& a, const std::string& gpu, int cores,
+                                               int mem, bool memory_first = false, int from = 0) {
+    auto c = Ids(gpu, "::vc", cores, from), m = Ids(gpu, "::vm", mem, from);
+    auto first = a.Allocate(!memory_first, memory_first ? m : c);
+    EXPECT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->envs_size(), 0);
+    auto second = a.Allocate(memory_first, memory_first ? c : m);
+    EXPECT_TRUE(second.ok()) << second.status();
+    return second.ok() ? *second : v1beta1::ContainerAllocateResponse();
+  }
+  std::string PodOf(const v1beta1::ContainerAllocateResponse& r) {
+    return r.annotations().at("gpulet.io/vgpu-container");
+  }
+
+  std::string dir_;
+  testing::FakeApiServer api_;
+  std::unique_ptr<k8s::Client> client_;
+  NodeOptions opts_;
+  std::vector<PoolGpu> pool_;
+  std::shared_ptr<NodeAssigner> assigner_;
+};
+
+// The seed pod placed by the extender gets its annotated GPU and the interposer contract:
+// limits in env, the accounting file mounted read-write, the library mounted read-only and
+// preloaded, NVIDIA_VISIBLE_DEVICES for the runtime; the pod is marked assigned.
+TEST_F(NodeTest, SeedPodContract) {
+  api_.CreatePod(PodObj("seed", 30, 20, 1, "GPU-1"));
+  auto r = AllocPair(*assigner_, "GPU-0", 30, 20);  // kubelet's IDs need not be on that GPU
+  EXPECT_EQ(r.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_MEMORY_LIMIT"), std::to_string(20ull * 256 * 1024 * 1024));
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_LIMIT"), "30");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_CEILING"), "30");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_ACCOUNTING"), "/var/run/gpulet/vgpu/accounting");
+  EXPECT_EQ(r.envs().at("LD_PRELOAD"), "/usr/lib/gpulet/libgpulet-vcuda.so");
+  ASSERT_EQ(r.mounts_size(), 2);
+  json pod;
+  ASSERT_TRUE(api_.GetPod("default", "seed", &pod));
+  std::string uid = pod["metadata"]["uid"];
+  EXPECT_EQ(r.mounts(0).host_path(), opts_.state_dir + "/" + uid + "/cuda/accounting");
+  EXPECT_EQ(r.mounts(0).container_path(), "/var/run/gpulet/vgpu/accounting");
+  EXPECT_FALSE(r.mounts(0).read_only());
+  EXPECT_EQ(r.mounts(1).container_path(), "/usr/lib/gpulet/libgpulet-vcuda.so");
+  EXPECT_TRUE(r.mounts(1).read_only());
+  // The accounting file exists, sized as a valid empty region.
+  auto size = std::filesystem::file_size(r.mounts(0).host_path());
+  EXPECT_EQ(size, sizeof(AccountingRegion));
+  EXPECT_EQ(pod["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
+}
+
+// Two identical pods arriving together get one grant each, in bind order, on different records;
+// a third Allocate with nothing left to serve is a clear error.
+TEST_F(NodeTest, TwoIdenticalPods) {
+  api_.CreatePod(PodObj("b", 50, 100, 2));
+  api_.CreatePod(PodObj("a", 50, 100, 1));
+  auto r1 = AllocPair(*assigner_, "GPU-0", 50, 100);
+  auto r2 = AllocPair(*assigner_, "GPU-0", 50, 100, true, 50);
+  EXPECT_EQ(PodOf(r1), "default/a/cuda");
+  EXPECT_EQ(PodOf(r2), "default/b/cuda");
+  // Without extender annotations the node places them itself (binpack: both on one GPU).
+  EXPECT_EQ(r1.envs().at("NVIDIA_VISIBLE_DEVICES"), r2.envs().at("NVIDIA_VISIBLE_DEVICES"));
+  EXPECT_EQ(assigner_->grants().size(), 2u);
+  auto third = assigner_->Allocate(true, Ids("GPU-1", "::vc", 50));
+  ASSERT_FALSE(third.ok());
+  EXPECT_THAT(third.status().message(), HasSubstr("no Pending pod bound to node node-1"));
+  // The node wrote where it put them, so the extender can rebuild its state.
+  json a;
+  ASSERT_TRUE(api_.GetPod("default", "a", &a));
+  EXPECT_EQ(a["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"],
+            r1.envs().at("NVIDIA_VISIBLE_DEVICES"));
+}
+
+// Same cores, different memory: the pair of calls matches on both numbers, whatever comes first.
+TEST_F(NodeTest, PairMatchesCoresAndMemory) {
+  api_.CreatePod(PodObj("small", 30, 10, 1));
+  api_.CreatePod(PodObj("large", 30, 40, 2));
+  auto r = AllocPair(*assigner_, "GPU-0", 30, 40, /*memory_first=*/true);
+  EXPECT_EQ(PodOf(r), "default/large/cuda");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_MEMORY_LIMIT"), std::to_string(40ull << 28));
+  auto s = AllocPair(*assigner_, "GPU-0", 30, 10, false, 30);
+  EXPECT_EQ(PodOf(s), "default/small/cuda");
+}
+
+// Whole GPUs: one call, exclusive GPUs, no limits or injection; shares never land on them.
+TEST_F(NodeTest, WholeGpuIsExclusive) {
+  api_.CreatePod(PodObj("share", 10, 4, 1));
+  api_.CreatePod(PodObj("whole", 100, 0, 2));
+  AllocPair(*assigner_, "GPU-0", 10, 4);
+  auto w = assigner_->Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_FALSE(w->envs().contains("GPULET_VGPU_MEMORY_LIMIT"));
+  EXPECT_FALSE(w->envs().contains("LD_PRELOAD"));
+  std::string whole_gpu = w->envs().at("NVIDIA_VISIBLE_DEVICES");
+  std::string share_gpu = assigner_->grants()[0].gpus[0];
+  EXPECT_NE(whole_gpu, share_gpu);
+  // Nothing is left for a second whole GPU or for a share on the whole one.
+  api_.CreatePod(PodObj("whole2", 100, 0, 3));
+  auto w2 = assigner_->Allocate(true, Ids("GPU-0", "::vc", 100));
+  ASSERT_FALSE(w2.ok());
+  EXPECT_THAT(w2.status().message(), HasSubstr("does not fit"));
+}
+
+// The opt-out GPULET_VGPU_DISABLE=1 on the container keeps limits in env but injects nothing;
+// the soft-limit annotation raises the ceiling.
+TEST_F(NodeTest, OptOutAndSoftLimit) {
+  json pod = PodObj("opt", 20, 8, 1);
+  pod["spec"]["containers"][0]["env"] = json::array({{{"name", "GPULET_VGPU_DISABLE"}, {"value", "1"}}});
+  pod["metadata"]["annotations"]["tencent.com/vcuda-core-limit"] = "60";
+  api_.CreatePod(pod);
+  auto r = AllocPair(*assigner_, "GPU-0", 20, 8);
+  EXPECT_FALSE(r.envs().contains("LD_PRELOAD"));
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_DISABLE"), "1");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_CEILING"), "60");
+  EXPECT_EQ(r.mounts_size(), 1);
+}
+
+// The checkpoint survives a restart: the new assigner knows the grant and does not hand the
+// same container out again; release drops grants of pods that are gone.
+TEST_F(NodeTest, RestartAndRelease) {
+  api_.CreatePod(PodObj("p", 40, 16, 1, "GPU-0"));
+  AllocPair(*assigner_, "GPU-0", 40, 16);
+  auto restarted = Make();
+  ASSERT_EQ(restarted->grants().size(), 1u);
+  EXPECT_EQ(restarted->grants()[0].gpus, std::vector<std::string>{"GPU-0"});
+  auto again = restarted->Allocate(true, Ids("GPU-0", "::vc", 40, 40));
+  EXPECT_FALSE(again.ok() && again->envs_size() > 0);
+  std::string acc_dir = restarted->grants()[0].accounting_dir;
+  ASSERT_TRUE(std::filesystem::exists(acc_dir));
+  ASSERT_TRUE(api_.DeletePod("default", "p"));
+  ASSERT_TRUE(restarted->ReleaseGoneFromApi().ok());
+  EXPECT_TRUE(restarted->grants().empty());
+  EXPECT_FALSE(std::filesystem::exists(acc_dir));
+  EXPECT_TRUE(Make()->grants().empty());
+}
+
+// A corrupt checkpoint is an error naming the file, not a silent reset.
+TEST_F(NodeTest, CorruptCheckpoint) {
+  std::filesystem::create_directories(opts_.state_dir);
+  ASSERT_TRUE(WriteFileAtomic(opts_.state_dir + "/assignments.json", "{not json").ok());
+  NodeAssigner a(opts_, pool_, client_.get());
+  absl::Status s = a.Load();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("assignments.json"));
+}
+
+// Identical pods admitted in the other order: the kubelet's record (PodResources) shows whose
+// devices are whose; the grants and the pods' annotations are corrected.
+TEST_F(NodeTest, CorrectionFromKubeletRecord) {
+  api_.CreatePod(PodObj("a", 60, 8, 1));
+  api_.CreatePod(PodObj("b", 60, 8, 2));
+  auto ra = AllocPair(*assigner_, "GPU-0", 60, 8);            // we think: a
+  auto rb = AllocPair(*assigner_, "GPU-1", 60, 8, false, 0);  // we think: b
+  ASSERT_EQ(PodOf(ra), "default/a/cuda");
+  std::string gpu_given_first = ra.envs().at("NVIDIA_VISIBLE_DEVICES");
+  std::string gpu_given_second = rb.envs().at("NVIDIA_VISIBLE_DEVICES");
+  ASSERT_NE(gpu_given_first, gpu_given_second);
+  // The kubelet says: the first devices went to b, the second to a.
+  std::map<std::string, std::pair<std::string, std::string>> owner;
+  owner["GPU-0::vc0"] = {"default/b", "cuda"};
+  owner["GPU-1::vc0"] = {"default/a", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  for (const auto& g : assigner_->grants()) {
+    if (g.pod == "b") EXPECT_EQ(g.gpus[0], gpu_given_first);
+    if (g.pod == "a") EXPECT_EQ(g.gpus[0], gpu_given_second);
+  }
+  json b;
+  ASSERT_TRUE(api_.GetPod("default", "b", &b));
+  EXPECT_EQ(b["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], gpu_given_first);
+}
+
+// The kubelet resources: 100 core devices per GPU and one memory device per unit; health
+// follows the GPU; Preferred keeps a container on one GPU (the predicted one when known).
+TEST_F(NodeTest, KubeletResources) {
+  auto res = MakeVcudaResources(assigner_, [](const std::string& uuid) { return uuid != "GPU-1"; });
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[0]->name(), "tencent.com/vcuda-core");
+  EXPECT_EQ(res[1]->name(), "tencent.com/vcuda-memory");
+  auto cores = res[0]->Devices();
+  auto mem = res[1]->Devices();
+  EXPECT_EQ(cores.size(), 200u);
+  EXPECT_EQ(mem.size(), 2u * kUnits);
+  EXPECT_TRUE(cores.front().healthy);
+  EXPECT_FALSE(cores.back().healthy);
+  api_.CreatePod(PodObj("p", 30, 20, 1, "GPU-1"));
+  std::vector<std::string> avail = Ids("GPU-0", "::vc", 100);
+  auto more = Ids("GPU-1", "::vc", 100);
+  avail.insert(avail.end(), more.begin(), more.end());
+  auto pref = res[0]->Preferred(avail, {}, 30);
+  ASSERT_TRUE(pref.ok());
+  ASSERT_EQ(pref->size(), 30u);
+  for (const auto& id : *pref) EXPECT_EQ(id.rfind("GPU-1::", 0), 0u) << id;
+  EXPECT_FALSE(res[0]->Allocate({"GPU-0::vm1"}).ok());
+}
+
+// Without an API server (bare simulated node) the kubelet's counts place the container by the
+// same policy; identity is filled in later from the kubelet's record.
+TEST_F(NodeTest, WithoutApiServer) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto r = AllocPair(a, "GPU-0", 30, 20);
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_LIMIT"), "30");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_MEMORY_LIMIT"), std::to_string(20ull << 28));
+  auto w = a.Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE(w->envs().at("NVIDIA_VISIBLE_DEVICES"), r.envs().at("NVIDIA_VISIBLE_DEVICES"));
+  EXPECT_EQ(a.grants().size(), 2u);
+}
+
+// Pool selection: all non-MIG GPUs, chosen indexes or UUIDs; unknown and MIG GPUs are errors;
+// memory units from NVML's total (318 on an H100) or nominal (320).
+TEST(PoolGpus, Selection) {
+  gpu::Inventory inv;
+  for (uint32_t i = 0; i < 3; ++i) {
+    gpu::Device d;
+    d.index = i;
+    d.uuid = "GPU-" + std::to_string(i);
+    d.memory_bytes = 81559ull << 20;
+    d.mig_enabled = i == 2;
+    inv.devices.push_back(d);
+  }
+  EXPECT_TRUE(PoolGpus(inv, "")->empty());
+  auto all = PoolGpus(inv, "all");
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].memory_units, 318);
+  EXPECT_EQ((*PoolGpus(inv, "all", true))[0].memory_units, 320);
+  auto some = PoolGpus(inv, "1, GPU-0");
+  ASSERT_TRUE(some.ok());
+  EXPECT_EQ((*some)[0].uuid, "GPU-1");
+  EXPECT_THAT(PoolGpus(inv, "7").status().message(), HasSubstr("\"7\" is not on this node"));
+  EXPECT_THAT(PoolGpus(inv, "2").status().message(), HasSubstr("MIG"));
+}
+
+}  // namespace
+}  // namespace gpulet::vgpu
