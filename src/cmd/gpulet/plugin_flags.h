@@ -1,0 +1,123 @@
+// Flags and the run loop shared by `gpulet device-plugin` and `gpulet agent`: the kubelet paths,
+// the config file, every NVIDIA setting under its NVIDIA flag name (plugin/config.h Settings()),
+// and the start sequence (config -> GPU layer with failOnInitError -> device plugin -> signals).
+#pragma once
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "cmd/gpulet/gpu_flags.h"
+#include "gpu/open.h"
+#include "plugin/plugin.h"
+
+namespace gpulet::cmd {
+
+struct PluginFlags {
+  gpu::GpuOptions gpu;
+  std::string plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string kubelet_socket = "kubelet.sock";
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string config_file;
+  std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
+};
+
+inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
+  AddGpuFlags(sub, f.gpu);
+  sub.add_option("--device-plugin-dir", f.plugin_dir,
+                 "Kubelet device-plugin directory (kubelet.sock and our sockets)")
+      ->capture_default_str()->type_name("DIR");
+  sub.add_option("--kubelet-socket", f.kubelet_socket,
+                 "Kubelet Registration socket, a name inside --device-plugin-dir; empty: serve "
+                 "without registering")
+      ->capture_default_str()->envname("KUBELET_SOCKET")->type_name("NAME");
+  sub.add_option("--pod-resources-socket", f.pod_resources_socket,
+                 "Kubelet PodResources socket (per-pod attribution)")
+      ->capture_default_str()->type_name("PATH");
+  sub.add_option("--config-file", f.config_file,
+                 "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
+                 "reloaded on SIGHUP and when its content changes")
+      ->envname("CONFIG_FILE")->type_name("FILE");
+  for (const auto& s : plugin::Settings()) {
+    std::string key = s.key;
+    std::string help = std::string(s.help) + " [env " + s.envs.front() + "; file " + s.key + "]";
+    sub.add_option_function<std::string>(
+           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; },
+           help)
+        ->type_name("VALUE");
+  }
+}
+
+// The whole device-plugin life: returns the exit code. `with_plugin`, when set, runs once the
+// plugin serves (the agent starts its other parts there) and may fail the start.
+inline int RunDevicePlugin(
+    const char* cmd, PluginFlags& f,
+    const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {}) {
+  plugin::BlockSignals();  // before any thread exists, so Run() receives them
+  plugin::ConfigSources sources{f.config_file, plugin::EnvironmentSnapshot(), f.values};
+  auto config = plugin::LoadConfig(sources);
+  if (!config.ok()) {
+    std::cerr << "gpulet " << cmd << ": " << config.status().message() << "\n";
+    return 2;
+  }
+  // A simulated node without --sim-root: make the directory here so the plugin can find the
+  // node's /proc and /dev under it; removed on exit.
+  std::string owned_root;
+  if (!f.gpu.simulate.empty() && f.gpu.sim_root.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      std::cerr << "gpulet " << cmd << ": cannot create a temporary sim root\n";
+      return 1;
+    }
+    f.gpu.sim_root = owned_root = tmpl;
+  }
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{owned_root};
+
+  auto layer = gpu::OpenGpuLayer(f.gpu);
+  const sigset_t stop = [] {
+    sigset_t s;
+    sigemptyset(&s);
+    for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&s, sig);
+    return s;
+  }();
+  while (!layer.ok()) {
+    std::cerr << "gpulet " << cmd << ": " << layer.status().message() << "\n";
+    if (config->fail_on_init_error) return 1;
+    // failOnInitError=false: wait for the driver instead of crash-looping.
+    struct timespec ts = {5, 0};
+    if (sigtimedwait(&stop, nullptr, &ts) > 0) return 0;
+    layer = gpu::OpenGpuLayer(f.gpu);
+  }
+  plugin::DevicePlugin::Options options;
+  options.manager.plugin_dir = f.plugin_dir;
+  options.manager.kubelet_socket = f.kubelet_socket;
+  options.sources = std::move(sources);
+  options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
+  plugin::DevicePlugin dp(layer->get(), std::move(options), *std::move(config));
+  if (absl::Status s = dp.Start(); !s.ok()) {
+    std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
+    return 1;
+  }
+  if (with_plugin) {
+    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
+      std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
+      return 1;
+    }
+  }
+  return dp.Run();
+}
+
+}  // namespace gpulet::cmd
