@@ -102,9 +102,11 @@ absl::Status ReadinessController::RemediateRejectedPods() {
   opts.field_selector = "spec.nodeName=" + options_.node_name;
   ASSIGN_OR_RETURN(json list, client_->ListPods("", opts));
   for (const json& pod : Field(list, {"items"}).is_array() ? list["items"] : json::array()) {
-    if (StringField(pod, {"status", "phase"}) != "Failed" ||
-        StringField(pod, {"status", "reason"}) != "UnexpectedAdmissionError" ||
-        !RequestsOurResources(pod)) {
+    // The kubelet's two wordings for "the plugin was not there yet": UnexpectedAdmissionError when
+    // it knows the resource from its checkpoint, OutOf<resource> when it does not know it at all.
+    std::string reason = StringField(pod, {"status", "reason"});
+    bool rejected = reason == "UnexpectedAdmissionError" || absl::StartsWith(reason, "OutOf");
+    if (StringField(pod, {"status", "phase"}) != "Failed" || !rejected || !RequestsOurResources(pod)) {
       continue;
     }
     std::string ns = StringField(pod, {"metadata", "namespace"});

@@ -109,6 +109,8 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   server_.CreatePod(GpuPod("owned", true, "Failed", "UnexpectedAdmissionError"));
   server_.CreatePod(GpuPod("bare", false, "Failed", "UnexpectedAdmissionError"));
   server_.CreatePod(GpuPod("running", true, "Running", ""));
+  server_.CreatePod(GpuPod("out-of", true, "Failed", "OutOfnvidia.com/gpu"));
+  server_.CreatePod(GpuPod("evicted", true, "Failed", "Evicted"));
   json cpu = GpuPod("cpu-only", true, "Failed", "UnexpectedAdmissionError");
   cpu["spec"]["containers"][0]["resources"]["limits"] = {{"cpu", "1"}};
   server_.CreatePod(cpu);
@@ -119,7 +121,9 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   EXPECT_TRUE(server_.GetPod("default", "bare", &p));
   EXPECT_TRUE(server_.GetPod("default", "running", &p));
   EXPECT_TRUE(server_.GetPod("default", "cpu-only", &p));
-  EXPECT_EQ(c.deleted_pods(), 1);
+  EXPECT_FALSE(server_.GetPod("default", "out-of", &p));
+  EXPECT_TRUE(server_.GetPod("default", "evicted", &p)) << "other failures are not ours to heal";
+  EXPECT_EQ(c.deleted_pods(), 2);
   EXPECT_EQ(c.reported_bare_pods(), 1);
   // Once per boot: a later pass does not delete pods again (no delete/recreate storm).
   server_.CreatePod(GpuPod("owned2", true, "Failed", "UnexpectedAdmissionError"));
