@@ -21,14 +21,15 @@ demo: build
 test: build
 	ctest --preset release
 
+# Sanitizer runs build only the unit tests and what they load (target unit_tests).
 test-asan: deps
 	@cmake --preset asan >/dev/null
-	@cmake --build --preset asan -j $(JOBS)
+	@cmake --build --preset asan -j $(JOBS) --target unit_tests
 	ctest --preset asan
 
 test-tsan: deps
 	@cmake --preset tsan >/dev/null
-	@cmake --build --preset tsan -j $(JOBS)
+	@cmake --build --preset tsan -j $(JOBS) --target unit_tests
 	ctest --preset tsan
 
 bench: build

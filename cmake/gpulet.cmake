@@ -17,6 +17,11 @@ function(gpulet_test name)
       GPULET_SOURCE_DIR="${CMAKE_SOURCE_DIR}" GPULET_BINARY_DIR="${CMAKE_BINARY_DIR}")
   gtest_discover_tests(${name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
                        DISCOVERY_TIMEOUT 60)
+  # The sanitizer run builds only what the unit tests need (target unit_tests): tests declare what
+  # they load at run time with add_dependencies, which this target follows.
+  if("unit" IN_LIST T_LABELS)
+    add_dependencies(unit_tests ${name})
+  endif()
 endfunction()
 
 include(GoogleTest)
