@@ -23,12 +23,18 @@ std::string Under(const std::string& root, const std::string& p) {
 
 StepResult Driver(const ValidateOptions& o, gpu::Inventory* inv) {
   StepResult s{"driver"};
-  auto layer = gpu::OpenGpuLayer(o.gpu);
-  if (!layer.ok()) {
-    s.detail = std::string(layer.status().message());
-    return s;
+  std::unique_ptr<gpu::GpuLayer> owned;
+  gpu::GpuLayer* layer = o.layer;
+  if (layer == nullptr) {
+    auto opened = gpu::OpenGpuLayer(o.gpu);
+    if (!opened.ok()) {
+      s.detail = std::string(opened.status().message());
+      return s;
+    }
+    owned = *std::move(opened);
+    layer = owned.get();
   }
-  auto got = (*layer)->GetInventory();
+  auto got = layer->GetInventory();
   if (!got.ok()) {
     s.detail = std::string(got.status().message());
     return s;

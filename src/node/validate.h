@@ -17,6 +17,7 @@ namespace gpulet::node {
 
 struct ValidateOptions {
   gpu::GpuOptions gpu;
+  gpu::GpuLayer* layer = nullptr;  // not owned; when set, used instead of opening `gpu`
   std::string host_root = "/";
   std::string runtime = "auto";  // engine to check: containerd | docker | crio | auto
   std::string prefix = "/usr/local/gpulet";

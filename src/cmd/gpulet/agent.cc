@@ -3,6 +3,9 @@
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
+#include "k8s/client.h"
+#include "node/readiness.h"
+#include "node/validate.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -22,6 +25,10 @@ labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Con
   return o;
 }
 
+struct NodeFlags {
+  std::string name, kubeconfig, host_root = "/";
+};
+
 std::function<int()> SetupAgent(CLI::App& sub) {
   auto flags = std::make_shared<PluginFlags>();
   auto metrics_flags = std::make_shared<ExporterFlags>();
@@ -29,10 +36,21 @@ std::function<int()> SetupAgent(CLI::App& sub) {
   AddPluginFlags(sub, *flags);
   AddExporterFlags(sub, *metrics_flags, /*with_pod_socket=*/false, "metrics-");
   AddLabelFlags(sub, *label_flags, "labels-", /*with_sharing_flags=*/false);
-  return [flags, metrics_flags, label_flags] {
+  auto node = std::make_shared<NodeFlags>();
+  sub.add_option("--node-name", node->name,
+                 "This node's name: enables reboot readiness (taint until the GPU stack validates, "
+                 "then label gpulet.io/gpu-stack=ready and recreate rejected pods)")
+      ->envname("NODE_NAME");
+  sub.add_option("--kubeconfig", node->kubeconfig, "kubeconfig (default: $KUBECONFIG, in-cluster)");
+  sub.add_option("--host-root", node->host_root,
+                 "Where the host's root is mounted, for validating the engine configuration")
+      ->capture_default_str();
+  return [flags, metrics_flags, label_flags, node] {
     RealFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
+    std::unique_ptr<k8s::Client> client;
+    std::unique_ptr<node::ReadinessController> readiness;
     int rc = RunDevicePlugin("agent", *flags, [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
       // Other node parts start here, sharing `gpu`.
       metrics_flags->pod_resources_socket = flags->pod_resources_socket;
@@ -50,7 +68,27 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();
+      if (!node->name.empty()) {
+        auto cfg = k8s::ResolveConfig(node->kubeconfig);
+        if (!cfg.ok()) return cfg.status();
+        client = std::make_unique<k8s::Client>(*cfg);
+        node::ValidateOptions vo;
+        vo.layer = &gpu;
+        vo.host_root = node->host_root;
+        vo.pod_resources_socket = flags->pod_resources_socket;
+        vo.node_name = node->name;
+        vo.client = client.get();
+        node::ReadinessOptions ro;
+        ro.node_name = node->name;
+        readiness = std::make_unique<node::ReadinessController>(
+            client.get(), [vo] { return node::ValidateStack(vo); }, ro);
+        readiness->Start();
+      }
       return absl::OkStatus();
+    }, [&] {
+      readiness.reset();
+      labeler.reset();
+      exporter.reset();
     });
     return rc;
   };

@@ -56,10 +56,12 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
 }
 
 // The whole device-plugin life: returns the exit code. `with_plugin`, when set, runs once the
-// plugin serves (the agent starts its other parts there) and may fail the start.
+// plugin serves (the agent starts its other parts there) and may fail the start;
+// `before_teardown` stops them again before the GPU layer is destroyed.
 inline int RunDevicePlugin(
     const char* cmd, PluginFlags& f,
-    const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {}) {
+    const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {},
+    const std::function<void()>& before_teardown = {}) {
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
   plugin::ConfigSources sources{f.config_file, plugin::EnvironmentSnapshot(), f.values};
   auto config = plugin::LoadConfig(sources);
@@ -117,7 +119,10 @@ inline int RunDevicePlugin(
       return 1;
     }
   }
-  return dp.Run();
+  int rc = dp.Run();
+  // Parts started by `with_plugin` share the GPU layer: they stop before it goes away.
+  if (before_teardown) before_teardown();
+  return rc;
 }
 
 }  // namespace gpulet::cmd
