@@ -22,11 +22,6 @@ using nlohmann::json;
 constexpr char kRecord[] = "/var/lib/gpulet/install.json";
 constexpr char kBackupDir[] = "/var/lib/gpulet/backup";
 
-// Host path `p` as this process sees it under `root` ("/" leaves it alone).
-std::string Under(const std::string& root, const std::string& p) {
-  return root == "/" || root.empty() ? p : root + p;
-}
-
 std::string SelfDir() {
   char buf[PATH_MAX];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -86,6 +81,10 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
 
 }  // namespace
 
+std::string UnderRoot(const std::string& root, const std::string& p) {
+  return root == "/" || root.empty() ? p : root + p;
+}
+
 absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
   struct Probe {
     const char* engine;
@@ -98,7 +97,7 @@ absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
   };
   for (const auto& p : probes)
     for (const char* path : p.paths)
-      if (::access(Under(host_root, path).c_str(), F_OK) == 0) return std::string(p.engine);
+      if (::access(UnderRoot(host_root, path).c_str(), F_OK) == 0) return std::string(p.engine);
   return absl::NotFoundError(absl::StrCat(
       "no container engine found under ", host_root,
       " (looked for containerd, CRI-O and Docker configs and sockets); pass --runtime"));
@@ -135,10 +134,10 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   for (auto& d : spec.devices) SeenFromHost(d.edits, o.host_root);
   // What an earlier install recorded (so a re-run adds to it instead of forgetting files).
   json record = {{"engine", r.engine}, {"files", json::array()}, {"configs", json::array()}};
-  if (auto old = ReadFileToString(Under(o.host_root, kRecord)); old.ok()) {
+  if (auto old = ReadFileToString(UnderRoot(o.host_root, kRecord)); old.ok()) {
     json parsed = json::parse(*old, nullptr, false);
     if (parsed.is_discarded() || !parsed.is_object())
-      return absl::DataLossError(absl::StrCat(Under(o.host_root, kRecord),
+      return absl::DataLossError(absl::StrCat(UnderRoot(o.host_root, kRecord),
                                               ": install record is not valid JSON; remove it "
                                               "after checking the engine configuration by hand"));
     record = parsed;
@@ -170,7 +169,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
       r.actions.push_back(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
       continue;
     }
-    ASSIGN_OR_RETURN(bool changed, CopyIfChanged(p.from, Under(o.host_root, p.to), p.mode));
+    ASSIGN_OR_RETURN(bool changed, CopyIfChanged(p.from, UnderRoot(o.host_root, p.to), p.mode));
     remember_file(p.to);
     r.actions.push_back(absl::StrCat(changed ? "installed " : "unchanged ", p.to));
   }
@@ -178,10 +177,10 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   // 2. The CDI spec for this node's GPUs.
   std::string cdi_path = o.cdi_dir + "/gpulet-nvidia.yaml";
   std::string cdi_text = runtime::CdiSpecToYaml(spec);
-  bool cdi_changed = ReadFileToString(Under(o.host_root, cdi_path)).value_or("") != cdi_text;
+  bool cdi_changed = ReadFileToString(UnderRoot(o.host_root, cdi_path)).value_or("") != cdi_text;
   if (cdi_changed) {
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, o.cdi_dir)));
-    RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, cdi_path), cdi_text, 0644));
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, o.cdi_dir)));
+    RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, cdi_path), cdi_text, 0644));
   }
   remember_file(cdi_path);
   r.actions.push_back(absl::StrCat(cdi_changed ? "wrote " : "unchanged ", cdi_path, " (",
@@ -199,16 +198,16 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
     json entry = {{"path", host_path}, {"existed", c.existed}};
     if (c.existed) {
       std::string backup = std::string(kBackupDir) + host_path;
-      RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, backup.substr(0, backup.rfind('/')))));
-      RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, backup), c.before, 0600));
+      RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, backup.substr(0, backup.rfind('/')))));
+      RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, backup), c.before, 0600));
       entry["backup"] = backup;
     }
     record["configs"].push_back(entry);
   }
   // The record goes down before the engine files change: an interrupted install can be undone.
   record["engine"] = r.engine;
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(Under(o.host_root, "/var/lib/gpulet")));
-  RETURN_IF_ERROR(WriteFileAtomic(Under(o.host_root, kRecord), record.dump(2) + "\n", 0600));
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, "/var/lib/gpulet")));
+  RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, kRecord), record.dump(2) + "\n", 0600));
   RETURN_IF_ERROR(runtime::ApplyChanges(changes));
   for (const auto& c : changes) {
     r.engine_config_changed |= c.changed();
@@ -222,7 +221,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
 absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
                                         const std::string& restart_command) {
   InstallResult r;
-  auto text = ReadFileToString(Under(host_root, kRecord));
+  auto text = ReadFileToString(UnderRoot(host_root, kRecord));
   if (!text.ok()) {
     r.actions.push_back(absl::StrCat("nothing to uninstall: no ", kRecord, " under ", host_root));
     return r;
@@ -230,7 +229,7 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   json record = json::parse(*text, nullptr, false);
   if (record.is_discarded() || !record.is_object() || !record["files"].is_array() ||
       !record["configs"].is_array())
-    return absl::DataLossError(absl::StrCat(Under(host_root, kRecord),
+    return absl::DataLossError(absl::StrCat(UnderRoot(host_root, kRecord),
                                             ": install record is not valid; nothing was changed"));
   r.engine = record.value("engine", "");
   RealFilesystem fs(host_root);
@@ -238,8 +237,8 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   for (const auto& c : record["configs"]) {
     std::string path = c.value("path", "");
     if (c.value("existed", false)) {
-      ASSIGN_OR_RETURN(std::string before, ReadFileToString(Under(host_root, c.value("backup", ""))));
-      RETURN_IF_ERROR(WriteFileAtomic(Under(host_root, path), before, 0644));
+      ASSIGN_OR_RETURN(std::string before, ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
+      RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, 0644));
       r.actions.push_back("restored " + path);
     } else {
       RETURN_IF_ERROR(fs.Remove(path));

@@ -34,6 +34,9 @@ struct InstallResult {
   bool engine_config_changed = false;
 };
 
+// Host path `p` as this process sees it with the host's root at `host_root` ("/" leaves it alone).
+std::string UnderRoot(const std::string& host_root, const std::string& p);
+
 // The engine whose configuration exists under `host_root`: containerd, then crio, then docker.
 absl::StatusOr<std::string> DetectEngine(const std::string& host_root);
 

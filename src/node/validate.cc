@@ -17,10 +17,6 @@
 namespace gpulet::node {
 namespace {
 
-std::string Under(const std::string& root, const std::string& p) {
-  return root == "/" || root.empty() ? p : root + p;
-}
-
 StepResult Driver(const ValidateOptions& o, gpu::Inventory* inv) {
   StepResult s{"driver"};
   std::unique_ptr<gpu::GpuLayer> owned;
@@ -68,7 +64,7 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
     return s;
   }
   std::string shim = o.prefix + "/bin/gpulet-container-runtime";
-  if (::access(Under(o.host_root, shim).c_str(), X_OK) != 0) {
+  if (::access(UnderRoot(o.host_root, shim).c_str(), X_OK) != 0) {
     s.detail = absl::StrCat(shim, " is not installed (run `gpulet install`)");
     return s;
   }
@@ -91,7 +87,7 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
     }
   // What a container asking for the first GPU gets, from the CDI spec on disk.
   runtime::CdiRegistry cdi;
-  if (auto st = cdi.Load({Under(o.host_root, o.cdi_dir)}); !st.ok()) {
+  if (auto st = cdi.Load({UnderRoot(o.host_root, o.cdi_dir)}); !st.ok()) {
     s.detail = std::string(st.message());
     return s;
   }
@@ -107,7 +103,7 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
     if (d.path != want) continue;
     struct stat st;
     std::string host = d.host_path.empty() ? d.path : d.host_path;
-    if (::stat(Under(o.host_root, host).c_str(), &st) != 0) {
+    if (::stat(UnderRoot(o.host_root, host).c_str(), &st) != 0) {
       s.detail = absl::StrCat(first, " maps to ", host, ", which does not exist on the host");
       return s;
     }
