@@ -181,7 +181,8 @@ TEST(ResourcesTest, MigStrategies) {
   auto uniform = MakeInventory(2, {}, "NVIDIA A100-SXM4-40GB");
   AddMig(uniform, 0, std::vector<std::string>(7, "1g.5gb"));
   AddMig(uniform, 1, std::vector<std::string>(7, "1g.5gb"));
-  auto rs = Node(uniform, cfg).Build();
+  Node uniform_node(uniform, cfg);  // outlives the resources, which point at its health monitor
+  auto rs = uniform_node.Build();
   ASSERT_TRUE(rs.ok()) << rs.status();
   EXPECT_THAT(Counts(*rs), ::testing::ContainerEq(std::map<std::string, size_t>{
                                {"nvidia.com/gpu", 14}}));
@@ -194,7 +195,8 @@ TEST(ResourcesTest, MigStrategies) {
                   {"nvidia.com/mig-1g.5gb", 1}, {"nvidia.com/mig-1g.5gb.me", 1}}));
   // Index IDs for MIG are "<gpu>:<mig>".
   cfg.checkpoint_id_strategy = IdStrategy::kIndex;
-  auto idx = Node(me, cfg).Build();
+  Node me_node(me, cfg);
+  auto idx = me_node.Build();
   EXPECT_EQ(Get(*idx, "nvidia.com/mig-1g.5gb.me")->Devices()[0].id, "0:0");
 }
 
