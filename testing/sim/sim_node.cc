@@ -116,6 +116,17 @@ absl::Status SimNode::Start() {
                                    "--sim-root",            paths_.root,
                                    "--device-plugin-dir",   paths_.device_plugin_dir,
                                    "--pod-resources-socket", paths_.pod_resources_socket};
+  // A simulated node stays inside its sim root and never takes a fixed port: the metrics endpoint
+  // binds any free loopback port (the agent logs it) and the feature file goes under the root, so
+  // several simulated nodes (and tests) run side by side. --agent-arg overrides either.
+  auto given = [&](const std::string& flag) {
+    for (const auto& a : opt_.agent_extra_args)
+      if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+    return false;
+  };
+  if (!given("--metrics-address")) args.insert(args.end(), {"--metrics-address", "127.0.0.1:0"});
+  if (!given("--labels-output"))
+    args.insert(args.end(), {"--labels-output", paths_.root + "/features.d/gpulet"});
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
