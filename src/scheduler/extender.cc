@@ -33,15 +33,6 @@ std::string Annotation(const json& obj, const std::string& key) {
   return it != a.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-int64_t Quantity(const json& list, const std::string& name) {
-  auto it = list.find(name);
-  if (it == list.end()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (!it->is_string()) return 0;
-  auto v = vgpu::ParseIntQuantity(it->get<std::string>());
-  return v.ok() ? *v : 0;
-}
-
 json FailAll(const std::vector<std::string>& nodes, const std::string& why, bool with_items) {
   json failed = json::object();
   for (const auto& n : nodes) failed[n] = why;
@@ -172,8 +163,8 @@ void Extender::UpsertNode(const json& node) {
     const json& alloc = status.contains("allocatable") ? status["allocatable"]
                         : status.contains("capacity") ? status["capacity"]
                                                       : json::object();
-    int64_t gpus = Quantity(alloc, options_.names.core) / vgpu::kCoresPerGpu;
-    int64_t units = Quantity(alloc, options_.names.memory);
+    int64_t gpus = vgpu::QuantityIn(alloc, options_.names.core) / vgpu::kCoresPerGpu;
+    int64_t units = vgpu::QuantityIn(alloc, options_.names.memory);
     for (int64_t i = 0; i < gpus; ++i) {
       placement::Gpu gpu;
       gpu.memory_total_bytes =

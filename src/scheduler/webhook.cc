@@ -9,15 +9,6 @@
 namespace gpulet::scheduler {
 namespace {
 
-int64_t Quantity(const json& list, const std::string& name) {
-  auto it = list.find(name);
-  if (it == list.end()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (!it->is_string()) return 0;
-  auto v = vgpu::ParseIntQuantity(it->get<std::string>());
-  return v.ok() ? *v : 0;
-}
-
 // The parts of an AdmissionReview request we need, checked.
 absl::StatusOr<std::pair<std::string, const json*>> Request(const json& review) {
   if (!review.is_object() || review.value("kind", "") != "AdmissionReview") {
@@ -55,8 +46,8 @@ int64_t NodeMaxGpuUnits(const json& node, const vgpu::ResourceNames& names) {
   const json& alloc = st.contains("allocatable") ? st["allocatable"]
                       : st.contains("capacity")  ? st["capacity"]
                                                  : json::object();
-  int64_t gpus = Quantity(alloc, names.core) / vgpu::kCoresPerGpu;
-  return gpus > 0 ? Quantity(alloc, names.memory) / gpus : 0;
+  int64_t gpus = vgpu::QuantityIn(alloc, names.core) / vgpu::kCoresPerGpu;
+  return gpus > 0 ? vgpu::QuantityIn(alloc, names.memory) / gpus : 0;
 }
 
 AdmissionWebhook::AdmissionWebhook(WebhookOptions options, k8s::Client* api)

@@ -157,4 +157,13 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
   return out;
 }
 
+int64_t QuantityIn(const nlohmann::json& list, const std::string& name) {
+  auto it = list.find(name);
+  if (it == list.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (!it->is_string()) return 0;
+  auto v = ParseIntQuantity(it->get<std::string>());
+  return v.ok() ? *v : 0;
+}
+
 }  // namespace gpulet::vgpu

@@ -76,4 +76,8 @@ absl::StatusOr<PodRequest> ParsePod(const nlohmann::json& pod, const ResourceNam
 // Parses an integer Kubernetes quantity ("30", "2k", "1Ki"); fractional values are errors.
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);
 
+// The integer quantity `name` in a resource list (node capacity/allocatable, container limits),
+// written as a number or a quantity string; 0 when absent or not an integer.
+int64_t QuantityIn(const nlohmann::json& list, const std::string& name);
+
 }  // namespace gpulet::vgpu
