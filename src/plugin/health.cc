@@ -35,7 +35,8 @@ constexpr XidEntry kXids[] = {
     {92, XidBucket::kIgnore},          // high single-bit ECC rate (corrected)
     {94, XidBucket::kRestartApp},      // contained ECC error: only the faulting context dies
     {95, XidBucket::kResetGpu},        // uncontained ECC error
-    {109, XidBucket::kRestartApp},     // context switch timeout
+    {109, XidBucket::kResetGpu},       // context switch timeout: the catalogue says reset, while
+                                       // NVIDIA's plugin ignores it (its issue #1974)
     {119, XidBucket::kResetGpu},       // GSP RPC timeout
     {120, XidBucket::kResetGpu},       // GSP error
     {121, XidBucket::kResetGpu},       // C2C link error
