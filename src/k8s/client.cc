@@ -10,6 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "httplib.h"
@@ -282,6 +284,45 @@ absl::StatusOr<json> Client::PatchNode(const std::string& name, PatchType type,
 absl::StatusOr<json> Client::PatchNodeStatus(const std::string& name, PatchType type,
                                              const json& patch) {
   return Call("PATCH", "/api/v1/nodes/" + name + "/status", &patch, ContentType(type));
+}
+
+absl::StatusOr<json> Client::CreateEvent(const std::string& ns, const json& event) {
+  return Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/events"), &event);
+}
+
+json MakeEvent(const json& involved, const std::string& type, const std::string& reason,
+               const std::string& message, const std::string& component, const std::string& host,
+               Clock* clock) {
+  const json md = involved.value("metadata", json::object());
+  std::string kind = involved.value("kind", "");
+  std::string name = md.value("name", "");
+  std::string ns = md.value("namespace", "");
+  std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(clock->UnixSeconds()),
+                                    absl::UTCTimeZone());
+  // The suffix only has to be unique per involved object: real nanoseconds since the epoch in hex
+  // (not the injected clock, which tests may freeze) plus a per-process counter.
+  static std::atomic<uint32_t> seq{0};
+  std::string suffix =
+      absl::StrCat(absl::Hex(absl::ToUnixNanos(absl::Now())), absl::Hex(seq++ & 0xfff));
+  json ref = {{"kind", kind}, {"name", name}, {"apiVersion", involved.value("apiVersion", "v1")}};
+  if (!ns.empty()) ref["namespace"] = ns;
+  if (md.contains("uid")) ref["uid"] = md["uid"];
+  json source = {{"component", component}};
+  if (!host.empty()) source["host"] = host;
+  return {{"apiVersion", "v1"},
+          {"kind", "Event"},
+          {"metadata", {{"name", absl::StrCat(name, ".", suffix)},
+                        {"namespace", ns.empty() ? "default" : ns}}},
+          {"involvedObject", ref},
+          {"type", type},
+          {"reason", reason},
+          {"message", message},
+          {"source", source},
+          {"reportingComponent", component},
+          {"reportingInstance", host},
+          {"firstTimestamp", ts},
+          {"lastTimestamp", ts},
+          {"count", 1}};
 }
 
 absl::Status Client::Watch(const std::string& collection_path, const ListOptions& opts,

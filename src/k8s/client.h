@@ -92,6 +92,9 @@ class Client {
   absl::StatusOr<json> PatchNode(const std::string& name, PatchType type, const json& patch);
   absl::StatusOr<json> PatchNodeStatus(const std::string& name, PatchType type,
                                        const json& patch);
+  // POST a core/v1 Event into `ns` (an event about a cluster-scoped object such as a Node goes
+  // to "default", as kubectl shows it). Returns the created object. Build it with MakeEvent().
+  absl::StatusOr<json> CreateEvent(const std::string& ns, const json& event);
 
   // Streams watch events of a collection path ("/api/v1/pods", "/api/v1/nodes", ...) to
   // `handler` until it returns false, the server closes the stream (OK), or Cancel(). A 410 Gone
@@ -112,6 +115,14 @@ class Client {
   std::mutex watches_mu_;
   std::vector<void*> watches_;  // httplib clients of running watches, stopped by Cancel()
 };
+
+// A core/v1 Event about `involved` (a Pod or Node as read from the API server: its kind, name,
+// namespace, uid and apiVersion are referenced). `type` is "Normal" or "Warning"; `reason` is a
+// short CamelCase word; `component` names the reporter ("gpulet-agent"). The name is the involved
+// object's name plus a unique suffix, as client-go's recorder does; timestamps are `now`.
+json MakeEvent(const json& involved, const std::string& type, const std::string& reason,
+               const std::string& message, const std::string& component,
+               const std::string& host = "", Clock* clock = RealClock());
 
 // Builds "?a=b&c=d" from ListOptions plus extras (URL-encoded).
 std::string QueryString(const ListOptions& opts, bool watch);

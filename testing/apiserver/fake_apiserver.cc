@@ -51,8 +51,12 @@ struct Term {
 };
 
 bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, std::string* err) {
-  static const char* kFields[] = {"metadata.name", "metadata.namespace", "spec.nodeName",
-                                  "status.phase", "spec.schedulerName"};
+  static const char* kFields[] = {"metadata.name",          "metadata.namespace",
+                                  "spec.nodeName",          "status.phase",
+                                  "spec.schedulerName",     "involvedObject.name",
+                                  "involvedObject.namespace", "involvedObject.kind",
+                                  "involvedObject.uid",     "reason",
+                                  "type"};
   std::vector<std::string> parts;
   int depth = 0;
   std::string cur;
@@ -210,7 +214,7 @@ json FakeApiServer::Stamp(json obj, const std::string& kind) {
   if (!md.contains("creationTimestamp")) md["creationTimestamp"] = Now();
   md["resourceVersion"] = std::to_string(++rv_);
   obj["apiVersion"] = "v1";
-  obj["kind"] = kind == "pods" ? "Pod" : "Node";
+  obj["kind"] = kind == "pods" ? "Pod" : kind == "events" ? "Event" : "Node";
   return obj;
 }
 
@@ -274,6 +278,13 @@ std::vector<json> FakeApiServer::Pods() const {
   return out;
 }
 
+std::vector<json> FakeApiServer::Events() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<json> out;
+  for (const auto& key : event_order_) out.push_back(events_.at(key));
+  return out;
+}
+
 bool FakeApiServer::SetPodPhase(const std::string& ns, const std::string& name,
                                 const std::string& phase) {
   std::lock_guard<std::mutex> l(mu_);
@@ -328,14 +339,23 @@ void FakeApiServer::Routes() {
     if (req.get_param_value("watch") != "true" && req.get_param_value("watch") != "1") {
       std::lock_guard<std::mutex> l(mu_);
       json items = json::array();
-      for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
-        if (in_scope(o)) items.push_back(o);
+      if (kind == "events") {
+        for (const auto& key : event_order_) {
+          if (in_scope(events_.at(key))) items.push_back(events_.at(key));
+        }
+      } else {
+        for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+          if (in_scope(o)) items.push_back(o);
+        }
       }
       return Reply(res, 200,
-                   {{"kind", kind == "pods" ? "PodList" : "NodeList"},
+                   {{"kind", kind == "pods" ? "PodList" : kind == "events" ? "EventList" : "NodeList"},
                     {"apiVersion", "v1"},
                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
                     {"items", items}});
+    }
+    if (kind == "events") {
+      return Fail(res, 405, "MethodNotAllowed", "the fake API server does not watch events");
     }
     int64_t from = 0;
     std::string rv = req.get_param_value("resourceVersion");
@@ -584,6 +604,60 @@ void FakeApiServer::Routes() {
   };
   s.Patch(R"(/api/v1/nodes/([^/]+)(/status)?)", node_modify);
   s.Put(R"(/api/v1/nodes/([^/]+)(/status)?)", node_modify);
+  // Events: created as given (core/v1 Event), listed in creation order.
+  s.Post(R"(/api/v1/namespaces/([^/]+)/events)", [this](const httplib::Request& q,
+                                                         httplib::Response& r) {
+    json ev = json::parse(q.body, nullptr, false);
+    if (!ev.is_object() || !ev["metadata"].is_object()) {
+      return Fail(r, 400, "BadRequest", "event body is not a JSON object with metadata");
+    }
+    std::string ns = q.matches[1];
+    if (std::string body_ns = Field(ev, "metadata.namespace"); !body_ns.empty() && body_ns != ns) {
+      return Fail(r, 400, "BadRequest",
+                  absl::StrCat("the namespace of the provided object (", body_ns,
+                               ") does not match the namespace sent on the request (", ns, ")"));
+    }
+    if (Field(ev, "involvedObject.name").empty()) {
+      return Fail(r, 422, "Invalid", "Event is invalid: involvedObject.name: Required value");
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (Field(ev, "metadata.name").empty()) {
+      std::string prefix = Field(ev, "metadata.generateName");
+      if (prefix.empty()) {
+        return Fail(r, 422, "Invalid",
+                    "Event is invalid: metadata.name: Required value: name or generateName is "
+                    "required");
+      }
+      ev["metadata"]["name"] = absl::StrCat(prefix, absl::Hex(rv_ + 1, absl::kZeroPad5));
+    }
+    ev["metadata"]["namespace"] = ns;
+    std::string key = ns + "/" + Field(ev, "metadata.name");
+    if (events_.count(key)) {
+      return Fail(r, 409, "AlreadyExists",
+                  absl::StrCat("events \"", Field(ev, "metadata.name"), "\" already exists"));
+    }
+    ev = Stamp(std::move(ev), "events");
+    events_[key] = ev;
+    event_order_.push_back(key);
+    Reply(r, 201, ev);
+  });
+  s.Get("/api/v1/events", [list](const httplib::Request& q, httplib::Response& r) {
+    list("events", "", q, r);
+  });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/events)", [list](const httplib::Request& q,
+                                                        httplib::Response& r) {
+    list("events", q.matches[1], q, r);
+  });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/events/([^/]+))", [this](const httplib::Request& q,
+                                                              httplib::Response& r) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = events_.find(std::string(q.matches[1]) + "/" + std::string(q.matches[2]));
+    if (it == events_.end()) {
+      return Fail(r, 404, "NotFound",
+                  absl::StrCat("events \"", std::string(q.matches[2]), "\" not found"));
+    }
+    Reply(r, 200, it->second);
+  });
   s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (r.body.empty()) {
       Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",

@@ -4,8 +4,11 @@
 //   /api/v1/pods, /api/v1/namespaces/{ns}/pods[/{name}[/status|/binding]], /api/v1/namespaces/{ns}/
 //   bindings, /api/v1/nodes[/{name}[/status]]: GET (list, get, ?watch=true&resourceVersion=N),
 //   POST (create), PATCH (merge, strategic-merge as merge, JSON patch), PUT, DELETE.
+//   /api/v1/events, /api/v1/namespaces/{ns}/events[/{name}]: POST (create; core/v1 Event kept as
+//   given, metadata.generateName honoured) and GET (list, get); no watch, no history.
 //   Field selectors (metadata.name, metadata.namespace, spec.nodeName, status.phase,
-//   spec.schedulerName; =, ==, !=) and label selectors (=, ==, !=, in, notin, key, !key).
+//   spec.schedulerName, involvedObject.{name,namespace,kind,uid}, reason, type; =, ==, !=) and
+//   label selectors (=, ==, !=, in, notin, key, !key).
 //   Every change gets a cluster-wide resourceVersion; watches replay from the given version and
 //   answer 410 Gone (as an ERROR event) when it is older than the retained history. A stale
 //   metadata.resourceVersion in a PATCH/PUT body is a 409 Conflict. Errors are Status objects.
@@ -59,6 +62,8 @@ class FakeApiServer {
   bool GetPod(const std::string& ns, const std::string& name, json* out) const;
   bool GetNode(const std::string& name, json* out) const;
   std::vector<json> Pods() const;
+  // Events created so far (any namespace), in creation order.
+  std::vector<json> Events() const;
   // Sets status fields of a pod (e.g. phase Running) as the kubelet would.
   bool SetPodPhase(const std::string& ns, const std::string& name, const std::string& phase);
 
@@ -88,6 +93,8 @@ class FakeApiServer {
   int64_t rv_ = 1;
   std::map<std::string, json> pods_;   // "ns/name"
   std::map<std::string, json> nodes_;  // name
+  std::map<std::string, json> events_;  // "ns/name"
+  std::vector<std::string> event_order_;
   std::deque<Event> history_;
   int fail_count_ = 0;
   int fail_code_ = 500;

@@ -101,6 +101,41 @@ TEST_F(ClientTest, Binding) {
   EXPECT_THAT(again.message(), HasSubstr("already assigned to node"));
 }
 
+// An Event about a pod is created as given and found again by involvedObject.name; a bad one
+// (no involved object) is refused with the reason.
+TEST_F(ClientTest, CreateAndListEvents) {
+  json pod = server_.CreatePod(Pod("p"));
+  json node = server_.CreateNode({{"metadata", {{"name", "n1"}}}});
+  json ev = MakeEvent(pod, "Warning", "UnexpectedAdmissionError", "GPU lost", "gpulet-agent", "n1");
+  auto created = client_->CreateEvent("default", ev);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ((*created)["metadata"]["name"], ev["metadata"]["name"]);
+  EXPECT_TRUE((*created)["metadata"].contains("resourceVersion"));
+  ASSERT_TRUE(client_->CreateEvent("default", MakeEvent(node, "Normal", "GPUsReady", "8 GPUs",
+                                                        "gpulet-agent")).ok());
+  auto about_p = client_->Call("GET", "/api/v1/namespaces/default/events?fieldSelector=" +
+                                          std::string("involvedObject.name%3Dp"));
+  ASSERT_TRUE(about_p.ok()) << about_p.status();
+  ASSERT_EQ((*about_p)["items"].size(), 1u);
+  const json& got = (*about_p)["items"][0];
+  EXPECT_EQ(got["involvedObject"]["kind"], "Pod");
+  EXPECT_EQ(got["involvedObject"]["uid"], pod["metadata"]["uid"]);
+  EXPECT_EQ(got["reason"], "UnexpectedAdmissionError");
+  EXPECT_EQ(got["message"], "GPU lost");
+  EXPECT_EQ(got["type"], "Warning");
+  EXPECT_EQ(got["source"]["component"], "gpulet-agent");
+  ASSERT_EQ(server_.Events().size(), 2u);
+  EXPECT_EQ(server_.Events()[1]["involvedObject"]["kind"], "Node");
+  json bad = ev;
+  bad.erase("involvedObject");
+  bad["metadata"]["name"] = "other";
+  auto refused = client_->CreateEvent("default", bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("involvedObject.name"));
+  EXPECT_TRUE(absl::IsAlreadyExists(client_->CreateEvent("default", ev).status()));
+}
+
 // 5xx and 429 are retried with backoff until they pass; a persistent failure is returned.
 TEST_F(ClientTest, RetriesOnServerErrorsAndThrottling) {
   server_.CreatePod(Pod("p"));
@@ -142,7 +177,7 @@ TEST_F(ClientTest, WatchFromResourceVersion) {
   std::thread t([&] {
     ListOptions o{.resource_version = rv, .timeout_seconds = 10};
     o.field_selector = "spec.nodeName=n1";
-    client_->Watch("/api/v1/pods", o, [&](const WatchEvent& ev) {
+    (void)client_->Watch("/api/v1/pods", o, [&](const WatchEvent& ev) {
       seen.push_back(ev.type + ":" + ev.object["metadata"]["name"].get<std::string>());
       return seen.size() < 3;
     });
@@ -177,7 +212,7 @@ TEST(ClientWatch, TooOldIsGone) {
 TEST_F(ClientTest, CancelEndsWatch) {
   std::atomic<bool> done{false};
   std::thread t([&] {
-    client_->Watch("/api/v1/nodes", {.resource_version = "1", .timeout_seconds = 60},
+    (void)client_->Watch("/api/v1/nodes", {.resource_version = "1", .timeout_seconds = 60},
                    [](const WatchEvent&) { return true; });
     done = true;
   });
