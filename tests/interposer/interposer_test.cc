@@ -319,6 +319,46 @@ TEST(Core, ArrayBytes) {
   EXPECT_EQ(vcuda::Core::ArrayBytes(d, 4), 2u * (512 + 64 + 8 + 1));
 }
 
+// The two-level handle table: far more live handles than its L1-sized first level (so windows
+// fill and spill to the big table), from 4 threads at once, each found exactly once with its own
+// size, then gone; unknown handles and double frees find nothing; freed entries are reusable.
+TEST(Core, HandleTableFindsEveryHandleOnce) {
+  vcuda::RealDriver real;
+  ASSERT_TRUE(vcuda::ResolveRealDriver(FakeCuda(), FakeCuda(), &dlsym, &real));
+  auto region = std::make_unique<AccountingRegion>();
+  auto core = std::make_unique<vcuda::Core>();
+  core->Init(real, vcuda::Config{}, region.get(), vcuda::RealClockFns());
+  constexpr int kThreads = 4, kPer = 3000;  // 12000 live handles vs 1024 first-level entries
+  auto handle = [](int t, int i) {
+    // Two kinds of address streams: 1 MiB-strided (the fake's, and large real allocations) and
+    // 512-byte-strided (sub-allocations): both must spread, neither may collide.
+    return t % 2 ? 0x7f0000000000ull + (uint64_t(t) << 32) + uint64_t(i) * kMiB
+                 : 0x7e0000000000ull + (uint64_t(t) << 32) + uint64_t(i) * 512;
+  };
+  auto bytes = [](int t, int i) { return uint64_t(t) * 100000 + uint64_t(i) + 1; };
+  auto run = [&](auto&& body) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) ts.emplace_back(body, t);
+    for (auto& th : ts) th.join();
+  };
+  for (int round = 0; round < 2; ++round) {  // the second round reuses tombstoned entries
+    run([&](int t) {
+      for (int i = 0; i < kPer; ++i)
+        core->Commit(vcuda::Kind::kPointer, handle(t, i), bytes(t, i), true);
+    });
+    std::atomic<int> wrong{0};
+    run([&](int t) {
+      for (int i = kPer - 1; i >= 0; --i) {
+        if (core->Take(vcuda::Kind::kPointer, handle(t, i)) != bytes(t, i)) ++wrong;
+        if (core->Take(vcuda::Kind::kPointer, handle(t, i)) != 0) ++wrong;  // double free
+      }
+    });
+    EXPECT_EQ(wrong.load(), 0) << "round " << round;
+    EXPECT_EQ(core->Take(vcuda::Kind::kArray, handle(0, 0)), 0u) << "another kind, same value";
+    EXPECT_EQ(core->Take(vcuda::Kind::kPointer, 0x1234), 0u);
+  }
+}
+
 // --- the shim library in this process, over the fake driver -------------------------------------
 
 // Loads libgpulet-vcuda.so (RTLD_LOCAL: it interposes nothing here; we call its hooks by

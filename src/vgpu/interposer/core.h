@@ -176,6 +176,10 @@ class Core {
   int slot() const { return slot_.load(std::memory_order_relaxed); }
 
   static constexpr int kTableSize = 1 << 16;  // live allocations tracked per process
+  // The first level of the handle table: small enough to stay in L1, so the common case (few
+  // live allocations, or allocate-then-free churn with ever new addresses) never misses cache.
+  static constexpr int kHotSize = 1 << 10;
+  static constexpr int kHotProbes = 8;  // window per key; a full window spills to table_
   static constexpr int kRing = 8;             // launches in flight being measured
   static constexpr int64_t kBurstNs = 5'000'000;  // idle credit a container may bank
 
@@ -183,7 +187,10 @@ class Core {
   static uint64_t Key(Kind kind, uint64_t handle) {
     return handle ^ (static_cast<uint64_t>(kind) << 60);
   }
-  bool Limited(int ordinal) { return all_limited_ || LimitedSlow(ordinal); }
+  bool Limited(int ordinal) {
+    return all_limited_ || visible_all_limited_.load(std::memory_order_relaxed) ||
+           LimitedSlow(ordinal);
+  }
   bool LimitedSlow(int ordinal);
   bool EnsureSlot();
   void ResolveDevices();
@@ -203,6 +210,9 @@ class Core {
   std::atomic<int> devices_state_{0};  // 0 unresolved, 1 resolving, 2 resolved
   bool all_limited_ = true;
   std::atomic<uint64_t> limited_mask_{~uint64_t{0}};
+  // Every device the process sees is the limited GPU (the usual container: it sees only its own
+  // GPU), so allocations need not ask the driver for the current context's device.
+  std::atomic<bool> visible_all_limited_{false};
   std::atomic<int> primary_refs_[64] = {};
   nvmlDevice_t nvml_device_ = nullptr;  // the limited GPU, for the soft limit's utilisation
   std::atomic<int64_t> next_share_update_{0};
@@ -221,6 +231,7 @@ class Core {
     std::atomic<uint64_t> key;
     std::atomic<uint64_t> bytes;
   };
+  Entry hot_[kHotSize] = {};
   Entry table_[kTableSize] = {};
 };
 
