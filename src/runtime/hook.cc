@@ -126,18 +126,11 @@ absl::Status Prestart(const ContainerState& state, const RuntimeConfig& config, 
   if (!req.gpu_container) return absl::OkStatus();
   CdiRegistry registry;
   RETURN_IF_ERROR(registry.Load(config.spec_dirs));
-  ContainerEdits edits;
-  if (req.devices.empty()) {
-    edits = registry.SharedEdits(config.default_kind);
-  } else {
-    ASSIGN_OR_RETURN(edits, registry.Resolve(req.devices));
-  }
-  if (!req.from_cdi) FilterByCapabilities(edits, req.capabilities);
+  ASSIGN_OR_RETURN(ContainerEdits edits, EditsForRequest(req, registry, config));
   DriverFacts facts;
   facts.driver_version = GetEnv(edits.env, "GPULET_DRIVER_VERSION").value_or("");
   facts.cuda_version = GetEnv(edits.env, "GPULET_CUDA_DRIVER_VERSION").value_or("");
   RETURN_IF_ERROR(CheckRequirements(req.requirements, facts));
-  RETURN_IF_ERROR(ResolveDeviceNodes(edits.device_nodes));
   std::string rootfs = Rootfs(state, spec);
   std::set<std::string> folders;
   for (const auto& m : edits.mounts)

@@ -254,6 +254,19 @@ absl::Status CheckRequirements(const std::vector<std::string>& requirements,
   return absl::OkStatus();
 }
 
+absl::StatusOr<ContainerEdits> EditsForRequest(const GpuRequest& req, const CdiRegistry& registry,
+                                               const RuntimeConfig& config) {
+  ContainerEdits edits;
+  if (req.devices.empty()) {
+    edits = registry.SharedEdits(config.default_kind);
+  } else {
+    ASSIGN_OR_RETURN(edits, registry.Resolve(req.devices));
+  }
+  if (!req.from_cdi) FilterByCapabilities(edits, req.capabilities);
+  RETURN_IF_ERROR(ResolveDeviceNodes(edits.device_nodes));
+  return edits;
+}
+
 void FilterByCapabilities(ContainerEdits& edits, const std::set<std::string>& caps) {
   std::set<std::string> eff = caps;
   if (eff.count("video")) eff.insert("compute");  // video needs the compute libraries

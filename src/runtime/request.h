@@ -13,6 +13,8 @@
 
 namespace gpulet::runtime {
 
+class CdiRegistry;
+
 // Configuration shared by the shim and the hook (JSON file, see docs/runtime.md).
 struct RuntimeConfig {
   std::string mode = "auto";  // auto | cdi | legacy
@@ -60,6 +62,13 @@ struct DriverFacts {
 // variable must hold). Supported keys: cuda, driver. Failure names the unmet expression.
 absl::Status CheckRequirements(const std::vector<std::string>& requirements,
                                const DriverFacts& facts);
+
+// The container edits a request gets (shim in CDI and legacy mode, and the legacy hook): the
+// requested devices from the CDI specs ("none": the shared edits of the default kind only), cut
+// to the driver capabilities unless the devices were named through CDI, with device numbers
+// filled from the host nodes. Errors: unknown device, missing host node.
+absl::StatusOr<ContainerEdits> EditsForRequest(const GpuRequest& req, const CdiRegistry& registry,
+                                               const RuntimeConfig& config);
 
 // Keeps only the shared mounts and control nodes the capabilities call for (files gpulet does not
 // classify are kept).

@@ -116,14 +116,7 @@ absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const Runtim
     return std::string("legacy: prestart hook added");
   }
 
-  ContainerEdits edits;
-  if (req.devices.empty()) {
-    edits = registry.SharedEdits(config.default_kind);
-  } else {
-    ASSIGN_OR_RETURN(edits, registry.Resolve(req.devices));
-  }
-  if (!req.from_cdi) FilterByCapabilities(edits, req.capabilities);
-  RETURN_IF_ERROR(ResolveDeviceNodes(edits.device_nodes));
+  ASSIGN_OR_RETURN(ContainerEdits edits, EditsForRequest(req, registry, config));
   // The GPUs are given here; a legacy hook already in the spec must not act again.
   if (spec.contains("hooks") && spec["hooks"].is_object() && spec["hooks"].contains("prestart") &&
       spec["hooks"]["prestart"].is_array()) {
