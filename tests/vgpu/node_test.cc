@@ -16,6 +16,7 @@ namespace gpulet::vgpu {
 namespace {
 
 using ::testing::HasSubstr;
+using nlohmann::json;
 
 constexpr int64_t kUnits = 318;
 
