@@ -2,13 +2,23 @@
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/fs.h"
+#include "common/status.h"
 #include "k8s/podresources/v1/api.grpc.pb.h"
 #include "node/install.h"
 #include "runtime/cdi.h"
@@ -45,6 +55,133 @@ StepResult Driver(const ValidateOptions& o, gpu::Inventory* inv) {
                           inv->driver_version, ", CUDA ", inv->cuda_driver_version / 1000, ".",
                           inv->cuda_driver_version % 1000 / 10);
   return s;
+}
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `cmd` through /bin/sh; its exit status, stdout+stderr in *out.
+int Shell(const std::string& cmd, std::string* out) {
+  FILE* p = ::popen((cmd + " </dev/null 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+absl::StatusOr<std::string> FindRunc(const ValidateOptions& o) {
+  if (!o.probe_runc.empty()) return o.probe_runc;
+  for (const char* d : {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
+    std::string p = UnderRoot(o.host_root, std::string(d) + "/runc");
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  std::string out;
+  if (Shell("command -v runc", &out) == 0 && !out.empty()) return std::string(absl::StripTrailingAsciiWhitespace(out));
+  return absl::NotFoundError(absl::StrCat("no runc under ", o.host_root, " or on PATH (--probe-runc)"));
+}
+
+// The host's CDI specs with their host paths made reachable from this process (host root prefixed);
+// container paths and hook arguments stay as they are.
+absl::Status RelocateCdiSpecs(const std::string& host_root, const std::string& from,
+                              const std::string& to) {
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    std::string ext = e.path().extension().string();
+    if (ext != ".yaml" && ext != ".yml" && ext != ".json") continue;
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(e.path().string()));
+    ASSIGN_OR_RETURN(runtime::CdiSpec spec, runtime::ParseCdiSpec(text, e.path().string()));
+    auto move = [&](runtime::ContainerEdits& edits) {
+      for (auto& d : edits.device_nodes)
+        d.host_path = UnderRoot(host_root, d.host_path.empty() ? d.path : d.host_path);
+      for (auto& m : edits.mounts) m.host_path = UnderRoot(host_root, m.host_path);
+      for (auto& h : edits.hooks) h.path = UnderRoot(host_root, h.path);
+    };
+    move(spec.edits);
+    for (auto& d : spec.devices) move(d.edits);
+    RETURN_IF_ERROR(WriteFileAtomic(to + "/" + e.path().stem().string() + ".yaml",
+                                    runtime::CdiSpecToYaml(spec), 0644));
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot read ", from, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+constexpr char kProbeDone[] = "gpulet-probe-done";
+
+// Starts a busybox container through the installed shim (with runc, as the engine starts it) that
+// asks for `device` by CDI annotation and lists /dev/nvidia*; returns the listed paths.
+// Everything lives in a temporary directory that is removed afterwards.
+absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o,
+                                                        const std::string& shim,
+                                                        const std::string& device) {
+  if (::access(o.probe_busybox.c_str(), X_OK) != 0)
+    return absl::NotFoundError(absl::StrCat("no static busybox at ", o.probe_busybox,
+                                            " for the probe container (--probe-busybox)"));
+  ASSIGN_OR_RETURN(std::string runc, FindRunc(o));
+  std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-validate-XXXXXX").string();
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    return absl::InternalError(absl::StrCat("cannot create ", tmpl, ": ", std::strerror(errno)));
+  const std::string dir = tmpl, bundle = dir + "/bundle", rootfs = bundle + "/rootfs";
+  const std::string id = absl::StrCat("gpulet-validate-", ::getpid());
+  struct Cleanup {
+    std::string dir, runc, id;
+    ~Cleanup() {
+      std::string ignored;
+      Shell(absl::StrCat(Quote(runc), " --root ", Quote(dir + "/state"), " delete -f ", id), &ignored);
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir, runc, id};
+
+  std::error_code ec;
+  for (const char* d : {"/bin", "/proc", "/dev", "/sys", "/tmp", "/etc"})
+    std::filesystem::create_directories(rootfs + d, ec);
+  std::filesystem::copy_file(o.probe_busybox, rootfs + "/bin/busybox", ec);
+  for (const char* a : {"sh", "ls"}) std::filesystem::create_symlink("busybox", rootfs + "/bin/" + a, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot build the probe rootfs in ", rootfs, ": ", ec.message()));
+  std::string out;
+  if (Shell(absl::StrCat(Quote(runc), " spec --bundle ", Quote(bundle)), &out) != 0)
+    return absl::InternalError(absl::StrCat("`", runc, " spec` failed: ", out));
+  ASSIGN_OR_RETURN(runtime::Json spec, runtime::LoadOciSpec(bundle + "/config.json"));
+  spec["process"]["terminal"] = false;
+  // The marker tells "ran and saw no GPU node" from "did not run".
+  spec["process"]["args"] = {"sh", "-c", std::string("ls -1 /dev/nvidia* 2>/dev/null; echo ") + kProbeDone};
+  spec["annotations"]["cdi.k8s.io/gpulet-validate"] = device;
+  RETURN_IF_ERROR(runtime::SaveOciSpec(bundle + "/config.json", spec));
+
+  std::string spec_dir = UnderRoot(o.host_root, o.cdi_dir);
+  if (o.host_root != "/" && !o.host_root.empty()) {
+    spec_dir = dir + "/cdi";
+    RETURN_IF_ERROR(RelocateCdiSpecs(o.host_root, UnderRoot(o.host_root, o.cdi_dir), spec_dir));
+  }
+  runtime::Json config = {
+      {"runtimes", {runc}},
+      {"spec-dirs", {spec_dir}},
+      {"hook-path", UnderRoot(o.host_root, o.prefix + "/bin/gpulet-container-hook")}};
+  RETURN_IF_ERROR(WriteFileAtomic(dir + "/runtime.json", config.dump(), 0644));
+
+  out.clear();
+  int rc = Shell(absl::StrCat("GPULET_RUNTIME_CONFIG=", Quote(dir + "/runtime.json"), " timeout ",
+                              o.probe_timeout_seconds, " ", Quote(UnderRoot(o.host_root, shim)),
+                              " --root ", Quote(dir + "/state"), " run --bundle ", Quote(bundle),
+                              " ", id),
+                 &out);
+  std::string shown(absl::StripAsciiWhitespace(out));
+  if (rc == 124)
+    return absl::DeadlineExceededError(
+        absl::StrCat("the probe container did not finish in ", o.probe_timeout_seconds, " s"));
+  std::vector<std::string> nodes;
+  for (absl::string_view line : absl::StrSplit(shown, '\n'))
+    if (absl::StartsWith(line, "/dev/nvidia")) nodes.emplace_back(line);
+  if (rc != 0 || !absl::StrContains(shown, kProbeDone))
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the probe container failed (exit ", rc, "): ", shown.substr(0, 400)));
+  return nodes;
 }
 
 StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
@@ -113,10 +250,27 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
     s.detail = absl::StrCat(first, " does not give the container ", want);
     return s;
   }
-  s.ok = true;
   s.detail = absl::StrCat(engine, " runs ", shim, "; ", first, " gives ", want, ", ",
                           edits->device_nodes.size() - 1, " other device nodes and ",
                           edits->mounts.size(), " driver mounts");
+  if (!o.container_probe) {
+    s.ok = true;
+    s.detail += "; no probe container (--no-probe)";
+    return s;
+  }
+  auto seen = ProbeContainer(o, shim, first);
+  if (!seen.ok()) {
+    s.detail = absl::StrCat("probe container: ", seen.status().message());
+    return s;
+  }
+  if (std::find(seen->begin(), seen->end(), want) == seen->end()) {
+    s.detail = absl::StrCat("a container started through ", shim, " with ", first, " does not see ",
+                            want, " (it sees: ",
+                            seen->empty() ? "no /dev/nvidia* nodes" : absl::StrJoin(*seen, " "), ")");
+    return s;
+  }
+  s.ok = true;
+  s.detail += absl::StrCat("; a probe container started through it sees ", want);
   return s;
 }
 

@@ -26,6 +26,11 @@ struct ValidateOptions {
   std::vector<std::string> resource_prefixes = {"nvidia.com/", "tencent.com/vcuda-"};
   std::string node_name;         // with `client`: the node whose capacity is checked
   k8s::Client* client = nullptr;  // not owned; null: the capacity check is skipped (and said so)
+  // The container probe of the runtime step. Paths are as this process sees them.
+  bool container_probe = true;
+  std::string probe_busybox = "/bin/busybox";  // static busybox: the probe's whole rootfs
+  std::string probe_runc;  // empty: the host's runc (under host_root), else runc on PATH
+  int probe_timeout_seconds = 30;
 };
 
 ValidationReport ValidateStack(const ValidateOptions& options);

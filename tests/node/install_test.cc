@@ -1,8 +1,10 @@
 // gpulet install / uninstall / validate against a temporary host root: a stand-in driver root, a
 // containerd configuration, and the simulated dgx-h100 node for the inventory.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "node/install.h"
 #include "node/validate.h"
@@ -114,10 +116,16 @@ TEST_F(InstallTest, MissingPiecesAreClearErrors) {
   EXPECT_NE(e.status().message().find("--runtime"), std::string::npos);
 }
 
-// Validation passes driver and runtime after install and stops at the device plugin when the
-// kubelet does not answer; before install the runtime step names the fix.
+// Validation passes driver and runtime (a real busybox container started through the installed
+// shim and runc sees /dev/nvidia0) after install and stops at the device plugin when the kubelet
+// does not answer; before install the runtime step names the fix.
 TEST_F(InstallTest, ValidateStepsInOrder) {
-  if (!rt::IsRoot()) GTEST_SKIP() << "needs root to mknod the device nodes the CDI spec names";
+  if (!rt::IsRoot()) GTEST_SKIP() << "needs root to mknod the device nodes and to run runc";
+  if (!rt::Have("runc")) GTEST_SKIP() << "runc is not installed";
+  if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "busybox-static is not installed";
+  for (const char* b : {"gpulet-container-runtime", "gpulet-container-hook"})
+    fs::copy_file(std::string(GPULET_BINARY_DIR) + "/bin/" + b, art_ + "/bin/" + b,
+                  fs::copy_options::overwrite_existing);
   ValidateOptions v;
   v.host_root = host_;
   v.gpu.simulate = "dgx-h100";
@@ -129,12 +137,58 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos) << before.steps[1].detail;
 
   ASSERT_TRUE(Install(opts_).ok());
+  auto probe_dirs = [] {
+    std::set<std::string> d;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path()))
+      if (e.path().filename().string().rfind("gpulet-validate-", 0) == 0) d.insert(e.path());
+    return d;
+  };
+  std::set<std::string> dirs_before = probe_dirs();
   ValidationReport after = ValidateStack(v);
   ASSERT_EQ(after.steps.size(), 3u) << after.FirstFailure();
   EXPECT_TRUE(after.steps[1].ok) << after.steps[1].detail;
+  EXPECT_NE(after.steps[1].detail.find("probe container started through it sees /dev/nvidia0"),
+            std::string::npos) << after.steps[1].detail;
   EXPECT_FALSE(after.steps[2].ok);
   EXPECT_NE(after.steps[2].detail.find("no-kubelet.sock"), std::string::npos);
   EXPECT_FALSE(after.ok());
+  EXPECT_EQ(probe_dirs(), dirs_before) << "the probe must remove its bundle and state";
+}
+
+// The probe container catches what the file checks cannot: a shim that starts containers without
+// their GPUs (here one that execs runc directly), a missing busybox and a missing runc, each one
+// clear reason.
+TEST_F(InstallTest, ProbeContainerFailuresAreClear) {
+  if (!rt::IsRoot()) GTEST_SKIP() << "needs root to mknod the device nodes and to run runc";
+  if (!rt::Have("runc")) GTEST_SKIP() << "runc is not installed";
+  if (::access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "busybox-static is not installed";
+  ASSERT_TRUE(Install(opts_).ok());  // the fixture's shim: `exec runc "$@"`
+  ValidateOptions v;
+  v.host_root = host_;
+  v.gpu.simulate = "dgx-h100";
+  v.pod_resources_socket = host_ + "/no-kubelet.sock";
+  ValidationReport r = ValidateStack(v);
+  ASSERT_EQ(r.steps.size(), 2u) << r.FirstFailure();
+  EXPECT_NE(r.steps[1].detail.find("does not see /dev/nvidia0"), std::string::npos)
+      << r.steps[1].detail;
+
+  v.probe_busybox = host_ + "/no-busybox";
+  r = ValidateStack(v);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_NE(r.steps[1].detail.find("no static busybox at " + host_ + "/no-busybox"),
+            std::string::npos) << r.steps[1].detail;
+
+  v.probe_busybox = "/bin/busybox";
+  v.probe_runc = host_ + "/no-runc";
+  r = ValidateStack(v);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos)
+      << r.steps[1].detail;
+
+  v.container_probe = false;
+  r = ValidateStack(v);
+  ASSERT_EQ(r.steps.size(), 3u) << r.FirstFailure();
+  EXPECT_NE(r.steps[1].detail.find("no probe container"), std::string::npos);
 }
 
 }  // namespace

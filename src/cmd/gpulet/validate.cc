@@ -60,6 +60,14 @@ std::function<int()> SetupValidate(CLI::App& sub) {
   sub.add_option("--node-name", f->o.node_name,
                  "Also check this node's capacity through the API server");
   sub.add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: $KUBECONFIG, in-cluster)");
+  sub.add_flag("--probe,!--no-probe", f->o.container_probe,
+               "Start the probe container of the runtime step (--no-probe skips it)")
+      ->capture_default_str();
+  sub.add_option("--probe-busybox", f->o.probe_busybox,
+                 "Static busybox the probe container's rootfs is made of")
+      ->capture_default_str();
+  sub.add_option("--probe-runc", f->o.probe_runc,
+                 "runc for the probe container (default: the host's, else PATH)");
   sub.add_flag("--label", f->label,
                "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
   AddGpuFlags(sub, f->o.gpu);
