@@ -212,11 +212,16 @@ void Extender::UpsertPod(const json& pod) {
   std::string phase = Str(pod, "status", "phase");
   std::string node = Str(pod, "spec", "nodeName");
   if (phase == "Succeeded" || phase == "Failed") return RemovePod(pod);
+  auto req = RequestOf(pod);
+  if (!req.ok() || req->first.containers.empty()) return;
+  {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    auto [it, added] = shapes_.try_emplace(uid, req->first);
+    if (added) workload_dirty_ = true;
+  }
   if (node.empty()) return;  // not bound: only a bind in progress (assumed) holds GPUs
   std::string annotated = Annotation(pod, vgpu::kAnnotationNode);
   if (annotated != node) return;  // bound without our assignment: the node places it
-  auto req = RequestOf(pod);
-  if (!req.ok() || req->first.containers.empty()) return;
   Booking b;
   b.node = node;
   b.ns = Str(pod, "metadata", "namespace");
@@ -275,7 +280,39 @@ void Extender::RemovePod(const json& pod) {
   std::string uid = Str(pod, "metadata", "uid");
   std::unique_lock<std::shared_mutex> l(mu_);
   orphans_.erase(uid);
+  if (shapes_.erase(uid)) workload_dirty_ = true;
   ReleaseLocked(uid);
+}
+
+void Extender::RebuildWorkload() {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  std::vector<placement::PodRequest> pods;
+  pods.reserve(shapes_.size());
+  for (const auto& [uid, r] : shapes_) pods.push_back(r);
+  workload_ = placement::WorkloadFromPods(pods);
+  // Policies are only read under the shared lock, so this exclusive section is their
+  // "not thread-safe" SetWorkload window.
+  for (auto& [name, p] : policies_) p->SetWorkload(workload_);
+  workload_dirty_ = false;
+  workload_built_ = true;
+  workload_at_ = std::chrono::steady_clock::now();
+}
+
+void Extender::MaybeRebuildWorkload() {
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    if (!workload_dirty_) return;
+    if (workload_built_ &&
+        std::chrono::steady_clock::now() - workload_at_ < options_.workload_refresh) {
+      return;
+    }
+  }
+  RebuildWorkload();
+}
+
+placement::Workload Extender::workload() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return workload_;
 }
 
 absl::Status Extender::Sync() {
@@ -287,6 +324,8 @@ absl::Status Extender::Sync() {
     std::unique_lock<std::shared_mutex> l(mu_);
     nodes_.clear();
     orphans_.clear();
+    shapes_.clear();
+    workload_dirty_ = true;
     for (auto it = bookings_.begin(); it != bookings_.end();) {
       it = it->second.assumed ? std::next(it) : bookings_.erase(it);
     }
@@ -325,6 +364,8 @@ void Extender::StartWatching() {
         {
           std::unique_lock<std::shared_mutex> l(mu_);
           orphans_.clear();
+          shapes_.clear();
+          workload_dirty_ = true;
           std::vector<std::string> drop;
           for (const auto& [uid, b] : bookings_) {
             if (!b.assumed) drop.push_back(uid);
@@ -407,6 +448,7 @@ json Extender::Prioritize(const json& args) {
     for (const auto& n : names) out.push_back({{"Host", n}, {"Score", 0}});
     return out;
   }
+  MaybeRebuildWorkload();
   std::vector<double> scores;
   std::vector<int> fit;  // positions in `names` that fit
   {
@@ -456,6 +498,7 @@ json Extender::Bind(const json& args) {
   auto policy = PolicyFor(*pod);
   if (!policy.ok()) return error(std::string(policy.status().message()));
 
+  MaybeRebuildWorkload();
   std::lock_guard<std::mutex> node_lock(NodeLock(node));
   json annotations = json::object();
   {
@@ -534,6 +577,20 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
                          n.gpus[g].memory_total_bytes / int64_t(vgpu::kMemoryUnitBytes)}});
       }
       out[n.name] = gpus;
+    }
+    res.set_content(out.dump(2), "application/json");
+  });
+  // The workload the fgd/gpulet policies score against: per class, its share of the pods seen.
+  server.Get(prefix + "/workload", [this](const httplib::Request&, httplib::Response& res) {
+    json out = json::array();
+    for (const auto& c : workload().classes) {
+      json containers = json::array();
+      for (const auto& r : c.shape.containers) {
+        containers.push_back(r.whole_gpus > 0
+                                 ? json{{"cores", r.whole_gpus * vgpu::kCoresPerGpu}}
+                                 : json{{"cores", r.milli / placement::kMilliPerVcudaCore}});
+      }
+      out.push_back({{"containers", containers}, {"weight", c.weight}});
     }
     res.set_content(out.dump(2), "application/json");
   });

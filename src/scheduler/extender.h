@@ -10,10 +10,18 @@
 // state is rebuilt from the API server (pods carry their assignment) on start, so a restart loses
 // nothing. Binds on one node are serialised (per-node mutex held across the API calls).
 //
+// Workload: the `fgd` and `gpulet` policies measure fragmentation against the expected mix of
+// arriving pods (placement::Policy::SetWorkload). The extender derives it from the vGPU pods it
+// sees -- pending and bound, not finished -- grouped by placement::WorkloadFromPods, so it is
+// rebuilt from the API server after a restart like the bookings. It is recomputed before a
+// prioritize/bind when the pod set changed, at most once per `workload_refresh` (a cluster with
+// thousands of pods then pays the O(pods) rebuild about once a second, not per decision).
+//
 // Thread-safety: every public method is thread-safe (one shared_mutex over the state; filter and
 // prioritize take it shared).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +48,9 @@ struct ExtenderOptions {
   // "binpack" (placement "best-fit"), "spread", or any placement registry name. A pod may choose
   // with the annotation gpulet.io/vgpu-policy.
   std::string default_policy = "binpack";
+  // Minimum interval between workload rebuilds while pods keep changing (0: before every
+  // decision that follows a change).
+  std::chrono::milliseconds workload_refresh{1000};
 };
 
 // One pod's booking.
@@ -70,7 +81,8 @@ class Extender {
   json Prioritize(const json& args);
   json Bind(const json& args);
 
-  // Registers POST <prefix>/filter, /prioritize, /bind and GET <prefix>/healthz, /state.
+  // Registers POST <prefix>/filter, /prioritize, /bind and GET <prefix>/healthz, /state,
+  // /workload.
   void Register(httplib::Server& server, const std::string& prefix = "");
 
   // State feed (reflectors call these; tests may too).
@@ -84,6 +96,10 @@ class Extender {
   // Per node: GPU UUIDs in the order of Snapshot()'s GPUs.
   std::map<std::string, std::vector<std::string>> GpuUuids() const;
   size_t booked_pods() const;
+  // Recomputes the workload from the pods seen now and hands it to every policy.
+  void RebuildWorkload();
+  // The workload the policies were last given.
+  placement::Workload workload() const;
 
  private:
   struct NodeState {
@@ -98,6 +114,8 @@ class Extender {
   void ApplyLocked(const std::string& uid, Booking b);
   void ReleaseLocked(const std::string& uid);
   std::mutex& NodeLock(const std::string& node);
+  // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
+  void MaybeRebuildWorkload();
 
   k8s::Client* api_;
   ExtenderOptions options_;
@@ -106,6 +124,12 @@ class Extender {
   std::unordered_map<std::string, NodeState> nodes_;
   std::unordered_map<std::string, Booking> bookings_;  // by pod uid
   std::unordered_map<std::string, json> orphans_;      // bound pods whose node is not known yet
+  // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
+  std::unordered_map<std::string, placement::PodRequest> shapes_;
+  bool workload_dirty_ = true;
+  bool workload_built_ = false;
+  std::chrono::steady_clock::time_point workload_at_{};
+  placement::Workload workload_;
   std::mutex node_locks_mu_;
   std::map<std::string, std::unique_ptr<std::mutex>> node_locks_;
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;

@@ -102,6 +102,40 @@ TEST(Extender, BinpackAndSpread) {
   EXPECT_EQ(bad["busy"], 0);
 }
 
+// fgd and gpulet score against the workload derived from the pods the extender sees: with mostly
+// 60-core pods around, a 30-core pod goes to the idle GPU (the busy one would keep a 40-core
+// remainder no 60-core pod can use), where binpack (best-fit) fills the busy GPU. Once the
+// 60-core pods are gone the workload no longer penalises the remainder.
+TEST(Extender, FgdAndGpuletRankByDerivedWorkload) {
+  Extender e(nullptr, {.workload_refresh = std::chrono::milliseconds(0)});
+  e.UpsertNode(Node("busy", 1, 64));
+  e.UpsertNode(Node("idle", 1, 64));
+  e.UpsertPod(Bound(Pod("x", 30, 4), "busy", "busy-GPU-0"));
+  for (int i = 0; i < 3; ++i) e.UpsertPod(Pod("big" + std::to_string(i), 60, 8));  // pending
+  auto score = [&](const std::string& policy) {
+    std::map<std::string, int64_t> s;
+    for (const auto& h : e.Prioritize(Args(Pod("p", 30, 4, policy), {"busy", "idle"}))) {
+      s[h["Host"]] = h["Score"];
+    }
+    return s;
+  };
+  auto bp = score("binpack");
+  EXPECT_GT(bp["busy"], bp["idle"]);
+  for (const char* p : {"fgd", "gpulet"}) {
+    auto s = score(p);
+    EXPECT_GT(s["idle"], s["busy"]) << p;
+  }
+  // The derived workload: 30-core and 60-core classes, weighted by the pods seen (1 and 3).
+  placement::Workload w = e.workload();
+  ASSERT_EQ(w.classes.size(), 2u);
+  EXPECT_EQ(w.classes[0].shape.containers[0].milli, 600);
+  EXPECT_DOUBLE_EQ(w.classes[0].weight, 0.75);
+  for (int i = 0; i < 3; ++i) e.RemovePod(Pod("big" + std::to_string(i), 60, 8));
+  auto after = score("fgd");
+  EXPECT_EQ(after["idle"], after["busy"]);
+  ASSERT_EQ(e.workload().classes.size(), 1u);
+}
+
 // A GPU booked whole takes no share, and a GPU with a share cannot be booked whole.
 TEST(Extender, WholeAndFractionalNeverShare) {
   Extender e(nullptr, {});
