@@ -24,40 +24,53 @@ int PcieRank(gpu::PcieRelation r) {
 // node adds one candidate or skips it; `link[k]` is candidate k's score towards the chosen set.
 struct Search {
   const TopologyScorer& t;
-  std::vector<int> cand;
-  std::vector<int64_t> link;
+  int m = 0;                                     // candidates
+  int cand[TopologyScorer::kMaxGpus];
+  int64_t link[TopologyScorer::kMaxGpus];
+  // top[k * m + j]: sum of candidate k's j best pair scores towards the other candidates.
+  std::vector<int64_t> top;
   int64_t best_score = -1;
   uint64_t best = 0;
 
-  // Upper bound on what `r` more picks from cand[pos..] can add: the r largest links to the chosen
-  // set, plus every pair among the new picks at the largest pair score left.
-  int64_t Bound(size_t pos, int r) const {
-    int64_t top[TopologyScorer::kMaxGpus];
-    int m = 0;
-    int64_t max_pair = 0;
-    for (size_t k = pos; k < cand.size(); ++k) {
-      top[m++] = link[k];
-      for (size_t l = k + 1; l < cand.size(); ++l)
-        max_pair = std::max(max_pair, t.PairScore(cand[k], cand[l]));
+  void Prepare() {
+    top.assign(static_cast<size_t>(m) * m, 0);
+    int64_t row[TopologyScorer::kMaxGpus];
+    for (int k = 0; k < m; ++k) {
+      int n = 0;
+      for (int l = 0; l < m; ++l)
+        if (l != k) row[n++] = t.PairScore(cand[k], cand[l]);
+      std::sort(row, row + n, std::greater<>());
+      for (int j = 1; j < m; ++j) top[k * m + j] = top[k * m + j - 1] + row[j - 1];
     }
-    std::partial_sort(top, top + r, top + m, std::greater<>());
-    int64_t b = 0;
-    for (int i = 0; i < r; ++i) b += top[i];
-    return b + max_pair * r * (r - 1) / 2;
   }
 
-  void Run(size_t pos, int r, int64_t score, uint64_t mask) {
+  // Upper bound, doubled, on what `r` more picks from cand[pos..] can add. Every pair among the
+  // new picks is counted half at each end, and one end k can gain at most its r-1 best pair
+  // scores (top); so each pick k is worth at most 2 * link[k] + top[k][r-1] (doubled units), and
+  // the bound is the sum of the r largest such values. Exact for sets of mutually best partners
+  // (a NUMA node of an NVSwitch box), which is what makes the search prune at once there.
+  int64_t Bound2(int pos, int r) const {
+    int64_t v[TopologyScorer::kMaxGpus];
+    int n = 0;
+    for (int k = pos; k < m; ++k) v[n++] = 2 * link[k] + top[k * m + r - 1];
+    std::nth_element(v, v + r - 1, v + n, std::greater<>());
+    int64_t b = 0;
+    for (int i = 0; i < r; ++i) b += v[i];
+    return b;
+  }
+
+  void Run(int pos, int r, int64_t score, uint64_t mask) {
     if (r == 0) {
       if (score > best_score) best_score = score, best = mask;
       return;
     }
-    if (cand.size() - pos < static_cast<size_t>(r)) return;
-    if (best_score >= 0 && score + Bound(pos, r) <= best_score) return;
+    if (m - pos < r) return;
+    if (best_score >= 0 && 2 * score + Bound2(pos, r) <= 2 * best_score) return;
     // Take cand[pos].
     const int g = cand[pos];
-    for (size_t k = pos + 1; k < cand.size(); ++k) link[k] += t.PairScore(cand[k], g);
+    for (int k = pos + 1; k < m; ++k) link[k] += t.PairScore(cand[k], g);
     Run(pos + 1, r - 1, score + link[pos], mask | (uint64_t{1} << g));
-    for (size_t k = pos + 1; k < cand.size(); ++k) link[k] -= t.PairScore(cand[k], g);
+    for (int k = pos + 1; k < m; ++k) link[k] -= t.PairScore(cand[k], g);
     // Skip it.
     Run(pos + 1, r, score, mask);
   }
@@ -104,9 +117,9 @@ absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t requi
     return absl::InvalidArgumentError(absl::StrCat("cannot choose ", size, " of ",
                                                    std::popcount(available), " devices with ",
                                                    std::popcount(required), " required"));
-  Search s{*this, {}, {}, -1, 0};
+  Search s{*this};
   for (int g = 0; g < n_; ++g)
-    if ((available & ~required) >> g & 1) s.cand.push_back(g);
+    if ((available & ~required) >> g & 1) s.cand[s.m++] = g;
   // Most promising first: strongest links to the required set, then to everything available.
   auto pull = [&](int g, uint64_t m) {
     int64_t v = 0;
@@ -114,11 +127,11 @@ absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t requi
       if (h != g && (m >> h & 1)) v += PairScore(g, h);
     return v;
   };
-  std::vector<std::pair<int64_t, int64_t>> key(n_);
-  for (int g : s.cand) key[g] = {pull(g, required), pull(g, available)};
-  std::stable_sort(s.cand.begin(), s.cand.end(), [&](int a, int b) { return key[a] > key[b]; });
-  s.link.resize(s.cand.size());
-  for (size_t k = 0; k < s.cand.size(); ++k) s.link[k] = key[s.cand[k]].first;
+  std::pair<int64_t, int64_t> key[kMaxGpus];
+  for (int k = 0; k < s.m; ++k) key[s.cand[k]] = {pull(s.cand[k], required), pull(s.cand[k], available)};
+  std::stable_sort(s.cand, s.cand + s.m, [&](int a, int b) { return key[a] > key[b]; });
+  for (int k = 0; k < s.m; ++k) s.link[k] = key[s.cand[k]].first;
+  if (need > 0) s.Prepare();
   s.Run(0, need, SetScore(required), required);
   return s.best;
 }
