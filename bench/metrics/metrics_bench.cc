@@ -6,7 +6,9 @@
 //    dlopen) with an in-process PodResources server listing 128 containers, then times GET
 //    /metrics over loopback with a keep-alive client, one scrape per iteration. p50/p99 are
 //    computed from every iteration's latency; rss_mib / hwm_mib are the exporter process's VmRSS /
-//    VmHWM (/proc/<pid>/status) after the scrapes; body_kib the response size.
+//    VmHWM (/proc/<pid>/status) after the scrapes; body_kib the response size on the wire.
+//    Arg 0: "Accept-Encoding: identity" (curl); arg 1: "Accept-Encoding: gzip" as Prometheus sends
+//    it (the client does not decompress, so the figure is the exporter's side alone).
 //  * BM_SampleCycle: one sampling cycle (read 8 GPUs, attribute 128 containers, render text and
 //    OpenMetrics) in-process; Google Benchmark's CPU time column is the CPU time per cycle.
 //    _SimulatedNvml reads the fake libnvidia-ml.so.1 through the production dlopen layer;
@@ -100,17 +102,21 @@ void BM_ScrapeProcess(benchmark::State& state) {
   }
   httplib::Client c("127.0.0.1", port);
   c.set_keep_alive(true);
+  c.set_decompress(false);
   // Wait until attribution is in the snapshot (first PodResources answer).
+  const httplib::Headers identity = {{"Accept-Encoding", "identity"}};
   for (int i = 0; i < 100; ++i) {
-    auto r = c.Get("/metrics");
+    auto r = c.Get("/metrics", identity);
     if (r && r->body.find("job-127-") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  const httplib::Headers headers = {
+      {"Accept-Encoding", state.range(0) ? "gzip" : "identity"}};
   std::vector<double> lat;
   size_t body = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
-    auto r = c.Get("/metrics");
+    auto r = c.Get("/metrics", headers);
     auto t1 = std::chrono::steady_clock::now();
     if (!r || r->status != 200) {
       state.SkipWithError("scrape failed");
@@ -132,7 +138,7 @@ void BM_ScrapeProcess(benchmark::State& state) {
   pods.Stop();
   std::filesystem::remove_all(dir);
 }
-BENCHMARK(BM_ScrapeProcess)->Iterations(2000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ScrapeProcess)->Arg(0)->Arg(1)->Iterations(2000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A fixed 128-container attribution, no kubelet round trips (the cache is filled once).
 class FixedLister : public kubelet::PodResourcesLister {

@@ -94,6 +94,9 @@ struct Telemetry {
   std::optional<uint64_t> throttle_reasons;  // NVML clocks-event-reason bitmask
   std::optional<uint32_t> pcie_replay_count;
   std::optional<uint32_t> pcie_tx_kbps, pcie_rx_kbps;
+  // NVLink data payload sent / received since driver load, summed over all links (KiB; NVML's
+  // NVLINK_THROUGHPUT_DATA fields). Unset on GPUs without NVLink.
+  std::optional<uint64_t> nvlink_tx_kib, nvlink_rx_kib;
   std::optional<uint32_t> fan_speed_pct;
   std::optional<uint32_t> pstate;
   std::vector<ProcessInfo> processes;  // running compute processes

@@ -21,7 +21,14 @@ struct ExporterOptions {
   std::chrono::milliseconds pod_resources_interval{10000};
   std::vector<std::string> extra_resources;  // resource names kept besides nvidia.com/*
   std::string vgpu_accounting_dir;           // empty: no vGPU usage
+  // The kubelet's device-manager checkpoint (<device-plugin-dir>/kubelet_internal_checkpoint).
+  // The kubelet rewrites it after every allocation and release, once PodResources already shows
+  // the change; each rewrite makes the exporter re-read PodResources and publish at once. Empty:
+  // off (attribution then follows the timer and RefreshPods()).
+  std::string kubelet_checkpoint;
 };
+
+class CheckpointWatcher;
 
 // "gpulet,dcgm" -> FamilySet bits. InvalidArgument naming an unknown set.
 absl::StatusOr<unsigned> ParseFamilies(const std::string& list);
@@ -40,7 +47,8 @@ class Exporter {
   ~Exporter();
   void Stop();
 
-  // Ask the kubelet again soon (after a device-plugin allocation); returns at once.
+  // Ask the kubelet again and publish a new snapshot now (after a device-plugin allocation);
+  // returns at once.
   void RefreshPods();
 
   int port() const { return server_->port(); }
@@ -53,6 +61,7 @@ class Exporter {
   std::unique_ptr<VgpuUsageSource> vgpu_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<MetricsServer> server_;
+  std::unique_ptr<CheckpointWatcher> checkpoint_watcher_;
 };
 
 }  // namespace gpulet::metrics

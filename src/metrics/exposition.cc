@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <zlib.h>
+
 #include "absl/strings/ascii.h"
 
 namespace gpulet::metrics {
@@ -15,6 +17,69 @@ bool WantsOpenMetrics(std::string_view accept) {
   std::string lower(accept);
   for (char& c : lower) c = absl::ascii_tolower(static_cast<unsigned char>(c));
   return lower.find("application/openmetrics-text") != std::string::npos;
+}
+
+bool AcceptsGzip(std::string_view header) {
+  std::string lower(header);
+  for (char& c : lower) c = absl::ascii_tolower(static_cast<unsigned char>(c));
+  std::string_view rest(lower);
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    size_t semi = item.find(';');
+    std::string_view coding = item.substr(0, semi), params;
+    if (semi != std::string_view::npos) params = item.substr(semi + 1);
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+    if (coding != "gzip" && coding != "x-gzip") continue;
+    // "q=0", "q=0.0", "q=0.000": explicitly refused (RFC 9110 12.4.2).
+    size_t q = params.find("q=");
+    if (q == std::string_view::npos) return true;
+    std::string_view v = params.substr(q + 2);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    bool zero = !v.empty() && v.front() == '0';
+    for (size_t i = 1; zero && i < v.size(); ++i) zero = v[i] == '.' || v[i] == '0';
+    return !zero;
+  }
+  return false;
+}
+
+OpenGzip GzipOpen(std::string_view body) {
+  OpenGzip g;
+  z_stream z{};
+  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return g;
+  g.data.resize(deflateBound(&z, body.size()) + 16);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(body.data()));
+  z.avail_in = static_cast<uInt>(body.size());
+  z.next_out = reinterpret_cast<Bytef*>(g.data.data());
+  z.avail_out = static_cast<uInt>(g.data.size());
+  // Z_SYNC_FLUSH instead of Z_FINISH: all input out, byte-aligned, no final block, no trailer.
+  int r = deflate(&z, Z_SYNC_FLUSH);
+  g.data.resize(r == Z_OK && z.avail_in == 0 ? z.total_out : 0);
+  deflateEnd(&z);
+  g.data.shrink_to_fit();
+  g.crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size()));
+  g.size = body.size();
+  return g;
+}
+
+std::string GzipClose(const OpenGzip& g, std::string_view tail) {
+  std::string out;
+  if (tail.size() > 0xFFFF) tail = tail.substr(0, 0xFFFF);  // one stored block; tails are lines
+  const uint16_t n = static_cast<uint16_t>(tail.size());
+  auto le = [&out](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i) & 0xFF));
+  };
+  out.push_back(0x01);  // BFINAL = 1, BTYPE = 00 (stored)
+  le(n, 2);
+  le(static_cast<uint16_t>(~n), 2);
+  out.append(tail);
+  uint32_t tail_crc =
+      static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(tail.data()), tail.size()));
+  le(static_cast<uint32_t>(crc32_combine(g.crc, tail_crc, static_cast<z_off_t>(tail.size()))), 4);
+  le(static_cast<uint32_t>(g.size + tail.size()), 4);  // ISIZE: length mod 2^32
+  return out;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 // Not thread-safe; one writer renders one document into a caller-owned string.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -21,6 +22,22 @@ inline constexpr std::string_view kOpenMetricsContentType =
 
 // True when an HTTP Accept header asks for OpenMetrics (what Prometheus sends by default).
 bool WantsOpenMetrics(std::string_view accept_header);
+
+// Whether an Accept-Encoding header admits gzip ("gzip" or "x-gzip" without q=0). Prometheus
+// always sends "Accept-Encoding: gzip".
+bool AcceptsGzip(std::string_view accept_encoding_header);
+
+// A gzip stream (RFC 1952) of a body, left open so that each response can append its own short
+// tail and close it: the body is compressed once per sampling cycle, and a scrape only adds one
+// stored deflate block and the trailer (no zlib state per request, one valid gzip member).
+struct OpenGzip {
+  std::string data;   // gzip header + deflate blocks of the body, flushed to a byte boundary
+  uint32_t crc = 0;   // CRC-32 of the body
+  uint64_t size = 0;  // body length
+};
+OpenGzip GzipOpen(std::string_view body);
+// The bytes that follow g.data: `tail` (at most 65535 bytes) as the final block, then the trailer.
+std::string GzipClose(const OpenGzip& g, std::string_view tail);
 
 // Appends `v` as a label value body: `\` `"` and newline escaped, invalid UTF-8 replaced by U+FFFD
 // (Prometheus rejects invalid UTF-8 label values, and pod names reach us from outside).

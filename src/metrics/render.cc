@@ -97,6 +97,12 @@ const DeviceFamily kDeviceFamilies[] = {
      TEL(pcie_tx_kbps, 1024)},
     {OWN, "gpulet_gpu_pcie_receive_bytes_per_second", G, "PCIe receive throughput.",
      TEL(pcie_rx_kbps, 1024)},
+    {OWN, "gpulet_gpu_nvlink_transmit_bytes_total", C,
+     "NVLink data payload transmitted since the driver was loaded, all links.",
+     TEL(nvlink_tx_kib, 1024)},
+    {OWN, "gpulet_gpu_nvlink_receive_bytes_total", C,
+     "NVLink data payload received since the driver was loaded, all links.",
+     TEL(nvlink_rx_kib, 1024)},
     {OWN, "gpulet_gpu_fan_speed_ratio", G, "Fan speed as a fraction of its maximum.",
      TEL(fan_speed_pct, 0.01)},
     {OWN, "gpulet_gpu_performance_state", G, "Performance state (0 = P0, fastest, to 15).",
@@ -148,6 +154,23 @@ const DeviceFamily kDeviceFamilies[] = {
      "The rate of data received over the PCIe bus - including both protocol headers and data "
      "payloads - in bytes per second.",
      TEL(pcie_rx_kbps, 1024), true},
+    // dcgm-exporter declares it a counter; here it is the NVLink data sent plus received since
+    // the driver was loaded, in KiB (NVML's unit for these counters), over all links.
+    {DCGM, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", C,
+     "Total number of NVLink bandwidth counters for all lanes.",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (!d.telemetry || !d.telemetry->nvlink_tx_kib || !d.telemetry->nvlink_rx_kib) return {};
+       return static_cast<double>(*d.telemetry->nvlink_tx_kib + *d.telemetry->nvlink_rx_kib);
+     },
+     true},
+    {DCGM, "DCGM_FI_PROF_NVLINK_TX_BYTES", G,
+     "The rate of data transmitted over NVLink, not including protocol headers, in bytes per "
+     "second.",
+     +[](const DeviceSample& d) { return d.nvlink_tx_bytes_per_second; }, true},
+    {DCGM, "DCGM_FI_PROF_NVLINK_RX_BYTES", G,
+     "The rate of data received over NVLink, not including protocol headers, in bytes per "
+     "second.",
+     +[](const DeviceSample& d) { return d.nvlink_rx_bytes_per_second; }, true},
 
     // --- nvidia_gpu_exporter's nvidia_smi_* names: its units (hz, bytes, ratio), label uuid ---
     {SMI, "nvidia_smi_index", G, "index",

@@ -29,6 +29,9 @@ struct DeviceSample {
   bool healthy = false;                     // telemetry read and liveness probe succeeded
   std::map<uint32_t, uint64_t> xid_counts;  // XID code -> events since the exporter started
   uint32_t xid_last = 0;                    // code of the most recent XID; 0 = none yet
+  // NVLink data rates over the last sampling period (from the growth of the NVLink counters
+  // between two cycles); unset on the first cycle, without NVLink, or after a counter reset.
+  std::optional<double> nvlink_tx_bytes_per_second, nvlink_rx_bytes_per_second;
 };
 
 // One container's share of one physical GPU or MIG device, from PodResources.

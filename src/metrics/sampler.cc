@@ -81,16 +81,34 @@ void Sampler::Start() {
   }
   thread_ = std::thread([this] {
     while (true) {
+      bool poked = false;
       {
         absl::MutexLock l(&stop_mu_);
-        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) { return stop_; };
-        if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::FromChrono(options_.interval))) {
-          return;
-        }
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) { return stop_ || poked_; };
+        stop_mu_.AwaitWithTimeout(absl::Condition(&wake), absl::FromChrono(options_.interval));
+        if (stop_) return;
+        poked = poked_;
+        poked_ = false;
       }
+      // Only a poke asks the kubelet here; the timer refresh is the cache's own.
+      if (poked && pods_) pods_->RefreshNow();
       SampleOnce();
+      if (poked) {
+        absl::MutexLock l(&stop_mu_);
+        ++pokes_handled_;
+      }
     }
   });
+}
+
+void Sampler::Poke() {
+  absl::MutexLock l(&stop_mu_);
+  poked_ = true;
+}
+
+uint64_t Sampler::pokes_handled() const {
+  absl::MutexLock l(&stop_mu_);
+  return pokes_handled_;
 }
 
 void Sampler::Stop() {
@@ -133,6 +151,24 @@ gpu::GpuLayer* Sampler::Layer() {
   return layer;
 }
 
+// NVML gives NVLink traffic only as counters; DCGM's NVLINK_*_BYTES are rates, so the rate is the
+// growth since the previous cycle. A counter that went backwards (driver reload) starts over.
+void Sampler::NvlinkRates(DeviceSample& ds, Clock::TimePoint now) {
+  const gpu::Telemetry& t = *ds.telemetry;
+  if (!t.nvlink_tx_kib || !t.nvlink_rx_kib) {
+    nvlink_prev_.erase(ds.device.uuid);
+    return;
+  }
+  auto [it, fresh] = nvlink_prev_.try_emplace(ds.device.uuid);
+  NvlinkPrev& p = it->second;
+  double secs = std::chrono::duration<double>(now - p.at).count();
+  if (!fresh && secs > 0 && *t.nvlink_tx_kib >= p.tx_kib && *t.nvlink_rx_kib >= p.rx_kib) {
+    ds.nvlink_tx_bytes_per_second = (*t.nvlink_tx_kib - p.tx_kib) * 1024.0 / secs;
+    ds.nvlink_rx_bytes_per_second = (*t.nvlink_rx_kib - p.rx_kib) * 1024.0 / secs;
+  }
+  p = {*t.nvlink_tx_kib, *t.nvlink_rx_kib, now};
+}
+
 Sample Sampler::Collect() {
   Sample s;
   s.hostname = options_.hostname;
@@ -155,12 +191,13 @@ Sample Sampler::Collect() {
       for (gpu::Device& d : inv->devices) {
         DeviceSample ds;
         absl::StatusOr<gpu::Telemetry> t = layer->GetTelemetry(d.index);
+        ds.device = std::move(d);
         if (t.ok()) {
           ds.telemetry = *std::move(t);
           ds.healthy = true;
           ++answered;
+          NvlinkRates(ds, clock_->Now());
         }
-        ds.device = std::move(d);
         s.devices.push_back(std::move(ds));
       }
       // NVML is up when at least one GPU answered (one lost GPU is that GPU's problem, reported
@@ -240,6 +277,8 @@ void Sampler::SampleOnce() {
   Render(s, options_.render, Format::kText, &snap->text);
   Render(s, options_.render, Format::kOpenMetrics, &snap->openmetrics);
   RenderGpuManager(s, Format::kText, &snap->gpu_manager);
+  snap->text_gz = GzipOpen(snap->text);
+  snap->openmetrics_gz = GzipOpen(snap->openmetrics);
   prev.reset();
   absl::MutexLock l(&snap_mu_);
   snapshot_ = std::move(snap);

@@ -59,6 +59,9 @@ struct Snapshot {
   std::string text;         // Prometheus text 0.0.4
   std::string openmetrics;  // OpenMetrics 1.0.0, without "# EOF"
   std::string gpu_manager;  // GPU Manager's /metric families (text)
+  // The two bodies gzip-compressed once per cycle, for scrapers sending Accept-Encoding: gzip
+  // (Prometheus does): a gzip scrape writes a fraction of the bytes and only closes the stream.
+  OpenGzip text_gz, openmetrics_gz;
   SelfStats self;
   Clock::TimePoint taken{};
 };
@@ -89,6 +92,12 @@ class Sampler {
   // One cycle on the caller's thread: read, render, publish.
   void SampleOnce();
 
+  // Pod attribution changed (an allocation, a pod gone): the background thread asks the kubelet
+  // again and publishes a new snapshot at once instead of at the next tick. Returns at once;
+  // pokes arriving while one is handled coalesce into one more cycle.
+  void Poke();
+  uint64_t pokes_handled() const;  // for tests
+
   // The latest snapshot; never null after construction (an empty one before the first cycle).
   std::shared_ptr<const Snapshot> snapshot() const;
 
@@ -99,9 +108,14 @@ class Sampler {
     std::map<uint32_t, uint64_t> counts;
     uint32_t last = 0;
   };
+  struct NvlinkPrev {
+    uint64_t tx_kib = 0, rx_kib = 0;
+    Clock::TimePoint at{};
+  };
   gpu::GpuLayer* Layer();  // the usable layer or null
+  void NvlinkRates(DeviceSample& ds, Clock::TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
   void OnEvent(const gpu::Event& e);
-  Sample Collect();
+  Sample Collect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
 
   gpu::GpuLayer* external_gpu_;
   GpuOpener opener_;
@@ -115,6 +129,7 @@ class Sampler {
   std::unique_ptr<gpu::GpuLayer::Subscription> subscription_ ABSL_GUARDED_BY(cycle_mu_);
   bool need_reinit_ ABSL_GUARDED_BY(cycle_mu_) = false;
   SelfStats stats_ ABSL_GUARDED_BY(cycle_mu_);
+  std::map<std::string, NvlinkPrev> nvlink_prev_ ABSL_GUARDED_BY(cycle_mu_);  // by GPU UUID
 
   absl::Mutex xid_mu_;  // events arrive on the GPU layer's thread
   std::map<std::string, XidState> xids_ ABSL_GUARDED_BY(xid_mu_);  // by GPU UUID
@@ -122,8 +137,10 @@ class Sampler {
   mutable absl::Mutex snap_mu_;
   std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(snap_mu_);
 
-  absl::Mutex stop_mu_;
+  mutable absl::Mutex stop_mu_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  bool poked_ ABSL_GUARDED_BY(stop_mu_) = false;
+  uint64_t pokes_handled_ ABSL_GUARDED_BY(stop_mu_) = 0;
   std::thread thread_;
 };
 

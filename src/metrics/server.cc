@@ -134,8 +134,17 @@ absl::Status MetricsServer::Start() {
     std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
     bool om = WantsOpenMetrics(req.get_header_value("Accept"));
     Format f = om ? Format::kOpenMetrics : Format::kText;
-    ServeSnapshot(res, snap, om ? &snap->openmetrics : &snap->text,
-                  Tail(f, last_scrape_seconds_.load()),
+    std::string tail = Tail(f, last_scrape_seconds_.load());
+    const std::string* body = om ? &snap->openmetrics : &snap->text;
+    res.set_header("Vary", "Accept-Encoding");
+    if (AcceptsGzip(req.get_header_value("Accept-Encoding"))) {
+      // The body compressed once per cycle; this response's tail closes the gzip stream.
+      const OpenGzip& gz = om ? snap->openmetrics_gz : snap->text_gz;
+      body = &gz.data;
+      tail = GzipClose(gz, tail);
+      res.set_header("Content-Encoding", "gzip");
+    }
+    ServeSnapshot(res, snap, body, std::move(tail),
                   om ? kOpenMetricsContentType : kTextContentType, &last_scrape_seconds_, start);
   });
   http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {

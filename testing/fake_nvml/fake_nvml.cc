@@ -753,6 +753,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, n
     if (v.fieldId == NVML_FI_DEV_MEMORY_TEMP) {
       v.valueType = 1;
       v.nvmlReturn = Tel(s, h, "memory_temp_c", &v.value.uiVal);
+    } else if (v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ||
+               v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) {
+      // The machine file gives the sum over all links; per-link scopes are not modelled.
+      v.valueType = 3;
+      bool tx = v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+      v.nvmlReturn = v.scopeId != kNvmlScopeAllLinks
+                         ? NVML_ERROR_NOT_SUPPORTED
+                         : Tel(s, h, tx ? "nvlink_tx_kib" : "nvlink_rx_kib", &v.value.ullVal);
     } else {
       v.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }

@@ -370,7 +370,8 @@ const std::vector<std::string>& TelemetryKeys() {
       "gpu_util_pct",     "memory_util_pct",   "encoder_util_pct",  "decoder_util_pct",
       "fb_used_mib",      "fb_reserved_mib",   "ecc_sbe_volatile",  "ecc_dbe_volatile",
       "ecc_sbe_aggregate", "ecc_dbe_aggregate", "throttle_reasons", "pcie_replay_count",
-      "pcie_tx_kbps",     "pcie_rx_kbps",      "fan_speed_pct",     "pstate"};
+      "pcie_tx_kbps",     "pcie_rx_kbps",      "fan_speed_pct",     "pstate",
+      "nvlink_tx_kib",    "nvlink_rx_kib"};
   return *k;
 }
 

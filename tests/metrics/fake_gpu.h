@@ -86,6 +86,8 @@ class FakeGpuLayer : public gpu::GpuLayer {
     t.pcie_tx_kbps = 1000;
     t.pcie_rx_kbps = 2000;
     t.pstate = 0;
+    t.nvlink_tx_kib = 3000000 + index;
+    t.nvlink_rx_kib = 2000000;
     ++telemetry_calls_;
     return t;
   }

@@ -10,12 +10,15 @@
 #include <future>
 #include <thread>
 
+#include <zlib.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kubelet/podresources_client.h"
+#include "metrics/exporter.h"
 #include "metrics/exposition.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
@@ -186,7 +189,6 @@ TEST(Render, DcgmFamiliesMatchReferenceSample) {
                                           "pod", "GPU_I_PROFILE", "GPU_I_ID"};
   int compared = 0;
   for (const auto& [name, shape] : ref) {
-    if (name == "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") continue;  // see docs/metrics.md: no source
     ASSERT_TRUE(ours.count(name)) << name << " missing";
     EXPECT_EQ(ours[name].type, shape.type) << name;
     for (const std::string& l : shape.labels) EXPECT_TRUE(ours[name].labels.count(l)) << name << l;
@@ -195,7 +197,7 @@ TEST(Render, DcgmFamiliesMatchReferenceSample) {
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 5);
+  EXPECT_EQ(compared, 6);
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-"));
   EXPECT_THAT(text, HasSubstr(",Hostname=\"node1\",DCGM_FI_DRIVER_VERSION=\"550.54.15\","
                               "container=\"main\",namespace=\"ml\",pod=\"train-0-0\"} 37\n"));
@@ -378,6 +380,54 @@ TEST(Attribution, CacheRefreshesAndSurvivesKubeletLoss) {
   }
   EXPECT_TRUE(cache.state().up);
   cache.Stop();
+}
+
+// Attribution follows allocations at once, not at the next tick: a rewrite of the kubelet's
+// device-manager checkpoint (what the kubelet does after every Allocate and release), by rename or
+// in place, and an explicit RefreshPods() each make the exporter ask PodResources again and
+// publish, with the sampling and PodResources timers both at one hour. Other files in the
+// directory do not.
+TEST(Attribution, RefreshesOnCheckpointRewriteAndOnRequest) {
+  std::string dir = TempDir();
+  std::filesystem::create_directories(dir + "/device-plugins");
+  const std::string checkpoint = dir + "/device-plugins/kubelet_internal_checkpoint";
+  PodResourcesServer kubelet(dir + "/pod-resources.sock");
+  ASSERT_TRUE(kubelet.Start());
+  FakeGpuLayer g(2);
+  ExporterOptions o;
+  o.server.address = "127.0.0.1:0";
+  o.sampler.interval = std::chrono::hours(1);
+  o.pod_resources_socket = dir + "/pod-resources.sock";
+  o.pod_resources_interval = std::chrono::hours(1);
+  o.kubelet_checkpoint = checkpoint;
+  auto e = Exporter::Start(o, &g, nullptr);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto attributed = [&](const std::string& pod, int tries) {
+    for (int i = 0; i < tries; ++i) {
+      if (absl::StrContains((*e)->sampler().snapshot()->text, "pod=\"" + pod + "\"")) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  };
+  const std::string gpu0 = g.inventory().devices[0].uuid, gpu1 = g.inventory().devices[1].uuid;
+  kubelet.Set({{"ml", "train-a", "main", "nvidia.com/gpu", {gpu0}}});
+  EXPECT_FALSE(attributed("train-a", 20)) << "nothing happened yet: no refresh";
+  {
+    std::ofstream(checkpoint + ".tmp") << "{\"Data\":{}}";
+    std::filesystem::rename(checkpoint + ".tmp", checkpoint);
+  }
+  EXPECT_TRUE(attributed("train-a", 400)) << "checkpoint renamed into place";
+  kubelet.Set({{"ml", "train-b", "main", "nvidia.com/gpu", {gpu1}}});
+  std::ofstream(checkpoint) << "{\"Data\":{\"PodDeviceEntries\":[]}}";
+  EXPECT_TRUE(attributed("train-b", 400)) << "checkpoint rewritten in place";
+  kubelet.Set({{"ml", "train-c", "main", "nvidia.com/gpu", {gpu0 + "::1"}}});
+  std::ofstream(dir + "/device-plugins/nvidia-gpu.sock.tmp") << "x";
+  EXPECT_FALSE(attributed("train-c", 60)) << "another file changed: no refresh";
+  (*e)->RefreshPods();
+  EXPECT_TRUE(attributed("train-c", 400)) << "RefreshPods()";
+  EXPECT_GE((*e)->sampler().pokes_handled(), 3u);
+  (*e)->Stop();
+  std::filesystem::remove_all(dir);
 }
 
 // --- sampler ----------------------------------------------------------------------------------
@@ -568,6 +618,68 @@ TEST(Server, ServesSnapshotsWithoutWaitingOnNvml) {
   EXPECT_THAT(during->body, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
   g.release_.set_value();
   cycle.join();
+  server.Stop();
+}
+
+// Inflates a gzip stream with zlib (an independent decoder); "" unless it is exactly one complete
+// member with nothing after it.
+std::string Gunzip(const std::string& gz) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) return "";
+  std::string out(64 << 20, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data()));
+  z.avail_in = static_cast<uInt>(gz.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  int r = inflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  bool whole = r == Z_STREAM_END && z.avail_in == 0;
+  inflateEnd(&z);
+  return whole ? out : "";
+}
+
+// Accept-Encoding: gzip and x-gzip unless refused with q=0; anything else is identity.
+TEST(Exposition, AcceptsGzip) {
+  EXPECT_TRUE(AcceptsGzip("gzip"));
+  EXPECT_TRUE(AcceptsGzip("deflate, GZIP;q=0.5"));
+  EXPECT_TRUE(AcceptsGzip("br, x-gzip"));
+  EXPECT_FALSE(AcceptsGzip(""));
+  EXPECT_FALSE(AcceptsGzip("identity"));
+  EXPECT_FALSE(AcceptsGzip("gzip;q=0"));
+  EXPECT_FALSE(AcceptsGzip("gzip; q=0.000"));
+  EXPECT_FALSE(AcceptsGzip("gzipx, deflate"));
+}
+
+// A scrape with Accept-Encoding: gzip (what Prometheus sends) gets Content-Encoding: gzip and one
+// complete gzip member that inflates to the same exposition as an identity scrape (body from the
+// snapshot, tail written per request), in both formats; the wire size shrinks by far.
+TEST(Server, GzipWhenTheScraperAcceptsIt) {
+  FakeGpuLayer g(8);
+  Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, {});
+  sampler.SampleOnce();
+  MetricsServer server(&sampler, {"127.0.0.1:0", "", 2});
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_decompress(false);
+  for (const char* accept : {"text/plain", "application/openmetrics-text;version=1.0.0"}) {
+    auto plain = c.Get("/metrics", {{"Accept", accept}, {"Accept-Encoding", "identity"}});
+    auto gz = c.Get("/metrics", {{"Accept", accept}, {"Accept-Encoding", "gzip"}});
+    ASSERT_TRUE(plain && gz);
+    EXPECT_EQ(plain->get_header_value("Content-Encoding"), "");
+    EXPECT_EQ(gz->get_header_value("Content-Encoding"), "gzip");
+    EXPECT_EQ(gz->get_header_value("Vary"), "Accept-Encoding");
+    std::string inflated = Gunzip(gz->body);
+    ASSERT_FALSE(inflated.empty()) << "not a single complete gzip member";
+    // Identical up to the per-scrape tail (the previous scrape's duration differs).
+    const std::string tail_start = "# HELP gpulet_exporter_scrape_duration_seconds";
+    size_t a = plain->body.find(tail_start), b = inflated.find(tail_start);
+    ASSERT_NE(a, std::string::npos);
+    ASSERT_NE(b, std::string::npos);
+    EXPECT_EQ(inflated.substr(0, b), plain->body.substr(0, a));
+    EXPECT_THAT(inflated.substr(b), HasSubstr("\ngpulet_exporter_scrape_duration_seconds "));
+    EXPECT_EQ(absl::EndsWith(inflated, "# EOF\n"), absl::EndsWith(plain->body, "# EOF\n"));
+    EXPECT_LT(gz->body.size() * 5, plain->body.size()) << accept;
+  }
   server.Stop();
 }
 

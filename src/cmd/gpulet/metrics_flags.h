@@ -29,6 +29,7 @@ struct ExporterFlags {
   std::string pod_resources_interval = "10s";
   std::vector<std::string> resource_names;
   std::string vgpu_accounting_dir = "/var/lib/gpulet/vgpu";
+  std::string kubelet_checkpoint = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
 };
 
 struct LabelFlags {
@@ -42,7 +43,8 @@ struct LabelFlags {
 };
 
 // `with_pod_socket`: false when the command already has --pod-resources-socket (the agent's
-// device-plugin flags); then that value is copied in by the caller.
+// device-plugin flags); then that value and the checkpoint path (from --device-plugin-dir) are
+// copied in by the caller.
 inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_socket,
                              const std::string& prefix = "") {
   sub.add_option("--" + prefix + "address", f.address,
@@ -69,6 +71,10 @@ inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_sock
   if (with_pod_socket) {
     sub.add_option("--pod-resources-socket", f.pod_resources_socket,
                    "Kubelet PodResources socket for per-pod attribution; empty: off")
+        ->capture_default_str()->type_name("PATH");
+    sub.add_option("--kubelet-checkpoint", f.kubelet_checkpoint,
+                   "The kubelet's device-manager checkpoint: each rewrite (an allocation or "
+                   "release) refreshes pod attribution at once; empty: timer only")
         ->capture_default_str()->type_name("PATH");
   }
   sub.add_option("--" + prefix + "pod-resources-interval", f.pod_resources_interval,
@@ -152,6 +158,7 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
   o.pod_resources_interval = *pod_interval;
   o.extra_resources = f.resource_names;
   o.vgpu_accounting_dir = f.vgpu_accounting_dir;
+  o.kubelet_checkpoint = f.kubelet_checkpoint;
   return o;
 }
 

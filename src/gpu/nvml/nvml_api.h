@@ -99,8 +99,14 @@ enum : unsigned long long {
   nvmlEventTypeClock = 0x10ULL,
 };
 
-// nvmlDeviceGetFieldValues: gpulet asks only for the memory temperature (HBM boards).
-enum : unsigned { NVML_FI_DEV_MEMORY_TEMP = 82 };
+// nvmlDeviceGetFieldValues: the memory temperature (HBM boards) and the NVLink data counters
+// (KiB since driver load; scopeId = link number, or kNvmlScopeAllLinks for the sum over links).
+enum : unsigned {
+  NVML_FI_DEV_MEMORY_TEMP = 82,
+  NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138,
+  NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139,
+};
+inline constexpr unsigned kNvmlScopeAllLinks = 0xFFFFFFFFu;
 typedef union {
   double dVal;
   unsigned int uiVal;

@@ -305,12 +305,21 @@ class NvmlGpuLayer : public GpuLayer {
       if (r == NVML_SUCCESS) t.gpu_temp_c = v;
       return r;
     });
+    // One call for all three fields; each carries its own return code (unsupported = unset).
     get("nvmlDeviceGetFieldValues", l.field_values, [&](auto fn) {
-      nvmlFieldValue_t fv{};
-      fv.fieldId = NVML_FI_DEV_MEMORY_TEMP;
-      nvmlReturn_t r = fn(d, 1, &fv);
-      if (r == NVML_SUCCESS && fv.nvmlReturn == NVML_SUCCESS) {
-        t.memory_temp_c = fv.valueType == 5 ? static_cast<uint32_t>(fv.value.siVal) : fv.value.uiVal;
+      nvmlFieldValue_t fv[3]{};
+      fv[0].fieldId = NVML_FI_DEV_MEMORY_TEMP;
+      fv[1].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+      fv[2].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
+      fv[1].scopeId = fv[2].scopeId = kNvmlScopeAllLinks;
+      nvmlReturn_t r = fn(d, 3, fv);
+      if (r != NVML_SUCCESS) return r;
+      if (fv[0].nvmlReturn == NVML_SUCCESS) {
+        t.memory_temp_c = fv[0].valueType == 5 ? static_cast<uint32_t>(fv[0].value.siVal) : fv[0].value.uiVal;
+      }
+      for (auto [i, field] : {std::pair{1, &t.nvlink_tx_kib}, {2, &t.nvlink_rx_kib}}) {
+        if (fv[i].nvmlReturn != NVML_SUCCESS) continue;
+        *field = fv[i].valueType == 1 ? fv[i].value.uiVal : fv[i].value.ullVal;
       }
       return r;
     });
