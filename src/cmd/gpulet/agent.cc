@@ -54,6 +54,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     int rc = RunDevicePlugin("agent", *flags, [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
       // Other node parts start here, sharing `gpu`.
       metrics_flags->pod_resources_socket = flags->pod_resources_socket;
+      metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
       auto mo = ToExporterOptions(*metrics_flags);
       if (!mo.ok()) return mo.status();
       auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
