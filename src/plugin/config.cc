@@ -60,6 +60,18 @@ const std::vector<Setting> kSettings = {
      "How often devices are probed (e.g. 1s)"},
     {"gpulet.health.unhealthyDevicesFile", "unhealthy-devices-file", {"UNHEALTHY_DEVICES_FILE"},
      "Manual isolation list {\"index\": [...], \"uuid\": [...]}, watched live"},
+    {"gpulet.vgpu.gpus", "vgpu-gpus", {"GPULET_VGPU_GPUS"},
+     "GPUs shared fractionally as tencent.com/vcuda-core/-memory (not offered as nvidia.com/gpu): "
+     "empty (off, the default) | all | comma list of indexes or UUIDs"},
+    {"gpulet.vgpu.nominalMemory", "vgpu-nominal-memory", {"GPULET_VGPU_NOMINAL_MEMORY"},
+     "vcuda-memory units from the GPU's whole-GiB size (true: 320 on an H100 80GB) or from the "
+     "memory NVML reports (false: 318)"},
+    {"gpulet.vgpu.stateDir", "vgpu-state-dir", {"GPULET_VGPU_STATE_DIR"},
+     "vGPU checkpoint and per-container accounting files (<dir>/<pod-uid>/<container>/accounting)"},
+    {"gpulet.vgpu.library", "vgpu-library", {"GPULET_VGPU_LIBRARY"},
+     "Host path of libgpulet-vcuda.so, mounted read-only into vGPU containers"},
+    {"gpulet.vgpu.policy", "vgpu-policy", {"GPULET_VGPU_POLICY"},
+     "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
 };
 
 // Keys NVIDIA defines that concern other programs (GFD, MPS daemon, CDI spec generation): accepted
@@ -156,6 +168,16 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
       return absl::InvalidArgumentError("must be at least 10ms");
   } else if (key == "gpulet.health.unhealthyDevicesFile") {
     c.health.unhealthy_devices_file = v;
+  } else if (key == "gpulet.vgpu.gpus") {
+    c.vgpu.gpus = std::string(absl::StripAsciiWhitespace(v));
+  } else if (key == "gpulet.vgpu.nominalMemory") {
+    ASSIGN_OR_RETURN(c.vgpu.nominal_memory, ParseBool(v));
+  } else if (key == "gpulet.vgpu.stateDir" || key == "gpulet.vgpu.library") {
+    if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    (key == "gpulet.vgpu.stateDir" ? c.vgpu.state_dir : c.vgpu.library) = v;
+  } else if (key == "gpulet.vgpu.policy") {
+    if (v.empty()) return absl::InvalidArgumentError("must name a policy");
+    c.vgpu.policy = v;
   } else {
     return absl::NotFoundError("unknown key");
   }
@@ -191,7 +213,7 @@ struct FileParser {
       std::string key = path + "." + kv.first.Scalar();
       const YAML::Node& v = kv.second;
       if (kIgnored.count(key)) continue;
-      if (key == "flags.plugin" || key == "gpulet.health") {
+      if (key == "flags.plugin" || key == "gpulet.health" || key == "gpulet.vgpu") {
         RETURN_IF_ERROR(Settings(v, key));
         continue;
       }

@@ -51,6 +51,16 @@ struct HealthConfig {
   std::string unhealthy_devices_file = "/etc/nvidia-device-plugin/unhealthyDevices.json";
 };
 
+// gpulet.vgpu: which GPUs are shared fractionally as tencent.com/vcuda-core / vcuda-memory
+// (src/vgpu/node.h, docs/vgpu.md). Pool GPUs are not offered as nvidia.com/gpu.
+struct VgpuConfig {
+  std::string gpus;             // "" (default): vGPU off; "all": every non-MIG GPU; or "0,3,GPU-..."
+  bool nominal_memory = true;   // memory units from the whole-GiB size (H100 80GB: 320), not NVML's
+  std::string state_dir = "/var/lib/gpulet/vgpu";  // checkpoint + per-container accounting files
+  std::string library = "/usr/lib/gpulet/libgpulet-vcuda.so";  // host path of the interposer
+  std::string policy = "binpack";  // placement of pods the extender did not place
+};
+
 struct Config {
   MigStrategy mig_strategy = MigStrategy::kNone;
   bool fail_on_init_error = true;
@@ -70,6 +80,7 @@ struct Config {
   std::vector<int> imex_channels;
   bool imex_required = false;
   HealthConfig health;
+  VgpuConfig vgpu;
 
   std::string DevRoot() const { return dev_root.empty() ? driver_root : dev_root; }
 };

@@ -4,9 +4,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <set>
+
+#include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "kubelet/podresources_client.h"
 #include "plugin/resources.h"
+#include "vgpu/node.h"
+#include "vgpu/policy.h"
 
 namespace gpulet::plugin {
 namespace {
@@ -17,6 +23,48 @@ sigset_t HandledSignals() {
   for (int s : {SIGHUP, SIGINT, SIGTERM, SIGQUIT}) sigaddset(&set, s);
   return set;
 }
+
+// An NVIDIA resource without the GPUs of the vGPU pool: a pool GPU is offered only as vcuda
+// units, so the kubelet can never book it whole and fractionally at once. `hidden` holds the pool
+// GPUs' UUIDs and indexes (the two checkpoint ID forms); replica IDs "<id>::<n>" follow their GPU.
+class WithoutPool final : public kubelet::Resource {
+ public:
+  WithoutPool(std::shared_ptr<kubelet::Resource> inner, std::set<std::string> hidden)
+      : inner_(std::move(inner)), hidden_(std::move(hidden)) {}
+  bool Hidden(const std::string& id) const { return hidden_.count(id.substr(0, id.find("::"))); }
+  const std::string& name() const override { return inner_->name(); }
+  std::vector<kubelet::DeviceState> Devices() const override {
+    std::vector<kubelet::DeviceState> out;
+    for (auto& d : inner_->Devices())
+      if (!Hidden(d.id)) out.push_back(std::move(d));
+    return out;
+  }
+  const kubelet::ChangeNotifier* changes() const override { return inner_->changes(); }
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
+      const std::vector<std::string>& ids) override {
+    for (const auto& id : ids)
+      if (Hidden(id))
+        return absl::InvalidArgumentError(absl::StrCat("device ID \"", id, "\" of ", name(),
+                                                       " belongs to the vGPU pool"));
+    return inner_->Allocate(ids);
+  }
+  absl::StatusOr<std::vector<std::string>> Preferred(const std::vector<std::string>& available,
+                                                     const std::vector<std::string>& must_include,
+                                                     int size) override {
+    std::vector<std::string> avail;
+    for (const auto& id : available)
+      if (!Hidden(id)) avail.push_back(id);
+    return inner_->Preferred(avail, must_include, size);
+  }
+  bool pre_start_required() const override { return inner_->pre_start_required(); }
+  absl::Status PreStart(const std::vector<std::string>& ids) override {
+    return inner_->PreStart(ids);
+  }
+
+ private:
+  std::shared_ptr<kubelet::Resource> inner_;
+  std::set<std::string> hidden_;
+};
 
 }  // namespace
 
@@ -37,6 +85,18 @@ absl::Status DevicePlugin::Start() {
   manager_ = std::make_unique<kubelet::PluginManager>(options_.manager);
   RETURN_IF_ERROR(Apply(config_));
   health_->Start();
+  reconciler_ = std::thread([this] {
+    for (;;) {
+      {
+        absl::MutexLock l(&mu_);
+        auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop),
+                                 absl::FromChrono(options_.vgpu_reconcile_interval)))
+          return;
+      }
+      if (absl::Status s = ReconcileVgpu(); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+    }
+  });
   if (inventory_.devices.empty()) spdlog::warn("no GPUs found; serving nothing until a reload");
   return absl::OkStatus();
 }
@@ -44,11 +104,86 @@ absl::Status DevicePlugin::Start() {
 absl::Status DevicePlugin::Apply(const Config& cfg) {
   ASSIGN_OR_RETURN(auto resources,
                    BuildResources(inventory_, cfg, health_.get(), options_.host_root));
+  auto pool = vgpu::PoolGpus(inventory_, cfg.vgpu.gpus, cfg.vgpu.nominal_memory);
+  if (!pool.ok()) return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.gpus: ", pool.status().message()));
+  std::shared_ptr<vgpu::NodeAssigner> assigner;
+  if (!pool->empty()) {
+    if (auto p = vgpu::MakeVgpuPolicy(cfg.vgpu.policy); !p.ok())
+      return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.policy: ", p.status().message()));
+    std::set<std::string> hidden;
+    for (const auto& g : *pool) hidden.insert({g.uuid, std::to_string(g.index)});
+    for (auto& r : resources) r = std::make_shared<WithoutPool>(std::move(r), hidden);
+    std::erase_if(resources, [](const auto& r) { return r->Devices().empty(); });
+    vgpu::NodeOptions no;
+    no.node_name = options_.node_name;
+    no.state_dir = cfg.vgpu.state_dir;
+    no.library_host_path = cfg.vgpu.library;
+    no.policy = cfg.vgpu.policy;
+    no.nominal_memory = cfg.vgpu.nominal_memory;
+    // The same settings keep the assigner (and a container's half-done Allocate pair).
+    std::string key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|",
+                                   cfg.vgpu.state_dir, "|", cfg.vgpu.library, "|", cfg.vgpu.policy);
+    if (vgpu_ && key == vgpu_key_) {
+      assigner = vgpu_;
+    } else {
+      assigner = std::make_shared<vgpu::NodeAssigner>(no, *pool, options_.api);
+      RETURN_IF_ERROR(assigner->Load());
+      if (!options_.api)
+        spdlog::info("vGPU: no API server (agent --node-name not set): containers are placed "
+                     "from the kubelet's counts by policy {}; pods are named from PodResources",
+                     cfg.vgpu.policy);
+    }
+    std::map<std::string, uint32_t> position;
+    for (size_t i = 0; i < inventory_.devices.size(); ++i)
+      position[inventory_.devices[i].uuid] = static_cast<uint32_t>(i);
+    HealthMonitor* health = health_.get();
+    auto vcuda = vgpu::MakeVcudaResources(
+        assigner,
+        [health, position](const std::string& uuid) {
+          auto it = position.find(uuid);
+          return it != position.end() && health->Healthy(it->second);
+        },
+        health->changes());
+    resources.insert(resources.end(), vcuda.begin(), vcuda.end());
+    vgpu_key_ = key;
+  }
   for (const auto& r : resources)
     spdlog::info("resource {}: {} devices", r->name(), r->Devices().size());
   RETURN_IF_ERROR(manager_->SetResources(std::move(resources)));
   health_->SetConfig(cfg.health);
+  vgpu_ = std::move(assigner);
   return absl::OkStatus();
+}
+
+std::shared_ptr<vgpu::NodeAssigner> DevicePlugin::vgpu() const {
+  absl::MutexLock l(&mu_);
+  return vgpu_;
+}
+
+absl::Status DevicePlugin::ReconcileVgpu() {
+  std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
+  if (!a) return absl::OkStatus();
+  const vgpu::ResourceNames& names = a->options().names;
+  std::map<std::string, std::pair<std::string, std::string>> owner_of;
+  bool listed = false;
+  if (!options_.pod_resources_socket.empty()) {
+    kubelet::PodResourcesOptions po;
+    po.socket = options_.pod_resources_socket;
+    po.extra_resources = {names.core, names.memory};
+    auto devices = kubelet::GrpcPodResourcesLister(po).List();
+    if (devices.ok()) {
+      listed = true;
+      for (const auto& d : *devices)
+        if (d.resource == names.core || d.resource == names.memory)
+          owner_of[d.device_id] = {d.namespace_ + "/" + d.pod, d.container};
+      RETURN_IF_ERROR(a->Correct(owner_of));
+    }
+  }
+  if (options_.api) return a->ReleaseGoneFromApi();
+  if (!listed) return absl::OkStatus();  // no view of the pods: keep everything
+  std::set<std::string> held;
+  for (const auto& [id, owner] : owner_of) held.insert(id);
+  return a->ReleaseNotHeld(held, std::chrono::seconds(10));
 }
 
 absl::Status DevicePlugin::Reload() {
@@ -100,6 +235,11 @@ int DevicePlugin::Run() {
 }
 
 void DevicePlugin::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  if (reconciler_.joinable()) reconciler_.join();
   if (manager_) manager_->Stop();
   if (health_) health_->Stop();
 }

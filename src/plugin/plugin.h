@@ -4,8 +4,10 @@
 // GpuLayer is not owned and must outlive it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -14,6 +16,13 @@
 #include "kubelet/server.h"
 #include "plugin/config.h"
 #include "plugin/health.h"
+
+namespace gpulet::k8s {
+class Client;
+}
+namespace gpulet::vgpu {
+class NodeAssigner;
+}
 
 namespace gpulet::plugin {
 
@@ -28,6 +37,13 @@ class DevicePlugin {
     kubelet::ManagerOptions manager;
     ConfigSources sources;       // re-read on every reload
     std::string host_root = "/";  // where /proc and /dev are looked up (sim root when simulating)
+    // vGPU (config gpulet.vgpu): the API server to find the pod of an Allocate (may be null: then
+    // containers are placed from the kubelet's counts), this node's name, and the kubelet's
+    // PodResources socket (whose pods hold which vcuda devices: release and identity).
+    k8s::Client* api = nullptr;
+    std::string node_name;
+    std::string pod_resources_socket;
+    std::chrono::milliseconds vgpu_reconcile_interval{5000};
   };
 
   DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);
@@ -46,6 +62,11 @@ class DevicePlugin {
   HealthMonitor* health() { return health_.get(); }
   kubelet::PluginManager* manager() { return manager_.get(); }
   Config config() const;
+  // The vGPU assigner of the current config (null when vGPU is off).
+  std::shared_ptr<vgpu::NodeAssigner> vgpu() const;
+  // One vGPU housekeeping pass (the background thread runs it every vgpu_reconcile_interval):
+  // corrects identities from PodResources and releases grants of pods that are gone.
+  absl::Status ReconcileVgpu();
 
  private:
   absl::Status Apply(const Config& cfg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -57,6 +78,10 @@ class DevicePlugin {
   gpu::Inventory inventory_;
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<kubelet::PluginManager> manager_;
+  std::shared_ptr<vgpu::NodeAssigner> vgpu_ ABSL_GUARDED_BY(mu_);
+  std::string vgpu_key_ ABSL_GUARDED_BY(mu_);  // the settings vgpu_ was built from
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reconciler_;
 };
 
 }  // namespace gpulet::plugin

@@ -270,6 +270,20 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                    c.ns, c.pod, absl::StrJoin(c.annotated_gpus, ","));
     }
   }
+  if (gpus.empty() && cr.whole_gpus == 0 && !ids.empty()) {
+    // No extender choice: follow the kubelet's (GetPreferredAllocation put a container's units on
+    // one GPU), so its per-device books match where the container really runs.
+    std::string on = ids[0].substr(0, ids[0].rfind("::"));
+    bool one_gpu = std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      return id.substr(0, id.rfind("::")) == on;
+    });
+    if (one_gpu && index_of.count(on)) {
+      placement::Assignment a;
+      a.containers.push_back({{index_of[on]}, cr.milli, cr.memory_bytes});
+      placement::Node trial = node;
+      if (placement::Apply(trial, pr, a).ok()) gpus = {on};
+    }
+  }
   if (gpus.empty()) {
     ASSIGN_OR_RETURN(auto policy, MakeVgpuPolicy(options_.policy));
     auto score = policy->Score(node, pr);
@@ -306,6 +320,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), 0666));
     }
   }
+  WritePodFile(g);
   grants_.push_back(g);
   if (absl::Status s = SaveLocked(); !s.ok()) {
     grants_.pop_back();
@@ -313,6 +328,13 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   }
   PatchAnnotations(g);
   return g;
+}
+
+void NodeAssigner::WritePodFile(const Grant& g) const {
+  if (g.accounting_dir.empty() || g.pod.empty()) return;
+  std::string file = absl::StrCat(options_.state_dir, "/", g.pod_uid, "/pod");
+  if (absl::Status s = WriteFileAtomic(file, absl::StrCat(g.ns, "/", g.pod, "\n"), 0644); !s.ok())
+    spdlog::warn("vGPU: {}", s.ToString());  // metrics then name the pod by its UID
 }
 
 void NodeAssigner::PatchAnnotations(const Grant& g) {
@@ -426,13 +448,29 @@ std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
 absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
   std::lock_guard<std::mutex> l(mu_);
   std::set<std::string> gone;
-  auto keep = std::remove_if(grants_.begin(), grants_.end(), [&](const Grant& g) {
-    if (live_uids.count(g.pod_uid)) return false;
-    gone.insert(g.pod_uid);
-    return true;
-  });
-  if (keep == grants_.end()) return absl::OkStatus();
-  grants_.erase(keep, grants_.end());
+  for (const auto& g : grants_)
+    if (!live_uids.count(g.pod_uid)) gone.insert(g.pod_uid);
+  return ReleaseLocked(gone);
+}
+
+absl::Status NodeAssigner::ReleaseNotHeld(const std::set<std::string>& held,
+                                          std::chrono::nanoseconds grace) {
+  std::lock_guard<std::mutex> l(mu_);
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  std::set<std::string> gone;
+  for (const auto& g : grants_) {
+    bool still = std::any_of(g.device_ids.begin(), g.device_ids.end(),
+                             [&](const std::string& id) { return held.count(id) > 0; });
+    if (!still && now - g.time_ns > grace.count()) gone.insert(g.pod_uid);
+  }
+  return ReleaseLocked(gone);
+}
+
+absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
+  if (gone.empty()) return absl::OkStatus();
+  std::erase_if(grants_, [&](const Grant& g) { return gone.count(g.pod_uid) > 0; });
   for (const auto& uid : gone) {
     std::error_code ec;
     if (!uid.empty()) std::filesystem::remove_all(options_.state_dir + "/" + uid, ec);
@@ -470,6 +508,8 @@ absl::Status NodeAssigner::Correct(
     for (size_t j = 0; j < grants_.size(); ++j) {
       Grant& h = grants_[j];
       if (j == i || h.ns + "/" + h.pod != pod_key || h.container != container) continue;
+      spdlog::warn("vGPU: kubelet admitted {}/{} and {} in the other order; records swapped",
+                   g.ns, g.pod, pod_key);
       std::swap(g.pod_uid, h.pod_uid);
       std::swap(g.ns, h.ns);
       std::swap(g.pod, h.pod);
@@ -479,8 +519,6 @@ absl::Status NodeAssigner::Correct(
       touched.push_back(i);
       touched.push_back(j);
       changed = true;
-      spdlog::warn("vGPU: kubelet admitted {} and {} in the other order; records swapped", pod_key,
-                   g.ns + "/" + g.pod);
       break;
     }
     if (g.pod_uid.rfind("unknown-", 0) == 0 && g.ns + "/" + g.pod != pod_key) {
@@ -489,11 +527,13 @@ absl::Status NodeAssigner::Correct(
       g.ns = pod_key.substr(0, slash);
       g.pod = slash == std::string::npos ? pod_key : pod_key.substr(slash + 1);
       g.container = container;
+      touched.push_back(i);
       changed = true;
     }
   }
   if (!changed) return absl::OkStatus();
   RETURN_IF_ERROR(SaveLocked());
+  for (size_t i : touched) WritePodFile(grants_[i]);
   for (size_t i : touched) PatchAnnotations(grants_[i]);
   return absl::OkStatus();
 }

@@ -104,6 +104,10 @@ class NodeAssigner {
   absl::Status Release(const std::set<std::string>& live_uids);
   // Release() with the pods bound to this node in the API server (terminal phases count as gone).
   absl::Status ReleaseGoneFromApi();
+  // Without an API server: drops grants none of whose device IDs the kubelet still holds
+  // (`held`, from PodResources), once they are older than `grace` (the kubelet records an
+  // allocation only after Allocate answers).
+  absl::Status ReleaseNotHeld(const std::set<std::string>& held, std::chrono::nanoseconds grace);
   // The kubelet's view (device ID -> pod uid and container name, from PodResources): a grant whose
   // devices belong to another pod is given to that pod (identical pods admitted in the other
   // order), annotations are rewritten, checkpointed.
@@ -130,6 +134,10 @@ class NodeAssigner {
   absl::StatusOr<Grant> GrantLocked(int64_t cores, int64_t memory_units,
                                     std::vector<std::string> ids);
   absl::Status SaveLocked();
+  absl::Status ReleaseLocked(const std::set<std::string>& gone_uids);
+  // <state_dir>/<pod-uid>/pod = "namespace/name": how the metrics exporter names the pod of an
+  // accounting file (src/metrics/sampler.h).
+  void WritePodFile(const Grant& g) const;
   void PatchAnnotations(const Grant& g);
 
   NodeOptions options_;

@@ -102,6 +102,7 @@ absl::Status SimNode::Start() {
         " (stop it, or pass --sim-root DIR for a second node)"));
   // A new node starts clean: no kubelet state, no fault state from an earlier node.
   stdfs::remove_all(paths_.root + "/kubelet", ec);
+  stdfs::remove_all(paths_.root + "/vgpu", ec);
   stdfs::remove(ControlLogPath(paths_.root), ec);
 
   emu::EmulatorOptions eo;
@@ -127,6 +128,21 @@ absl::Status SimNode::Start() {
   if (!given("--metrics-address")) args.insert(args.end(), {"--metrics-address", "127.0.0.1:0"});
   if (!given("--labels-output"))
     args.insert(args.end(), {"--labels-output", paths_.root + "/features.d/gpulet"});
+  // vGPU: the state (checkpoint, accounting files) stays under the root, the interposer is the one
+  // built beside gpulet-sim, and a node whose pods ask for vcuda resources shares every GPU
+  // (no API server here: the agent places by the kubelet's counts; docs/vgpu.md).
+  if (!given("--vgpu-state-dir")) args.insert(args.end(), {"--vgpu-state-dir", paths_.root + "/vgpu"});
+  if (!given("--metrics-vgpu-accounting-dir"))
+    args.insert(args.end(), {"--metrics-vgpu-accounting-dir", paths_.root + "/vgpu"});
+  if (!given("--vgpu-library"))
+    args.insert(args.end(), {"--vgpu-library", SelfDir() + "/../lib/libgpulet-vcuda.so"});
+  bool wants_vgpu = std::any_of(pods_.begin(), pods_.end(), [](const emu::PodSpec& p) {
+    return std::any_of(p.containers.begin(), p.containers.end(), [](const emu::ContainerSpec& c) {
+      return std::any_of(c.limits.begin(), c.limits.end(),
+                         [](const auto& kv) { return kv.first.rfind("tencent.com/vcuda-", 0) == 0; });
+    });
+  });
+  if (wants_vgpu && !given("--vgpu-gpus")) args.insert(args.end(), {"--vgpu-gpus", "all"});
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

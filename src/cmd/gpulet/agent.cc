@@ -39,7 +39,8 @@ std::function<int()> SetupAgent(CLI::App& sub) {
   auto node = std::make_shared<NodeFlags>();
   sub.add_option("--node-name", node->name,
                  "This node's name: enables reboot readiness (taint until the GPU stack validates, "
-                 "then label gpulet.io/gpu-stack=ready and recreate rejected pods)")
+                 "then label gpulet.io/gpu-stack=ready and recreate rejected pods) and vGPU pod "
+                 "lookup through the API server")
       ->envname("NODE_NAME");
   sub.add_option("--kubeconfig", node->kubeconfig, "kubeconfig (default: $KUBECONFIG, in-cluster)");
   sub.add_option("--host-root", node->host_root,
@@ -51,6 +52,17 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;
     std::unique_ptr<node::ReadinessController> readiness;
+    if (!node->name.empty()) {
+      // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
+      auto cfg = k8s::ResolveConfig(node->kubeconfig);
+      if (!cfg.ok()) {
+        std::cerr << "gpulet agent: " << cfg.status().message() << "\n";
+        return 2;
+      }
+      client = std::make_unique<k8s::Client>(*cfg);
+      flags->api = client.get();
+      flags->node_name = node->name;
+    }
     int rc = RunDevicePlugin("agent", *flags, [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
       // Other node parts start here, sharing `gpu`.
       metrics_flags->pod_resources_socket = flags->pod_resources_socket;
@@ -69,10 +81,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();
-      if (!node->name.empty()) {
-        auto cfg = k8s::ResolveConfig(node->kubeconfig);
-        if (!cfg.ok()) return cfg.status();
-        client = std::make_unique<k8s::Client>(*cfg);
+      if (client) {
         node::ValidateOptions vo;
         vo.layer = &gpu;
         vo.host_root = node->host_root;

@@ -18,6 +18,10 @@
 #include "gpu/open.h"
 #include "plugin/plugin.h"
 
+namespace gpulet::k8s {
+class Client;
+}
+
 namespace gpulet::cmd {
 
 struct PluginFlags {
@@ -27,6 +31,9 @@ struct PluginFlags {
   std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::string config_file;
   std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
+  // Set by `gpulet agent` when it has a node name: vGPU Allocate finds its pod through the API.
+  k8s::Client* api = nullptr;
+  std::string node_name;
 };
 
 inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
@@ -108,6 +115,9 @@ inline int RunDevicePlugin(
   options.manager.kubelet_socket = f.kubelet_socket;
   options.sources = std::move(sources);
   options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
+  options.api = f.api;
+  options.node_name = f.node_name;
+  options.pod_resources_socket = f.pod_resources_socket;
   plugin::DevicePlugin dp(layer->get(), std::move(options), *std::move(config));
   if (absl::Status s = dp.Start(); !s.ok()) {
     std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
