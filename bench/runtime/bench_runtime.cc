@@ -2,8 +2,9 @@
 // the way an engine pays for them:
 //   BM_Exec/direct        the low-level runtime alone (/bin/true standing in for runc)
 //   BM_Exec/shim_gpu      gpulet-container-runtime `create` for a GPU container (load config,
-//                         read+parse the CDI spec, edit and atomically rewrite config.json), then
-//                         exec of /bin/true. Added time on create = shim_gpu - direct.
+//                         read+parse the 8-GPU CDI spec in JSON, edit and atomically rewrite
+//                         config.json), then exec of /bin/true. Added time = shim_gpu - direct.
+//   BM_Exec/shim_gpu_yaml the same with the spec in YAML (yaml-cpp's scanner)
 //   BM_Exec/shim_nogpu    the same for a container without GPUs (parse config.json, pass through)
 //   BM_Exec/shim_state    a pass-through command (`state`): no bundle work at all
 //   BM_Hook/ldcache       gpulet-container-hook update-ldcache: state on stdin, config.json, setns,
@@ -48,12 +49,14 @@ struct World {
       for (auto& d : spec->devices)
         for (auto& n : d.edits.device_nodes) n.type = "c", n.major = 195, n.minor = 0, n.file_mode = 0666;
       for (auto& n : spec->edits.device_nodes) n.type = "c", n.major = 195, n.minor = 255, n.file_mode = 0666;
-      WriteFile(dir + "/cdi/nvidia.yaml", CdiSpecToYaml(*spec));
+      WriteFile(dir + "/cdi/nvidia.json", CdiSpecToJson(*spec));
+      WriteFile(dir + "/cdi-yaml/nvidia.yaml", CdiSpecToYaml(*spec));
     }
-    WriteFile(dir + "/runtime.json",
-              Json({{"runtimes", {"/bin/true"}}, {"spec-dirs", {dir + "/cdi"}},
-                    {"accept-nvidia-visible-devices-envvar-when-unprivileged", true}})
-                  .dump());
+    for (const char* v : {"cdi", "cdi-yaml"})
+      WriteFile(dir + "/runtime-" + v + ".json",
+                Json({{"runtimes", {"/bin/true"}}, {"spec-dirs", {dir + "/" + v}},
+                      {"accept-nvidia-visible-devices-envvar-when-unprivileged", true}})
+                    .dump());
     Json base = {{"ociVersion", "1.0.2"},
                  {"process", {{"args", {"sh"}}, {"env", {"PATH=/bin"}}, {"cwd", "/"}}},
                  {"root", {{"path", "rootfs"}}},
@@ -68,8 +71,8 @@ struct World {
 };
 
 World& W() {
-  static World* w = new World();
-  return *w;
+  static World w;  // removed at exit
+  return w;
 }
 
 int Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
@@ -94,8 +97,9 @@ int Spawn(const std::vector<std::string>& args, const std::vector<std::string>& 
 
 void BM_Exec(benchmark::State& state, const std::string& what) {
   World& w = W();
+  std::string cdi = what == "shim_gpu_yaml" ? "cdi-yaml" : "cdi";
   std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-                                  "GPULET_RUNTIME_CONFIG=" + w.dir + "/runtime.json"};
+                                  "GPULET_RUNTIME_CONFIG=" + w.dir + "/runtime-" + cdi + ".json"};
   std::vector<std::string> args;
   if (what == "direct") args = {"/bin/true", "create", "--bundle", w.dir + "/bundle", "b"};
   else if (what == "shim_state") args = {kBin + "gpulet-container-runtime", "state", "b"};
@@ -120,7 +124,7 @@ void BM_Hook(benchmark::State& state, const std::string& what) {
   }
   std::vector<std::string> args = {kBin + "gpulet-container-hook"};
   if (what == "ldcache") args.insert(args.end(), {"update-ldcache", "--folder", kLibDir});
-  else args.insert(args.end(), {"prestart", "--config", w.dir + "/runtime.json"});
+  else args.insert(args.end(), {"prestart", "--config", w.dir + "/runtime-cdi.json"});
   WriteFile(w.dir + "/bundle/config.json", w.config_json_plain);
   fs::create_directories(w.dir + "/bundle/rootfs" + kLibDir);
   for (auto _ : state) {
@@ -133,6 +137,7 @@ void BM_Hook(benchmark::State& state, const std::string& what) {
 
 BENCHMARK_CAPTURE(BM_Exec, direct, std::string("direct"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_gpu, std::string("shim_gpu"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Exec, shim_gpu_yaml, std::string("shim_gpu_yaml"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_nogpu, std::string("shim_nogpu"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_state, std::string("shim_state"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Hook, ldcache, std::string("ldcache"))->Unit(benchmark::kMillisecond);

@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -62,6 +63,23 @@ absl::Status ExpectArray(Json& parent, const char* key, const char* where) {
   return absl::OkStatus();
 }
 
+// linux.resources.devices allow rules for resolved nodes (the cgroup device filter runc applies).
+absl::Status AddDeviceRules(const std::vector<DeviceNode>& nodes, Json& spec) {
+  if (!spec.is_object()) return absl::InvalidArgumentError("OCI spec is not a JSON object");
+  RETURN_IF_ERROR(ExpectObject(spec, "linux", "linux"));
+  RETURN_IF_ERROR(ExpectObject(spec["linux"], "resources", "linux.resources"));
+  RETURN_IF_ERROR(ExpectArray(spec["linux"]["resources"], "devices", "linux.resources.devices"));
+  Json& rules = spec["linux"]["resources"]["devices"];
+  for (const auto& d : nodes) {
+    if (!d.major || !d.minor)
+      return absl::InternalError(absl::StrCat("device node ", d.path, " has no major/minor"));
+    Json rule = {{"allow", true}, {"type", d.type}, {"major", *d.major}, {"minor", *d.minor},
+                 {"access", d.permissions.empty() ? "rwm" : d.permissions}};
+    if (std::find(rules.begin(), rules.end(), rule) == rules.end()) rules.push_back(rule);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
   if (!spec.is_object()) return absl::InvalidArgumentError("OCI spec is not a JSON object");
   if (!edits.env.empty()) {
@@ -83,11 +101,8 @@ absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
     RETURN_IF_ERROR(ExpectObject(spec, "linux", "linux"));
     Json& linux = spec["linux"];
     RETURN_IF_ERROR(ExpectArray(linux, "devices", "linux.devices"));
-    RETURN_IF_ERROR(ExpectObject(linux, "resources", "linux.resources"));
-    RETURN_IF_ERROR(ExpectArray(linux["resources"], "devices", "linux.resources.devices"));
+    RETURN_IF_ERROR(AddDeviceRules(edits.device_nodes, spec));
     for (const auto& d : edits.device_nodes) {
-      if (!d.major || !d.minor)
-        return absl::InternalError(absl::StrCat("device node ", d.path, " has no major/minor"));
       bool present = false;
       for (const auto& e : linux["devices"])
         present |= e.is_object() && e.value("path", "") == d.path;
@@ -98,9 +113,6 @@ absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
         dev["gid"] = d.gid.value_or(0);
         linux["devices"].push_back(dev);
       }
-      linux["resources"]["devices"].push_back(
-          {{"allow", true}, {"type", d.type}, {"major", *d.major}, {"minor", *d.minor},
-           {"access", d.permissions.empty() ? "rwm" : d.permissions}});
     }
   }
   if (!edits.mounts.empty()) {
@@ -138,6 +150,13 @@ absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
 }
 
 }  // namespace
+
+absl::Status AllowDevices(const std::vector<DeviceNode>& nodes, Json& spec) {
+  Json copy = spec;
+  RETURN_IF_ERROR(AddDeviceRules(nodes, copy));
+  spec = std::move(copy);
+  return absl::OkStatus();
+}
 
 absl::Status ApplyEdits(const ContainerEdits& edits, Json& spec) {
   Json copy = spec;  // all or nothing: the caller's spec changes only when every edit applies

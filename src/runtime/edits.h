@@ -62,6 +62,11 @@ absl::Status ResolveDeviceNodes(std::vector<DeviceNode>& nodes);
 // Only touches what it adds; fails (spec unchanged) when the spec's shape is wrong.
 absl::Status ApplyEdits(const ContainerEdits& edits, Json& spec);
 
+// Adds only the cgroup allow rules (linux.resources.devices, type/major/minor/access) for resolved
+// `nodes`, skipping rules already present. Legacy mode: the prestart hook creates the nodes, but
+// runc applies the device cgroup from config.json before any hook runs. All or nothing.
+absl::Status AllowDevices(const std::vector<DeviceNode>& nodes, Json& spec);
+
 // Reads and validates an OCI bundle's config.json (a JSON object with ociVersion, process, root).
 absl::StatusOr<Json> LoadOciSpec(const std::string& path);
 // Writes the spec atomically (temp file in the same directory, fsync, rename), keeping the mode.

@@ -105,6 +105,10 @@ absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const Runtim
         spec["hooks"]["prestart"].is_array())
       for (const auto& h : spec["hooks"]["prestart"])
         if (IsGpuletHook(h)) return std::string("legacy: hook already present");
+    // The hook creates the nodes, but runc sets up the device cgroup before any hook runs: the
+    // allow rules must be in config.json now (same request, same edits as the hook will compute).
+    ASSIGN_OR_RETURN(ContainerEdits devices, EditsForRequest(req, registry, config));
+    RETURN_IF_ERROR(AllowDevices(devices.device_nodes, spec));
     ContainerEdits e;
     std::vector<std::string> args = {"gpulet-container-hook", "prestart"};
     if (!config.source.empty()) args.insert(args.end(), {"--config", config.source});

@@ -5,11 +5,16 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <map>
+#include <regex>
 
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plugin/resources.h"
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
+#include "tests/plugin/fake_gpu.h"
 #include "tests/runtime/fixtures.h"
 
 namespace gpulet::runtime {
@@ -24,7 +29,7 @@ const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
 const std::string kShim = kBin + "gpulet-container-runtime";
 const std::string kHook = kBin + "gpulet-container-hook";
 
-// A node: a driver root with 4 GPUs, its CDI spec (written by `gpulet cdi generate`'s code path
+// A node: a driver root with 4 GPUs (FakeInventory(4)), its CDI spec (written by `gpulet cdi generate`'s code path
 // from a fake inventory), a shim config, and a busybox bundle.
 class Node : public ::testing::Test {
  protected:
@@ -200,6 +205,120 @@ TEST_F(Node, LdPreloadNeverReachesTheHook) {
          " update-ldcache --folder /usr/lib",
      &out);
   EXPECT_FALSE(fs::exists(marker)) << "preload ran in the hook process";
+}
+
+// Legacy mode adds the cgroup allow rules for the nodes its hook creates: /dev/nvidia2 opens as far
+// as the (absent) driver ("No such device or address"), where the device cgroup would refuse it
+// ("Operation not permitted"). Proven by running the same bundle without those rules.
+TEST_F(Node, LegacyModeAllowsTheInjectedDevicesInTheCgroup) {
+  WriteConfig("legacy", true);
+  Bundle("head -c1 /dev/nvidia2; head -c1 /dev/nvidiactl; true", {"NVIDIA_VISIBLE_DEVICES=2"});
+  std::string out;
+  ASSERT_EQ(RunShim(&out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("/dev/nvidia2: No such device or address")) << out;
+  EXPECT_THAT(out, HasSubstr("/dev/nvidiactl: No such device or address")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("Operation not permitted"))) << out;
+  Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
+  Json kept = Json::array();
+  for (const auto& rule : spec["linux"]["resources"]["devices"])
+    if (!rule.value("allow", false) || rule.value("major", 0) != 195) kept.push_back(rule);
+  ASSERT_LT(kept.size(), spec["linux"]["resources"]["devices"].size());
+  spec["linux"]["resources"]["devices"] = kept;
+  WriteFile(dir_ + "/bundle/config.json", spec.dump());
+  Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+  // runc directly: the shim would see its hook and leave the spec alone anyway.
+  Sh("cd " + dir_ + "/bundle && runc --root " + dir_ + "/runc run gpulet-e2e </dev/null", &out);
+  EXPECT_THAT(out, HasSubstr("/dev/nvidia2: Operation not permitted")) << out;
+}
+
+// The GPU device nodes (name -> "major:minor") a container's `ls -l /dev` shows.
+std::map<std::string, std::string> GpuNodes(const std::string& ls) {
+  std::map<std::string, std::string> nodes;
+  static const std::regex line(R"(c[-rwx]+ +\d+ +\d+ +\d+ +(\d+), +(\d+) .* (nvidia\d+)\n)");
+  for (std::sregex_iterator it(ls.begin(), ls.end(), line), end; it != end; ++it)
+    nodes[(*it)[3]] = (*it)[1].str() + ":" + (*it)[2].str();
+  return nodes;
+}
+
+// Issue 3's cross-check: what the device plugin's Allocate returns for GPUs 1 and 3 (envvar with
+// UUIDs, CDI annotations with indices, volume mounts), for the same inventory the CDI spec was
+// generated from, put into the container config as the kubelet and the engine do, and run by runc
+// through our shim (CDI and legacy mode) and by podman --runtime: the container has exactly
+// /dev/nvidia1 (195:1) and /dev/nvidia3 (195:3) and no other GPU node.
+TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
+  gpu::Inventory inv = FakeInventory(4);
+  gpulet::testing::FakeGpuLayer layer(inv);
+  plugin::Config pc;
+  pc.health.unhealthy_devices_file = "";
+  plugin::HealthMonitor health(&layer, inv, pc.health);
+  const std::vector<std::string> ids = {inv.devices[1].uuid, inv.devices[3].uuid};
+  const std::map<std::string, std::string> want = {{"nvidia1", "195:1"}, {"nvidia3", "195:3"}};
+  struct Strategy {
+    std::string name;
+    plugin::ListStrategies list;
+    plugin::IdStrategy id;
+    bool accept_env;  // the runtime setting the strategy needs (docs/runtime.md, Security)
+  } strategies[] = {
+      {"envvar", {true, false, false, false}, plugin::IdStrategy::kUuid, true},
+      {"cdi-annotations", {false, false, true, false}, plugin::IdStrategy::kIndex, false},
+      {"volume-mounts", {false, true, false, false}, plugin::IdStrategy::kUuid, false},
+  };
+  const std::string probe = "ls -l /dev | grep nvidia";
+  bool podman = Have("podman");
+  std::string p = "CONTAINERS_CONF=" + dir_ + "/containers.conf podman --root " + dir_ +
+                  "/storage --runroot " + dir_ + "/runroot --cgroup-manager cgroupfs --events-backend file ";
+  std::string out;
+  if (podman) {
+    WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
+    ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + p + "import - gpulet-xc:latest", &out), 0) << out;
+  }
+  for (const auto& st : strategies) {
+    pc.list = st.list;
+    pc.id_strategy = st.id;
+    auto resources = plugin::BuildResources(inv, pc, &health, dir_ + "/driver");
+    ASSERT_TRUE(resources.ok()) << resources.status();
+    auto alloc = (*resources)[0]->Allocate(ids);
+    ASSERT_TRUE(alloc.ok()) << alloc.status();
+    std::vector<std::string> env, podman_args;
+    for (const auto& [k, v] : alloc->envs()) {
+      env.push_back(k + "=" + v);
+      podman_args.push_back("-e '" + k + "=" + v + "'");
+    }
+    // podman splits --annotation at commas (a CSV list) unless the value is quoted.
+    for (const auto& [k, v] : alloc->annotations())
+      podman_args.push_back("--annotation '\"" + k + "=" + v + "\"'");
+    for (const auto& m : alloc->mounts())
+      podman_args.push_back("-v " + m.host_path() + ":" + m.container_path() + (m.read_only() ? ":ro" : ""));
+    for (const std::string mode : {"auto", "legacy"}) {
+      if (mode == "legacy" && st.list.cdi_annotations) continue;  // CDI names mean CDI mode
+      SCOPED_TRACE(st.name + " / " + mode);
+      WriteConfig(mode, st.accept_env);
+      Bundle(probe, env);
+      Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
+      for (const auto& [k, v] : alloc->annotations()) spec["annotations"][k] = v;
+      for (const auto& m : alloc->mounts())
+        spec["mounts"].push_back({{"destination", m.container_path()}, {"type", "bind"},
+                                  {"source", m.host_path()},
+                                  {"options", {"rbind", m.read_only() ? "ro" : "rw"}}});
+      WriteFile(dir_ + "/bundle/config.json", spec.dump());
+      ASSERT_EQ(RunShim(&out), 0) << out;
+      EXPECT_EQ(GpuNodes(out), want) << out;
+      Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+    }
+    if (!podman) continue;
+    SCOPED_TRACE(st.name + " / podman");
+    WriteConfig("auto", st.accept_env);
+    // podman (conmon) starts the runtime with an environment of its own: the wrapper gives the
+    // shim this test's configuration.
+    WriteFile(dir_ + "/shim.sh", "#!/bin/sh\nGPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json exec " +
+                                     kShim + " \"$@\"\n", 0755);
+    ASSERT_EQ(Sh(p + "--runtime " + dir_ + "/shim.sh run --rm --network none " +
+                     absl::StrJoin(podman_args, " ") +
+                     " gpulet-xc:latest sh -c '" + probe + "'", &out), 0) << out;
+    EXPECT_EQ(GpuNodes(out), want) << out;
+  }
+  if (podman) Sh(p + "rmi -f gpulet-xc:latest >/dev/null");
+  else GTEST_SKIP() << "runc checked; podman is not installed";
 }
 
 // podman: --device nvidia.com/gpu=0 from the generated spec, and --runtime gpulet-container-runtime

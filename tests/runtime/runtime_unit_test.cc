@@ -6,10 +6,13 @@
 #include <sys/sysmacros.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/cdi.h"
+#include "runtime/cdi_refresh.h"
 #include "runtime/driver.h"
 #include "runtime/edits.h"
 #include "runtime/engine_config.h"
@@ -122,6 +125,10 @@ TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
     EXPECT_EQ(back->edits.hooks.size(), 1u);
     EXPECT_EQ(back->edits.hooks[0].env, std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
   }
+  // JSON takes a faster reader than YAML; both must read the same spec.
+  auto from_yaml = ParseCdiSpec(CdiSpecToYaml(*spec), "y"), from_json = ParseCdiSpec(CdiSpecToJson(*spec), "y");
+  ASSERT_TRUE(from_yaml.ok() && from_json.ok());
+  EXPECT_EQ(CdiSpecToJson(*from_json), CdiSpecToJson(*from_yaml));
   opt.names = NameStrategy::kIndex;
   auto idx = GenerateCdiSpec(FakeInventory(2), opt);
   ASSERT_TRUE(idx.ok());
@@ -142,6 +149,10 @@ TEST(CdiSpec, MalformedSpecsNameFileAndLine) {
       {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices: [\n", "x.yaml:"},
       {"[1, 2]", "must be a mapping"},
       {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: 'a b'\n  containerEdits: {}\n", "invalid device name"},
+      // JSON (the fast reader) still names the line of a bad value.
+      {"{\"cdiVersion\": \"0.5.0\",\n \"kind\": \"nvidia\",\n \"devices\": []}", "x.yaml:2: kind \"nvidia\""},
+      {"{\"cdiVersion\": \"0.5.0\", \"kind\": \"a.com/b\",\n\"devices\": [{\"name\": \"0\",\n\"containerEdits\": "
+       "{\"deviceNodes\": [{\"path\": \"/dev/x\",\n \"major\": \"one\"}]}}]}", "x.yaml:4: major must be a number"},
   };
   for (const auto& c : cases) {
     auto s = ParseCdiSpec(c.text, "x.yaml");
@@ -335,7 +346,18 @@ TEST_F(BundleTest, ShimLegacyModeAddsHookOnce) {
   ASSERT_EQ(spec["hooks"]["prestart"].size(), 1u);
   EXPECT_EQ(spec["hooks"]["prestart"][0]["args"], Json({"gpulet-container-hook", "prestart"}));
   EXPECT_EQ(spec["hooks"]["prestart"][0]["env"], Json({"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}));
-  EXPECT_FALSE(spec.contains("linux"));
+  // The hook makes the nodes; the cgroup allow rules (runc applies them before hooks) come now,
+  // once, and no linux.devices entry.
+  EXPECT_FALSE(spec["linux"].contains("devices"));
+  Json want = Json::array();
+  for (int minor : {255, 0})
+    want.push_back({{"allow", true}, {"type", "c"}, {"major", 195}, {"minor", minor}, {"access", "rwm"}});
+  EXPECT_EQ(spec["linux"]["resources"]["devices"], want);
+  // An unknown device fails before anything is written.
+  std::string unknown = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=5"}).dump();
+  WriteFile(Config(), unknown);
+  EXPECT_FALSE(ModifyBundle(dir_ + "/bundle", cfg_).ok());
+  EXPECT_EQ(ReadFile(Config()), unknown);
 }
 
 // The real shim binary never starts the low-level runtime on a bad config.json, and does start it
@@ -472,6 +494,105 @@ TEST_F(TempDirTest, CrioDropIn) {
   EXPECT_THAT(drop, HasSubstr("runtime_path = '/usr/bin/gpulet-container-runtime'"));
   EXPECT_THAT(drop, HasSubstr("runtime_type = 'oci'"));
   EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
+}
+
+// A GPU layer whose inventory the test changes (as an NVML re-init would) and whose events the
+// test sends.
+class SwitchableGpuLayer : public gpu::GpuLayer {
+ public:
+  explicit SwitchableGpuLayer(gpu::Inventory inv) : inv_(std::move(inv)) {}
+  void Set(gpu::Inventory inv) {
+    std::lock_guard<std::mutex> l(mu_);
+    inv_ = std::move(inv);
+  }
+  void Emit() {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [id, cb] : subs_) cb(gpu::Event{});
+  }
+  absl::StatusOr<gpu::Inventory> GetInventory() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return inv_;
+  }
+  absl::StatusOr<gpu::Telemetry> GetTelemetry(uint32_t) override { return gpu::Telemetry{}; }
+  absl::Status ProbeDevice(uint32_t) override { return absl::OkStatus(); }
+  absl::Status Reinit() override { return absl::OkStatus(); }
+  struct Sub : Subscription {
+    SwitchableGpuLayer* l;
+    int id;
+    ~Sub() override {
+      std::lock_guard<std::mutex> g(l->mu_);
+      l->subs_.erase(id);
+    }
+  };
+  std::unique_ptr<Subscription> Subscribe(EventCallback cb) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto s = std::make_unique<Sub>();
+    s->l = this, s->id = next_++;
+    subs_[s->id] = std::move(cb);
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  gpu::Inventory inv_;
+  std::map<int, EventCallback> subs_;
+  int next_ = 0;
+};
+
+std::vector<std::string> SpecDeviceNames(const std::string& path) {
+  std::vector<std::string> names;
+  auto spec = ParseCdiSpec(ReadFile(path), path);
+  if (spec.ok())
+    for (const auto& d : spec->devices) names.push_back(d.name);
+  return names;
+}
+
+// The agent's refresher writes the spec, leaves an unchanged file alone (same inode: not even
+// rewritten), follows the GPU set (MIG enabled, a GPU gone) and, started, reacts to a GPU event
+// without waiting for its (here one-hour) interval. A generation failure keeps the last file.
+TEST_F(TempDirTest, CdiRefresherFollowsTheGpuSet) {
+  std::string why;
+  if (!MakeDriverRoot(dir_ + "/driver", 0, &why)) GTEST_SKIP() << why;
+  WriteFile(dir_ + "/driver/proc/driver/nvidia-caps/mig-minors",
+            "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
+  SwitchableGpuLayer gpu(FakeInventory(2));
+  CdiGenerateOptions o;
+  o.driver_root = dir_ + "/driver";
+  o.names = NameStrategy::kIndex;
+  std::string path = dir_ + "/cdi/nvidia.json";
+  CdiRefresher r(&gpu, path, o, std::chrono::hours(1));
+  ASSERT_FALSE(r.RefreshOnce().status().ok());  // no directory yet: an error naming the file
+  fs::create_directories(dir_ + "/cdi");
+  ASSERT_EQ(r.RefreshOnce().value_or(false), true);
+  EXPECT_EQ(ReadFile(path).front(), '{');  // JSON for a .json path
+  EXPECT_THAT(SpecDeviceNames(path), ::testing::ElementsAre("0", "1", "all"));
+  struct stat before, after;
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  EXPECT_EQ(r.RefreshOnce().value_or(true), false);
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+
+  gpu.Set(FakeInventory(2, /*mig=*/true));  // MIG reconfiguration, seen after re-init
+  ASSERT_EQ(r.RefreshOnce().value_or(false), true);
+  EXPECT_THAT(SpecDeviceNames(path), ::testing::ElementsAre("0", "0:0", "0:1", "1", "all"));
+
+  gpu::Inventory none = FakeInventory(0);
+  gpu.Set(none);  // nothing to describe: an error, the last good spec stays
+  EXPECT_FALSE(r.RefreshOnce().ok());
+  EXPECT_THAT(SpecDeviceNames(path), ::testing::ElementsAre("0", "0:0", "0:1", "1", "all"));
+
+  r.Start();
+  gpu::Inventory lost = FakeInventory(2);
+  lost.devices.erase(lost.devices.begin());  // GPU 0 fell off the bus; NVML re-initialised
+  gpu.Set(lost);
+  gpu.Emit();
+  std::vector<std::string> names;
+  for (int i = 0; i < 100 && names != std::vector<std::string>{"1", "all"}; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    names = SpecDeviceNames(path);
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("1", "all"));
+  r.Stop();
 }
 
 }  // namespace
