@@ -1,5 +1,6 @@
 // `gpulet agent`: the node agent. One GPU layer and one inventory serve every node-side part; the
 // device plugin runs here, and the other parts start in the hook below once it serves.
+#include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
@@ -36,6 +37,8 @@ std::function<int()> SetupAgent(CLI::App& sub) {
   AddPluginFlags(sub, *flags);
   AddExporterFlags(sub, *metrics_flags, /*with_pod_socket=*/false, "metrics-");
   AddLabelFlags(sub, *label_flags, "labels-", /*with_sharing_flags=*/false);
+  auto cdi_flags = std::make_shared<CdiRefreshFlags>();
+  AddCdiRefreshFlags(sub, *cdi_flags);
   auto node = std::make_shared<NodeFlags>();
   sub.add_option("--node-name", node->name,
                  "This node's name: enables reboot readiness (taint until the GPU stack validates, "
@@ -46,12 +49,13 @@ std::function<int()> SetupAgent(CLI::App& sub) {
   sub.add_option("--host-root", node->host_root,
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
-  return [flags, metrics_flags, label_flags, node] {
+  return [flags, metrics_flags, label_flags, node, cdi_flags] {
     RealFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;
     std::unique_ptr<node::ReadinessController> readiness;
+    std::unique_ptr<runtime::CdiRefresher> cdi;
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
@@ -94,8 +98,12 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             client.get(), [vo] { return node::ValidateStack(vo); }, ro);
         readiness->Start();
       }
+      auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
+      if (!c.ok()) return c.status();
+      cdi = *std::move(c);
       return absl::OkStatus();
     }, [&] {
+      cdi.reset();
       readiness.reset();
       labeler.reset();
       exporter.reset();
