@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cmd/gpulet/command.h"
 #include "common/fs.h"
@@ -18,6 +19,7 @@
 #include "k8s/tls.h"
 #include "scheduler/extender.h"
 #include "scheduler/webhook.h"
+#include "vgpu/policy.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -31,6 +33,7 @@ struct SchedulerFlags {
   std::string tls_cert_file, tls_key_file, tls_secret, webhook_configuration;
   std::string tls_names = "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc";
   std::string policy = "binpack";
+  int64_t workload_refresh_ms = 1000;
   std::string scheduler_name;
   int64_t max_memory_units = 0;
   vgpu::ResourceNames names;
@@ -91,13 +94,19 @@ int RunScheduler(const SchedulerFlags& f) {
   for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before any thread, so sigwait receives them
 
+  if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
+    std::cerr << "gpulet scheduler: --policy \"" << f.policy << "\" is not a policy (known: "
+              << absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") << ")\n";
+    return 2;
+  }
   auto config = k8s::ResolveConfig(f.kubeconfig);
   if (!config.ok()) {
     std::cerr << "gpulet scheduler: " << config.status().message() << "\n";
     return 2;
   }
   k8s::Client api(*config);
-  scheduler::Extender extender(&api, {f.names, f.policy});
+  scheduler::Extender extender(
+      &api, {f.names, f.policy, std::chrono::milliseconds(f.workload_refresh_ms)});
   if (auto s = extender.Sync(); !s.ok()) {
     std::cerr << "gpulet scheduler: initial sync with the API server failed: " << s.message()
               << "\n";
@@ -123,6 +132,7 @@ int RunScheduler(const SchedulerFlags& f) {
   }
   std::thread ext_thread([&] { ext_server.listen_after_bind(); });
 
+  std::unique_ptr<k8s::CertReloader> cert_reloader;  // outlives hook_server, which calls it
   std::unique_ptr<httplib::SSLServer> hook_server;
   std::thread hook_thread;
   scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
@@ -143,6 +153,12 @@ int RunScheduler(const SchedulerFlags& f) {
     if (cert && key) hook_server = std::make_unique<httplib::SSLServer>(cert, key);
     if (cert) X509_free(cert);
     if (key) EVP_PKEY_free(key);
+    // Certificate files (cert-manager, a mounted Secret) are taken again when they change.
+    if (hook_server && hook_server->is_valid() && !f.tls_cert_file.empty()) {
+      auto r = k8s::CertReloader::Load(f.tls_cert_file, f.tls_key_file);
+      if (r.ok()) (cert_reloader = *std::move(r))->Install(hook_server->ssl_context());
+      else spdlog::warn("webhook certificate will not be reloaded: {}", r.status().ToString());
+    }
     if (!hook_server || !hook_server->is_valid() ||
         !SplitHostPort(f.webhook_listen, &host, &port) || !hook_server->bind_to_port(host, port)) {
       std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \""
@@ -201,7 +217,8 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
   sub.add_option("--webhook-listen", f->webhook_listen,
                  "HOST:PORT of the admission webhook (HTTPS: /validate, /mutate); empty: off")
       ->capture_default_str();
-  sub.add_option("--tls-cert-file", f->tls_cert_file, "Webhook serving certificate (PEM)");
+  sub.add_option("--tls-cert-file", f->tls_cert_file,
+                 "Webhook serving certificate (PEM); read again when it changes");
   sub.add_option("--tls-key-file", f->tls_key_file, "Webhook serving key (PEM)");
   sub.add_option("--tls-secret", f->tls_secret,
                  "NAMESPACE/NAME of a kubernetes.io/tls Secret holding the webhook certificate; "
@@ -216,6 +233,11 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
                  "Default placement policy: binpack, spread, or a placement registry name "
                  "(best-fit, gpu-packing, dot-product, fgd, gpulet, random); a pod may choose "
                  "with the annotation gpulet.io/vgpu-policy")
+      ->capture_default_str();
+  sub.add_option("--workload-refresh", f->workload_refresh_ms,
+                 "Milliseconds between rebuilds of the workload (the mix of pending and bound "
+                 "vGPU pods) that the fgd and gpulet policies score against, while pods change")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
       ->capture_default_str();
   sub.add_option("--scheduler-name", f->scheduler_name,
                  "Mutating webhook: set spec.schedulerName of vGPU pods to this profile");
