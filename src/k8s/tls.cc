@@ -5,11 +5,14 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/status.h"
 
 namespace gpulet::k8s {
 namespace {
@@ -29,6 +32,12 @@ std::string BioString(BIO* bio) {
 }
 
 }  // namespace
+
+struct CertReloader::Pair {
+  std::string cert_pem, key_pem;
+  Cert cert;
+  PKey key;
+};
 
 absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& names,
                                               int valid_days) {
@@ -79,6 +88,93 @@ absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& na
   PEM_write_bio_PrivateKey(kb.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr);
   out.key_pem = BioString(kb.get());
   return out;
+}
+
+absl::StatusOr<std::shared_ptr<const CertReloader::Pair>> CertReloader::Parse(
+    const std::string& cert_file, const std::string& key_file) {
+  auto pair = std::make_shared<Pair>();
+  ASSIGN_OR_RETURN(pair->cert_pem, ReadFileToString(cert_file));
+  ASSIGN_OR_RETURN(pair->key_pem, ReadFileToString(key_file));
+  Bio cb(BIO_new_mem_buf(pair->cert_pem.data(), static_cast<int>(pair->cert_pem.size())));
+  pair->cert.reset(PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr));
+  if (!pair->cert) return absl::InvalidArgumentError(cert_file + ": no PEM certificate");
+  Bio kb(BIO_new_mem_buf(pair->key_pem.data(), static_cast<int>(pair->key_pem.size())));
+  pair->key.reset(PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr));
+  if (!pair->key) return absl::InvalidArgumentError(key_file + ": no PEM private key");
+  if (X509_check_private_key(pair->cert.get(), pair->key.get()) != 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat(key_file, " does not hold the private key of ", cert_file));
+  return std::shared_ptr<const Pair>(std::move(pair));
+}
+
+CertReloader::CertReloader(std::string cert_file, std::string key_file,
+                           std::chrono::milliseconds interval)
+    : cert_file_(std::move(cert_file)), key_file_(std::move(key_file)), interval_(interval) {}
+CertReloader::~CertReloader() = default;
+
+absl::StatusOr<std::unique_ptr<CertReloader>> CertReloader::Load(
+    std::string cert_file, std::string key_file, std::chrono::milliseconds check_interval) {
+  ASSIGN_OR_RETURN(auto pair, Parse(cert_file, key_file));
+  std::unique_ptr<CertReloader> r(
+      new CertReloader(std::move(cert_file), std::move(key_file), check_interval));
+  r->current_ = std::move(pair);
+  r->checked_ = std::chrono::steady_clock::now();
+  return r;
+}
+
+absl::StatusOr<bool> CertReloader::ReloadIfChanged() {
+  std::lock_guard<std::mutex> lock(mu_);
+  checked_ = std::chrono::steady_clock::now();
+  auto cert = ReadFileToString(cert_file_);
+  auto key = ReadFileToString(key_file_);
+  if (cert.ok() && key.ok() && *cert == current_->cert_pem && *key == current_->key_pem) {
+    last_error_.clear();
+    return false;
+  }
+  auto pair = Parse(cert_file_, key_file_);
+  if (!pair.ok()) {
+    last_error_ = std::string(pair.status().message());
+    return pair.status();
+  }
+  current_ = *std::move(pair);
+  ++reloads_;
+  last_error_.clear();
+  return true;
+}
+
+int CertReloader::OnHandshake(ssl_st* ssl, void* arg) {
+  auto* self = static_cast<CertReloader*>(arg);
+  std::shared_ptr<const Pair> pair;
+  bool check;
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    check = std::chrono::steady_clock::now() - self->checked_ >= self->interval_;
+  }
+  if (check) (void)self->ReloadIfChanged();  // a refused pair is in last_error(); keep serving
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    pair = self->current_;
+  }
+  // The connection takes its own references: a later rotation cannot free them under it.
+  return SSL_use_certificate(ssl, pair->cert.get()) == 1 &&
+                 SSL_use_PrivateKey(ssl, pair->key.get()) == 1
+             ? 1
+             : 0;
+}
+
+void CertReloader::Install(ssl_ctx_st* ctx) { SSL_CTX_set_cert_cb(ctx, &CertReloader::OnHandshake, this); }
+
+std::string CertReloader::cert_pem() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_->cert_pem;
+}
+int CertReloader::reloads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reloads_;
+}
+std::string CertReloader::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
 }
 
 }  // namespace gpulet::k8s

@@ -4,10 +4,16 @@
 // bundle (caBundle of a webhook configuration). Thread-safe (no shared state).
 #pragma once
 
+#include <chrono>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
+struct ssl_st;      // OpenSSL's SSL
 
 namespace gpulet::k8s {
 
@@ -19,5 +25,44 @@ struct PemPair {
 // `names`: DNS names or IP literals ("localhost", "127.0.0.1", "gpulet.kube-system.svc").
 absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& names,
                                               int valid_days = 365);
+
+// A serving certificate read from PEM files and read again when they change (cert-manager renewing
+// its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX as
+// the certificate callback: every new TLS handshake takes the current pair, connections already
+// established keep the one they negotiated, so a rotation drops no request. Files are checked at
+// most once per `check_interval`, on a handshake; new files that do not parse or whose key does not
+// match the certificate are refused (the old pair keeps serving; last_error() says why) and tried
+// again at the next check. Thread-safe; must outlive the SSL_CTX it is installed into.
+class CertReloader {
+ public:
+  // Fails (naming the file) when the files cannot be read, do not parse or do not match.
+  static absl::StatusOr<std::unique_ptr<CertReloader>> Load(
+      std::string cert_file, std::string key_file,
+      std::chrono::milliseconds check_interval = std::chrono::seconds(1));
+  ~CertReloader();
+
+  void Install(ssl_ctx_st* ctx);
+  // Re-reads the files now; true when a new pair was taken.
+  absl::StatusOr<bool> ReloadIfChanged();
+
+  std::string cert_pem() const;
+  int reloads() const;
+  std::string last_error() const;
+
+ private:
+  struct Pair;
+  static absl::StatusOr<std::shared_ptr<const Pair>> Parse(const std::string& cert_file,
+                                                           const std::string& key_file);
+  CertReloader(std::string cert_file, std::string key_file, std::chrono::milliseconds interval);
+  static int OnHandshake(ssl_st* ssl, void* self);
+
+  const std::string cert_file_, key_file_;
+  const std::chrono::milliseconds interval_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const Pair> current_;
+  std::chrono::steady_clock::time_point checked_{};
+  int reloads_ = 0;
+  std::string last_error_;
+};
 
 }  // namespace gpulet::k8s
