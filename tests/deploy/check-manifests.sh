@@ -6,9 +6,9 @@ src=$1 work=$2
 command -v kubectl >/dev/null || { echo "SKIP: kubectl not installed"; exit 77; }
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
 mkdir -p "$work"
-if [[ ! -d $work/node_modules/kubernetes-models ]]; then
+if [[ ! -d $work/node_modules/kubernetes-models || ! -d $work/node_modules/@kubernetes-models/cert-manager ]]; then
   (cd "$work" && npm install --no-audit --no-fund --silent kubernetes-models@5 \
-     @kubernetes-models/prometheus-operator@6 yaml@2 >/dev/null 2>&1) ||
+     @kubernetes-models/prometheus-operator@6 @kubernetes-models/cert-manager@4 yaml@2 >/dev/null 2>&1) ||
     { echo "SKIP: npm could not install kubernetes-models"; exit 77; }
 fi
 cp "$src/tests/deploy/validate-objects.mjs" "$work/"

@@ -1,6 +1,6 @@
 // Validates every object of a multi-document YAML stream (stdin) against the Kubernetes OpenAPI
 // schemas, through the npm package kubernetes-models (and @kubernetes-models/prometheus-operator for
-// ServiceMonitor / PrometheusRule). Exits 1 naming the first invalid object and why.
+// ServiceMonitor / PrometheusRule, @kubernetes-models/cert-manager for Issuer / Certificate). Exits 1 naming the first invalid object and why.
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
 
@@ -13,9 +13,15 @@ if (docs.length === 0) {
 // Objects with no published core schema: validated by their own packages, or only checked for shape.
 const external = {
   "monitoring.coreos.com": "@kubernetes-models/prometheus-operator/monitoring.coreos.com",
+  "cert-manager.io": "@kubernetes-models/cert-manager/cert-manager.io",
 };
 let failures = 0;
 for (const obj of docs) {
+  if (typeof obj.apiVersion !== "string" || typeof obj.kind !== "string") {
+    console.error(`object without apiVersion or kind: ${JSON.stringify(obj).slice(0, 120)}`);
+    failures++;
+    continue;
+  }
   const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : ["", obj.apiVersion];
   const where = `${obj.kind}/${obj.metadata?.namespace ? obj.metadata.namespace + "/" : ""}${obj.metadata?.name}`;
   let mod;
