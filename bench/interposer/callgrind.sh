@@ -4,6 +4,8 @@
 # and launch-loop (cuLaunchKernel, no core limit) with N and 2N iterations, with and without the
 # preload; per-call cost = ((pre(2N) - pre(N)) - (direct(2N) - direct(N))) / N, which cancels
 # start-up, the one-time initialisation and the fake driver's own work.
+# "alloc-loop (one GPU)" is the container's usual configuration: NVIDIA_VISIBLE_DEVICES names the
+# limited GPU by UUID and the process sees only it (CUDA_VISIBLE_DEVICES=0 on the fake).
 # usage: bench/interposer/callgrind.sh [BUILD_DIR] [N]
 set -eu
 build=${1:-build}
@@ -13,10 +15,12 @@ shim=$(pwd)/$build/lib/libgpulet-vcuda.so
 command -v valgrind >/dev/null || { echo "valgrind not installed" >&2; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-ir() {  # ir MODE COUNT PRELOAD -> total instructions
+ir() {  # ir MODE COUNT PRELOAD [ENV...] -> total instructions
   out=$tmp/cg.$$
-  env ${3:+LD_PRELOAD=$3} GPULET_VGPU_ACCOUNTING=$tmp/acct GPULET_VGPU_MEMORY_LIMIT=1099511627776 \
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$probe" "$1" "$2" >/dev/null 2>&1
+  mode=$1 count=$2 pre=$3
+  shift 3
+  env "$@" ${pre:+LD_PRELOAD=$pre} GPULET_VGPU_ACCOUNTING=$tmp/acct GPULET_VGPU_MEMORY_LIMIT=1099511627776 \
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$probe" "$mode" "$count" >/dev/null 2>&1
   sed -n 's/^summary: //p' "$out"
 }
 for mode in alloc-loop launch-loop; do
@@ -24,3 +28,7 @@ for mode in alloc-loop launch-loop; do
   p1=$(ir $mode $n "$shim"); p2=$(ir $mode $((2 * n)) "$shim")
   echo "$mode: $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per call (N=$n; driver alone $(( (d2 - d1) / n )))"
 done
+one="NVIDIA_VISIBLE_DEVICES=GPU-face0000-0000-0000-0000-000000000000 CUDA_VISIBLE_DEVICES=0"
+d1=$(ir alloc-loop $n "" $one); d2=$(ir alloc-loop $((2 * n)) "" $one)
+p1=$(ir alloc-loop $n "$shim" $one); p2=$(ir alloc-loop $((2 * n)) "$shim" $one)
+echo "alloc-loop (one GPU): $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per call (N=$n)"

@@ -183,6 +183,17 @@ TEST_F(E2E, SigkillMidAllocation) {
   Child victim({Bin("vcuda_probe"), "churn", std::to_string(3 * kMiB), "-1"}, env_);
   Child hog({Bin("vcuda_probe"), "fill", std::to_string(16 * kMiB)}, env_);
   ASSERT_EQ(hog.Line(), "ready");
+  // Let every churner create its context (charged 1 MiB) before the hog fills the container:
+  // a churner starting late would find no room for its context, which is not what is tested.
+  for (int i = 0; i < 1000; ++i) {
+    vgpu::AccountingSnapshot snap;
+    const char* error = nullptr;
+    if (vgpu::ReadAccounting(accounting_.c_str(), &snap, &error) && snap.processes >= 5 &&
+        snap.memory_used >= 5 * kMiB)
+      break;
+    usleep(10000);
+  }
+  usleep(20000);
   hog.Send('g');
   EXPECT_GT(Field(hog.Line(), "held"), 100 * kMiB);
   usleep(50000);
