@@ -72,6 +72,8 @@ const std::vector<Setting> kSettings = {
      "Host path of libgpulet-vcuda.so, mounted read-only into vGPU containers"},
     {"gpulet.vgpu.policy", "vgpu-policy", {"GPULET_VGPU_POLICY"},
      "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
+    {"gpulet.vgpu.reconcileInterval", "vgpu-reconcile-interval", {"GPULET_VGPU_RECONCILE_INTERVAL"},
+     "How often vGPU grants of deleted pods are released (e.g. 5s)"},
 };
 
 // Keys NVIDIA defines that concern other programs (GFD, MPS daemon, CDI spec generation): accepted
@@ -175,6 +177,10 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
   } else if (key == "gpulet.vgpu.stateDir" || key == "gpulet.vgpu.library") {
     if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
     (key == "gpulet.vgpu.stateDir" ? c.vgpu.state_dir : c.vgpu.library) = v;
+  } else if (key == "gpulet.vgpu.reconcileInterval") {
+    ASSIGN_OR_RETURN(c.vgpu.reconcile_interval, ParseDur(v));
+    if (c.vgpu.reconcile_interval < absl::Milliseconds(100))
+      return absl::InvalidArgumentError("must be at least 100ms");
   } else if (key == "gpulet.vgpu.policy") {
     if (v.empty()) return absl::InvalidArgumentError("must name a policy");
     c.vgpu.policy = v;

@@ -59,6 +59,7 @@ struct VgpuConfig {
   std::string state_dir = "/var/lib/gpulet/vgpu";  // checkpoint + per-container accounting files
   std::string library = "/usr/lib/gpulet/libgpulet-vcuda.so";  // host path of the interposer
   std::string policy = "binpack";  // placement of pods the extender did not place
+  absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
 };
 
 struct Config {

@@ -90,8 +90,7 @@ absl::Status DevicePlugin::Start() {
       {
         absl::MutexLock l(&mu_);
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop),
-                                 absl::FromChrono(options_.vgpu_reconcile_interval)))
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), config_.vgpu.reconcile_interval))
           return;
       }
       if (absl::Status s = ReconcileVgpu(); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
@@ -163,6 +162,7 @@ std::shared_ptr<vgpu::NodeAssigner> DevicePlugin::vgpu() const {
 absl::Status DevicePlugin::ReconcileVgpu() {
   std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
   if (!a) return absl::OkStatus();
+  absl::Duration interval = config().vgpu.reconcile_interval;
   const vgpu::ResourceNames& names = a->options().names;
   std::map<std::string, std::pair<std::string, std::string>> owner_of;
   bool listed = false;
@@ -183,7 +183,8 @@ absl::Status DevicePlugin::ReconcileVgpu() {
   if (!listed) return absl::OkStatus();  // no view of the pods: keep everything
   std::set<std::string> held;
   for (const auto& [id, owner] : owner_of) held.insert(id);
-  return a->ReleaseNotHeld(held, std::chrono::seconds(10));
+  // The kubelet records an allocation right after Allocate answers: two passes of grace.
+  return a->ReleaseNotHeld(held, absl::ToChronoNanoseconds(std::max(2 * interval, absl::Seconds(1))));
 }
 
 absl::Status DevicePlugin::Reload() {

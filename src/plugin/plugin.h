@@ -43,7 +43,6 @@ class DevicePlugin {
     k8s::Client* api = nullptr;
     std::string node_name;
     std::string pod_resources_socket;
-    std::chrono::milliseconds vgpu_reconcile_interval{5000};
   };
 
   DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);
@@ -64,7 +63,7 @@ class DevicePlugin {
   Config config() const;
   // The vGPU assigner of the current config (null when vGPU is off).
   std::shared_ptr<vgpu::NodeAssigner> vgpu() const;
-  // One vGPU housekeeping pass (the background thread runs it every vgpu_reconcile_interval):
+  // One vGPU housekeeping pass (the background thread runs it every gpulet.vgpu.reconcileInterval):
   // corrects identities from PodResources and releases grants of pods that are gone.
   absl::Status ReconcileVgpu();
 

@@ -1,0 +1,211 @@
+// The hand-over from the node side to the interposer, end to end: the real agent (gpulet agent on
+// the fake NVML) serves the vcuda resources to the kubelet emulator over real sockets; a vGPU pod
+// is admitted; the env and mounts its Allocate returned are applied to a process (as the container
+// runtime would: mounts map container paths to host paths) that LD_PRELOADs libgpulet-vcuda.so
+// over the fake libcuda.so.1. Allocations within the pod's vcuda-memory succeed, one past it fails.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "common/fs.h"
+#include "testing/kubelet/emulator.h"
+
+namespace gpulet {
+namespace {
+
+namespace stdfs = std::filesystem;
+using std::chrono::milliseconds;
+constexpr uint64_t kMiB = 1 << 20;
+
+std::string Built(const std::string& p) { return std::string(GPULET_BINARY_DIR) + "/" + p; }
+
+// Runs argv with `env` added; returns (exit code, stdout+stderr).
+std::pair<int, std::string> RunProcess(const std::vector<std::string>& argv,
+                                 const std::map<std::string, std::string>& env) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return {-1, "pipe"};
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(p[1], 1);
+    dup2(p[1], 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(p[1]);
+  std::string out;
+  char b[512];
+  for (ssize_t n; (n = read(p[0], b, sizeof b)) > 0;) out.append(b, static_cast<size_t>(n));
+  close(p[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+class Handover : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* f : {"bin/gpulet", "lib/libgpulet-vcuda.so", "lib/fake_cuda/libcuda.so.1",
+                          "tests/vcuda_probe"})
+      if (access(Built(f).c_str(), R_OK) != 0) GTEST_SKIP() << Built(f) << " not built";
+    std::string t = (stdfs::temp_directory_path() / "vgpu-handover-XXXXXX").string();
+    dir_ = mkdtemp(t.data());
+    emu::EmulatorOptions eo;
+    eo.device_plugin_dir = dir_ + "/kubelet/device-plugins";
+    eo.pod_resources_socket = dir_ + "/kubelet/pod-resources/kubelet.sock";
+    emu_ = std::make_unique<emu::KubeletEmulator>(eo);
+    ASSERT_TRUE(emu_->Start().ok());
+  }
+  void TearDown() override {
+    if (agent_ > 0) {
+      kill(agent_, SIGTERM);
+      int status = 0;
+      waitpid(agent_, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "agent status " << status;
+    }
+    if (emu_) emu_->Stop();
+    if (!dir_.empty()) stdfs::remove_all(dir_);
+  }
+  // The real agent on the fake NVML, GPU 1 in the vGPU pool, state under the temp dir.
+  void StartAgent() {
+    std::vector<std::string> argv = {
+        Built("bin/gpulet"), "agent", "--simulate",
+        std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml",
+        "--sim-root", dir_ + "/root", "--device-plugin-dir", emu_->device_plugin_dir(),
+        "--pod-resources-socket", emu_->pod_resources_socket(), "--metrics-address",
+        "127.0.0.1:0", "--labels-output", dir_ + "/features", "--vgpu-gpus", "1",
+        "--vgpu-state-dir", dir_ + "/vgpu", "--metrics-vgpu-accounting-dir", dir_ + "/vgpu",
+        "--vgpu-library", Built("lib/libgpulet-vcuda.so"), "--vgpu-reconcile-interval", "200ms"};
+    agent_ = fork();
+    if (agent_ == 0) {
+      int fd = open((dir_ + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    for (const char* r : {"tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu"})
+      ASSERT_TRUE(emu_->WaitForUpdate(r, 0, milliseconds(20000)).ok()) << r << "\n" << Log();
+  }
+  std::string Log() {
+    auto t = ReadFileToString(dir_ + "/agent.log");
+    return t.ok() ? *t : "";
+  }
+  template <class F>
+  bool Eventually(F f) {
+    for (int i = 0; i < 100; ++i, std::this_thread::sleep_for(milliseconds(50)))
+      if (f()) return true;
+    return false;
+  }
+
+  std::string dir_;
+  std::unique_ptr<emu::KubeletEmulator> emu_;
+  pid_t agent_ = -1;
+};
+
+// A GPU in the vGPU pool is offered only as vcuda units (100 cores, 4 x 256 MiB for 1 GiB), never
+// as nvidia.com/gpu; a 30-core / 2-unit pod gets the pool GPU and its limits; the env and mounts of
+// that Allocate, applied to a process over the fake driver, let it allocate exactly the 512 MiB
+// limit (4 x 128 MiB succeed, the 5th fails), while the same program without them gets the whole
+// 1 GiB GPU. Deleting the pod releases its grant and accounting directory.
+TEST_F(Handover, AllocateResponseLimitsTheProcess) {
+  StartAgent();
+  EXPECT_EQ(emu_->Resource("tencent.com/vcuda-core")->capacity, 100);
+  EXPECT_EQ(emu_->Resource("tencent.com/vcuda-memory")->capacity, 4);
+  auto whole = emu_->Resource("nvidia.com/gpu");
+  ASSERT_EQ(whole->devices.size(), 1u);
+  EXPECT_EQ(whole->devices[0].id, "GPU-face0000-0000-0000-0000-000000000000");
+
+  auto pods = emu::ParsePods(R"(apiVersion: v1
+kind: Pod
+metadata: {name: share}
+spec:
+  containers:
+  - name: app
+    image: cuda
+    resources:
+      limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
+)", "share.yaml");
+  ASSERT_TRUE(pods.ok()) << pods.status();
+  ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
+  auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
+  ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
+  ASSERT_EQ(st->containers.size(), 1u);
+  const auto& resp = st->containers[0].response;
+  std::map<std::string, std::string> env(resp.envs().begin(), resp.envs().end());
+  EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], "GPU-face0000-0000-0000-0000-000000000001");
+  EXPECT_EQ(env["GPULET_VGPU_MEMORY_LIMIT"], std::to_string(512 * kMiB));
+  EXPECT_EQ(env["GPULET_VGPU_CORE_LIMIT"], "30");
+  // The runtime's bind mounts: an env value naming a container path means the host file.
+  std::string accounting_host;
+  for (const auto& m : resp.mounts()) {
+    for (auto& [k, v] : env)
+      if (v == m.container_path()) v = m.host_path();
+    if (m.container_path() == env.at("GPULET_VGPU_ACCOUNTING") ||
+        m.host_path() == env.at("GPULET_VGPU_ACCOUNTING"))
+      accounting_host = m.host_path();
+  }
+  ASSERT_EQ(env["LD_PRELOAD"], Built("lib/libgpulet-vcuda.so"));
+  ASSERT_FALSE(accounting_host.empty());
+  ASSERT_TRUE(stdfs::exists(accounting_host));
+  std::map<std::string, std::string> driver = {
+      {"LD_LIBRARY_PATH", Built("lib/fake_cuda")},
+      {"FAKE_CUDA_DEVICE_COUNT", "2"},
+      {"FAKE_CUDA_DEVICE_MEMORY", std::to_string(1024 * kMiB)},
+      {"ASAN_OPTIONS", "verify_asan_link_order=0:detect_leaks=0"}};
+  std::map<std::string, std::string> container = driver;
+  container.insert(env.begin(), env.end());
+  const std::vector<std::string> probe = {Built("tests/vcuda_probe"), "device", "1",
+                                          std::to_string(128 * kMiB)};
+  auto [rc, out] = RunProcess(probe, container);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("held " + std::to_string(512 * kMiB) + "\n"));
+  // Control: without the Allocate's edits the same program fills the whole fake GPU.
+  auto [rc0, out0] = RunProcess(probe, driver);
+  ASSERT_EQ(rc0, 0) << out0;
+  EXPECT_THAT(out0, ::testing::HasSubstr("held " + std::to_string(1024 * kMiB) + "\n"));
+
+  // The pod file names the pod for the metrics once the agent learnt it from PodResources.
+  std::string pod_dir = stdfs::path(accounting_host).parent_path().parent_path().string();
+  EXPECT_TRUE(Eventually([&] {
+    auto t = ReadFileToString(pod_dir + "/pod");
+    return t.ok() && *t == "default/share\n";
+  })) << Log();
+  // Deleting the pod releases the grant: the accounting directory goes.
+  ASSERT_TRUE(emu_->DeletePod("default", "share").ok());
+  EXPECT_TRUE(Eventually([&] { return !stdfs::exists(pod_dir); })) << Log();
+}
+
+// A pool selection naming a GPU the node does not have stops the agent with a message naming it.
+TEST_F(Handover, UnknownPoolGpuIsAnError) {
+  auto [rc, out] = RunProcess({Built("bin/gpulet"), "agent", "--simulate",
+                        std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml",
+                        "--sim-root", dir_ + "/root", "--device-plugin-dir",
+                        emu_->device_plugin_dir(), "--metrics-address", "127.0.0.1:0",
+                        "--labels-output", dir_ + "/features", "--vgpu-gpus", "7"},
+                       {});
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("gpulet.vgpu.gpus: vGPU GPU \"7\" is not on this node"));
+}
+
+}  // namespace
+}  // namespace gpulet
