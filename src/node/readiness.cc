@@ -125,19 +125,14 @@ absl::Status ReadinessController::RemediateRejectedPods() {
       ++reported_bare_pods_;
       spdlog::warn("pod {}/{} was rejected before the GPU stack was ready and has no controller; "
                    "delete and recreate it to run it", ns, name);
-      json event = {
-          {"apiVersion", "v1"},
-          {"kind", "Event"},
-          {"metadata", {{"generateName", name + "."}, {"namespace", ns}}},
-          {"involvedObject",
-           {{"kind", "Pod"}, {"namespace", ns}, {"name", name},
-            {"uid", StringField(pod, {"metadata", "uid"})}}},
-          {"reason", "GPUStackNotReadyAtAdmission"},
-          {"message", "rejected by the kubelet before the node's GPU stack was ready; this bare "
-                      "pod is not recreated automatically: delete and recreate it"},
-          {"type", "Warning"},
-          {"source", {{"component", "gpulet"}, {"host", options_.node_name}}}};
-      auto r = client_->Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/events"), &event);
+      // List items carry no kind; the event must say what it is about.
+      json involved = {{"kind", "Pod"}, {"apiVersion", "v1"}, {"metadata", pod["metadata"]}};
+      json event = k8s::MakeEvent(
+          involved, "Warning", "GPUStackNotReadyAtAdmission",
+          "rejected by the kubelet before the node's GPU stack was ready; this bare pod is not "
+          "recreated automatically: delete and recreate it",
+          "gpulet-agent", options_.node_name, clock_);
+      auto r = client_->CreateEvent(ns, event);
       if (!r.ok()) spdlog::warn("cannot record event for pod {}/{}: {}", ns, name, std::string(r.status().message()));
     }
   }

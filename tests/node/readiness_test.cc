@@ -125,10 +125,21 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   EXPECT_TRUE(server_.GetPod("default", "evicted", &p)) << "other failures are not ours to heal";
   EXPECT_EQ(c.deleted_pods(), 2);
   EXPECT_EQ(c.reported_bare_pods(), 1);
+  // The bare pod gets one Warning event, about it, that `kubectl describe pod bare` shows.
+  std::vector<json> events = server_.Events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["type"], "Warning");
+  EXPECT_EQ(events[0]["reason"], "GPUStackNotReadyAtAdmission");
+  EXPECT_EQ(events[0]["metadata"]["namespace"], "default");
+  EXPECT_EQ(events[0]["involvedObject"]["kind"], "Pod");
+  EXPECT_EQ(events[0]["involvedObject"]["name"], "bare");
+  EXPECT_EQ(events[0]["source"]["host"], "gpu-1");
+  EXPECT_NE(events[0]["message"].get<std::string>().find("delete and recreate"), std::string::npos);
   // Once per boot: a later pass does not delete pods again (no delete/recreate storm).
   server_.CreatePod(GpuPod("owned2", true, "Failed", "UnexpectedAdmissionError"));
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
   EXPECT_TRUE(server_.GetPod("default", "owned2", &p));
+  EXPECT_EQ(server_.Events().size(), 1u) << "the bare pod is reported once per boot";
 }
 
 // API server errors surface as a Status, never a crash; the next pass recovers.
