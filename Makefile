@@ -3,7 +3,7 @@ PRESET ?= release
 BUILD  := build
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan test-tsan bench clean
+.PHONY: all deps build demo test test-asan test-tsan bench image clean
 
 all: build
 
@@ -35,6 +35,12 @@ test-tsan: deps
 bench: build
 	@cmake --build --preset $(PRESET) --target benchmarks -j $(JOBS)
 	scripts/bench
+
+# The container image the manifests name, FROM scratch out of the build (Containerfile).
+IMAGE ?= ghcr.io/gpulet/gpulet:0.1.0
+image: build
+	deploy/image/stage-rootfs.sh $(BUILD) $(BUILD)/image
+	podman build -f Containerfile -t $(IMAGE) $(BUILD)/image
 
 clean:
 	rm -rf build

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The gpulet image builds FROM scratch (Containerfile + deploy/image/stage-rootfs.sh, what
+# `make image` runs) and its binaries start inside it: every shared library they need is there.
+# Hermetic: podman storage in a temporary directory. Exit 77 = skipped (podman missing, not root).
+set -uo pipefail
+src=$1 build=$2
+command -v podman >/dev/null || { echo "SKIP: podman is not installed"; exit 77; }
+[[ $(id -u) == 0 ]] || { echo "SKIP: needs root for podman storage and runc"; exit 77; }
+tmp=$(mktemp -d /tmp/gpulet-image-XXXXXX)
+trap 'podman --root "$tmp/storage" --runroot "$tmp/run" rmi -af >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+# The sandbox this may run in refuses podman's default RLIMIT_NOFILE; none is needed.
+printf '[containers]\ndefault_ulimits = []\n' >"$tmp/containers.conf"
+p=(env CONTAINERS_CONF="$tmp/containers.conf" podman --root "$tmp/storage" --runroot "$tmp/run")
+"$src/deploy/image/stage-rootfs.sh" "$build" "$tmp/ctx" || exit 1
+"${p[@]}" build -q -f "$src/Containerfile" -t gpulet-test:latest "$tmp/ctx" >/dev/null || exit 1
+out=$("${p[@]}" run --rm --network none --entrypoint sh gpulet-test:latest -c \
+  'gpulet --help && gpulet-container-runtime --version; gpulet-container-hook; ls /usr/lib/libgpulet-vcuda.so; ls /bin/sh /bin/chroot /bin/timeout' 2>&1)
+rc=0
+for want in "Subcommands:" "validate" "install" "no low-level runtime found" \
+            "/usr/lib/libgpulet-vcuda.so" "/bin/chroot" "/bin/timeout"; do
+  grep -qF -- "$want" <<<"$out" || { echo "FAIL: the image's output lacks \"$want\""; rc=1; }
+done
+grep -q "error while loading shared libraries" <<<"$out" && { echo "FAIL: missing library"; rc=1; }
+[[ $rc == 0 ]] && echo "ok   image builds and its binaries run" || echo "$out"
+exit $rc
