@@ -2,7 +2,8 @@
 # Stages the gpulet image's root filesystem from a build tree, for `podman build` of Containerfile
 # FROM scratch (no base image to pull): the binaries (stripped), every shared library they load
 # (as ldd resolves them on this Debian 12 build host, at the same paths) with the dynamic loader,
-# the interposer library, and a static busybox (sh for the agent's shell-outs, chroot for engine
+# the interposer library, runc for `gpulet validate`'s probe container (the host's may need host
+# libraries), and a static busybox (sh for the agent's shell-outs, chroot for engine
 # restarts on the host, the probe container's rootfs for `gpulet validate`).
 # Usage: stage-rootfs.sh BUILD_DIR OUT_DIR     (OUT_DIR/rootfs is replaced)
 set -euo pipefail
@@ -29,8 +30,11 @@ strip --strip-unneeded "$root/usr/lib/libgpulet-vcuda.so"
 
 # Shared libraries: whatever ldd resolves (paths of the form "=> /path" and the bare loader path),
 # copied at the path the binary asks for, symlinks resolved.
-for b in "${bins[@]}"; do
-  ldd "$build/bin/$b" 2>/dev/null | awk '/=> \//{print $3} /^\t\//{print $1}' || true
+runc=$(command -v runc || true)
+[[ -n $runc ]] || { echo "stage-rootfs: needs runc (apt-get install runc)" >&2; exit 1; }
+install -m 0755 "$runc" "$root/usr/bin/runc"
+for b in "${bins[@]/#/$build/bin/}" "$runc"; do
+  ldd "$b" 2>/dev/null | awk '/=> \//{print $3} /^\t\//{print $1}' || true
 done | sort -u | while read -r lib; do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"

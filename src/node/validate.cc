@@ -74,21 +74,25 @@ int Shell(const std::string& cmd, std::string* out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+// runc on PATH first (the gpulet image carries one that loads with the image's libraries), then
+// the host's.
 absl::StatusOr<std::string> FindRunc(const ValidateOptions& o) {
   if (!o.probe_runc.empty()) return o.probe_runc;
+  std::string out;
+  if (Shell("command -v runc", &out) == 0 && !out.empty())
+    return std::string(absl::StripTrailingAsciiWhitespace(out));
   for (const char* d : {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
     std::string p = UnderRoot(o.host_root, std::string(d) + "/runc");
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
-  std::string out;
-  if (Shell("command -v runc", &out) == 0 && !out.empty()) return std::string(absl::StripTrailingAsciiWhitespace(out));
   return absl::NotFoundError(absl::StrCat("no runc under ", o.host_root, " or on PATH (--probe-runc)"));
 }
 
 // The host's CDI specs with their host paths made reachable from this process (host root prefixed);
-// container paths and hook arguments stay as they are.
+// container paths stay as they are. Our hook gets `--config hook_config` (which names the host's
+// ldconfig as this process reaches it).
 absl::Status RelocateCdiSpecs(const std::string& host_root, const std::string& from,
-                              const std::string& to) {
+                              const std::string& to, const std::string& hook_config) {
   RETURN_IF_ERROR(RealFilesystem().MakeDirs(to));
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
@@ -100,7 +104,13 @@ absl::Status RelocateCdiSpecs(const std::string& host_root, const std::string& f
       for (auto& d : edits.device_nodes)
         d.host_path = UnderRoot(host_root, d.host_path.empty() ? d.path : d.host_path);
       for (auto& m : edits.mounts) m.host_path = UnderRoot(host_root, m.host_path);
-      for (auto& h : edits.hooks) h.path = UnderRoot(host_root, h.path);
+      for (auto& h : edits.hooks) {
+        if (absl::EndsWith(h.path, "/gpulet-container-hook")) {
+          h.args.push_back("--config");
+          h.args.push_back(hook_config);
+        }
+        h.path = UnderRoot(host_root, h.path);
+      }
     };
     move(spec.edits);
     for (auto& d : spec.devices) move(d.edits);
@@ -157,12 +167,16 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
   std::string spec_dir = UnderRoot(o.host_root, o.cdi_dir);
   if (o.host_root != "/" && !o.host_root.empty()) {
     spec_dir = dir + "/cdi";
-    RETURN_IF_ERROR(RelocateCdiSpecs(o.host_root, UnderRoot(o.host_root, o.cdi_dir), spec_dir));
+    RETURN_IF_ERROR(RelocateCdiSpecs(o.host_root, UnderRoot(o.host_root, o.cdi_dir), spec_dir,
+                                     dir + "/runtime.json"));
   }
   runtime::Json config = {
       {"runtimes", {runc}},
       {"spec-dirs", {spec_dir}},
       {"hook-path", UnderRoot(o.host_root, o.prefix + "/bin/gpulet-container-hook")}};
+  // The host's ldconfig (static in glibc), for the hook; the gpulet image has none of its own.
+  if (std::string ld = UnderRoot(o.host_root, "/sbin/ldconfig"); ::access(ld.c_str(), X_OK) == 0)
+    config["ldconfig"] = ld;
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/runtime.json", config.dump(), 0644));
 
   out.clear();

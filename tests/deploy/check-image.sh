@@ -14,9 +14,9 @@ p=(env CONTAINERS_CONF="$tmp/containers.conf" podman --root "$tmp/storage" --run
 "$src/deploy/image/stage-rootfs.sh" "$build" "$tmp/ctx" || exit 1
 "${p[@]}" build -q -f "$src/Containerfile" -t gpulet-test:latest "$tmp/ctx" >/dev/null || exit 1
 out=$("${p[@]}" run --rm --network none --entrypoint sh gpulet-test:latest -c \
-  'gpulet --help && gpulet-container-runtime --version; gpulet-container-hook; ls /usr/lib/libgpulet-vcuda.so; ls /bin/sh /bin/chroot /bin/timeout' 2>&1)
+  'gpulet --help && gpulet-container-runtime --version; runc --version; gpulet-container-hook; ls /usr/lib/libgpulet-vcuda.so; ls /bin/sh /bin/chroot /bin/timeout' 2>&1)
 rc=0
-for want in "Subcommands:" "validate" "install" "no low-level runtime found" \
+for want in "Subcommands:" "validate" "install" "runc version" \
             "/usr/lib/libgpulet-vcuda.so" "/bin/chroot" "/bin/timeout"; do
   grep -qF -- "$want" <<<"$out" || { echo "FAIL: the image's output lacks \"$want\""; rc=1; }
 done
