@@ -179,7 +179,17 @@ absl::Status DevicePlugin::ReconcileVgpu() {
       RETURN_IF_ERROR(a->Correct(owner_of));
     }
   }
-  if (options_.api) return a->ReleaseGoneFromApi();
+  if (options_.api) {
+    HealthMonitor* health = health_.get();
+    const gpu::Inventory& inv = inventory_;
+    absl::Status published = a->PublishPool([health, &inv](const std::string& uuid) {
+      for (size_t i = 0; i < inv.devices.size(); ++i)
+        if (inv.devices[i].uuid == uuid) return health->Healthy(static_cast<uint32_t>(i));
+      return false;
+    });
+    absl::Status released = a->ReleaseGoneFromApi();
+    return published.ok() ? released : published;
+  }
   if (!listed) return absl::OkStatus();  // no view of the pods: keep everything
   std::set<std::string> held;
   for (const auto& [id, owner] : owner_of) held.insert(id);

@@ -200,7 +200,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     // No API server (a bare simulated node): the kubelet's counts are the request; the pod is
     // unknown until PodResources names it (Correct()).
     Candidate anon;
-    anon.uid = absl::StrCat("unknown-", grants_.size(), "-", clock_->UnixSeconds());
+    // Unique across releases and restarts (the checkpoint keeps earlier ones).
+    anon.uid = absl::StrCat("unknown-", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count());
     anon.container = "c";
     anon.cores = cores;
     anon.memory_units = memory_units;
@@ -477,6 +480,25 @@ absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
     spdlog::info("vGPU: released the GPUs of pod {}", uid);
   }
   return SaveLocked();
+}
+
+absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::string&)>& healthy) {
+  if (!api_) return absl::FailedPreconditionError("no API client");
+  json list = json::array();
+  for (const auto& g : pool_)
+    list.push_back({{"uuid", g.uuid}, {"index", g.index}, {"memoryUnits", g.memory_units},
+                    {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
+  std::string text = list.dump();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (text == published_) return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(json ignored,
+                   api_->PatchNode(options_.node_name, k8s::PatchType::kMerge,
+                                   {{"metadata", {{"annotations", {{kAnnotationNodeGpus, text}}}}}}));
+  std::lock_guard<std::mutex> l(mu_);
+  published_ = text;
+  return absl::OkStatus();
 }
 
 absl::Status NodeAssigner::ReleaseGoneFromApi() {

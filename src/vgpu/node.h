@@ -20,6 +20,7 @@
 // Thread-safety: all methods are thread-safe (one mutex).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,6 +114,11 @@ class NodeAssigner {
   // order), annotations are rewritten, checkpointed.
   absl::Status Correct(const std::map<std::string, std::pair<std::string, std::string>>& owner_of);
 
+  // With an API server: writes the pool on this node's annotation gpulet.io/vgpu-gpus
+  // ([{"uuid","index","memoryUnits","healthy"}]), which the extender and the webhook read, when
+  // it differs from what was last written. `healthy(uuid)` may be empty.
+  absl::Status PublishPool(const std::function<bool(const std::string&)>& healthy);
+
   std::vector<Grant> grants() const;
   const std::vector<PoolGpu>& pool() const { return pool_; }
   const NodeOptions& options() const { return options_; }
@@ -152,6 +158,7 @@ class NodeAssigner {
     Clock::TimePoint at;
   };
   std::optional<Pending> pending_;
+  std::string published_;  // the pool annotation last written
 };
 
 // The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are

@@ -271,6 +271,41 @@ TEST_F(NodeTest, WithoutApiServer) {
   EXPECT_EQ(a.grants().size(), 2u);
 }
 
+// With an API server the pool is published on the node (what the extender and webhook read):
+// UUIDs, indexes, memory units and health; a missing node is an error, not a crash.
+TEST_F(NodeTest, PublishPool) {
+  EXPECT_FALSE(assigner_->PublishPool({}).ok());
+  api_.CreateNode({{"metadata", {{"name", "node-1"}}}});
+  ASSERT_TRUE(assigner_->PublishPool([](const std::string& u) { return u != "GPU-1"; }).ok());
+  json node;
+  ASSERT_TRUE(api_.GetNode("node-1", &node));
+  json list = json::parse(node["metadata"]["annotations"]["gpulet.io/vgpu-gpus"].get<std::string>());
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0]["uuid"], "GPU-0");
+  EXPECT_EQ(list[0]["memoryUnits"], kUnits);
+  EXPECT_EQ(list[0]["healthy"], true);
+  EXPECT_EQ(list[1]["index"], 1);
+  EXPECT_EQ(list[1]["healthy"], false);
+}
+
+// Without an API server, grants the kubelet no longer holds are released after the grace period,
+// with their accounting directories; held ones stay.
+TEST_F(NodeTest, ReleaseNotHeld) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  AllocPair(a, "GPU-0", 30, 2);
+  AllocPair(a, "GPU-1", 40, 2);
+  ASSERT_EQ(a.grants().size(), 2u);
+  std::string gone_dir = a.grants()[1].accounting_dir;
+  ASSERT_TRUE(std::filesystem::exists(gone_dir));
+  ASSERT_TRUE(a.ReleaseNotHeld({"GPU-0::vc0"}, std::chrono::hours(1)).ok());
+  EXPECT_EQ(a.grants().size(), 2u);  // within the grace period nothing goes
+  ASSERT_TRUE(a.ReleaseNotHeld({"GPU-0::vc0"}, std::chrono::nanoseconds(0)).ok());
+  ASSERT_EQ(a.grants().size(), 1u);
+  EXPECT_EQ(a.grants()[0].gpus[0], "GPU-0");
+  EXPECT_FALSE(std::filesystem::exists(gone_dir));
+}
+
 // Pool selection: all non-MIG GPUs, chosen indexes or UUIDs; unknown and MIG GPUs are errors;
 // memory units from NVML's total (318 on an H100) or nominal (320).
 TEST(PoolGpus, Selection) {
