@@ -8,6 +8,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <ctime>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,15 @@ std::string BioString(BIO* bio) {
 }
 
 }  // namespace
+
+bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within) {
+  Bio b(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
+  Cert cert(PEM_read_bio_X509(b.get(), nullptr, nullptr, nullptr));
+  if (!cert) return true;
+  time_t deadline = std::time(nullptr) + static_cast<time_t>(within.count());
+  // X509_cmp_time: -1 when notAfter is before the deadline (or on error, 0).
+  return X509_cmp_time(X509_get0_notAfter(cert.get()), &deadline) <= 0;
+}
 
 struct CertReloader::Pair {
   std::string cert_pem, key_pem;

@@ -26,6 +26,10 @@ struct PemPair {
 absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& names,
                                               int valid_days = 365);
 
+// True when the PEM certificate's notAfter is less than `within` from now, or it does not parse
+// (either way: issue a new one).
+bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within);
+
 // A serving certificate read from PEM files and read again when they change (cert-manager renewing
 // its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX as
 // the certificate callback: every new TLS handshake takes the current pair, connections already

@@ -165,5 +165,18 @@ TEST_F(TlsReloadTest, LoadErrorsAndCheckInterval) {
   EXPECT_EQ((*reloader)->reloads(), 0);
 }
 
+// Renewal decision for self-issued certificates: near expiry or unreadable means renew.
+TEST(CertificateExpiry, NearExpiryOrUnreadableMeansRenew) {
+  auto short_lived = SelfSignedCertificate({"localhost"}, 10);
+  auto long_lived = SelfSignedCertificate({"localhost"}, 365);
+  ASSERT_TRUE(short_lived.ok() && long_lived.ok());
+  const auto month = std::chrono::hours(24 * 30);
+  EXPECT_TRUE(CertificateExpiresWithin(short_lived->cert_pem, month));
+  EXPECT_FALSE(CertificateExpiresWithin(short_lived->cert_pem, std::chrono::hours(24 * 9)));
+  EXPECT_FALSE(CertificateExpiresWithin(long_lived->cert_pem, month));
+  EXPECT_TRUE(CertificateExpiresWithin("not a certificate", month));
+  EXPECT_TRUE(CertificateExpiresWithin("", month));
+}
+
 }  // namespace
 }  // namespace gpulet::k8s

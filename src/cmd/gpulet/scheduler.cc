@@ -71,7 +71,9 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
   if (secret.ok() && (*secret)["data"].contains("tls.crt") && (*secret)["data"].contains("tls.key")) {
     absl::Base64Unescape((*secret)["data"]["tls.crt"].get<std::string>(), &p.cert_pem);
     absl::Base64Unescape((*secret)["data"]["tls.key"].get<std::string>(), &p.key_pem);
-    return p;
+    // Within 30 days of expiry (or unreadable) the self-issued pair is replaced at start: the new
+    // one goes into the Secret (PUT below) and, with --webhook-configuration, into caBundle.
+    if (!k8s::CertificateExpiresWithin(p.cert_pem, std::chrono::hours(24 * 30))) return p;
   }
   ASSIGN_OR_RETURN(p, k8s::SelfSignedCertificate(names));
   nlohmann::json body = {{"apiVersion", "v1"},
