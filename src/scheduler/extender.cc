@@ -33,37 +33,89 @@ std::string Annotation(const json& obj, const std::string& key) {
   return it != a.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-json FailAll(const std::vector<std::string>& nodes, const std::string& why, bool with_items) {
-  json failed = json::object();
-  for (const auto& n : nodes) failed[n] = why;
-  json out = {{"FailedNodes", json::object()}, {"FailedAndUnresolvableNodes", failed},
-              {"Error", ""}};
-  if (with_items) {
-    out["Nodes"] = {{"items", json::array()}};
-    out["NodeNames"] = nullptr;
-  } else {
-    out["Nodes"] = nullptr;
-    out["NodeNames"] = json::array();
+// Appends `v` as a JSON string literal.
+void AppendQuoted(std::string& out, std::string_view v) {
+  out += '"';
+  for (char c : v) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+    } else {
+      out += c;
+    }
   }
-  return out;
+  out += '"';
 }
 
-// Candidate node names of ExtenderArgs: NodeNames (nodeCacheCapable) or Nodes.items.
-std::vector<std::string> CandidateNames(const json& args, bool* with_items) {
-  std::vector<std::string> out;
+// Candidate node names of ExtenderArgs: NodeNames (nodeCacheCapable) or Nodes.items. The
+// pointers are into `args`.
+std::vector<const std::string*> CandidateNames(const json& args, bool* with_items) {
+  static const std::string kEmpty;
+  std::vector<const std::string*> out;
   *with_items = false;
   auto nn = args.find("NodeNames");
   if (nn != args.end() && nn->is_array()) {
+    out.reserve(nn->size());
     for (const auto& n : *nn) {
-      if (n.is_string()) out.push_back(n.get<std::string>());
+      if (n.is_string()) out.push_back(n.get_ptr<const std::string*>());
     }
     return out;
   }
   auto nodes = args.find("Nodes");
-  if (nodes != args.end() && nodes->is_object() && (*nodes)["items"].is_array()) {
+  if (nodes != args.end() && nodes->is_object()) {
+    auto items = nodes->find("items");
+    if (items == nodes->end() || !items->is_array()) return out;
     *with_items = true;
-    for (const auto& n : (*nodes)["items"]) out.push_back(Str(n, "metadata", "name"));
+    for (const auto& n : *items) {
+      const std::string* name = &kEmpty;
+      if (auto md = n.find("metadata"); md != n.end() && md->is_object()) {
+        if (auto nm = md->find("name"); nm != md->end() && nm->is_string()) {
+          name = nm->get_ptr<const std::string*>();
+        }
+      }
+      out.push_back(name);
+    }
   }
+  return out;
+}
+
+// ExtenderFilterResult: kept nodes (names, or the Node objects when the request carried them)
+// and the failed ones with reasons.
+std::string FilterResult(const json& args, const std::vector<const std::string*>& names,
+                         const std::vector<std::pair<size_t, std::string>>& failed,
+                         const std::vector<std::pair<size_t, std::string>>& unresolvable,
+                         bool with_items) {
+  std::vector<bool> keep(names.size(), true);
+  for (const auto& [i, why] : failed) keep[i] = false;
+  for (const auto& [i, why] : unresolvable) keep[i] = false;
+  std::string out;
+  out.reserve(names.size() * 16 + 128);
+  out += with_items ? R"({"NodeNames":null,"Nodes":{"items":[)" : R"({"Nodes":null,"NodeNames":[)";
+  bool first = true;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!keep[i]) continue;
+    if (!first) out += ',';
+    first = false;
+    if (with_items) {
+      out += args["Nodes"]["items"][i].dump();
+    } else {
+      AppendQuoted(out, *names[i]);
+    }
+  }
+  out += with_items ? "]}" : "]";
+  for (const auto* part : {&failed, &unresolvable}) {
+    out += part == &failed ? R"(,"FailedNodes":{)" : R"(,"FailedAndUnresolvableNodes":{)";
+    for (size_t k = 0; k < part->size(); ++k) {
+      if (k) out += ',';
+      AppendQuoted(out, *names[(*part)[k].first]);
+      out += ':';
+      AppendQuoted(out, (*part)[k].second);
+    }
+    out += '}';
+  }
+  out += R"(,"Error":""})";
   return out;
 }
 
@@ -176,6 +228,15 @@ void Extender::UpsertNode(const json& node) {
   }
   for (size_t i = 0; i < st.uuids.size(); ++i) st.index_of[st.uuids[i]] = static_cast<int>(i);
   std::unique_lock<std::shared_mutex> l(mu_);
+  // Most node updates are the kubelet's status heartbeats: same GPUs, nothing to redo.
+  if (auto cur = nodes_.find(name); cur != nodes_.end() && cur->second.uuids == st.uuids) {
+    bool same = true;
+    for (size_t g = 0; g < st.node.gpus.size() && same; ++g) {
+      same = cur->second.node.gpus[g].memory_total_bytes == st.node.gpus[g].memory_total_bytes &&
+             cur->second.node.gpus[g].healthy == st.node.gpus[g].healthy;
+    }
+    if (same) return;
+  }
   // Re-apply what pods hold on this node onto the new capacity.
   std::vector<std::pair<std::string, Booking>> held;
   for (auto& [uid, b] : bookings_) {
@@ -394,80 +455,75 @@ void Extender::StopWatching() {
   node_reflector_.reset();
 }
 
-json Extender::Filter(const json& args) {
+json Extender::Filter(const json& args) { return json::parse(FilterWire(args)); }
+
+std::string Extender::FilterWire(const json& args) {
   bool with_items = false;
-  std::vector<std::string> names = CandidateNames(args, &with_items);
-  const json& pod = args.contains("Pod") ? args["Pod"] : json::object();
-  auto req = RequestOf(pod);
-  if (!req.ok()) return FailAll(names, std::string(req.status().message()), with_items);
-  json out = {{"FailedNodes", json::object()},
-              {"FailedAndUnresolvableNodes", json::object()},
-              {"Error", ""}};
-  std::vector<bool> keep(names.size(), true);
-  if (!req->first.containers.empty()) {
-    std::shared_lock<std::shared_mutex> l(mu_);
-    std::string reason;
+  std::vector<const std::string*> names = CandidateNames(args, &with_items);
+  std::vector<std::pair<size_t, std::string>> failed, unresolvable;
+  auto pod_it = args.find("Pod");
+  auto req = RequestOf(pod_it != args.end() ? *pod_it : json::object());
+  if (!req.ok()) {
     for (size_t i = 0; i < names.size(); ++i) {
-      auto it = nodes_.find(names[i]);
+      unresolvable.emplace_back(i, std::string(req.status().message()));
+    }
+  } else if (!req->first.containers.empty()) {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = nodes_.find(*names[i]);
       if (it == nodes_.end()) {
-        keep[i] = false;
-        out["FailedAndUnresolvableNodes"][names[i]] = "node has no gpulet vGPU GPUs";
-      } else if (reason.clear(); !placement::Fits(it->second.node, req->first, &reason)) {
-        keep[i] = false;
-        out["FailedNodes"][names[i]] = "vGPU: " + reason;
+        unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
+      } else if (!placement::Fits(it->second.node, req->first)) {
+        std::string reason;  // only the failures pay for the message
+        placement::Fits(it->second.node, req->first, &reason);
+        failed.emplace_back(i, "vGPU: " + reason);
       }
     }
   }
-  if (with_items) {
-    json items = json::array();
-    const json& all = args["Nodes"]["items"];
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (keep[i]) items.push_back(all[i]);
-    }
-    out["Nodes"] = {{"items", std::move(items)}};
-    out["NodeNames"] = nullptr;
-  } else {
-    json kept = json::array();
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (keep[i]) kept.push_back(names[i]);
-    }
-    out["NodeNames"] = std::move(kept);
-    out["Nodes"] = nullptr;
-  }
-  return out;
+  return FilterResult(args, names, failed, unresolvable, with_items);
 }
 
-json Extender::Prioritize(const json& args) {
+json Extender::Prioritize(const json& args) { return json::parse(PrioritizeWire(args)); }
+
+std::string Extender::PrioritizeWire(const json& args) {
   bool with_items = false;
-  std::vector<std::string> names = CandidateNames(args, &with_items);
-  const json& pod = args.contains("Pod") ? args["Pod"] : json::object();
-  json out = json::array();
+  std::vector<const std::string*> names = CandidateNames(args, &with_items);
+  auto pod_it = args.find("Pod");
+  const json& pod = pod_it != args.end() ? *pod_it : json::object();
+  std::vector<int64_t> final_scores(names.size(), 0);
   auto req = RequestOf(pod);
   auto policy = PolicyFor(pod);
-  if (!req.ok() || !policy.ok() || req->first.containers.empty()) {
-    for (const auto& n : names) out.push_back({{"Host", n}, {"Score", 0}});
-    return out;
-  }
-  MaybeRebuildWorkload();
-  std::vector<double> scores;
-  std::vector<int> fit;  // positions in `names` that fit
-  {
-    std::shared_lock<std::shared_mutex> l(mu_);
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto it = nodes_.find(names[i]);
-      if (it == nodes_.end()) continue;
-      if (auto s = (*policy)->Score(it->second.node, req->first)) {
-        scores.push_back(s->score);
-        fit.push_back(static_cast<int>(i));
+  if (req.ok() && policy.ok() && !req->first.containers.empty()) {
+    MaybeRebuildWorkload();
+    std::vector<double> scores;
+    std::vector<int> fit;  // positions in `names` that fit
+    scores.reserve(names.size());
+    fit.reserve(names.size());
+    {
+      std::shared_lock<std::shared_mutex> l(mu_);
+      for (size_t i = 0; i < names.size(); ++i) {
+        auto it = nodes_.find(*names[i]);
+        if (it == nodes_.end()) continue;
+        if (auto s = (*policy)->Score(it->second.node, req->first)) {
+          scores.push_back(s->score);
+          fit.push_back(static_cast<int>(i));
+        }
       }
     }
+    std::vector<int64_t> scaled = placement::ScaleScores(scores, 0, 10);
+    for (size_t k = 0; k < fit.size(); ++k) final_scores[fit[k]] = scaled[k];
   }
-  std::vector<int64_t> scaled = placement::ScaleScores(scores, 0, 10);
-  std::vector<int64_t> final_scores(names.size(), 0);
-  for (size_t k = 0; k < fit.size(); ++k) final_scores[fit[k]] = scaled[k];
+  // HostPriorityList.
+  std::string out;
+  out.reserve(names.size() * 32 + 2);
+  out += '[';
   for (size_t i = 0; i < names.size(); ++i) {
-    out.push_back({{"Host", names[i]}, {"Score", final_scores[i]}});
+    if (i) out += ',';
+    out += R"({"Host":)";
+    AppendQuoted(out, *names[i]);
+    absl::StrAppend(&out, R"(,"Score":)", final_scores[i], "}");
   }
+  out += ']';
   return out;
 }
 
@@ -545,7 +601,8 @@ json Extender::Bind(const json& args) {
 }
 
 void Extender::Register(httplib::Server& server, const std::string& prefix) {
-  auto verb = [&server, &prefix](const std::string& path, std::function<json(const json&)> fn) {
+  auto verb = [&server, &prefix](const std::string& path,
+                                 std::function<std::string(const json&)> fn) {
     server.Post(prefix + path, [fn](const httplib::Request& req, httplib::Response& res) {
       json args = json::parse(req.body, nullptr, false);
       if (!args.is_object()) {
@@ -553,12 +610,12 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
         res.set_content(R"({"Error":"request body is not a JSON object"})", "application/json");
         return;
       }
-      res.set_content(fn(args).dump(), "application/json");
+      res.set_content(fn(args), "application/json");
     });
   };
-  verb("/filter", [this](const json& a) { return Filter(a); });
-  verb("/prioritize", [this](const json& a) { return Prioritize(a); });
-  verb("/bind", [this](const json& a) { return Bind(a); });
+  verb("/filter", [this](const json& a) { return FilterWire(a); });
+  verb("/prioritize", [this](const json& a) { return PrioritizeWire(a); });
+  verb("/bind", [this](const json& a) { return Bind(a).dump(); });
   server.Get(prefix + "/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
   });

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "k8s/client.h"
 #include "scheduler/placement/placement.h"
@@ -80,6 +81,10 @@ class Extender {
   json Filter(const json& args);
   json Prioritize(const json& args);
   json Bind(const json& args);
+  // Filter and Prioritize answers serialised directly (what the HTTP handlers send): building
+  // a nlohmann object per node costs more than the placement itself on 1000-node requests.
+  std::string FilterWire(const json& args);
+  std::string PrioritizeWire(const json& args);
 
   // Registers POST <prefix>/filter, /prioritize, /bind and GET <prefix>/healthz, /state,
   // /workload.
@@ -121,7 +126,7 @@ class Extender {
   ExtenderOptions options_;
   std::map<std::string, std::unique_ptr<placement::Policy>> policies_;
   mutable std::shared_mutex mu_;
-  std::unordered_map<std::string, NodeState> nodes_;
+  absl::flat_hash_map<std::string, NodeState> nodes_;  // looked up per candidate per request
   std::unordered_map<std::string, Booking> bookings_;  // by pod uid
   std::unordered_map<std::string, json> orphans_;      // bound pods whose node is not known yet
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
