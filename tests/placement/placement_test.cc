@@ -281,6 +281,28 @@ TEST(Policies, GpuletPutsCpuTasksWhereGpusAreGone) {
   EXPECT_EQ(Decide("gpulet", c, CpuOnly(2000), w).node, 1);
 }
 
+// gpulet opens idle nodes last: "idle" and "in-use" have the same free GPUs and enough CPU for
+// every expected task, so FGD's score is equal (a tie: first node, the idle one); gpulet puts
+// the GPU task on the node already in use (a CPU task runs there), keeping "idle" whole. The rule
+// is worth less than one score level, so a fragmentation difference still wins (second half).
+TEST(Policies, GpuletPrefersNodesInUseOnTies) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("idle", 2));
+  c.nodes.push_back(MakeNode("in-use", 2));
+  c.nodes[1].cpu_milli_free -= 2000;
+  std::vector<PodRequest> expected(10, Share(500));
+  const Workload w = WorkloadFromPods(expected);
+  EXPECT_EQ(Decide("fgd", c, Share(500), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Share(500), w).node, 1);
+  // Fragmentation first: on "in-use" the only GPUs left have 600 free, where a 500 share
+  // strands 100 that no expected (500) task can use; on "idle" it leaves 500, usable. Both
+  // policies pick "idle" although "in-use" is in use.
+  c.nodes[1].gpus[0].free_milli = 600;
+  c.nodes[1].gpus[1].free_milli = 600;
+  EXPECT_EQ(Decide("fgd", c, Share(500), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Share(500), w).node, 0);
+}
+
 // Random: the same seed gives the same choice; the choice is always feasible; over many
 // pods more than one node is used.
 TEST(Policies, RandomIsSeededAndFeasible) {

@@ -231,12 +231,17 @@ class FragModel {
 // plugin: trunc(sigmoid((F_before - F_after) / 1000) * 100). Equal scores are left to the caller
 // (Schedule(): first node in order, which is what reproduces the paper's figures).
 //
-// gpulet ("gpulet"): FGD's measure and score levels, plus one rule for what FGD leaves to node
-// order. A CPU-only task changes no GPU, so FGD scores it the same on almost every node and it
-// lands on whichever node comes first -- often one with idle GPUs, whose CPU the next GPU task
-// then lacks (at 130% arrivals the trace asks ~104% of the cluster's CPU). gpulet breaks those
-// ties towards the node with the fewest free GPUs, where spent CPU strands nothing. The term is
-// below one score level, so it never overrides a fragmentation difference.
+// gpulet ("gpulet"): FGD's measure and score levels, plus two rules for what FGD leaves to node
+// order (equal scores), each worth less than one score level, so neither ever overrides a
+// fragmentation difference:
+//  - CPU-only tasks: a CPU-only task changes no GPU, so FGD scores it the same on almost every
+//    node and it lands on whichever node comes first -- often one with idle GPUs, whose CPU the
+//    next GPU task then lacks (at 130% arrivals the trace asks ~104% of the cluster's CPU).
+//    gpulet breaks those ties towards the node with the fewest free GPUs.
+//  - GPU tasks: among equal scores, a node already in use (some CPU or GPU given out) before an
+//    idle one; within each group node order still decides. Idle nodes stay whole for the tasks
+//    that need a whole node's GPUs or CPU. Replacing the order altogether (ties to the node left
+//    with the fewest free GPUs, or best fit) packs too eagerly and loses (docs/placement.md).
 //
 // "fgd-exact" (the unquantised fragmentation change) is an ablation: it allocates less than FGD
 // on openb, because the 100 levels plus first-in-order ties pack tasks onto fewer nodes.
@@ -244,7 +249,8 @@ class FragPolicy final : public PolicyImpl {
  public:
   struct Options {
     bool exact = false;
-    bool steer_cpu_tasks = false;
+    bool steer_cpu_tasks = false;   // gpulet's CPU-task rule
+    bool prefer_used_nodes = false;  // gpulet's GPU-task rule
   };
   FragPolicy(std::string name, Options o) : name_(std::move(name)), o_(o) {}
   std::string_view name() const override { return name_; }
@@ -272,6 +278,10 @@ class FragPolicy final : public PolicyImpl {
     if (o_.steer_cpu_tasks && pod.TotalGpuMilli() == 0) {
       const double free_gpus = static_cast<double>(NodeGpuFree(node)) / kMaxSpecGpu;
       score += 0.9 * (1.0 - std::clamp(free_gpus, 0.0, 1.0));
+    } else if (o_.prefer_used_nodes && pod.TotalGpuMilli() > 0) {
+      bool used = node.cpu_milli_free < node.cpu_milli_total;
+      for (const Gpu& g : node.gpus) used |= g.free_milli < kMilliPerGpu;
+      if (used) score += 0.5;
     }
     return score;
   }
@@ -295,7 +305,8 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view name,
     return std::make_unique<FragPolicy>("fgd-exact", FragPolicy::Options{.exact = true});
   }
   if (name == "gpulet") {
-    return std::make_unique<FragPolicy>("gpulet", FragPolicy::Options{.steer_cpu_tasks = true});
+    return std::make_unique<FragPolicy>(
+        "gpulet", FragPolicy::Options{.steer_cpu_tasks = true, .prefer_used_nodes = true});
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown placement policy \"", std::string(name),
                                                  "\" (known: ", absl::StrJoin(PolicyNames(), ", "),
