@@ -118,7 +118,9 @@ void BM_Preferred(benchmark::State& state) {
 }
 BENCHMARK(BM_Preferred)->ArgsProduct({{1, 2, 4, 8}, {0, 1}});
 
-// Resident memory of `gpulet agent` serving the simulated node to the kubelet emulator.
+// Resident memory of `gpulet device-plugin` (arg 0) or `gpulet agent` (arg 1: device plugin,
+// exporter, labels) serving the simulated node to the kubelet emulator. rss_mib = VmRSS,
+// anon_mib = RssAnon (VmRSS less the pages of the binary and shared libraries).
 void BM_AgentRss(benchmark::State& state) {
   const std::string bin =
       (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "bin/gpulet")
@@ -130,9 +132,17 @@ void BM_AgentRss(benchmark::State& state) {
     if (!kubelet.Start().ok()) return state.SkipWithError("emulator did not start");
     pid_t pid = fork();
     if (pid == 0) {
-      execl(bin.c_str(), "gpulet", "agent", "--simulate", g_profile.c_str(), "--sim-root",
-            sim.c_str(), "--device-plugin-dir", dir.c_str(), "--unhealthy-devices-file", "",
-            nullptr);
+      const char* cmd = state.range(0) ? "agent" : "device-plugin";
+      const std::string labels = g_root + "/features";
+      if (state.range(0)) {
+        execl(bin.c_str(), "gpulet", cmd, "--simulate", g_profile.c_str(), "--sim-root",
+              sim.c_str(), "--device-plugin-dir", dir.c_str(), "--unhealthy-devices-file", "",
+              "--metrics-address", "127.0.0.1:0", "--labels-output", labels.c_str(), nullptr);
+      } else {
+        execl(bin.c_str(), "gpulet", cmd, "--simulate", g_profile.c_str(), "--sim-root",
+              sim.c_str(), "--device-plugin-dir", dir.c_str(), "--unhealthy-devices-file", "",
+              nullptr);
+      }
       _exit(127);
     }
     const bool up = kubelet.WaitForAllocatable("nvidia.com/gpu", Get().ids.size(),
@@ -140,17 +150,20 @@ void BM_AgentRss(benchmark::State& state) {
     sleep(1);
     std::ifstream status("/proc/" + std::to_string(pid) + "/status");
     std::string line;
-    double kib = 0;
-    while (std::getline(status, line))
+    double kib = 0, anon_kib = 0;
+    while (std::getline(status, line)) {
       if (line.rfind("VmRSS:", 0) == 0) kib = std::stod(line.substr(6));
+      if (line.rfind("RssAnon:", 0) == 0) anon_kib = std::stod(line.substr(8));
+    }
     kill(pid, SIGTERM);
     waitpid(pid, nullptr, 0);
     if (!up) return state.SkipWithError("agent did not register");
     state.counters["rss_mib"] = kib / 1024;
+    state.counters["anon_mib"] = anon_kib / 1024;
   }
-  state.SetLabel(g_profile);
+  state.SetLabel(g_profile + (state.range(0) ? " agent" : " device-plugin"));
 }
-BENCHMARK(BM_AgentRss)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AgentRss)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace gpulet

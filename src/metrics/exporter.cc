@@ -1,5 +1,6 @@
 #include "metrics/exporter.h"
 
+#include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
@@ -114,6 +115,12 @@ class CheckpointWatcher {
 absl::StatusOr<std::unique_ptr<Exporter>> Exporter::Start(ExporterOptions o, gpu::GpuLayer* gpu,
                                                           Sampler::GpuOpener opener) {
   std::unique_ptr<Exporter> e(new Exporter());
+  // Process-wide, on purpose (the exporter runs in a long-lived daemon: `gpulet exporter` or the
+  // agent): each cycle allocates and frees MiB-sized bodies. A fixed mmap threshold keeps them out
+  // of the heap (glibc otherwise raises the threshold after the first free and the freed bodies
+  // stay resident), and two arenas stop every worker thread from keeping its own free lists.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  mallopt(M_ARENA_MAX, 2);
   if (!o.pod_resources_socket.empty()) {
     kubelet::PodResourcesOptions po;
     po.socket = o.pod_resources_socket;

@@ -11,6 +11,14 @@
 #include "vgpu/accounting.h"
 
 namespace gpulet::metrics {
+namespace {
+// Real time on purpose: gzip bookkeeping follows actual scrapes, not a test's manual clock.
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read() {
   RealFilesystem fs("/");
@@ -99,6 +107,10 @@ void Sampler::Start() {
       }
     }
   });
+}
+
+void Sampler::NoteGzipRequest(Format f) {
+  gzip_requested_ms_[f == Format::kOpenMetrics].store(SteadyMs(), std::memory_order_relaxed);
 }
 
 void Sampler::Poke() {
@@ -277,8 +289,12 @@ void Sampler::SampleOnce() {
   Render(s, options_.render, Format::kText, &snap->text);
   Render(s, options_.render, Format::kOpenMetrics, &snap->openmetrics);
   RenderGpuManager(s, Format::kText, &snap->gpu_manager);
-  snap->text_gz = GzipOpen(snap->text);
-  snap->openmetrics_gz = GzipOpen(snap->openmetrics);
+  auto gzip_wanted = [&](Format f) {
+    int64_t at = gzip_requested_ms_[f == Format::kOpenMetrics].load(std::memory_order_relaxed);
+    return at != 0 && SteadyMs() - at < std::chrono::milliseconds(kGzipKeep).count();
+  };
+  if (gzip_wanted(Format::kText)) snap->text_gz = GzipOpen(snap->text);
+  if (gzip_wanted(Format::kOpenMetrics)) snap->openmetrics_gz = GzipOpen(snap->openmetrics);
   prev.reset();
   absl::MutexLock l(&snap_mu_);
   snapshot_ = std::move(snap);

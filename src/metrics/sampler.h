@@ -59,8 +59,10 @@ struct Snapshot {
   std::string text;         // Prometheus text 0.0.4
   std::string openmetrics;  // OpenMetrics 1.0.0, without "# EOF"
   std::string gpu_manager;  // GPU Manager's /metric families (text)
-  // The two bodies gzip-compressed once per cycle, for scrapers sending Accept-Encoding: gzip
+  // The bodies gzip-compressed once per cycle for scrapers sending Accept-Encoding: gzip
   // (Prometheus does): a gzip scrape writes a fraction of the bytes and only closes the stream.
+  // Only formats asked for with gzip in the last few minutes are compressed (empty data: not
+  // compressed, serve identity).
   OpenGzip text_gz, openmetrics_gz;
   SelfStats self;
   Clock::TimePoint taken{};
@@ -98,6 +100,11 @@ class Sampler {
   void Poke();
   uint64_t pokes_handled() const;  // for tests
 
+  // A scrape asked for `format` with gzip: the next cycles compress that format's body (until no
+  // such scrape came for kGzipKeep). Lock-free; called from the HTTP workers.
+  void NoteGzipRequest(Format format);
+  static constexpr std::chrono::minutes kGzipKeep{5};
+
   // The latest snapshot; never null after construction (an empty one before the first cycle).
   std::shared_ptr<const Snapshot> snapshot() const;
 
@@ -130,6 +137,9 @@ class Sampler {
   bool need_reinit_ ABSL_GUARDED_BY(cycle_mu_) = false;
   SelfStats stats_ ABSL_GUARDED_BY(cycle_mu_);
   std::map<std::string, NvlinkPrev> nvlink_prev_ ABSL_GUARDED_BY(cycle_mu_);  // by GPU UUID
+
+  // Steady-clock milliseconds of the last gzip request per format (text, OpenMetrics); 0 = never.
+  std::atomic<int64_t> gzip_requested_ms_[2] = {0, 0};
 
   absl::Mutex xid_mu_;  // events arrive on the GPU layer's thread
   std::map<std::string, XidState> xids_ ABSL_GUARDED_BY(xid_mu_);  // by GPU UUID

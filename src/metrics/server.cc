@@ -138,11 +138,15 @@ absl::Status MetricsServer::Start() {
     const std::string* body = om ? &snap->openmetrics : &snap->text;
     res.set_header("Vary", "Accept-Encoding");
     if (AcceptsGzip(req.get_header_value("Accept-Encoding"))) {
-      // The body compressed once per cycle; this response's tail closes the gzip stream.
+      sampler_->NoteGzipRequest(f);
+      // The body compressed once per cycle; this response's tail closes the gzip stream. Until
+      // the sampler has compressed this format (first gzip scrape), identity is served.
       const OpenGzip& gz = om ? snap->openmetrics_gz : snap->text_gz;
-      body = &gz.data;
-      tail = GzipClose(gz, tail);
-      res.set_header("Content-Encoding", "gzip");
+      if (!gz.data.empty()) {
+        body = &gz.data;
+        tail = GzipClose(gz, tail);
+        res.set_header("Content-Encoding", "gzip");
+      }
     }
     ServeSnapshot(res, snap, body, std::move(tail),
                   om ? kOpenMetricsContentType : kTextContentType, &last_scrape_seconds_, start);
