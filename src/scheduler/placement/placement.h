@@ -129,7 +129,7 @@ class Policy {
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
   // Gives the policy the expected workload (FGD needs it; others ignore it). Not thread-safe.
-  // Without it, "fgd" and "gpulet" score like "best-fit" (gpulet keeps its CPU-task rule).
+  // Without it, "fgd" and "gpulet" score like "best-fit" (gpulet keeps its two tie rules).
   virtual void SetWorkload(const Workload& workload) {}
   // Score of placing `pod` on `node` with the policy's best in-node assignment, or nullopt when
   // the pod does not fit (same rule as Fits()).
