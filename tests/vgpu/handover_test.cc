@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
 
 namespace gpulet {
@@ -80,7 +81,7 @@ class Handover : public ::testing::Test {
     if (!dir_.empty()) stdfs::remove_all(dir_);
   }
   // The real agent on the fake NVML, GPU 1 in the vGPU pool, state under the temp dir.
-  void StartAgent() {
+  void StartAgent(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
         Built("bin/gpulet"), "agent", "--simulate",
         std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml",
@@ -89,6 +90,7 @@ class Handover : public ::testing::Test {
         "127.0.0.1:0", "--labels-output", dir_ + "/features", "--vgpu-gpus", "1",
         "--vgpu-state-dir", dir_ + "/vgpu", "--metrics-vgpu-accounting-dir", dir_ + "/vgpu",
         "--vgpu-library", Built("lib/libgpulet-vcuda.so"), "--vgpu-reconcile-interval", "200ms"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     agent_ = fork();
     if (agent_ == 0) {
       int fd = open((dir_ + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -193,6 +195,65 @@ spec:
   // Deleting the pod releases the grant: the accounting directory goes.
   ASSERT_TRUE(emu_->DeletePod("default", "share").ok());
   EXPECT_TRUE(Eventually([&] { return !stdfs::exists(pod_dir); })) << Log();
+}
+
+// With API access (--node-name, --kubeconfig) the Allocate finds its pod in the API server: the
+// extender's GPU annotation is honoured, the container is named in the response and on the pod
+// (assigned), the pool is published on the node, and deleting the pod from the API releases it.
+TEST_F(Handover, WithApiServerFindsThePod) {
+  testing::FakeApiServer api;
+  ASSERT_TRUE(api.Start());
+  api.CreateNode({{"metadata", {{"name", "node-1"}}}});
+  using nlohmann::json;
+  json limits = {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "2"}};
+  json pod = api.CreatePod(
+      {{"metadata",
+        {{"name", "share"},
+         {"namespace", "default"},
+         {"annotations",
+          {{"gpulet.io/vgpu-node", "node-1"},
+           {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
+           {"gpulet.io/vgpu-bind-time", "1"}}}}},
+       {"spec", {{"nodeName", "node-1"},
+                 {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
+       {"status", {{"phase", "Pending"}}}});
+  std::string uid = pod["metadata"]["uid"];
+  std::ofstream(dir_ + "/kubeconfig") << "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+                                      << "contexts:\n- name: t\n  context: {cluster: c}\n"
+                                      << "clusters:\n- name: c\n  cluster: {server: \""
+                                      << api.url() << "\"}\n";
+  StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"});
+  auto pods = emu::ParsePods(R"(apiVersion: v1
+kind: Pod
+metadata: {name: share}
+spec:
+  containers:
+  - name: app
+    image: cuda
+    resources:
+      limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
+)", "share.yaml");
+  ASSERT_TRUE(pods.ok()) << pods.status();
+  ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
+  auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
+  ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
+  const auto& resp = st->containers[0].response;
+  EXPECT_EQ(resp.annotations().at("gpulet.io/vgpu-container"), "default/share/app");
+  EXPECT_EQ(resp.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-face0000-0000-0000-0000-000000000001");
+  EXPECT_EQ(resp.envs().at("GPULET_VGPU_MEMORY_LIMIT"), std::to_string(512 * kMiB));
+  json now;
+  ASSERT_TRUE(api.GetPod("default", "share", &now));
+  EXPECT_EQ(now["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
+  auto pod_file = ReadFileToString(dir_ + "/vgpu/" + uid + "/pod");
+  EXPECT_TRUE(pod_file.ok() && *pod_file == "default/share\n");
+  EXPECT_TRUE(Eventually([&] {
+    json node;
+    return api.GetNode("node-1", &node) && node["metadata"].contains("annotations") &&
+           node["metadata"]["annotations"].value("gpulet.io/vgpu-gpus", "").find(
+               "\"memoryUnits\":4") != std::string::npos;
+  })) << Log();
+  ASSERT_TRUE(api.DeletePod("default", "share"));
+  EXPECT_TRUE(Eventually([&] { return !stdfs::exists(dir_ + "/vgpu/" + uid); })) << Log();
 }
 
 // A pool selection naming a GPU the node does not have stops the agent with a message naming it.
