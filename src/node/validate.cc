@@ -179,14 +179,17 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
     config["ldconfig"] = ld;
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/runtime.json", config.dump(), 0644));
 
+  // Output goes to a file, not our pipe: a container left running past the timeout (its PID 1
+  // ignores SIGTERM) must not keep us reading; the cleanup's `runc delete -f` ends it.
   out.clear();
-  int rc = Shell(absl::StrCat("GPULET_RUNTIME_CONFIG=", Quote(dir + "/runtime.json"), " timeout ",
-                              o.probe_timeout_seconds, " ", Quote(UnderRoot(o.host_root, shim)),
-                              " --root ", Quote(dir + "/state"), " run --bundle ", Quote(bundle),
-                              " ", id),
+  int rc = Shell(absl::StrCat("GPULET_RUNTIME_CONFIG=", Quote(dir + "/runtime.json"),
+                              " timeout -k 5 ", o.probe_timeout_seconds, " ",
+                              Quote(UnderRoot(o.host_root, shim)), " --root ", Quote(dir + "/state"),
+                              " run --bundle ", Quote(bundle), " ", id, " >", Quote(dir + "/out"),
+                              " 2>&1"),
                  &out);
-  std::string shown(absl::StripAsciiWhitespace(out));
-  if (rc == 124)
+  std::string shown(absl::StripAsciiWhitespace(ReadFileToString(dir + "/out").value_or(out)));
+  if (rc == 124 || rc == 137)
     return absl::DeadlineExceededError(
         absl::StrCat("the probe container did not finish in ", o.probe_timeout_seconds, " s"));
   std::vector<std::string> nodes;

@@ -156,8 +156,8 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
 }
 
 // The probe container catches what the file checks cannot: a shim that starts containers without
-// their GPUs (here one that execs runc directly), a missing busybox and a missing runc, each one
-// clear reason.
+// their GPUs (here one that execs runc directly), a missing busybox, a missing runc and a shim that
+// hangs, each one clear reason.
 TEST_F(InstallTest, ProbeContainerFailuresAreClear) {
   if (!rt::IsRoot()) GTEST_SKIP() << "needs root to mknod the device nodes and to run runc";
   if (!rt::Have("runc")) GTEST_SKIP() << "runc is not installed";
@@ -184,6 +184,15 @@ TEST_F(InstallTest, ProbeContainerFailuresAreClear) {
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos)
       << r.steps[1].detail;
+
+  // A shim that never returns is cut off at the timeout: no hang.
+  v.probe_runc.clear();
+  v.probe_timeout_seconds = 1;
+  rt::WriteFile(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime", "#!/bin/sh\nexec sleep 30\n",
+                0755);
+  r = ValidateStack(v);
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_NE(r.steps[1].detail.find("did not finish in 1 s"), std::string::npos) << r.steps[1].detail;
 
   v.container_probe = false;
   r = ValidateStack(v);
