@@ -10,6 +10,7 @@
 //   BM_Hook/ldcache       gpulet-container-hook update-ldcache: state on stdin, config.json, setns,
 //                         chroot, the host's ldconfig over the container's library folder (root only)
 //   BM_Hook/prestart_nogpu  the legacy prestart hook for a container without GPUs
+//   BM_ParseCdiSpec/json|yaml  ParseCdiSpec of that 8-GPU spec in-process (no exec)
 // config.json is restored before every iteration (outside the timing).
 #include <fcntl.h>
 #include <spawn.h>
@@ -135,6 +136,21 @@ void BM_Hook(benchmark::State& state, const std::string& what) {
   }
 }
 
+// In-process: reading the 8-GPU spec (the part of shim_gpu the spec format decides).
+void BM_ParseCdiSpec(benchmark::State& state, const std::string& file) {
+  std::string text = ReadFile(W().dir + file);
+  for (auto _ : state) {
+    auto spec = ParseCdiSpec(text, file);
+    if (!spec.ok()) {
+      state.SkipWithError("parse failed");
+      break;
+    }
+    benchmark::DoNotOptimize(spec);
+  }
+}
+
+BENCHMARK_CAPTURE(BM_ParseCdiSpec, json, std::string("/cdi/nvidia.json"))->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ParseCdiSpec, yaml, std::string("/cdi-yaml/nvidia.yaml"))->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Exec, direct, std::string("direct"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_gpu, std::string("shim_gpu"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_gpu_yaml, std::string("shim_gpu_yaml"))->Unit(benchmark::kMillisecond);

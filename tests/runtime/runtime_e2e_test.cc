@@ -3,10 +3,12 @@
 // containerd's own config parser, and the security cases (symlinked mount targets, LD_PRELOAD).
 // Each needs root and its tool, and skips with the reason otherwise.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -402,6 +404,44 @@ TEST_F(Node, ContainerdCtrRun) {
   EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
   Sh(run + "localhost/gpulet-ctr:latest t2 sh -c 'ls -l /dev | grep nvidia; true'", &out);
   EXPECT_THAT(out, Not(::testing::ContainsRegex("nvidia[0-9]"))) << out;
+}
+
+// `gpulet agent --cdi-spec` on a simulated MIG node: the spec appears (JSON, whole GPUs and MIG
+// devices, "all") while the agent serves, and is not rewritten while the GPU set stays the same
+// (same inode across several 200 ms check intervals).
+TEST(Agent, KeepsTheCdiSpecOfTheNode) {
+  std::string gpulet = kBin + "gpulet";
+  if (::access(gpulet.c_str(), X_OK) != 0) GTEST_SKIP() << "gpulet is not built";
+  std::string dir = MakeTempDir("agent"), why;
+  if (!MakeDriverRoot(dir + "/driver", 0, &why)) GTEST_SKIP() << why;
+  fs::create_directories(dir + "/dp");
+  fs::create_directories(dir + "/cdi");
+  std::string spec = dir + "/cdi/nvidia.json";
+  ASSERT_EQ(Sh(gpulet + " agent --simulate a100-mig --sim-root " + dir + "/sim --device-plugin-dir " +
+                   dir + "/dp --kubelet-socket '' --metrics-address 127.0.0.1:0 --labels-output " +
+                   dir + "/labels --cdi-spec " + spec + " --cdi-driver-root " + dir +
+                   "/driver --cdi-interval 200ms >" + dir + "/log 2>&1 & echo $! >" + dir + "/pid"),
+            0);
+  struct Stop {
+    std::string dir;
+    ~Stop() {
+      Sh("kill $(cat " + dir + "/pid) 2>/dev/null; sleep 0.3");
+      fs::remove_all(dir);
+    }
+  } stop{dir};
+  for (int i = 0; i < 100 && !fs::exists(spec); ++i) ::usleep(100000);
+  ASSERT_TRUE(fs::exists(spec)) << ReadFile(dir + "/log");
+  auto parsed = ParseCdiSpec(ReadFile(spec), spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  std::set<std::string> names;
+  for (const auto& d : parsed->devices) names.insert(d.name);
+  EXPECT_TRUE(names.count("0") && names.count("0:0") && names.count("all")) << ReadFile(spec);
+  EXPECT_EQ(ReadFile(spec).front(), '{');
+  struct stat before, after;
+  ASSERT_EQ(::stat(spec.c_str(), &before), 0);
+  ::usleep(1000000);
+  ASSERT_EQ(::stat(spec.c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino) << "rewritten although the GPUs did not change";
 }
 
 // containerd parses what `gpulet runtime configure` wrote and shows our runtime.
