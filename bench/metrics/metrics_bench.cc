@@ -13,7 +13,8 @@
 //  * BM_SampleCycle: one sampling cycle (read 8 GPUs, attribute 128 containers, render text and
 //    OpenMetrics) in-process; Google Benchmark's CPU time column is the CPU time per cycle.
 //    _SimulatedNvml reads the fake libnvidia-ml.so.1 through the production dlopen layer;
-//    _InProcessLayer uses a C++ fake GpuLayer (rendering cost alone).
+//    _InProcessLayer uses a C++ fake GpuLayer (rendering cost alone); _GzipOpenMetrics adds the
+//    per-cycle compression a Prometheus scraper (OpenMetrics + gzip) causes.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -156,7 +157,7 @@ class FixedLister : public kubelet::PodResourcesLister {
   std::vector<kubelet::PodDevice> d_;
 };
 
-void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer) {
+void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer, bool gzip = false) {
   std::vector<kubelet::PodDevice> devs;
   std::vector<std::string> uuids;
   gpu::Inventory inv = *layer->GetInventory();
@@ -167,6 +168,8 @@ void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer) {
   SamplerOptions so;
   so.hostname = "dgx-node-01";
   Sampler sampler(layer, nullptr, &cache, nullptr, nullptr, so);
+  // As under Prometheus: OpenMetrics scraped with gzip, so each cycle also compresses that body.
+  if (gzip) sampler.NoteGzipRequest(Format::kOpenMetrics);
   for (auto _ : state) sampler.SampleOnce();
   state.counters["text_kib"] = sampler.snapshot()->text.size() / 1024.0;
 }
@@ -188,6 +191,12 @@ void BM_SampleCycle_InProcessLayer(benchmark::State& state) {
   SampleCycle(state, &g);
 }
 BENCHMARK(BM_SampleCycle_InProcessLayer)->Unit(benchmark::kMicrosecond);
+
+void BM_SampleCycle_InProcessLayer_GzipOpenMetrics(benchmark::State& state) {
+  testing_metrics::FakeGpuLayer g(kGpus);
+  SampleCycle(state, &g, /*gzip=*/true);
+}
+BENCHMARK(BM_SampleCycle_InProcessLayer_GzipOpenMetrics)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace gpulet::metrics

@@ -9,9 +9,18 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "gpu/gpu.h"
 
 namespace gpulet::testing_metrics {
+
+// A clock that moves only when a test moves it (rates over a known wall time).
+struct ManualClock : Clock {
+  TimePoint now{};
+  TimePoint Now() const override { return now; }
+  int64_t UnixSeconds() const override { return 1700000000; }
+  void SleepFor(Duration d) override { now += d; }
+};
 
 class FakeGpuLayer : public gpu::GpuLayer {
  public:

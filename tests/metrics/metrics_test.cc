@@ -528,12 +528,7 @@ TEST(Sampler, KubeletGoneKeepsLastAttribution) {
 
 // vGPU accounting files become per-container usage; utilisation is busy_ns growth over wall time.
 TEST(Sampler, ReadsVgpuAccounting) {
-  struct ManualClock : Clock {
-    TimePoint now{};
-    TimePoint Now() const override { return now; }
-    int64_t UnixSeconds() const override { return 1700000000; }
-    void SleepFor(Duration d) override { now += d; }
-  } clock;
+  testing_metrics::ManualClock clock;
   std::string root = TempDir();
   FakeGpuLayer g(2);
   std::filesystem::create_directories(root + "/uid-1/main");
@@ -626,7 +621,7 @@ TEST(Server, ServesSnapshotsWithoutWaitingOnNvml) {
 std::string Gunzip(const std::string& gz) {
   z_stream z{};
   if (inflateInit2(&z, 15 + 16) != Z_OK) return "";
-  std::string out(64 << 20, '\0');
+  std::string out(8 << 20, '\0');
   z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data()));
   z.avail_in = static_cast<uInt>(gz.size());
   z.next_out = reinterpret_cast<Bytef*>(out.data());

@@ -16,6 +16,7 @@
 #include "gpu/open.h"
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
+#include "tests/metrics/fake_gpu.h"
 
 namespace gpulet::metrics {
 namespace {
@@ -80,12 +81,7 @@ TEST_F(NvlinkTest, GpuLayerReadsCountersThroughNvml) {
 // PROF_NVLINK_*_BYTES rates (growth between two cycles over the cycle's wall time); no rate on
 // the first cycle or after a counter reset, and nothing at all without NVLink.
 TEST_F(NvlinkTest, ExportedAsCountersAndRates) {
-  struct ManualClock : Clock {
-    TimePoint now{};
-    TimePoint Now() const override { return now; }
-    int64_t UnixSeconds() const override { return 1700000000; }
-    void SleepFor(Duration d) override { now += d; }
-  } clock;
+  testing_metrics::ManualClock clock;
   Open("dgx-h100");
   auto inv = layer_->GetInventory();
   ASSERT_TRUE(inv.ok());
