@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
-#include "kubelet/podresources_client.h"
 #include "plugin/resources.h"
 #include "vgpu/node.h"
 #include "vgpu/policy.h"
@@ -166,11 +165,8 @@ absl::Status DevicePlugin::ReconcileVgpu() {
   const vgpu::ResourceNames& names = a->options().names;
   std::map<std::string, std::pair<std::string, std::string>> owner_of;
   bool listed = false;
-  if (!options_.pod_resources_socket.empty()) {
-    kubelet::PodResourcesOptions po;
-    po.socket = options_.pod_resources_socket;
-    po.extra_resources = {names.core, names.memory};
-    auto devices = kubelet::GrpcPodResourcesLister(po).List();
+  if (options_.pod_resources) {
+    auto devices = options_.pod_resources->List();
     if (devices.ok()) {
       listed = true;
       for (const auto& d : *devices)

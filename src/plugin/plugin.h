@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/gpu.h"
+#include "kubelet/podresources_client.h"
 #include "kubelet/server.h"
 #include "plugin/config.h"
 #include "plugin/health.h"
@@ -39,10 +40,11 @@ class DevicePlugin {
     std::string host_root = "/";  // where /proc and /dev are looked up (sim root when simulating)
     // vGPU (config gpulet.vgpu): the API server to find the pod of an Allocate (may be null: then
     // containers are placed from the kubelet's counts), this node's name, and the kubelet's
-    // PodResources socket (whose pods hold which vcuda devices: release and identity).
+    // PodResources (which pods hold which vcuda devices: identity and, without an API server,
+    // release; null: neither).
     k8s::Client* api = nullptr;
     std::string node_name;
-    std::string pod_resources_socket;
+    std::shared_ptr<kubelet::PodResourcesLister> pod_resources;
   };
 
   DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);

@@ -17,6 +17,7 @@
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
 #include "plugin/plugin.h"
+#include "vgpu/rules.h"
 
 namespace gpulet::k8s {
 class Client;
@@ -117,7 +118,10 @@ inline int RunDevicePlugin(
   options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
   options.api = f.api;
   options.node_name = f.node_name;
-  options.pod_resources_socket = f.pod_resources_socket;
+  kubelet::PodResourcesOptions pr;
+  pr.socket = f.pod_resources_socket;
+  pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};
+  options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
   plugin::DevicePlugin dp(layer->get(), std::move(options), *std::move(config));
   if (absl::Status s = dp.Start(); !s.ok()) {
     std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
