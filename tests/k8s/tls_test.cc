@@ -36,6 +36,10 @@ class TlsReloadTest : public ::testing::Test {
     b_ = *b;
     for (auto [name, pem] : {std::pair{"a.crt", a_.cert_pem}, {"b.crt", b_.cert_pem}})
       Write(dir_ + "/" + name, pem);
+    cert_ = dir_ + "/tls.crt";
+    key_ = dir_ + "/tls.key";
+    Write(cert_, a_.cert_pem);
+    Write(key_, a_.key_pem);
   }
   void TearDown() override {
     if (server_) server_->stop();
@@ -60,6 +64,15 @@ class TlsReloadTest : public ::testing::Test {
     thread_ = std::thread([this] { server_->listen_after_bind(); });
     while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // Loads pair a from tls.crt/tls.key and serves with it; the reloader outlives the server.
+  CertReloader* Start(std::chrono::milliseconds interval) {
+    auto r = CertReloader::Load(cert_, key_, interval);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return nullptr;
+    reloader_ = *std::move(r);
+    Serve(reloader_.get());
+    return reloader_.get();
+  }
   std::unique_ptr<httplib::SSLClient> Client(const std::string& ca) {
     auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", port_);
     c->set_ca_cert_path((dir_ + "/" + ca).c_str());
@@ -70,6 +83,7 @@ class TlsReloadTest : public ::testing::Test {
   }
   std::string dir_, cert_, key_;
   PemPair a_, b_;
+  std::unique_ptr<CertReloader> reloader_;
   std::unique_ptr<httplib::SSLServer> server_;
   std::thread thread_;
   int port_ = 0;
@@ -78,13 +92,8 @@ class TlsReloadTest : public ::testing::Test {
 
 // The whole rotation: in flight and kept-alive requests survive, new handshakes see the new pair.
 TEST_F(TlsReloadTest, RotationKeepsInFlightRequestsAndServesTheNewCertificate) {
-  cert_ = dir_ + "/tls.crt";
-  key_ = dir_ + "/tls.key";
-  Write(cert_, a_.cert_pem);
-  Write(key_, a_.key_pem);
-  auto reloader = CertReloader::Load(cert_, key_, std::chrono::milliseconds(0));
-  ASSERT_TRUE(reloader.ok()) << reloader.status();
-  Serve(reloader->get());
+  auto reloader = Start(std::chrono::milliseconds(0));
+  ASSERT_NE(reloader, nullptr);
 
   auto kept = Client("a.crt");
   kept->set_keep_alive(true);
@@ -102,8 +111,8 @@ TEST_F(TlsReloadTest, RotationKeepsInFlightRequestsAndServesTheNewCertificate) {
   auto fresh = Client("b.crt")->Get("/ok");
   ASSERT_TRUE(fresh) << httplib::to_string(fresh.error());
   EXPECT_EQ(fresh->status, 200);
-  EXPECT_EQ((*reloader)->reloads(), 1);
-  EXPECT_EQ((*reloader)->cert_pem(), b_.cert_pem);
+  EXPECT_EQ(reloader->reloads(), 1);
+  EXPECT_EQ(reloader->cert_pem(), b_.cert_pem);
   EXPECT_FALSE(Client("a.crt")->Get("/ok")) << "a new handshake must not get the old certificate";
   auto again = kept->Get("/ok");
   ASSERT_TRUE(again) << "the kept-alive connection was dropped: " << httplib::to_string(again.error());
@@ -117,29 +126,24 @@ TEST_F(TlsReloadTest, RotationKeepsInFlightRequestsAndServesTheNewCertificate) {
 // Files that do not parse or do not match are refused: the old pair keeps serving, the error names
 // the file, and the next good pair is taken.
 TEST_F(TlsReloadTest, BadFilesAreRefusedAndTheOldPairKeepsServing) {
-  cert_ = dir_ + "/tls.crt";
-  key_ = dir_ + "/tls.key";
-  Write(cert_, a_.cert_pem);
-  Write(key_, a_.key_pem);
-  auto reloader = CertReloader::Load(cert_, key_, std::chrono::milliseconds(0));
-  ASSERT_TRUE(reloader.ok()) << reloader.status();
-  Serve(reloader->get());
+  auto reloader = Start(std::chrono::milliseconds(0));
+  ASSERT_NE(reloader, nullptr);
 
   Write(cert_, "not a certificate\n");
   auto r = Client("a.crt")->Get("/ok");
   ASSERT_TRUE(r) << httplib::to_string(r.error());
-  EXPECT_NE((*reloader)->last_error().find(cert_ + ": no PEM certificate"), std::string::npos)
-      << (*reloader)->last_error();
+  EXPECT_NE(reloader->last_error().find(cert_ + ": no PEM certificate"), std::string::npos)
+      << reloader->last_error();
   Write(cert_, b_.cert_pem);  // key still a's: a mismatched pair
-  EXPECT_FALSE((*reloader)->ReloadIfChanged().ok());
-  EXPECT_NE((*reloader)->last_error().find("does not hold the private key"), std::string::npos);
+  EXPECT_FALSE(reloader->ReloadIfChanged().ok());
+  EXPECT_NE(reloader->last_error().find("does not hold the private key"), std::string::npos);
   EXPECT_EQ(Client("a.crt")->Get("/ok")->status, 200);
-  EXPECT_EQ((*reloader)->reloads(), 0);
+  EXPECT_EQ(reloader->reloads(), 0);
 
   Write(key_, b_.key_pem);
   EXPECT_EQ(Client("b.crt")->Get("/ok")->status, 200);
-  EXPECT_EQ((*reloader)->reloads(), 1);
-  EXPECT_EQ((*reloader)->last_error(), "");
+  EXPECT_EQ(reloader->reloads(), 1);
+  EXPECT_EQ(reloader->last_error(), "");
 }
 
 // Loading names the missing or broken file; checks are rate-limited by the interval.
@@ -152,17 +156,12 @@ TEST_F(TlsReloadTest, LoadErrorsAndCheckInterval) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.key"), std::string::npos) << bad.status();
 
-  cert_ = dir_ + "/tls.crt";
-  key_ = dir_ + "/tls.key";
-  Write(cert_, a_.cert_pem);
-  Write(key_, a_.key_pem);
-  auto reloader = CertReloader::Load(cert_, key_, std::chrono::hours(1));
-  ASSERT_TRUE(reloader.ok());
-  Serve(reloader->get());
+  auto reloader = Start(std::chrono::hours(1));
+  ASSERT_NE(reloader, nullptr);
   Write(key_, b_.key_pem);
   Write(cert_, b_.cert_pem);
   EXPECT_EQ(Client("a.crt")->Get("/ok")->status, 200) << "not checked again within the interval";
-  EXPECT_EQ((*reloader)->reloads(), 0);
+  EXPECT_EQ(reloader->reloads(), 0);
 }
 
 // Renewal decision for self-issued certificates: near expiry or unreadable means renew.
