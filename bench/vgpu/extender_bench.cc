@@ -140,6 +140,7 @@ void BM_FilterPrioritizeHttp(benchmark::State& state, const char* policy) {
   while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   httplib::Client cli("127.0.0.1", port);
   cli.set_keep_alive(true);
+  cli.set_tcp_nodelay(true);  // as Go's net/http client (kube-scheduler) does by default
   json args = {{"Pod", SeedPod(policy)}, {"NodeNames", names}, {"Nodes", nullptr}};
   std::string body = args.dump();
   // kube-scheduler builds the prioritize body from filter's answer; that is its cost, not ours.
