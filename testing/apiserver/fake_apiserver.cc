@@ -183,6 +183,9 @@ bool FakeApiServer::Start() {
     spdlog::error("fake apiserver: invalid TLS certificate/key");
     return false;
   }
+  // Headers and body are separate writes: without TCP_NODELAY each answer can wait ~40 ms for
+  // the client's delayed ACK.
+  server_->set_tcp_nodelay(true);
   // Watches hold a worker each for their whole life.
   server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
   Routes();
