@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "common/fs.h"
@@ -108,6 +109,25 @@ class Handover : public ::testing::Test {
     for (const char* r : {"tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu"})
       ASSERT_TRUE(emu_->WaitForUpdate(r, 0, milliseconds(20000)).ok()) << r << "\n" << Log();
   }
+  // Submits the 30-core / 2-unit pod "share" to the kubelet emulator and waits until it runs.
+  void RunSharePod(std::optional<emu::PodStatus>* out) {
+    auto pods = emu::ParsePods(R"(apiVersion: v1
+kind: Pod
+metadata: {name: share}
+spec:
+  containers:
+  - name: app
+    image: cuda
+    resources:
+      limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
+)", "share.yaml");
+    ASSERT_TRUE(pods.ok()) << pods.status();
+    ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
+    auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
+    ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
+    ASSERT_EQ(st->containers.size(), 1u);
+    *out = *std::move(st);
+  }
   std::string Log() {
     auto t = ReadFileToString(dir_ + "/agent.log");
     return t.ok() ? *t : "";
@@ -137,21 +157,8 @@ TEST_F(Handover, AllocateResponseLimitsTheProcess) {
   ASSERT_EQ(whole->devices.size(), 1u);
   EXPECT_EQ(whole->devices[0].id, "GPU-face0000-0000-0000-0000-000000000000");
 
-  auto pods = emu::ParsePods(R"(apiVersion: v1
-kind: Pod
-metadata: {name: share}
-spec:
-  containers:
-  - name: app
-    image: cuda
-    resources:
-      limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
-)", "share.yaml");
-  ASSERT_TRUE(pods.ok()) << pods.status();
-  ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
-  auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
-  ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
-  ASSERT_EQ(st->containers.size(), 1u);
+  std::optional<emu::PodStatus> st;
+  ASSERT_NO_FATAL_FAILURE(RunSharePod(&st));
   const auto& resp = st->containers[0].response;
   std::map<std::string, std::string> env(resp.envs().begin(), resp.envs().end());
   EXPECT_EQ(env["NVIDIA_VISIBLE_DEVICES"], "GPU-face0000-0000-0000-0000-000000000001");
@@ -223,20 +230,8 @@ TEST_F(Handover, WithApiServerFindsThePod) {
                                       << "clusters:\n- name: c\n  cluster: {server: \""
                                       << api.url() << "\"}\n";
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"});
-  auto pods = emu::ParsePods(R"(apiVersion: v1
-kind: Pod
-metadata: {name: share}
-spec:
-  containers:
-  - name: app
-    image: cuda
-    resources:
-      limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
-)", "share.yaml");
-  ASSERT_TRUE(pods.ok()) << pods.status();
-  ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
-  auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
-  ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
+  std::optional<emu::PodStatus> st;
+  ASSERT_NO_FATAL_FAILURE(RunSharePod(&st));
   const auto& resp = st->containers[0].response;
   EXPECT_EQ(resp.annotations().at("gpulet.io/vgpu-container"), "default/share/app");
   EXPECT_EQ(resp.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-face0000-0000-0000-0000-000000000001");
