@@ -33,6 +33,11 @@ std::string Annotation(const json& obj, const std::string& key) {
   return it != a.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+const json& EmptyObject() {
+  static const json kEmpty = json::object();
+  return kEmpty;
+}
+
 // Appends `v` as a JSON string literal.
 void AppendQuoted(std::string& out, std::string_view v) {
   out += '"';
@@ -177,6 +182,7 @@ void Extender::ApplyLocked(const std::string& uid, Booking b) {
   }
   b.applied = applied;
   bookings_[uid] = std::move(b);
+  ++generation_;
 }
 
 void Extender::ReleaseLocked(const std::string& uid) {
@@ -190,6 +196,7 @@ void Extender::ReleaseLocked(const std::string& uid) {
     }
   }
   bookings_.erase(it);
+  ++generation_;
 }
 
 void Extender::UpsertNode(const json& node) {
@@ -248,6 +255,7 @@ void Extender::UpsertNode(const json& node) {
   } else {
     nodes_[name] = std::move(st);
   }
+  ++generation_;
   for (auto& [uid, b] : held) ApplyLocked(uid, std::move(b));
   std::vector<json> waiting;
   for (auto it = orphans_.begin(); it != orphans_.end();) {
@@ -265,6 +273,7 @@ void Extender::UpsertNode(const json& node) {
 void Extender::RemoveNode(const std::string& name) {
   std::unique_lock<std::shared_mutex> l(mu_);
   nodes_.erase(name);
+  ++generation_;
 }
 
 void Extender::UpsertPod(const json& pod) {
@@ -357,6 +366,7 @@ void Extender::RebuildWorkload() {
   workload_dirty_ = false;
   workload_built_ = true;
   workload_at_ = std::chrono::steady_clock::now();
+  ++generation_;
 }
 
 void Extender::MaybeRebuildWorkload() {
@@ -462,22 +472,46 @@ std::string Extender::FilterWire(const json& args) {
   std::vector<const std::string*> names = CandidateNames(args, &with_items);
   std::vector<std::pair<size_t, std::string>> failed, unresolvable;
   auto pod_it = args.find("Pod");
-  auto req = RequestOf(pod_it != args.end() ? *pod_it : json::object());
+  auto req = RequestOf(pod_it != args.end() ? *pod_it : EmptyObject());
   if (!req.ok()) {
     for (size_t i = 0; i < names.size(); ++i) {
       unresolvable.emplace_back(i, std::string(req.status().message()));
     }
   } else if (!req->first.containers.empty()) {
-    std::shared_lock<std::shared_mutex> l(mu_);
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto it = nodes_.find(*names[i]);
-      if (it == nodes_.end()) {
-        unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
-      } else if (!placement::Fits(it->second.node, req->first)) {
-        std::string reason;  // only the failures pay for the message
-        placement::Fits(it->second.node, req->first, &reason);
-        failed.emplace_back(i, "vGPU: " + reason);
+    // With a valid policy, score while checking feasibility (Score() is nullopt exactly when
+    // the pod does not fit) and keep the scores for the prioritize that follows.
+    auto policy = PolicyFor(pod_it != args.end() ? *pod_it : EmptyObject());
+    const placement::Policy* pol = policy.ok() ? *policy : nullptr;
+    std::string uid = pod_it != args.end() ? Str(*pod_it, "metadata", "uid") : "";
+    if (pol) MaybeRebuildWorkload();
+    ScoreCache fresh;
+    {
+      std::shared_lock<std::shared_mutex> l(mu_);
+      fresh.generation = generation_.load();
+      for (size_t i = 0; i < names.size(); ++i) {
+        auto it = nodes_.find(*names[i]);
+        if (it == nodes_.end()) {
+          unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
+          continue;
+        }
+        std::optional<placement::NodeScore> score;
+        bool fits = pol ? (score = pol->Score(it->second.node, req->first)).has_value()
+                        : placement::Fits(it->second.node, req->first);
+        if (!fits) {
+          std::string reason;  // only the failures pay for the message
+          placement::Fits(it->second.node, req->first, &reason);
+          failed.emplace_back(i, "vGPU: " + (reason.empty() ? "no placement on this node" : reason));
+        } else if (score) {
+          fresh.names.push_back(*names[i]);
+          fresh.scores.push_back(score->score);
+        }
       }
+    }
+    if (pol && !uid.empty()) {
+      fresh.pod_uid = std::move(uid);
+      fresh.policy = pol;
+      std::lock_guard<std::mutex> l(cache_mu_);
+      cache_ = std::move(fresh);
     }
   }
   return FilterResult(args, names, failed, unresolvable, with_items);
@@ -489,7 +523,7 @@ std::string Extender::PrioritizeWire(const json& args) {
   bool with_items = false;
   std::vector<const std::string*> names = CandidateNames(args, &with_items);
   auto pod_it = args.find("Pod");
-  const json& pod = pod_it != args.end() ? *pod_it : json::object();
+  const json& pod = pod_it != args.end() ? *pod_it : EmptyObject();
   std::vector<int64_t> final_scores(names.size(), 0);
   auto req = RequestOf(pod);
   auto policy = PolicyFor(pod);
@@ -500,6 +534,27 @@ std::string Extender::PrioritizeWire(const json& args) {
     scores.reserve(names.size());
     fit.reserve(names.size());
     {
+      // filter's scores when they are for this pod and policy and nothing changed since: the
+      // candidates are then filter's survivors (or a subset), in order.
+      std::lock_guard<std::mutex> l(cache_mu_);
+      std::string uid = Str(pod, "metadata", "uid");
+      if (!uid.empty() && cache_.pod_uid == uid && cache_.policy == *policy &&
+          cache_.generation == generation_.load()) {
+        size_t j = 0;
+        for (size_t i = 0; i < names.size(); ++i) {
+          while (j < cache_.names.size() && cache_.names[j] != *names[i]) ++j;
+          if (j == cache_.names.size()) break;
+          scores.push_back(cache_.scores[j]);
+          fit.push_back(static_cast<int>(i));
+          ++j;
+        }
+        if (fit.size() != names.size()) {  // a candidate filter did not keep: score afresh
+          scores.clear();
+          fit.clear();
+        }
+      }
+    }
+    if (fit.empty()) {
       std::shared_lock<std::shared_mutex> l(mu_);
       for (size_t i = 0; i < names.size(); ++i) {
         auto it = nodes_.find(*names[i]);

@@ -21,6 +21,7 @@
 // prioritize take it shared).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -127,6 +128,20 @@ class Extender {
   std::map<std::string, std::unique_ptr<placement::Policy>> policies_;
   mutable std::shared_mutex mu_;
   absl::flat_hash_map<std::string, NodeState> nodes_;  // looked up per candidate per request
+  // Bumped (under the exclusive lock) by every change of nodes_, bookings or the workload.
+  std::atomic<uint64_t> generation_{0};
+  // filter's scores for the pod it just filtered: kube-scheduler calls prioritize for the same
+  // pod right after, and when nothing changed in between it reuses them instead of placing the
+  // pod on every node a second time.
+  struct ScoreCache {
+    std::string pod_uid;
+    uint64_t generation = 0;
+    const placement::Policy* policy = nullptr;
+    std::vector<std::string> names;  // nodes that passed, in filter's order
+    std::vector<double> scores;
+  };
+  std::mutex cache_mu_;
+  ScoreCache cache_;
   std::unordered_map<std::string, Booking> bookings_;  // by pod uid
   std::unordered_map<std::string, json> orphans_;      // bound pods whose node is not known yet
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.

@@ -136,6 +136,32 @@ TEST(Extender, FgdAndGpuletRankByDerivedWorkload) {
   ASSERT_EQ(e.workload().classes.size(), 1u);
 }
 
+// prioritize reuses filter's scores for the same pod only while nothing changed: a pod bound in
+// between (here making "idle" the fuller node) changes the ranking.
+TEST(Extender, PrioritizeAfterStateChangeRescores) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("busy", 1, 64));
+  e.UpsertNode(Node("idle", 1, 64));
+  e.UpsertPod(Bound(Pod("x", 30, 4), "busy", "busy-GPU-0"));
+  json args = Args(Pod("p", 20, 4), {"busy", "idle"});
+  auto score = [&] {
+    std::map<std::string, int64_t> s;
+    for (const auto& h : e.Prioritize(args)) s[h["Host"]] = h["Score"];
+    return s;
+  };
+  ASSERT_EQ(e.Filter(args)["NodeNames"].size(), 2u);
+  auto before = score();
+  EXPECT_GT(before["busy"], before["idle"]);
+  e.Filter(args);
+  e.UpsertPod(Bound(Pod("y", 60, 4), "idle", "idle-GPU-0"));
+  auto after = score();
+  EXPECT_GT(after["idle"], after["busy"]);
+  // A candidate that filter did not see is scored too (not left at 0 by a stale reuse).
+  e.Filter(Args(Pod("p", 20, 4), {"busy"}));
+  auto both = score();
+  EXPECT_GT(both["idle"], both["busy"]);
+}
+
 // A GPU booked whole takes no share, and a GPU with a share cannot be booked whole.
 TEST(Extender, WholeAndFractionalNeverShare) {
   Extender e(nullptr, {});
