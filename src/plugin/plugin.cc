@@ -103,8 +103,10 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
   ASSIGN_OR_RETURN(auto resources,
                    BuildResources(inventory_, cfg, health_.get(), options_.host_root));
   auto pool = vgpu::PoolGpus(inventory_, cfg.vgpu.gpus, cfg.vgpu.nominal_memory);
-  if (!pool.ok()) return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.gpus: ", pool.status().message()));
+  if (!pool.ok())
+    return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.gpus: ", pool.status().message()));
   std::shared_ptr<vgpu::NodeAssigner> assigner;
+  std::string key;
   if (!pool->empty()) {
     if (auto p = vgpu::MakeVgpuPolicy(cfg.vgpu.policy); !p.ok())
       return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.policy: ", p.status().message()));
@@ -119,8 +121,8 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     no.policy = cfg.vgpu.policy;
     no.nominal_memory = cfg.vgpu.nominal_memory;
     // The same settings keep the assigner (and a container's half-done Allocate pair).
-    std::string key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|",
-                                   cfg.vgpu.state_dir, "|", cfg.vgpu.library, "|", cfg.vgpu.policy);
+    key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|",
+                       cfg.vgpu.state_dir, "|", cfg.vgpu.library, "|", cfg.vgpu.policy);
     if (vgpu_ && key == vgpu_key_) {
       assigner = vgpu_;
     } else {
@@ -143,13 +145,13 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
         },
         health->changes());
     resources.insert(resources.end(), vcuda.begin(), vcuda.end());
-    vgpu_key_ = key;
   }
   for (const auto& r : resources)
     spdlog::info("resource {}: {} devices", r->name(), r->Devices().size());
   RETURN_IF_ERROR(manager_->SetResources(std::move(resources)));
   health_->SetConfig(cfg.health);
   vgpu_ = std::move(assigner);
+  vgpu_key_ = key;
   return absl::OkStatus();
 }
 
@@ -190,7 +192,8 @@ absl::Status DevicePlugin::ReconcileVgpu() {
   std::set<std::string> held;
   for (const auto& [id, owner] : owner_of) held.insert(id);
   // The kubelet records an allocation right after Allocate answers: two passes of grace.
-  return a->ReleaseNotHeld(held, absl::ToChronoNanoseconds(std::max(2 * interval, absl::Seconds(1))));
+  return a->ReleaseNotHeld(held,
+                           absl::ToChronoNanoseconds(std::max(2 * interval, absl::Seconds(1))));
 }
 
 absl::Status DevicePlugin::Reload() {

@@ -27,11 +27,19 @@ std::string Ann(const json& pod, const std::string& key) {
 }
 
 json GrantToJson(const Grant& g) {
-  return {{"podUID", g.pod_uid},       {"namespace", g.ns},        {"pod", g.pod},
-          {"container", g.container},  {"index", g.container_index}, {"gpus", g.gpus},
-          {"cores", g.cores},          {"memoryUnits", g.memory_units},
-          {"ceiling", g.ceiling},      {"deviceIDs", g.device_ids},
-          {"accountingDir", g.accounting_dir}, {"inject", g.inject}, {"time", g.time_ns}};
+  return {{"podUID", g.pod_uid},
+          {"namespace", g.ns},
+          {"pod", g.pod},
+          {"container", g.container},
+          {"index", g.container_index},
+          {"gpus", g.gpus},
+          {"cores", g.cores},
+          {"memoryUnits", g.memory_units},
+          {"ceiling", g.ceiling},
+          {"deviceIDs", g.device_ids},
+          {"accountingDir", g.accounting_dir},
+          {"inject", g.inject},
+          {"time", g.time_ns}};
 }
 
 Grant GrantFromJson(const json& j) {
@@ -130,10 +138,10 @@ std::vector<Grant> NodeAssigner::grants() const {
 absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLocked() {
   std::vector<Candidate> out;
   if (!api_) return out;
-  ASSIGN_OR_RETURN(json pods,
-                   api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=",
-                                                                      options_.node_name,
-                                                                      ",status.phase=Pending")}));
+  ASSIGN_OR_RETURN(
+      json pods,
+      api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=", options_.node_name,
+                                                         ",status.phase=Pending")}));
   for (const json& pod : pods["items"]) {
     auto req = ParsePod(pod, options_.names, 0);
     if (!req.ok() || req->empty()) continue;
@@ -148,8 +156,8 @@ absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLoc
       }
     }
     bool annotated = Ann(pod, kAnnotationNode) == options_.node_name;
-    bool pod_disable = Ann(pod, "gpulet.io/vgpu-disable") == "1" ||
-                       Ann(pod, "gpulet.io/vgpu-disable") == "true";
+    bool pod_disable =
+        Ann(pod, "gpulet.io/vgpu-disable") == "1" || Ann(pod, "gpulet.io/vgpu-disable") == "true";
     int64_t soft = 0;
     absl::SimpleAtoi(Ann(pod, kAnnotationCoreLimit), &soft);
     for (const auto& c : req->containers) {
@@ -215,10 +223,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     return c.cores == cores && c.memory_units == memory_units;
   });
   if (it == cands.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "vGPU Allocate: no Pending pod bound to node ", options_.node_name,
-        " has an unserved container asking ", options_.names.core, " ", cores, " and ",
-        options_.names.memory, " ", memory_units));
+    return absl::FailedPreconditionError(
+        absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+                     " has an unserved container asking ", options_.names.core, " ", cores, " and ",
+                     options_.names.memory, " ", memory_units));
   }
   const Candidate& c = *it;
   // This node's pool as the placement library sees it, minus what is granted.
@@ -239,7 +247,8 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       placement::Gpu& gpu = node.gpus[gi->second];
       bool whole = g.cores >= kCoresPerGpu;
       gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
-      gpu.memory_free_bytes -= whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+      gpu.memory_free_bytes -=
+          whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
     }
   }
   placement::PodRequest pr;
@@ -258,8 +267,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     a.containers.resize(1);
     bool known = true;
     for (const auto& u : c.annotated_gpus) {
-      if (!index_of.count(u)) known = false;
-      else a.containers[0].gpus.push_back(index_of[u]);
+      if (!index_of.count(u))
+        known = false;
+      else
+        a.containers[0].gpus.push_back(index_of[u]);
     }
     if (known) {
       a.containers[0].milli = cr.whole_gpus ? placement::kMilliPerGpu : cr.milli;
@@ -269,8 +280,8 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       if (placement::Apply(trial, pr, a).ok()) gpus = c.annotated_gpus;
     }
     if (gpus.empty()) {
-      spdlog::warn("pod {}/{}: the extender's GPUs {} are not free here; placing on the node",
-                   c.ns, c.pod, absl::StrJoin(c.annotated_gpus, ","));
+      spdlog::warn("pod {}/{}: the extender's GPUs {} are not free here; placing on the node", c.ns,
+                   c.pod, absl::StrJoin(c.annotated_gpus, ","));
     }
   }
   if (gpus.empty() && cr.whole_gpus == 0 && !ids.empty()) {
@@ -348,18 +359,17 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
   auto pod = api_->GetPod(g.ns, g.pod);
   if (pod.ok()) {
     auto req = ParsePod(*pod, options_.names, 0);
-    bool all = req.ok() && std::all_of(req->containers.begin(), req->containers.end(),
-                                       [&](const ContainerRequest& c) {
-                                         return std::any_of(grants_.begin(), grants_.end(),
-                                                            [&](const Grant& x) {
-                                                              return x.pod_uid == g.pod_uid &&
-                                                                     x.container_index == c.index;
-                                                            });
-                                       });
+    bool all =
+        req.ok() &&
+        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerRequest& c) {
+          return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
+            return x.pod_uid == g.pod_uid && x.container_index == c.index;
+          });
+        });
     if (all) ann[kAnnotationAssigned] = "true";
   }
-  auto r = api_->PatchPod(g.ns, g.pod, k8s::PatchType::kMerge,
-                          {{"metadata", {{"annotations", ann}}}});
+  auto r =
+      api_->PatchPod(g.ns, g.pod, k8s::PatchType::kMerge, {{"metadata", {{"annotations", ann}}}});
   if (!r.ok()) spdlog::warn("annotate {}/{}: {}", g.ns, g.pod, r.status().ToString());
 }
 
@@ -401,9 +411,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
     return Response(g);
   }
   if (it == cands.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "vGPU Allocate: no Pending pod bound to node ", options_.node_name,
-        " has an unserved container asking ", options_.names.core, " ", ids.size()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+                     " has an unserved container asking ", options_.names.core, " ", ids.size()));
   }
   pending_ = Pending{true, ids, now};
   return v1beta1::ContainerAllocateResponse();
@@ -486,16 +496,19 @@ absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::strin
   if (!api_) return absl::FailedPreconditionError("no API client");
   json list = json::array();
   for (const auto& g : pool_)
-    list.push_back({{"uuid", g.uuid}, {"index", g.index}, {"memoryUnits", g.memory_units},
+    list.push_back({{"uuid", g.uuid},
+                    {"index", g.index},
+                    {"memoryUnits", g.memory_units},
                     {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
   std::string text = list.dump();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (text == published_) return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(json ignored,
-                   api_->PatchNode(options_.node_name, k8s::PatchType::kMerge,
-                                   {{"metadata", {{"annotations", {{kAnnotationNodeGpus, text}}}}}}));
+  ASSIGN_OR_RETURN(
+      json ignored,
+      api_->PatchNode(options_.node_name, k8s::PatchType::kMerge,
+                      {{"metadata", {{"annotations", {{kAnnotationNodeGpus, text}}}}}}));
   std::lock_guard<std::mutex> l(mu_);
   published_ = text;
   return absl::OkStatus();
@@ -503,8 +516,8 @@ absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::strin
 
 absl::Status NodeAssigner::ReleaseGoneFromApi() {
   if (!api_) return absl::FailedPreconditionError("no API client");
-  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector = "spec.nodeName=" +
-                                                                      options_.node_name}));
+  ASSIGN_OR_RETURN(json pods,
+                   api_->ListPods("", {.field_selector = "spec.nodeName=" + options_.node_name}));
   std::set<std::string> live;
   for (const auto& p : pods["items"]) {
     std::string phase = p["status"].value("phase", "");
@@ -530,8 +543,8 @@ absl::Status NodeAssigner::Correct(
     for (size_t j = 0; j < grants_.size(); ++j) {
       Grant& h = grants_[j];
       if (j == i || h.ns + "/" + h.pod != pod_key || h.container != container) continue;
-      spdlog::warn("vGPU: kubelet admitted {}/{} and {} in the other order; records swapped",
-                   g.ns, g.pod, pod_key);
+      spdlog::warn("vGPU: kubelet admitted {}/{} and {} in the other order; records swapped", g.ns,
+                   g.pod, pod_key);
       std::swap(g.pod_uid, h.pod_uid);
       std::swap(g.ns, h.ns);
       std::swap(g.pod, h.pod);

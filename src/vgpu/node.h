@@ -66,7 +66,8 @@ inline constexpr char kContainerAccounting[] = "/var/run/gpulet/vgpu/accounting"
 
 // Which GPUs form the fractional pool. `selection` empty: none (vGPU off); "all": every GPU
 // without MIG enabled; else a comma list of indexes or UUIDs. Errors name the unknown entry.
-absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv, const std::string& selection,
+absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
+                                              const std::string& selection,
                                               bool nominal_memory = false);
 
 // One container's grant.
@@ -131,7 +132,7 @@ class NodeAssigner {
     std::string uid, ns, pod, container;
     int index = 0;
     int64_t cores = 0, memory_units = 0, ceiling = 0;
-    int64_t order = 0;             // bind time (ns) or creation time
+    int64_t order = 0;  // bind time (ns) or creation time
     std::vector<std::string> annotated_gpus;
     bool inject = true;
     nlohmann::json pod_json;

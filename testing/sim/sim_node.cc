@@ -131,15 +131,17 @@ absl::Status SimNode::Start() {
   // vGPU: the state (checkpoint, accounting files) stays under the root, the interposer is the one
   // built beside gpulet-sim, and a node whose pods ask for vcuda resources shares every GPU
   // (no API server here: the agent places by the kubelet's counts; docs/vgpu.md).
-  if (!given("--vgpu-state-dir")) args.insert(args.end(), {"--vgpu-state-dir", paths_.root + "/vgpu"});
+  if (!given("--vgpu-state-dir"))
+    args.insert(args.end(), {"--vgpu-state-dir", paths_.root + "/vgpu"});
   if (!given("--metrics-vgpu-accounting-dir"))
     args.insert(args.end(), {"--metrics-vgpu-accounting-dir", paths_.root + "/vgpu"});
   if (!given("--vgpu-library"))
     args.insert(args.end(), {"--vgpu-library", SelfDir() + "/../lib/libgpulet-vcuda.so"});
   bool wants_vgpu = std::any_of(pods_.begin(), pods_.end(), [](const emu::PodSpec& p) {
     return std::any_of(p.containers.begin(), p.containers.end(), [](const emu::ContainerSpec& c) {
-      return std::any_of(c.limits.begin(), c.limits.end(),
-                         [](const auto& kv) { return kv.first.rfind("tencent.com/vcuda-", 0) == 0; });
+      return std::any_of(c.limits.begin(), c.limits.end(), [](const auto& kv) {
+        return kv.first.rfind("tencent.com/vcuda-", 0) == 0;
+      });
     });
   });
   if (wants_vgpu && !given("--vgpu-gpus")) args.insert(args.end(), {"--vgpu-gpus", "all"});

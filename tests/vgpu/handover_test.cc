@@ -4,12 +4,11 @@
 // runtime would: mounts map container paths to host paths) that LD_PRELOADs libgpulet-vcuda.so
 // over the fake libcuda.so.1. Allocations within the pod's vcuda-memory succeed, one past it fails.
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
@@ -33,7 +32,7 @@ std::string Built(const std::string& p) { return std::string(GPULET_BINARY_DIR) 
 
 // Runs argv with `env` added; returns (exit code, stdout+stderr).
 std::pair<int, std::string> RunProcess(const std::vector<std::string>& argv,
-                                 const std::map<std::string, std::string>& env) {
+                                       const std::map<std::string, std::string>& env) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return {-1, "pipe"};
   pid_t pid = fork();
@@ -84,13 +83,30 @@ class Handover : public ::testing::Test {
   // The real agent on the fake NVML, GPU 1 in the vGPU pool, state under the temp dir.
   void StartAgent(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
-        Built("bin/gpulet"), "agent", "--simulate",
+        Built("bin/gpulet"),
+        "agent",
+        "--simulate",
         std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml",
-        "--sim-root", dir_ + "/root", "--device-plugin-dir", emu_->device_plugin_dir(),
-        "--pod-resources-socket", emu_->pod_resources_socket(), "--metrics-address",
-        "127.0.0.1:0", "--labels-output", dir_ + "/features", "--vgpu-gpus", "1",
-        "--vgpu-state-dir", dir_ + "/vgpu", "--metrics-vgpu-accounting-dir", dir_ + "/vgpu",
-        "--vgpu-library", Built("lib/libgpulet-vcuda.so"), "--vgpu-reconcile-interval", "200ms"};
+        "--sim-root",
+        dir_ + "/root",
+        "--device-plugin-dir",
+        emu_->device_plugin_dir(),
+        "--pod-resources-socket",
+        emu_->pod_resources_socket(),
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--labels-output",
+        dir_ + "/features",
+        "--vgpu-gpus",
+        "1",
+        "--vgpu-state-dir",
+        dir_ + "/vgpu",
+        "--metrics-vgpu-accounting-dir",
+        dir_ + "/vgpu",
+        "--vgpu-library",
+        Built("lib/libgpulet-vcuda.so"),
+        "--vgpu-reconcile-interval",
+        "200ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     agent_ = fork();
     if (agent_ == 0) {
@@ -120,10 +136,12 @@ spec:
     image: cuda
     resources:
       limits: {tencent.com/vcuda-core: 30, tencent.com/vcuda-memory: 2}
-)", "share.yaml");
+)",
+                               "share.yaml");
     ASSERT_TRUE(pods.ok()) << pods.status();
     ASSERT_TRUE(emu_->AddPod((*pods)[0]).ok());
-    auto st = emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
+    auto st =
+        emu_->WaitForPodPhase("default", "share", emu::PodPhase::kRunning, milliseconds(10000));
     ASSERT_TRUE(st.ok()) << st.status() << "\n" << Log();
     ASSERT_EQ(st->containers.size(), 1u);
     *out = *std::move(st);
@@ -221,14 +239,15 @@ TEST_F(Handover, WithApiServerFindsThePod) {
           {{"gpulet.io/vgpu-node", "node-1"},
            {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
            {"gpulet.io/vgpu-bind-time", "1"}}}}},
-       {"spec", {{"nodeName", "node-1"},
-                 {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
+       {"spec",
+        {{"nodeName", "node-1"},
+         {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
        {"status", {{"phase", "Pending"}}}});
   std::string uid = pod["metadata"]["uid"];
-  std::ofstream(dir_ + "/kubeconfig") << "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-                                      << "contexts:\n- name: t\n  context: {cluster: c}\n"
-                                      << "clusters:\n- name: c\n  cluster: {server: \""
-                                      << api.url() << "\"}\n";
+  std::ofstream(dir_ + "/kubeconfig")
+      << "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+      << "contexts:\n- name: t\n  context: {cluster: c}\n"
+      << "clusters:\n- name: c\n  cluster: {server: \"" << api.url() << "\"}\n";
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"});
   std::optional<emu::PodStatus> st;
   ASSERT_NO_FATAL_FAILURE(RunSharePod(&st));
@@ -244,8 +263,9 @@ TEST_F(Handover, WithApiServerFindsThePod) {
   EXPECT_TRUE(Eventually([&] {
     json node;
     return api.GetNode("node-1", &node) && node["metadata"].contains("annotations") &&
-           node["metadata"]["annotations"].value("gpulet.io/vgpu-gpus", "").find(
-               "\"memoryUnits\":4") != std::string::npos;
+           node["metadata"]["annotations"]
+                   .value("gpulet.io/vgpu-gpus", "")
+                   .find("\"memoryUnits\":4") != std::string::npos;
   })) << Log();
   ASSERT_TRUE(api.DeletePod("default", "share"));
   EXPECT_TRUE(Eventually([&] { return !stdfs::exists(dir_ + "/vgpu/" + uid); })) << Log();
@@ -253,12 +273,12 @@ TEST_F(Handover, WithApiServerFindsThePod) {
 
 // A pool selection naming a GPU the node does not have stops the agent with a message naming it.
 TEST_F(Handover, UnknownPoolGpuIsAnError) {
-  auto [rc, out] = RunProcess({Built("bin/gpulet"), "agent", "--simulate",
-                        std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml",
-                        "--sim-root", dir_ + "/root", "--device-plugin-dir",
-                        emu_->device_plugin_dir(), "--metrics-address", "127.0.0.1:0",
-                        "--labels-output", dir_ + "/features", "--vgpu-gpus", "7"},
-                       {});
+  auto [rc, out] = RunProcess(
+      {Built("bin/gpulet"), "agent", "--simulate",
+       std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml", "--sim-root",
+       dir_ + "/root", "--device-plugin-dir", emu_->device_plugin_dir(), "--metrics-address",
+       "127.0.0.1:0", "--labels-output", dir_ + "/features", "--vgpu-gpus", "7"},
+      {});
   EXPECT_NE(rc, 0);
   EXPECT_THAT(out, ::testing::HasSubstr("gpulet.vgpu.gpus: vGPU GPU \"7\" is not on this node"));
 }

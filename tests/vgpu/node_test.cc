@@ -15,8 +15,8 @@
 namespace gpulet::vgpu {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 constexpr int64_t kUnits = 318;
 
@@ -30,11 +30,13 @@ json PodObj(const std::string& name, int cores, int mem, int64_t bind_time = 0,
             const std::string& gpus = "") {
   json limits = {{"tencent.com/vcuda-core", std::to_string(cores)}};
   if (mem) limits["tencent.com/vcuda-memory"] = std::to_string(mem);
-  json pod = {{"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", json::object()}}},
-              {"spec", {{"nodeName", "node-1"},
-                        {"containers", json::array({{{"name", "cuda"},
-                                                     {"resources", {{"limits", limits}}}}})}}}};
-  if (bind_time) pod["metadata"]["annotations"]["gpulet.io/vgpu-bind-time"] = std::to_string(bind_time);
+  json pod = {
+      {"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", json::object()}}},
+      {"spec",
+       {{"nodeName", "node-1"},
+        {"containers", json::array({{{"name", "cuda"}, {"resources", {{"limits", limits}}}}})}}}};
+  if (bind_time)
+    pod["metadata"]["annotations"]["gpulet.io/vgpu-bind-time"] = std::to_string(bind_time);
   if (!gpus.empty()) {
     pod["metadata"]["annotations"]["gpulet.io/vgpu-node"] = "node-1";
     pod["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"] = gpus;
@@ -169,7 +171,8 @@ TEST_F(NodeTest, WholeGpuIsExclusive) {
 // the soft-limit annotation raises the ceiling.
 TEST_F(NodeTest, OptOutAndSoftLimit) {
   json pod = PodObj("opt", 20, 8, 1);
-  pod["spec"]["containers"][0]["env"] = json::array({{{"name", "GPULET_VGPU_DISABLE"}, {"value", "1"}}});
+  pod["spec"]["containers"][0]["env"] =
+      json::array({{{"name", "GPULET_VGPU_DISABLE"}, {"value", "1"}}});
   pod["metadata"]["annotations"]["tencent.com/vcuda-core-limit"] = "60";
   api_.CreatePod(pod);
   auto r = AllocPair(*assigner_, "GPU-0", 20, 8);
@@ -279,7 +282,8 @@ TEST_F(NodeTest, PublishPool) {
   ASSERT_TRUE(assigner_->PublishPool([](const std::string& u) { return u != "GPU-1"; }).ok());
   json node;
   ASSERT_TRUE(api_.GetNode("node-1", &node));
-  json list = json::parse(node["metadata"]["annotations"]["gpulet.io/vgpu-gpus"].get<std::string>());
+  json list =
+      json::parse(node["metadata"]["annotations"]["gpulet.io/vgpu-gpus"].get<std::string>());
   ASSERT_EQ(list.size(), 2u);
   EXPECT_EQ(list[0]["uuid"], "GPU-0");
   EXPECT_EQ(list[0]["memoryUnits"], kUnits);
