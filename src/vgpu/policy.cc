@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace gpulet::vgpu {
 namespace {
 
@@ -66,7 +69,11 @@ class SpreadPolicy final : public placement::Policy {
 absl::StatusOr<std::unique_ptr<placement::Policy>> MakeVgpuPolicy(const std::string& name) {
   if (name == "binpack") return placement::MakePolicy("best-fit");
   if (name == "spread") return std::unique_ptr<placement::Policy>(std::make_unique<SpreadPolicy>());
-  return placement::MakePolicy(name);
+  auto p = placement::MakePolicy(name);
+  if (!p.ok())  // name the vGPU aliases too
+    return absl::InvalidArgumentError(absl::StrCat("unknown vGPU policy \"", name, "\" (known: ",
+                                                   absl::StrJoin(VgpuPolicyNames(), ", "), ")"));
+  return p;
 }
 
 std::vector<std::string> VgpuPolicyNames() {
