@@ -57,7 +57,8 @@ struct VgpuConfig {
   std::string gpus;             // "" (default): vGPU off; "all": every non-MIG GPU; or "0,3,GPU-..."
   bool nominal_memory = true;   // memory units from the whole-GiB size (H100 80GB: 320), not NVML's
   std::string state_dir = "/var/lib/gpulet/vgpu";  // checkpoint + per-container accounting files
-  std::string library = "/usr/lib/gpulet/libgpulet-vcuda.so";  // host path of the interposer
+  // Host path of the interposer: where `gpulet install` puts it (node/install.h prefix).
+  std::string library = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
   std::string policy = "binpack";  // placement of pods the extender did not place
   absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
 };

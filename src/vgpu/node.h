@@ -53,7 +53,7 @@ struct NodeOptions {
   // (<state_dir>/<pod-uid>/<container>/accounting).
   std::string state_dir = "/var/lib/gpulet/vgpu";
   // Host path of the interposer library mounted read-only into vGPU containers.
-  std::string library_host_path = "/usr/lib/gpulet/libgpulet-vcuda.so";
+  std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
   std::string policy = "binpack";  // for pods the extender did not place
   // Memory units of a GPU: from the memory NVML reports (default: floor(total / 256 MiB), 318 on
   // an H100 80GB) or from the nominal size (total rounded up to a whole GiB: 320).
