@@ -66,6 +66,7 @@ class ExtenderProcess {
     return r ? json::parse(r->body, nullptr, false) : json();
   }
   Extender& extender() { return *extender_; }
+  int port() const { return port_; }
 
  private:
   std::unique_ptr<k8s::Client> client_;
@@ -212,14 +213,25 @@ TEST_F(ClusterTest, ConcurrentBindsOnOneNode) {
   std::vector<json> pods;
   for (int i = 0; i < 8; ++i) pods.push_back(api_.CreatePod(PodObj("c" + std::to_string(i), 30, 4)));
   std::vector<std::string> errors(8);
+  // Connections opened beforehand (keep-alive, as kube-scheduler holds them): eight connects at
+  // once overflow cpp-httplib's listen backlog of 5 and cost a 1 s SYN retransmit.
+  std::vector<std::unique_ptr<httplib::Client>> clients;
+  for (int i = 0; i < 8; ++i) {
+    clients.push_back(std::make_unique<httplib::Client>("127.0.0.1", ext.port()));
+    clients.back()->set_keep_alive(true);
+    ASSERT_TRUE(clients.back()->Get("/scheduler/healthz"));
+  }
   std::vector<std::thread> threads;
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
-      errors[i] = ext.Post("bind", {{"PodName", pods[i]["metadata"]["name"]},
-                                    {"PodNamespace", "default"},
-                                    {"PodUID", pods[i]["metadata"]["uid"]},
-                                    {"Node", "v100-a"}})
-                      .value("Error", "?");
+      json body = {{"PodName", pods[i]["metadata"]["name"]},
+                   {"PodNamespace", "default"},
+                   {"PodUID", pods[i]["metadata"]["uid"]},
+                   {"Node", "v100-a"}};
+      auto r = clients[i]->Post("/scheduler/bind", body.dump(), "application/json");
+      errors[i] = r && r->status == 200
+                      ? json::parse(r->body, nullptr, false).value("Error", "?")
+                      : "no answer";
     });
   }
   for (auto& t : threads) t.join();
