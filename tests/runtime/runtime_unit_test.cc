@@ -20,6 +20,7 @@
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
+#include "tests/plugin/fake_gpu.h"
 #include "tests/runtime/fixtures.h"
 
 namespace gpulet::runtime {
@@ -496,47 +497,23 @@ TEST_F(TempDirTest, CrioDropIn) {
   EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
 }
 
-// A GPU layer whose inventory the test changes (as an NVML re-init would) and whose events the
-// test sends.
-class SwitchableGpuLayer : public gpu::GpuLayer {
+// The device-plugin tests' fake GPU layer, with an inventory the test changes (as an NVML
+// re-init would).
+class SwitchableGpuLayer : public gpulet::testing::FakeGpuLayer {
  public:
-  explicit SwitchableGpuLayer(gpu::Inventory inv) : inv_(std::move(inv)) {}
+  explicit SwitchableGpuLayer(gpu::Inventory inv) : FakeGpuLayer(inv), inv_(std::move(inv)) {}
   void Set(gpu::Inventory inv) {
     std::lock_guard<std::mutex> l(mu_);
     inv_ = std::move(inv);
-  }
-  void Emit() {
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto& [id, cb] : subs_) cb(gpu::Event{});
   }
   absl::StatusOr<gpu::Inventory> GetInventory() override {
     std::lock_guard<std::mutex> l(mu_);
     return inv_;
   }
-  absl::StatusOr<gpu::Telemetry> GetTelemetry(uint32_t) override { return gpu::Telemetry{}; }
-  absl::Status ProbeDevice(uint32_t) override { return absl::OkStatus(); }
-  absl::Status Reinit() override { return absl::OkStatus(); }
-  struct Sub : Subscription {
-    SwitchableGpuLayer* l;
-    int id;
-    ~Sub() override {
-      std::lock_guard<std::mutex> g(l->mu_);
-      l->subs_.erase(id);
-    }
-  };
-  std::unique_ptr<Subscription> Subscribe(EventCallback cb) override {
-    std::lock_guard<std::mutex> l(mu_);
-    auto s = std::make_unique<Sub>();
-    s->l = this, s->id = next_++;
-    subs_[s->id] = std::move(cb);
-    return s;
-  }
 
  private:
   std::mutex mu_;
   gpu::Inventory inv_;
-  std::map<int, EventCallback> subs_;
-  int next_ = 0;
 };
 
 std::vector<std::string> SpecDeviceNames(const std::string& path) {
@@ -585,7 +562,7 @@ TEST_F(TempDirTest, CdiRefresherFollowsTheGpuSet) {
   gpu::Inventory lost = FakeInventory(2);
   lost.devices.erase(lost.devices.begin());  // GPU 0 fell off the bus; NVML re-initialised
   gpu.Set(lost);
-  gpu.Emit();
+  gpu.Emit(0, 79);
   std::vector<std::string> names;
   for (int i = 0; i < 100 && names != std::vector<std::string>{"1", "all"}; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
