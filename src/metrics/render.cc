@@ -508,6 +508,12 @@ void RenderSelf(const Sample& s, ExpositionWriter& w) {
   w.Family("gpulet_exporter_last_collect_timestamp_seconds", G,
            "When the snapshot being served was taken (Unix time).");
   w.Sample({}, static_cast<double>(st.collect_unix_ms) / 1000.0);
+  if (st.bare_pods_reported >= 0) {
+    w.Family("gpulet_node_bare_pods_rejected_total", C,
+             "Pods without a controller that the kubelet rejected for GPU resources while the GPU "
+             "stack was not ready after a boot; each also got a Warning event.");
+    w.Sample({}, static_cast<double>(st.bare_pods_reported));
+  }
 }
 
 }  // namespace

@@ -60,6 +60,9 @@ struct SelfStats {
   double collect_seconds = 0;    // wall time of the cycle that produced this sample
   int64_t collect_unix_ms = 0;   // when it finished
   uint64_t cycles = 0;
+  // Bare pods the reboot readiness controller reported (they had no controller to recreate them);
+  // -1 when no controller runs in this process, and then the family is left out.
+  int64_t bare_pods_reported = -1;
 };
 
 struct Sample {

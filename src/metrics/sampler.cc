@@ -279,6 +279,7 @@ void Sampler::SampleOnce() {
   stats_.cycles += 1;
   stats_.collect_seconds = std::chrono::duration<double>(clock_->Now() - start).count();
   stats_.collect_unix_ms = clock_->UnixSeconds() * 1000;
+  if (options_.bare_pods_reported) stats_.bare_pods_reported = options_.bare_pods_reported();
   s.self = stats_;
   snap->self = stats_;
   snap->taken = clock_->Now();

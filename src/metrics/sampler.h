@@ -72,6 +72,8 @@ struct SamplerOptions {
   std::chrono::milliseconds interval{10000};
   RenderOptions render;
   std::string hostname;  // DCGM Hostname / GPU Manager node label
+  // Read each cycle when set (the agent's reboot readiness controller); must be thread-safe.
+  std::function<int64_t()> bare_pods_reported;
 };
 
 // Thread-safe. Owns its thread; the sources it is given must outlive it.

@@ -137,14 +137,22 @@ absl::Status SimNode::Start() {
     args.insert(args.end(), {"--metrics-vgpu-accounting-dir", paths_.root + "/vgpu"});
   if (!given("--vgpu-library"))
     args.insert(args.end(), {"--vgpu-library", SelfDir() + "/../lib/libgpulet-vcuda.so"});
-  bool wants_vgpu = std::any_of(pods_.begin(), pods_.end(), [](const emu::PodSpec& p) {
-    return std::any_of(p.containers.begin(), p.containers.end(), [](const emu::ContainerSpec& c) {
-      return std::any_of(c.limits.begin(), c.limits.end(), [](const auto& kv) {
-        return kv.first.rfind("tencent.com/vcuda-", 0) == 0;
+  auto any_pod_asks = [this](const std::string& prefix) {
+    return std::any_of(pods_.begin(), pods_.end(), [&](const emu::PodSpec& p) {
+      return std::any_of(p.containers.begin(), p.containers.end(), [&](const emu::ContainerSpec& c) {
+        return std::any_of(c.limits.begin(), c.limits.end(),
+                           [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
       });
     });
-  });
-  if (wants_vgpu && !given("--vgpu-gpus")) args.insert(args.end(), {"--vgpu-gpus", "all"});
+  };
+  // A shared GPU is not offered whole, so the GPUs are shared only when no pod wants whole ones
+  // (the mixed demo would otherwise lose its nvidia.com/gpu); --agent-arg=--vgpu-gpus=... decides
+  // otherwise.
+  vgpu_note_ = any_pod_asks("tencent.com/vcuda-") && !given("--vgpu-gpus");
+  if (vgpu_note_ && !any_pod_asks("nvidia.com/")) {
+    args.insert(args.end(), {"--vgpu-gpus", "all"});
+    vgpu_note_ = false;
+  }
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -200,6 +208,9 @@ absl::Status SimNode::Start() {
   for (const auto& r : emu_->Resources())
     out_ << "Registered: " << r.name << " (endpoint " << r.endpoint << ", " << r.capacity
          << " devices, " << r.allocatable << " healthy)\n";
+  if (vgpu_note_)
+    out_ << "Note: pods ask for both whole GPUs and vGPU shares; no GPU is shared. Run the vGPU pods "
+            "alone, or share some GPUs with --agent-arg=--vgpu-gpus=<indexes>.\n";
   out_ << "\nEvents:\n";
   PrintNewEvents();
   return absl::OkStatus();

@@ -69,6 +69,7 @@ class SimNode {
   std::vector<emu::PodSpec> pods_;
   std::unique_ptr<emu::KubeletEmulator> emu_;
   pid_t agent_pid_ = -1;
+  bool vgpu_note_ = false;  // vGPU pods were given but no GPU is shared (mixed with whole-GPU pods)
   int agent_status_ = 0;
   size_t events_printed_ = 0;
   std::chrono::steady_clock::time_point t0_;

@@ -21,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
 const std::string kSrc = GPULET_SOURCE_DIR;
@@ -139,7 +140,28 @@ TEST_F(SimTest, DemoWithRealAgent) {
   EXPECT_LT(pending, completed);
   EXPECT_LT(completed, started);
   EXPECT_THAT(r.out, HasSubstr("NVIDIA_VISIBLE_DEVICES=GPU-"));
+  EXPECT_THAT(r.out, HasSubstr("no GPU is shared"));  // why the vGPU pod stays Pending
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("default/vgpu-inference +Pending")));
   EXPECT_THAT(r.out, HasSubstr("Agent stopped (exit status 0)"));
+}
+
+// The vGPU example alone: every H100 is shared (100 cores and 320 units of 256 MiB each), the pod
+// runs with its 30 cores and 20 units, and its container gets the limits and the interposer.
+TEST_F(SimTest, VgpuPodAloneSharesEveryGpu) {
+  if (!AgentBuilt()) GTEST_SKIP() << "`gpulet agent` is not built yet (device plugin issue)";
+  Result r = Shell(Sim("--simulate dgx-h100 " + kSrc + "/examples/05-vgpu.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("Capacity:\n(  .*\n)*  tencent\\.com/vcuda-core: +800\n(  .*\n)*"
+                        "  tencent\\.com/vcuda-memory: +2560\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-core +30 +30\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-memory +20 +20\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("default/vgpu-inference +Running"))) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_MEMORY_LIMIT=5368709120"));  // 20 x 256 MiB
+  EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_CORE_LIMIT=30"));
+  EXPECT_THAT(r.out, HasSubstr("LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so"));
+  EXPECT_THAT(r.out, Not(HasSubstr("nvidia.com/gpu:")));  // a shared GPU is not offered whole
 }
 
 // --serve keeps the node up: PodResources answers over its socket, an injected XID fault on one

@@ -162,11 +162,13 @@ TEST(Render, OwnFamiliesPassPromtoolLint) {
   s.devices[0].xid_last = 79;
   s.vgpu.push_back({"ml", "vgpu-pod", "c", 1, 2ull << 30, 4ull << 30, 0.25, 0.3});
   s.self.kubelet_enabled = s.self.vgpu_enabled = true;
+  s.self.bare_pods_reported = 2;
   std::string text;
   Render(s, RenderOptions{kGpuletFamilies, true}, Format::kText, &text);
   auto r = testing_metrics::PromtoolCheckMetrics(text);
   EXPECT_EQ(r.rc, 0) << r.output;
   EXPECT_EQ(r.output, "");
+  EXPECT_THAT(text, HasSubstr("\ngpulet_node_bare_pods_rejected_total 2\n"));
   EXPECT_THAT(text, HasSubstr("gpulet_gpu_utilization_ratio{gpu=\"0\",uuid=\""));
   EXPECT_THAT(text, HasSubstr("gpulet_vgpu_container_memory_limit_bytes{namespace=\"ml\""));
 }
@@ -460,6 +462,24 @@ TEST(Sampler, NvmlFailingMidRunThenRecovering) {
   EXPECT_GE(g->reinits(), 1);
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("gpulet_exporter_nvml_up 1\n"));
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("gpulet_gpu_utilization_ratio{"));
+}
+
+// The reboot readiness controller's bare-pod count is read every cycle; without a controller the
+// family is absent rather than a misleading 0.
+TEST(Sampler, ReportsBarePodsOnlyWithAController) {
+  FakeGpuLayer g(1);
+  Sampler plain(&g, nullptr, nullptr, nullptr, nullptr, {});
+  plain.SampleOnce();
+  EXPECT_THAT(plain.snapshot()->text, Not(HasSubstr("gpulet_node_bare_pods_rejected_total")));
+  std::atomic<int64_t> reported{0};
+  SamplerOptions o;
+  o.bare_pods_reported = [&reported] { return reported.load(); };
+  Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, o);
+  sampler.SampleOnce();
+  EXPECT_THAT(sampler.snapshot()->text, HasSubstr("\ngpulet_node_bare_pods_rejected_total 0\n"));
+  reported = 3;
+  sampler.SampleOnce();
+  EXPECT_THAT(sampler.snapshot()->text, HasSubstr("\ngpulet_node_bare_pods_rejected_total 3\n"));
 }
 
 // NVML absent at start (library missing): the endpoint has a snapshot with nvml_up 0, and the

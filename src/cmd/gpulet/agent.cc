@@ -69,10 +69,24 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     }
     int rc = RunDevicePlugin("agent", *flags, [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
       // Other node parts start here, sharing `gpu`.
+      if (client) {  // created before the exporter, which reports its bare-pod count
+        node::ValidateOptions vo;
+        vo.layer = &gpu;
+        vo.host_root = node->host_root;
+        vo.pod_resources_socket = flags->pod_resources_socket;
+        vo.node_name = node->name;
+        vo.client = client.get();
+        node::ReadinessOptions ro;
+        ro.node_name = node->name;
+        readiness = std::make_unique<node::ReadinessController>(
+            client.get(), [vo] { return node::ValidateStack(vo); }, ro);
+      }
       metrics_flags->pod_resources_socket = flags->pod_resources_socket;
       metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
       auto mo = ToExporterOptions(*metrics_flags);
       if (!mo.ok()) return mo.status();
+      if (node::ReadinessController* r = readiness.get())
+        mo->sampler.bare_pods_reported = [r] { return r->reported_bare_pods(); };
       auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
       if (!e.ok()) return e.status();
       exporter = *std::move(e);
@@ -85,28 +99,16 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();
-      if (client) {
-        node::ValidateOptions vo;
-        vo.layer = &gpu;
-        vo.host_root = node->host_root;
-        vo.pod_resources_socket = flags->pod_resources_socket;
-        vo.node_name = node->name;
-        vo.client = client.get();
-        node::ReadinessOptions ro;
-        ro.node_name = node->name;
-        readiness = std::make_unique<node::ReadinessController>(
-            client.get(), [vo] { return node::ValidateStack(vo); }, ro);
-        readiness->Start();
-      }
+      if (readiness) readiness->Start();
       auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
       if (!c.ok()) return c.status();
       cdi = *std::move(c);
       return absl::OkStatus();
     }, [&] {
       cdi.reset();
-      readiness.reset();
       labeler.reset();
-      exporter.reset();
+      exporter.reset();  // before the readiness controller its sampler reads
+      readiness.reset();
     });
     return rc;
   };
