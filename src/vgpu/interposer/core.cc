@@ -235,11 +235,15 @@ bool Core::LimitedSlow(int ordinal) {
 // cost (perf: 77% of TableInsert's samples on the load of the key).
 bool Core::TableInsert(uint64_t key, uint64_t bytes) {
   const uint64_t h = Mix(key);
+  // The key is claimed first and the size written after: writing the size first let two threads
+  // racing for one free entry leave the winner's key beside the loser's size. Nobody looks this
+  // handle up before the allocation returns (its free comes after), so the size is in place by then.
   auto claim = [&](Entry& e) {
     uint64_t k = e.key.load(std::memory_order_relaxed);
     if (k != 0 && k != kTombstone) return false;
-    e.bytes.store(bytes, std::memory_order_relaxed);
-    return e.key.compare_exchange_strong(k, key, std::memory_order_release);
+    if (!e.key.compare_exchange_strong(k, key, std::memory_order_acq_rel)) return false;
+    e.bytes.store(bytes, std::memory_order_release);
+    return true;
   };
   for (int probe = 0; probe < kHotProbes; ++probe) {
     if (claim(hot_[(h + probe) & (kHotSize - 1)])) return true;
@@ -259,7 +263,7 @@ uint64_t Core::TableErase(uint64_t key) {
       uint64_t k = e.key.load(std::memory_order_acquire);
       if (k == 0) return 0;
       if (k != key) continue;
-      *bytes = e.bytes.load(std::memory_order_relaxed);
+      *bytes = e.bytes.load(std::memory_order_acquire);
       return e.key.compare_exchange_strong(k, kTombstone) ? 1 : -1;  // -1: a concurrent double
     }                                                                 // free; the driver reports it
     return 0;
