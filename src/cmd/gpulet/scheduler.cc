@@ -3,11 +3,13 @@
 #include <openssl/pem.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +34,8 @@ struct SchedulerFlags {
   std::string webhook_listen = ":8443";
   std::string tls_cert_file, tls_key_file, tls_secret, webhook_configuration;
   std::string tls_names = "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc";
+  int64_t tls_renew_before_h = 24 * 30;  // a self-issued pair is replaced this close to expiry
+  int64_t tls_renew_check_ms = 3600 * 1000;
   std::string policy = "binpack";
   int64_t workload_refresh_ms = 1000;
   std::string scheduler_name;
@@ -48,8 +52,11 @@ bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
 }
 
 // The serving certificate: files, a Secret (created with a self-issued pair when missing), or a
-// self-issued pair kept in memory.
-absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Client* api) {
+// self-issued pair of our own. A self-issued `current` pair (from the Secret, or the one being
+// served) is kept until it is within --tls-renew-before of expiry, then replaced (and stored).
+absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Client* api,
+                                                const k8s::PemPair* current = nullptr) {
+  const auto renew_before = std::chrono::hours(f.tls_renew_before_h);
   if (!f.tls_cert_file.empty() || !f.tls_key_file.empty()) {
     if (f.tls_cert_file.empty() || f.tls_key_file.empty()) {
       return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together");
@@ -60,7 +67,10 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
     return p;
   }
   std::vector<std::string> names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
-  if (f.tls_secret.empty()) return k8s::SelfSignedCertificate(names);
+  if (f.tls_secret.empty()) {
+    if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before)) return *current;
+    return k8s::SelfSignedCertificate(names);
+  }
   std::vector<std::string> ns_name = absl::StrSplit(f.tls_secret, '/');
   if (ns_name.size() != 2 || !api) {
     return absl::InvalidArgumentError("--tls-secret wants NAMESPACE/NAME and an API server");
@@ -71,9 +81,9 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
   if (secret.ok() && (*secret)["data"].contains("tls.crt") && (*secret)["data"].contains("tls.key")) {
     absl::Base64Unescape((*secret)["data"]["tls.crt"].get<std::string>(), &p.cert_pem);
     absl::Base64Unescape((*secret)["data"]["tls.key"].get<std::string>(), &p.key_pem);
-    // Within 30 days of expiry (or unreadable) the self-issued pair is replaced at start: the new
-    // one goes into the Secret (PUT below) and, with --webhook-configuration, into caBundle.
-    if (!k8s::CertificateExpiresWithin(p.cert_pem, std::chrono::hours(24 * 30))) return p;
+    // Near expiry (or unreadable) the self-issued pair is replaced: the new one goes into the
+    // Secret (PUT below) and, with --webhook-configuration, into caBundle.
+    if (!k8s::CertificateExpiresWithin(p.cert_pem, renew_before)) return p;
   }
   ASSIGN_OR_RETURN(p, k8s::SelfSignedCertificate(names));
   nlohmann::json body = {{"apiVersion", "v1"},
@@ -88,6 +98,25 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
                            &body);
   if (!created.ok()) return created.status();
   return p;
+}
+
+// Publishes `ca_pem` (one or more certificates) as the webhook configuration's caBundle so the API
+// server trusts our self-issued certificate.
+void PublishCaBundle(k8s::Client& api, const std::string& configuration, const std::string& ca_pem) {
+  if (configuration.empty()) return;
+  nlohmann::json patch = nlohmann::json::array({{{"op", "replace"},
+                                                 {"path", "/webhooks/0/clientConfig/caBundle"},
+                                                 {"value", absl::Base64Escape(ca_pem)}}});
+  for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
+    auto r = api.Call("PATCH",
+                      std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" +
+                          configuration,
+                      &patch, "application/json-patch+json");
+    if (!r.ok() && !absl::IsNotFound(r.status())) {
+      spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
+                   r.status().ToString());
+    }
+  }
 }
 
 int RunScheduler(const SchedulerFlags& f) {
@@ -135,6 +164,10 @@ int RunScheduler(const SchedulerFlags& f) {
   std::thread ext_thread([&] { ext_server.listen_after_bind(); });
 
   std::unique_ptr<k8s::CertReloader> cert_reloader;  // outlives hook_server, which calls it
+  bool self_issued = false;
+  std::string tls_dir;  // self-issued pair's files; removed at exit
+  absl::Notification renew_stop;
+  std::thread renew_thread;
   std::unique_ptr<httplib::SSLServer> hook_server;
   std::thread hook_thread;
   scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
@@ -155,9 +188,25 @@ int RunScheduler(const SchedulerFlags& f) {
     if (cert && key) hook_server = std::make_unique<httplib::SSLServer>(cert, key);
     if (cert) X509_free(cert);
     if (key) EVP_PKEY_free(key);
-    // Certificate files (cert-manager, a mounted Secret) are taken again when they change.
-    if (hook_server && hook_server->is_valid() && !f.tls_cert_file.empty()) {
-      auto r = k8s::CertReloader::Load(f.tls_cert_file, f.tls_key_file);
+    // Certificate files (cert-manager, a mounted Secret) are taken again when they change; a
+    // self-issued pair is written to a private directory so that its renewals are served the
+    // same way.
+    self_issued = f.tls_cert_file.empty();
+    std::string cert_file = f.tls_cert_file, key_file = f.tls_key_file;
+    if (self_issued) {
+      char dir[] = "/tmp/gpulet-webhook-tls-XXXXXX";
+      if (mkdtemp(dir) != nullptr) tls_dir = dir;
+      cert_file = tls_dir + "/tls.crt";
+      key_file = tls_dir + "/tls.key";
+      if (tls_dir.empty() || !WriteFileAtomic(key_file, pem->key_pem, 0600).ok() ||
+          !WriteFileAtomic(cert_file, pem->cert_pem).ok()) {
+        spdlog::warn("cannot keep the self-issued certificate in {}; it will not be renewed",
+                     tls_dir.empty() ? std::string("/tmp") : tls_dir);
+        self_issued = false;
+      }
+    }
+    if (hook_server && hook_server->is_valid() && (self_issued || !f.tls_cert_file.empty())) {
+      auto r = k8s::CertReloader::Load(cert_file, key_file);
       if (r.ok()) (cert_reloader = *std::move(r))->Install(hook_server->ssl_context());
       else spdlog::warn("webhook certificate will not be reloaded: {}", r.status().ToString());
     }
@@ -171,22 +220,29 @@ int RunScheduler(const SchedulerFlags& f) {
     }
     webhook.Register(*hook_server);
     hook_thread = std::thread([&] { hook_server->listen_after_bind(); });
-    if (!f.webhook_configuration.empty()) {
-      // Publish our CA so the API server trusts the self-issued certificate.
-      nlohmann::json patch = nlohmann::json::array(
-          {{{"op", "replace"},
-            {"path", "/webhooks/0/clientConfig/caBundle"},
-            {"value", absl::Base64Escape(pem->cert_pem)}}});
-      for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
-        auto r = api.Call("PATCH",
-                          std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" +
-                              f.webhook_configuration,
-                          &patch, "application/json-patch+json");
-        if (!r.ok() && !absl::IsNotFound(r.status())) {
-          spdlog::warn("cannot publish caBundle into {} {}: {}", kind, f.webhook_configuration,
-                       r.status().ToString());
+    PublishCaBundle(api, f.webhook_configuration, pem->cert_pem);
+    if (self_issued && cert_reloader) {
+      // Renewal: the API server is told to trust the new and the old certificate before the new
+      // one is served, so no handshake in between fails.
+      renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
+        while (!renew_stop.WaitForNotificationWithTimeout(absl::Milliseconds(f.tls_renew_check_ms))) {
+          auto next = ServingCertificate(f, &api, &current);
+          if (!next.ok()) {
+            spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
+            continue;
+          }
+          if (next->cert_pem == current.cert_pem) continue;
+          PublishCaBundle(api, f.webhook_configuration, next->cert_pem + current.cert_pem);
+          absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
+          if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
+          if (!st.ok()) {
+            spdlog::warn("webhook certificate renewal: {}", st.ToString());
+            continue;
+          }
+          current = *std::move(next);
+          spdlog::info("webhook certificate renewed");
         }
-      }
+      });
     }
   }
   spdlog::info("gpulet scheduler: extender on {}{}, webhook on {}", f.extender_listen,
@@ -197,10 +253,13 @@ int RunScheduler(const SchedulerFlags& f) {
   extender.StopWatching();
   ext_server.stop();
   ext_thread.join();
+  renew_stop.Notify();
+  if (renew_thread.joinable()) renew_thread.join();
   if (hook_server) {
     hook_server->stop();
     hook_thread.join();
   }
+  if (!tls_dir.empty()) std::filesystem::remove_all(tls_dir);
   return 0;
 }
 
@@ -230,7 +289,16 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--webhook-configuration", f->webhook_configuration,
                  "Name of the Validating/MutatingWebhookConfiguration whose caBundle is set to "
-                 "our certificate at start");
+                 "our self-issued certificate (at start and on every renewal)");
+  sub.add_option("--tls-renew-before", f->tls_renew_before_h,
+                 "Hours before expiry at which a self-issued certificate (one-year validity) is "
+                 "replaced, in the running process and in --tls-secret")
+      ->check(CLI::Range(int64_t{1}, int64_t{24 * 3650}))
+      ->capture_default_str();
+  sub.add_option("--tls-renew-check", f->tls_renew_check_ms,
+                 "Milliseconds between checks of the self-issued certificate's expiry")
+      ->check(CLI::Range(int64_t{10}, int64_t{24 * 3600 * 1000}))
+      ->capture_default_str();
   sub.add_option("--policy", f->policy,
                  "Default placement policy: binpack, spread, or a placement registry name "
                  "(best-fit, gpu-packing, dot-product, fgd, gpulet, random); a pod may choose "
