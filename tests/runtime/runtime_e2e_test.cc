@@ -27,6 +27,10 @@ using ::testing::Not;
 using namespace ::gpulet::runtime::testing;
 namespace fs = std::filesystem;
 
+// runc names the container's cgroup after its id, so tests running side by side (ctest -j) need
+// ids of their own: with one shared id their device rules mixed and a test could fail.
+std::string ContainerId() { return "gpulet-e2e-" + std::to_string(::getpid()); }
+
 const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
 const std::string kShim = kBin + "gpulet-container-runtime";
 const std::string kHook = kBin + "gpulet-container-hook";
@@ -52,7 +56,7 @@ class Node : public ::testing::Test {
   }
   void TearDown() override {
     if (!dir_.empty()) {
-      Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+      Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
       fs::remove_all(dir_);
     }
   }
@@ -78,7 +82,7 @@ class Node : public ::testing::Test {
   // Runs the bundle through the shim; returns the exit status, output in *out.
   int RunShim(std::string* out) {
     return Sh("cd " + dir_ + "/bundle && GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + kShim +
-                  " --root " + dir_ + "/runc run gpulet-e2e </dev/null",
+                  " --root " + dir_ + "/runc run " + ContainerId() + " </dev/null",
               out);
   }
   std::string dir_;
@@ -177,7 +181,7 @@ TEST_F(Node, SymlinkedMountTargetsStayInsideTheRootfs) {
     std::string out;
     RunShim(&out);  // may succeed (resolved inside) or fail closed; never touch the host
     EXPECT_TRUE(fs::is_empty(host)) << mode << ": wrote outside the rootfs\n" << out;
-    Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   }
 }
 
@@ -199,7 +203,7 @@ TEST_F(Node, LdPreloadNeverReachesTheHook) {
     ASSERT_EQ(RunShim(&out), 0) << out;
     EXPECT_THAT(out, HasSubstr("ran"));
     EXPECT_FALSE(fs::exists(marker)) << mode << ": preload ran in a hook";
-    Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   }
   // Even when a runtime hands the hook a poisoned environment, nothing is loaded into it.
   std::string out;
@@ -227,9 +231,9 @@ TEST_F(Node, LegacyModeAllowsTheInjectedDevicesInTheCgroup) {
   ASSERT_LT(kept.size(), spec["linux"]["resources"]["devices"].size());
   spec["linux"]["resources"]["devices"] = kept;
   WriteFile(dir_ + "/bundle/config.json", spec.dump());
-  Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+  Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   // runc directly: the shim would see its hook and leave the spec alone anyway.
-  Sh("cd " + dir_ + "/bundle && runc --root " + dir_ + "/runc run gpulet-e2e </dev/null", &out);
+  Sh("cd " + dir_ + "/bundle && runc --root " + dir_ + "/runc run " + ContainerId() + " </dev/null", &out);
   EXPECT_THAT(out, HasSubstr("/dev/nvidia2: Operation not permitted")) << out;
 }
 
@@ -305,7 +309,7 @@ TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
       WriteFile(dir_ + "/bundle/config.json", spec.dump());
       ASSERT_EQ(RunShim(&out), 0) << out;
       EXPECT_EQ(GpuNodes(out), want) << out;
-      Sh("runc --root " + dir_ + "/runc delete -f gpulet-e2e >/dev/null 2>&1");
+      Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
     }
     if (!podman) continue;
     SCOPED_TRACE(st.name + " / podman");
