@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -147,6 +148,39 @@ class E2E : public ::testing::Test {
   std::string accounting_, state_;
   std::map<std::string, std::string> env_;
 };
+
+// Where the CUDA toolkit is installed: a CUDA runtime program built with nvcc (cudart resolves the
+// driver through cuGetProcAddress) sees the limit in cudaMemGetInfo, allocates under it, and gets
+// cudaErrorMemoryAllocation past it. NVCC names the compiler, else nvcc on PATH or under
+// /usr/local/cuda.
+TEST_F(E2E, NvccCudaRuntimeProgramSeesTheLimit) {
+  std::string nvcc = getenv("NVCC") ? getenv("NVCC") : "";
+  if (nvcc.empty() && system("command -v nvcc >/dev/null 2>&1") == 0) nvcc = "nvcc";
+  if (nvcc.empty() && access("/usr/local/cuda/bin/nvcc", X_OK) == 0)
+    nvcc = "/usr/local/cuda/bin/nvcc";
+  if (nvcc.empty()) GTEST_SKIP() << "CUDA toolkit not installed (no nvcc; set NVCC to its path)";
+  std::string exe = state_ + ".cudart_probe";
+  std::string cmd = nvcc + " -cudart static -o " + exe + " " + GPULET_SOURCE_DIR +
+                    "/tests/interposer/cudart_probe.cu 2>&1";
+  ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+  // The CUDA runtime also needs cuGetExportTable's private, undocumented tables, which a fake
+  // driver cannot provide (ours answers CUDA_ERROR_NOT_SUPPORTED): then cudart fails before any
+  // allocation, without the interposer too. vcuda_procaddr replays cudart 13.0's driver lookups
+  // instead (RuntimeStyleProgramThroughGetProcAddress).
+  std::string bare = Run({exe}, {{"LD_PRELOAD", ""}});
+  if (Field(bare, "meminfo", 0) != 0) {
+    unlink(exe.c_str());
+    GTEST_SKIP() << "the CUDA runtime does not start on the fake driver (cudaMemGetInfo -> "
+                 << Field(bare, "meminfo", 0) << "; it needs cuGetExportTable): " << bare;
+  }
+  std::string out = Run({exe});
+  EXPECT_EQ(Field(out, "meminfo", 0), 0u) << out;  // cudaSuccess
+  EXPECT_EQ(Field(out, "meminfo", 2), limit_) << out;
+  EXPECT_EQ(Field(out, "half"), 0u) << out;
+  EXPECT_EQ(Field(out, "past"), 2u) << out;  // cudaErrorMemoryAllocation
+  EXPECT_EQ(Field(out, "free"), 0u) << out;
+  unlink(exe.c_str());
+}
 
 // 16 programs racing to allocate in one container never exceed the limit by a single byte:
 // neither by their own count nor on the (fake) device, contexts included.
