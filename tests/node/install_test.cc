@@ -137,6 +137,13 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos) << before.steps[1].detail;
 
   ASSERT_TRUE(Install(opts_).ok());
+  // A TMPDIR of this test's own: the probe makes its bundle there, and tests running side by side
+  // (ctest -j) make theirs elsewhere, so what is left over is ours.
+  const std::string tmp = art_ + "/tmp";
+  fs::create_directories(tmp);
+  const char* old_tmp = getenv("TMPDIR");
+  const std::string saved = old_tmp ? old_tmp : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
   auto probe_dirs = [] {
     std::set<std::string> d;
     for (const auto& e : fs::directory_iterator(fs::temp_directory_path()))
@@ -153,6 +160,8 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   EXPECT_NE(after.steps[2].detail.find("no-kubelet.sock"), std::string::npos);
   EXPECT_FALSE(after.ok());
   EXPECT_EQ(probe_dirs(), dirs_before) << "the probe must remove its bundle and state";
+  if (old_tmp) setenv("TMPDIR", saved.c_str(), 1);
+  else unsetenv("TMPDIR");
 }
 
 // The probe container catches what the file checks cannot: a shim that starts containers without
