@@ -85,6 +85,16 @@ class Node : public ::testing::Test {
                   " --root " + dir_ + "/runc run " + ContainerId() + " </dev/null",
               out);
   }
+  // podman with this test's own storage and configuration (*podman: the command prefix), with the
+  // bundle's rootfs imported as `image`.
+  void PodmanWithImage(const std::string& image, std::string* podman) {
+    WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
+    *podman = "CONTAINERS_CONF=" + dir_ + "/containers.conf podman --root " + dir_ +
+              "/storage --runroot " + dir_ + "/runroot --cgroup-manager cgroupfs --events-backend file ";
+    std::string out;
+    ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + *podman + "import - " + image, &out), 0)
+        << out;
+  }
   std::string dir_;
 };
 
@@ -271,12 +281,9 @@ TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
   };
   const std::string probe = "ls -l /dev | grep nvidia";
   bool podman = Have("podman");
-  std::string p = "CONTAINERS_CONF=" + dir_ + "/containers.conf podman --root " + dir_ +
-                  "/storage --runroot " + dir_ + "/runroot --cgroup-manager cgroupfs --events-backend file ";
-  std::string out;
+  std::string p, out;
   if (podman) {
-    WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
-    ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + p + "import - gpulet-xc:latest", &out), 0) << out;
+    ASSERT_NO_FATAL_FAILURE(PodmanWithImage("gpulet-xc:latest", &p));
   }
   for (const auto& st : strategies) {
     pc.list = st.list;
@@ -350,25 +357,21 @@ TEST_F(Node, Podman) {
       if (dir) fs::remove("/var/run/cdi");
     }
   } cleanup{spec_file, made_dir};
-  std::string p = "podman --root " + dir_ + "/storage --runroot " + dir_ +
-                  "/runroot --cgroup-manager cgroupfs --events-backend file ";
-  std::string env = "CONTAINERS_CONF=" + dir_ + "/containers.conf ";
-  WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
-  std::string out;
-  ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + env + p + "import - gpulet-e2e:latest", &out), 0) << out;
-  ASSERT_EQ(Sh(env + p + "run --rm --network none --device nvidia.com/gpu=0 gpulet-e2e:latest sh -c '" +
+  std::string p, out;
+  ASSERT_NO_FATAL_FAILURE(PodmanWithImage("gpulet-e2e:latest", &p));
+  ASSERT_EQ(Sh(p + "run --rm --network none --device nvidia.com/gpu=0 gpulet-e2e:latest sh -c '" +
                    kProbe + "'", &out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
   EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15"));
   WriteFile(dir_ + "/empty", "");
-  ASSERT_EQ(Sh(env + "GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + p + "--runtime " + kShim +
+  ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + p + "--runtime " + kShim +
                    " run --rm --network none -v " + dir_ +
                    "/empty:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" + kProbe + "'",
                &out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +3 .*nvidia3\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia0"))) << out;
-  Sh(env + p + "rmi -f gpulet-e2e:latest >/dev/null");
+  Sh(p + "rmi -f gpulet-e2e:latest >/dev/null");
 }
 
 // The containerd daemon (root, state and socket in a temporary dir) runs a podman-saved image with
@@ -383,13 +386,9 @@ TEST_F(Node, ContainerdCtrRun) {
                                     "[ttrpc]\naddress = \"\"\n[debug]\naddress = \"\"\n[metrics]\naddress = \"\"\n"
                                     "[plugins.\"io.containerd.grpc.v1.cri\"]\ndisable_tcp_service = true\n");
   WriteConfig("auto", /*accept_env=*/false);
-  std::string p = "podman --root " + dir_ + "/storage --runroot " + dir_ +
-                  "/runroot --cgroup-manager cgroupfs --events-backend file ";
-  std::string penv = "CONTAINERS_CONF=" + dir_ + "/containers.conf ";
-  WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
-  std::string out;
-  ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + penv + p + "import - gpulet-ctr:latest", &out), 0) << out;
-  ASSERT_EQ(Sh(penv + p + "save --format oci-archive -o " + c + "/img.tar gpulet-ctr:latest", &out), 0) << out;
+  std::string p, out;
+  ASSERT_NO_FATAL_FAILURE(PodmanWithImage("gpulet-ctr:latest", &p));
+  ASSERT_EQ(Sh(p + "save --format oci-archive -o " + c + "/img.tar gpulet-ctr:latest", &out), 0) << out;
   // The shim inherits containerd's environment: that is how it finds this test's config.
   ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json setsid containerd --config " + c +
                    "/config.toml >" + c + "/log 2>&1 & echo $! > " + c + "/pid"), 0);
