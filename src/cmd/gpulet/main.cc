@@ -32,16 +32,21 @@ int main(int argc, char** argv) {
                "gpulet"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "gpulet 0.1.0");
-  std::map<std::string, std::function<int()>> runs;
+  // Only the chosen command declares its flags: the others' setup code (and the libraries it would
+  // touch) then never runs, which keeps a long-running command's resident memory down. The top level
+  // has no options that take a value, so the first argument naming a command is the command.
+  std::string chosen;
+  for (int i = 1; i < argc && chosen.empty(); ++i)
+    if (gpulet::cmd::Registry().count(argv[i])) chosen = argv[i];
+  std::function<int()> run;
   for (auto& [name, entry] : gpulet::cmd::Registry()) {
     CLI::App* sub = app.add_subcommand(name, entry.description);
-    runs[name] = entry.setup(*sub);
+    if (name == chosen) run = entry.setup(*sub);
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  for (CLI::App* sub : app.get_subcommands()) return runs[sub->get_name()]();
-  return 2;
+  return run ? run() : 2;
 }
