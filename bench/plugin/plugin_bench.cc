@@ -9,8 +9,9 @@
 // 0.2 ms on these machines) with steady_clock; p50/p99 over all iterations are reported as
 // counters (microseconds). BM_AgentRss starts `build/bin/gpulet agent --simulate <profile>`
 // registered with the kubelet emulator, waits until its devices are allocatable plus one second,
-// and reads VmRSS from /proc/<pid>/status. One simulated machine per process (the fake NVML holds
-// one node), hence --profile.
+// and reads VmRSS from /proc/<pid>/status; BM_FloorRss reads the same of a bare gRPC server, the
+// floor that Debian's shared gRPC sets. One simulated machine per process (the fake NVML holds one
+// node), hence --profile.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -164,6 +165,37 @@ void BM_AgentRss(benchmark::State& state) {
   state.SetLabel(g_profile + (state.range(0) ? " agent" : " device-plugin"));
 }
 BENCHMARK(BM_AgentRss)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+// The floor under rss_mib above: grpc_floor (a bare gRPC server on a unix socket, nothing else) and
+// grpc_httplib_floor (the same, with cpp-httplib and so OpenSSL's initialisation loaded), read one
+// second after start like the agent.
+void BM_FloorRss(benchmark::State& state) {
+  const std::string bin =
+      (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+       (state.range(0) ? "grpc_httplib_floor" : "grpc_floor"))
+          .string();
+  const std::string sock = g_root + "/floor.sock";
+  for (auto _ : state) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl(bin.c_str(), bin.c_str(), sock.c_str(), nullptr);
+      _exit(127);
+    }
+    sleep(1);
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    double kib = 0;
+    while (std::getline(status, line))
+      if (line.rfind("VmRSS:", 0) == 0) kib = std::stod(line.substr(6));
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFSIGNALED(st)) return state.SkipWithError("floor process did not run");
+    state.counters["rss_mib"] = kib / 1024;
+  }
+  state.SetLabel(state.range(0) ? "gRPC server + cpp-httplib" : "bare gRPC server");
+}
+BENCHMARK(BM_FloorRss)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace gpulet
