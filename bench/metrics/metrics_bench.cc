@@ -169,9 +169,11 @@ void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer, bool gzip = fals
   so.hostname = "dgx-node-01";
   Sampler sampler(layer, nullptr, &cache, nullptr, nullptr, so);
   // As under Prometheus: OpenMetrics scraped with gzip, so each cycle also compresses that body.
-  if (gzip) sampler.NoteGzipRequest(Format::kOpenMetrics);
+  if (gzip) sampler.NoteRequest(Format::kOpenMetrics, true);
   for (auto _ : state) sampler.SampleOnce();
-  state.counters["text_kib"] = sampler.snapshot()->text.size() / 1024.0;
+  auto snap = sampler.snapshot();
+  state.counters[gzip ? "openmetrics_gz_kib" : "text_kib"] =
+      (gzip ? snap->openmetrics_gz.data.size() : snap->text.size()) / 1024.0;
 }
 
 void BM_SampleCycle_SimulatedNvml(benchmark::State& state) {

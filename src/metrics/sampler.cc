@@ -109,8 +109,8 @@ void Sampler::Start() {
   });
 }
 
-void Sampler::NoteGzipRequest(Format f) {
-  gzip_requested_ms_[f == Format::kOpenMetrics].store(SteadyMs(), std::memory_order_relaxed);
+void Sampler::NoteRequest(Format f, bool gzip) {
+  requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].store(SteadyMs(), std::memory_order_relaxed);
 }
 
 void Sampler::Poke() {
@@ -283,20 +283,29 @@ void Sampler::SampleOnce() {
   s.self = stats_;
   snap->self = stats_;
   snap->taken = clock_->Now();
-  // Reserve what the previous cycle needed: one allocation per body in the steady state.
-  std::shared_ptr<const Snapshot> prev = snapshot();
-  snap->text.reserve(prev->text.size() + prev->text.size() / 8);
-  snap->openmetrics.reserve(prev->openmetrics.size() + prev->openmetrics.size() / 8);
-  Render(s, options_.render, Format::kText, &snap->text);
-  Render(s, options_.render, Format::kOpenMetrics, &snap->openmetrics);
   RenderGpuManager(s, Format::kText, &snap->gpu_manager);
-  auto gzip_wanted = [&](Format f) {
-    int64_t at = gzip_requested_ms_[f == Format::kOpenMetrics].load(std::memory_order_relaxed);
-    return at != 0 && SteadyMs() - at < std::chrono::milliseconds(kGzipKeep).count();
+  const int64_t now_ms = SteadyMs();
+  bool any_request = false;
+  auto wanted = [&](Format f, bool gzip) {
+    int64_t at = requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].load(std::memory_order_relaxed);
+    any_request |= at != 0;
+    return at != 0 && now_ms - at < std::chrono::milliseconds(kFormatKeep).count();
   };
-  if (gzip_wanted(Format::kText)) snap->text_gz = GzipOpen(snap->text);
-  if (gzip_wanted(Format::kOpenMetrics)) snap->openmetrics_gz = GzipOpen(snap->openmetrics);
-  prev.reset();
+  const bool want[2][2] = {{wanted(Format::kText, false), wanted(Format::kText, true)},
+                           {wanted(Format::kOpenMetrics, false), wanted(Format::kOpenMetrics, true)}};
+  for (Format f : {Format::kText, Format::kOpenMetrics}) {
+    const int om = f == Format::kOpenMetrics;
+    const bool identity = want[om][0] || !any_request, gzip = want[om][1];
+    if (!identity && !gzip) continue;
+    std::string& body = om ? snap->openmetrics : snap->text;
+    // Reserve what the previous cycle needed: one allocation per body in the steady state.
+    body.reserve(body_size_hint_[om] + body_size_hint_[om] / 8);
+    Render(s, options_.render, f, &body);
+    body_size_hint_[om] = body.size();
+    if (gzip) (om ? snap->openmetrics_gz : snap->text_gz) = GzipOpen(body);
+    if (!identity) std::string().swap(body);
+  }
+  snap->sample = std::make_shared<const Sample>(std::move(s));
   absl::MutexLock l(&snap_mu_);
   snapshot_ = std::move(snap);
 }

@@ -55,15 +55,18 @@ class AccountingDirUsageSource : public VgpuUsageSource {
 };
 
 // One immutable rendering of one sample. Bodies stop before the per-scrape tail (see server.h).
+// Only the variants (format x encoding) scraped in the last kFormatKeep are kept, all uncompressed
+// ones before the first scrape: a Prometheus asking for gzipped OpenMetrics leaves 30 KiB here
+// instead of 1.5 MiB of bodies nobody reads. An empty body was not rendered this cycle; the server
+// then renders it from `sample` (no NVML or kubelet call) and the next cycles keep it.
 struct Snapshot {
   std::string text;         // Prometheus text 0.0.4
   std::string openmetrics;  // OpenMetrics 1.0.0, without "# EOF"
-  std::string gpu_manager;  // GPU Manager's /metric families (text)
+  std::string gpu_manager;  // GPU Manager's /metric families (text), always rendered (small)
   // The bodies gzip-compressed once per cycle for scrapers sending Accept-Encoding: gzip
   // (Prometheus does): a gzip scrape writes a fraction of the bytes and only closes the stream.
-  // Only formats asked for with gzip in the last few minutes are compressed (empty data: not
-  // compressed, serve identity).
   OpenGzip text_gz, openmetrics_gz;
+  std::shared_ptr<const Sample> sample;  // what the bodies were rendered from
   SelfStats self;
   Clock::TimePoint taken{};
 };
@@ -102,10 +105,10 @@ class Sampler {
   void Poke();
   uint64_t pokes_handled() const;  // for tests
 
-  // A scrape asked for `format` with gzip: the next cycles compress that format's body (until no
-  // such scrape came for kGzipKeep). Lock-free; called from the HTTP workers.
-  void NoteGzipRequest(Format format);
-  static constexpr std::chrono::minutes kGzipKeep{5};
+  // A scrape asked for `format`, gzip-compressed or not: the next cycles render that variant
+  // (until no such scrape came for kFormatKeep). Lock-free; called from the HTTP workers.
+  void NoteRequest(Format format, bool gzip);
+  static constexpr std::chrono::minutes kFormatKeep{5};
 
   // The latest snapshot; never null after construction (an empty one before the first cycle).
   std::shared_ptr<const Snapshot> snapshot() const;
@@ -140,8 +143,10 @@ class Sampler {
   SelfStats stats_ ABSL_GUARDED_BY(cycle_mu_);
   std::map<std::string, NvlinkPrev> nvlink_prev_ ABSL_GUARDED_BY(cycle_mu_);  // by GPU UUID
 
-  // Steady-clock milliseconds of the last gzip request per format (text, OpenMetrics); 0 = never.
-  std::atomic<int64_t> gzip_requested_ms_[2] = {0, 0};
+  // Steady-clock milliseconds of the last request per variant, index 2 * OpenMetrics + gzip;
+  // 0 = never.
+  std::atomic<int64_t> requested_ms_[4] = {0, 0, 0, 0};
+  size_t body_size_hint_[2] ABSL_GUARDED_BY(cycle_mu_) = {0, 0};  // last rendered size per format
 
   absl::Mutex xid_mu_;  // events arrive on the GPU layer's thread
   std::map<std::string, XidState> xids_ ABSL_GUARDED_BY(xid_mu_);  // by GPU UUID

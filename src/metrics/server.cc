@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -41,17 +42,18 @@ namespace {
 
 using Clk = std::chrono::steady_clock;
 
-// Serves `body` (owned by `snap`) plus a small per-request `tail` without copying the body; the
-// snapshot stays alive until the last byte is written even if a new one is published meanwhile.
-void ServeSnapshot(httplib::Response& res, std::shared_ptr<const Snapshot> snap,
-                   const std::string* body, std::string tail, std::string_view content_type,
+// Serves `body` plus a small per-request `tail` without copying the body; `body` usually points
+// into a snapshot and shares its ownership, so the snapshot stays alive until the last byte is
+// written even if a new one is published meanwhile.
+void ServeSnapshot(httplib::Response& res, std::shared_ptr<const std::string> body,
+                   std::string tail, std::string_view content_type,
                    std::atomic<double>* duration_out, Clk::time_point start) {
   size_t body_size = body->size();
   auto tail_ptr = std::make_shared<std::string>(std::move(tail));
   size_t total = body_size + tail_ptr->size();
   res.set_content_provider(
       total, std::string(content_type),
-      [snap, body, tail_ptr, body_size, total, duration_out, start](
+      [body, tail_ptr, body_size, total, duration_out, start](
           size_t offset, size_t length, httplib::DataSink& sink) {
         size_t end = offset + length;
         if (offset < body_size) {
@@ -135,20 +137,24 @@ absl::Status MetricsServer::Start() {
     bool om = WantsOpenMetrics(req.get_header_value("Accept"));
     Format f = om ? Format::kOpenMetrics : Format::kText;
     std::string tail = Tail(f, last_scrape_seconds_.load());
-    const std::string* body = om ? &snap->openmetrics : &snap->text;
+    std::shared_ptr<const std::string> body(snap, om ? &snap->openmetrics : &snap->text);
     res.set_header("Vary", "Accept-Encoding");
-    if (AcceptsGzip(req.get_header_value("Accept-Encoding"))) {
-      sampler_->NoteGzipRequest(f);
-      // The body compressed once per cycle; this response's tail closes the gzip stream. Until
-      // the sampler has compressed this format (first gzip scrape), identity is served.
-      const OpenGzip& gz = om ? snap->openmetrics_gz : snap->text_gz;
-      if (!gz.data.empty()) {
-        body = &gz.data;
-        tail = GzipClose(gz, tail);
-        res.set_header("Content-Encoding", "gzip");
-      }
+    const bool gzip = AcceptsGzip(req.get_header_value("Accept-Encoding"));
+    sampler_->NoteRequest(f, gzip);
+    // The body compressed once per cycle; this response's tail closes the gzip stream.
+    const OpenGzip& gz = om ? snap->openmetrics_gz : snap->text_gz;
+    if (gzip && !gz.data.empty()) {
+      body = std::shared_ptr<const std::string>(snap, &gz.data);
+      tail = GzipClose(gz, tail);
+      res.set_header("Content-Encoding", "gzip");
+    } else if (body->empty() && snap->sample) {
+      // A variant nobody asked for lately was not rendered: render it now from the cycle's
+      // sample (about a millisecond, no NVML or kubelet call), served uncompressed.
+      auto rendered = std::make_shared<std::string>();
+      Render(*snap->sample, sampler_->options().render, f, rendered.get());
+      body = std::move(rendered);
     }
-    ServeSnapshot(res, snap, body, std::move(tail),
+    ServeSnapshot(res, std::move(body), std::move(tail),
                   om ? kOpenMetricsContentType : kTextContentType, &last_scrape_seconds_, start);
   });
   http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -176,8 +182,8 @@ absl::Status MetricsServer::Start() {
     gpu_manager_http_ = NewServer(2);
     gpu_manager_http_->Get("/metric", [this](const httplib::Request&, httplib::Response& res) {
       std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
-      ServeSnapshot(res, snap, &snap->gpu_manager, "", kTextContentType,
-                    &last_gpu_manager_scrape_seconds_, Clk::now());
+      ServeSnapshot(res, std::shared_ptr<const std::string>(snap, &snap->gpu_manager), "",
+                    kTextContentType, &last_gpu_manager_scrape_seconds_, Clk::now());
     });
     absl::StatusOr<int> gm = Bind(*gpu_manager_http_, options_.gpu_manager_address);
     if (!gm.ok()) {

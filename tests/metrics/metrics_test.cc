@@ -706,6 +706,47 @@ TEST(Server, GzipWhenTheScraperAcceptsIt) {
   server.Stop();
 }
 
+// Only the variants scraped lately are kept in the snapshot: before the first scrape both
+// uncompressed bodies, then (a Prometheus asking for gzipped OpenMetrics) only that compressed
+// body. A scrape for a variant that was not rendered still gets a whole exposition, rendered on
+// the spot from the cycle's sample, and from the next cycle on that variant is kept too.
+TEST(Server, KeepsOnlyTheVariantsScraped) {
+  FakeGpuLayer g(8);
+  Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, {});
+  sampler.SampleOnce();
+  EXPECT_THAT(sampler.snapshot()->text, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
+  EXPECT_THAT(sampler.snapshot()->openmetrics, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
+  MetricsServer server(&sampler, {"127.0.0.1:0", "", 2});
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_decompress(false);
+  const httplib::Headers prometheus = {{"Accept", "application/openmetrics-text;version=1.0.0"},
+                                       {"Accept-Encoding", "gzip"}};
+  ASSERT_TRUE(c.Get("/metrics", prometheus));
+  sampler.SampleOnce();
+  auto snap = sampler.snapshot();
+  EXPECT_FALSE(snap->openmetrics_gz.data.empty());
+  EXPECT_EQ(snap->openmetrics, "");
+  EXPECT_EQ(snap->text, "");
+  EXPECT_TRUE(snap->text_gz.data.empty());
+
+  auto text = c.Get("/metrics");  // text, identity: not rendered this cycle
+  ASSERT_TRUE(text);
+  EXPECT_EQ(text->status, 200);
+  EXPECT_EQ(text->get_header_value("Content-Type"), std::string(kTextContentType));
+  EXPECT_THAT(text->body, HasSubstr("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"));
+  EXPECT_THAT(text->body, HasSubstr("\ngpulet_exporter_scrape_duration_seconds "));
+  auto gz = c.Get("/metrics", prometheus);
+  ASSERT_TRUE(gz);
+  EXPECT_EQ(gz->get_header_value("Content-Encoding"), "gzip");
+  EXPECT_TRUE(absl::EndsWith(Gunzip(gz->body), "# EOF\n"));
+
+  sampler.SampleOnce();
+  EXPECT_THAT(sampler.snapshot()->text, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
+  EXPECT_EQ(sampler.snapshot()->openmetrics, "");
+  server.Stop();
+}
+
 // A busy port is one clear error naming the address.
 TEST(Server, PortInUseIsAClearError) {
   FakeGpuLayer g(1);
