@@ -2,31 +2,53 @@
 // IDs, default families gpulet + dcgm).
 //
 // Method:
-//  * BM_ScrapeProcess: starts the real `gpulet exporter --simulate dgx-h100` (fake NVML through
-//    dlopen) with an in-process PodResources server listing 128 containers, then times GET
-//    /metrics over loopback with a keep-alive client, one scrape per iteration. p50/p99 are
-//    computed from every iteration's latency; rss_mib / hwm_mib are the exporter process's VmRSS /
-//    VmHWM (/proc/<pid>/status) after the scrapes, anon_mib its RssAnon (VmRSS less the pages of
-//    the binary and shared libraries); body_kib the response size on the wire.
+//  * BM_ScrapeProcess: starts the real `gpulet exporter --simulate dgx-h100 --interval 1s` (fake
+//    NVML through dlopen) with an in-process PodResources server listing 128 containers, waits
+//    until a scrape shows all 128 containers and the NVLink rates (second cycle on), then times
+//    GET /metrics over loopback, one scrape per iteration, 2000 iterations.
+//    The client (ScrapeClient below) is a keep-alive HTTP/1.1 client on a plain socket reading
+//    with large recv() calls into one reused 4 MiB buffer, as Prometheus does (Go's io.Copy
+//    into a bytes.Buffer: reads as large as the free buffer, no poll per read). It reconnects
+//    when the server closes the connection (httplib: every 5th request), inside the timed
+//    scrape. Until 2026-11-22 (session 3) the client was httplib::Client, which reads 4 KiB per
+//    recv() with a poll() before each (~190 of each per 766 KiB body) and grows the body string
+//    as it goes: it used 1.15 ms of CPU per identity scrape, the exporter ~0.2 ms, so the old
+//    identity figures (p50 1.16 ms, p99 2.46 ms) were mostly the client's.
+//    Counters: p50_ms / p99_ms from every iteration's latency; body_kib the response size on the
+//    wire; rss_mib / hwm_mib the exporter's VmRSS / VmHWM after the scrapes, anon_mib its
+//    RssAnon (VmRSS less the pages of the binary and shared libraries); server_cpu_us the
+//    exporter's user+system CPU (/proc/<pid>/stat, all threads, 10 ms tick over the whole loop)
+//    per scrape, including the ~1.3 ms sampling cycle that runs about once a second;
+//    server_blocks its voluntary context switches per scrape (summed over its threads: waiting
+//    for the next request counts 1, a full socket buffer or a reconnect adds more);
+//    client_recvs the client's recv() calls per scrape.
 //    Arg 0: "Accept-Encoding: identity" (curl); arg 1: "Accept-Encoding: gzip" as Prometheus sends
 //    it (the client does not decompress, so the figure is the exporter's side alone).
+//    GPULET_BENCH_BINARY=<prefix>/bin/gpulet runs another build of the exporter (its fake NVML
+//    is looked up at <prefix>/lib/fake: symlink <prefix>/lib to build/lib) for A/B runs of one
+//    change; GPULET_BENCH_DUMP=<file> keeps the last body.
 //  * BM_SampleCycle: one sampling cycle (read 8 GPUs, attribute 128 containers, render text and
 //    OpenMetrics) in-process; Google Benchmark's CPU time column is the CPU time per cycle.
 //    _SimulatedNvml reads the fake libnvidia-ml.so.1 through the production dlopen layer;
 //    _InProcessLayer uses a C++ fake GpuLayer (rendering cost alone); _GzipOpenMetrics adds the
 //    per-cycle compression a Prometheus scraper (OpenMetrics + gzip) causes.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
-
-#include <httplib.h>
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
@@ -53,6 +75,78 @@ std::vector<testing_metrics::FakeContainer> Containers(const std::vector<std::st
   return out;
 }
 
+// A keep-alive HTTP/1.1 GET /metrics client on a loopback socket (method: header comment).
+// Expects Content-Length framing (what the exporter sends); a 5 s receive timeout turns a stuck
+// exporter into a failed scrape.
+class ScrapeClient {
+ public:
+  ~ScrapeClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool Connect(int port) {
+    port_ = port;
+    if (fd_ >= 0) close(fd_);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{5, 0};  // a stuck exporter fails the benchmark instead of hanging it
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    buf_.resize(4 << 20);
+    return connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  // GET /metrics; true on a complete 200 response (Content-Length framed), body in body().
+  bool Get(const char* encoding) {
+    // The server ends a keep-alive connection after a few requests (httplib's keep-alive max
+    // count) and says so; reconnecting is part of the scrape, as for any client. After a failed
+    // exchange the connection's state is unknown: start over.
+    if (must_reconnect_ && !Connect(port_)) return false;
+    bool ok = Exchange(encoding);
+    if (!ok) must_reconnect_ = true;
+    return ok;
+  }
+  std::string_view body() const { return body_; }
+  uint64_t recvs() const { return recvs_; }
+
+ private:
+  bool Exchange(const char* encoding) {
+    std::string req = absl::StrCat("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                   "Accept-Encoding: ", encoding, "\r\n\r\n");
+    if (send(fd_, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+      return false;
+    }
+    size_t have = 0, header_end = 0, total = 0;
+    while (total == 0 || have < total) {
+      if (have == buf_.size()) return false;  // larger than the benchmark expects
+      ssize_t n = recv(fd_, buf_.data() + have, buf_.size() - have, 0);
+      ++recvs_;
+      if (n <= 0) return false;
+      have += n;
+      if (header_end == 0) {
+        std::string_view v(buf_.data(), have);
+        size_t e = v.find("\r\n\r\n");
+        if (e == std::string_view::npos) continue;
+        header_end = e + 4;
+        size_t cl = v.substr(0, e).find("Content-Length: ");
+        if (v.substr(0, 12) != "HTTP/1.1 200" || cl == std::string_view::npos) return false;
+        must_reconnect_ = v.substr(0, e).find("Connection: close") != std::string_view::npos;
+        total = header_end + std::strtoull(buf_.data() + cl + 16, nullptr, 10);
+      }
+    }
+    body_ = std::string_view(buf_.data() + header_end, total - header_end);
+    return have == total;
+  }
+
+  int fd_ = -1, port_ = 0;
+  bool must_reconnect_ = false;
+  uint64_t recvs_ = 0;
+  std::vector<char> buf_;
+  std::string_view body_;
+};
+
 double StatusField(pid_t pid, const char* field) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -62,8 +156,43 @@ double StatusField(pid_t pid, const char* field) {
   return 0;
 }
 
+// CPU time (user + system, all threads) the process has used so far, in seconds.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  size_t p = stat.rfind(')');  // the command name may contain spaces
+  if (p == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(p + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {  // fields 14 and 15 (man proc)
+    if (i == 14) utime = std::atof(field.c_str());
+    if (i == 15) stime = std::atof(field.c_str());
+  }
+  return (utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// Voluntary context switches (a thread blocking: socket buffer full, waiting for a request) summed
+// over the process's threads: how often a scrape hands the CPU back, i.e. its exposure to
+// scheduling delays on a busy machine.
+double ProcessBlockingSwitches(pid_t pid) {
+  double n = 0;
+  std::error_code ec;
+  for (const auto& t :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    std::ifstream f(t.path() / "status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) n += std::atof(line.c_str() + 24);
+    }
+  }
+  return n;
+}
+
 void BM_ScrapeProcess(benchmark::State& state) {
-  std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
+  // GPULET_BENCH_BINARY runs another build of the exporter (A/B comparisons of one change).
+  const char* other = getenv("GPULET_BENCH_BINARY");
+  std::string bin = other ? other : std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
   std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-bench-XXXXXX").string();
   std::string dir = mkdtemp(tmpl.data());
   gpu::GpuOptions go;
@@ -102,37 +231,54 @@ void BM_ScrapeProcess(benchmark::State& state) {
       port = std::atoi(s.c_str() + p + 18);
     }
   }
-  httplib::Client c("127.0.0.1", port);
-  c.set_keep_alive(true);
-  c.set_decompress(false);
-  // Wait until attribution is in the snapshot (first PodResources answer).
-  const httplib::Headers identity = {{"Accept-Encoding", "identity"}};
-  for (int i = 0; i < 100; ++i) {
-    auto r = c.Get("/metrics", identity);
-    if (r && r->body.find("job-127-") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const httplib::Headers headers = {
-      {"Accept-Encoding", state.range(0) ? "gzip" : "identity"}};
-  if (state.range(0)) {
-    // The exporter compresses a format from the cycle after its first gzip scrape on.
-    c.Get("/metrics", headers);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ScrapeClient c;
+  const char* encoding = state.range(0) ? "gzip" : "identity";
+  if (port == 0 || !c.Connect(port)) {
+    state.SkipWithError("exporter did not start or refused the connection");  // loop won't run
+  } else {
+    // Wait for the full exposition: attribution (first PodResources answer) and the NVLink
+    // rates, which need two sampling cycles.
+    bool full = false;
+    for (int i = 0; i < 100 && !full; ++i) {
+      full = c.Get("identity") && c.body().find("job-127-") != std::string_view::npos &&
+             c.body().find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string_view::npos;
+      if (!full) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!full) {
+      state.SkipWithError("the exposition never showed the 128 containers and NVLink rates");
+    } else if (state.range(0)) {
+      // The exporter compresses a format from the cycle after its first gzip scrape on.
+      c.Get(encoding);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
   }
   std::vector<double> lat;
   size_t body = 0;
+  double cpu0 = ProcessCpuSeconds(pid), switches0 = ProcessBlockingSwitches(pid);
+  uint64_t recvs0 = c.recvs();
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
-    auto r = c.Get("/metrics", headers);
+    bool ok = c.Get(encoding);
     auto t1 = std::chrono::steady_clock::now();
-    if (!r || r->status != 200) {
+    if (!ok) {
       state.SkipWithError("scrape failed");
       break;
     }
-    body = r->body.size();
+    body = c.body().size();
     lat.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  double server_cpu = ProcessCpuSeconds(pid) - cpu0;
+  double server_switches = ProcessBlockingSwitches(pid) - switches0;
+  // GPULET_BENCH_DUMP=<file> keeps the last response body for inspection.
+  if (const char* dump = getenv("GPULET_BENCH_DUMP"); dump && !lat.empty()) {
+    std::ofstream(dump) << c.body();
+  }
   if (!lat.empty()) {
+    // The exporter's CPU per scrape (includes the sampling cycles that ran meanwhile: about one
+    // per second at --interval 1s, ~1.3 ms each).
+    state.counters["server_cpu_us"] = server_cpu * 1e6 / lat.size();
+    state.counters["server_blocks"] = server_switches / lat.size();
+    state.counters["client_recvs"] = double(c.recvs() - recvs0) / lat.size();
     std::sort(lat.begin(), lat.end());
     state.counters["p50_ms"] = lat[lat.size() / 2];
     state.counters["p99_ms"] = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
