@@ -12,8 +12,8 @@
 //    when the server closes the connection (httplib: every 5th request), inside the timed
 //    scrape. Until 2026-11-22 (session 3) the client was httplib::Client, which reads 4 KiB per
 //    recv() with a poll() before each (~190 of each per 766 KiB body) and grows the body string
-//    as it goes: it used 1.15 ms of CPU per identity scrape, the exporter ~0.2 ms, so the old
-//    identity figures (p50 1.16 ms, p99 2.46 ms) were mostly the client's.
+//    as it goes: 0.39 ms of CPU per identity scrape at load 0.1 and 1.15 ms at load 2.5, against
+//    the exporter's ~0.15 ms, so most of the old identity figures was the client's (arg 2).
 //    Counters: p50_ms / p99_ms from every iteration's latency; body_kib the response size on the
 //    wire; rss_mib / hwm_mib the exporter's VmRSS / VmHWM after the scrapes, anon_mib its
 //    RssAnon (VmRSS less the pages of the binary and shared libraries); server_cpu_us the
@@ -23,7 +23,9 @@
 //    for the next request counts 1, a full socket buffer or a reconnect adds more);
 //    client_recvs the client's recv() calls per scrape.
 //    Arg 0: "Accept-Encoding: identity" (curl); arg 1: "Accept-Encoding: gzip" as Prometheus sends
-//    it (the client does not decompress, so the figure is the exporter's side alone).
+//    it (the client does not decompress, so the figure is the exporter's side alone); arg 2: the
+//    identity scrape through httplib::Client (the method before session 3), kept to show the
+//    client's share of the figure (client_recvs is not counted for it).
 //    GPULET_BENCH_BINARY=<prefix>/bin/gpulet runs another build of the exporter (its fake NVML
 //    is looked up at <prefix>/lib/fake: symlink <prefix>/lib to build/lib) for A/B runs of one
 //    change; GPULET_BENCH_DUMP=<file> keeps the last body.
@@ -47,6 +49,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <httplib.h>
 #include <sstream>
 #include <thread>
 
@@ -232,7 +235,10 @@ void BM_ScrapeProcess(benchmark::State& state) {
     }
   }
   ScrapeClient c;
-  const char* encoding = state.range(0) ? "gzip" : "identity";
+  const bool gzip = state.range(0) == 1, httplib_client = state.range(0) == 2;
+  const char* encoding = gzip ? "gzip" : "identity";
+  httplib::Client hc("127.0.0.1", port);
+  hc.set_keep_alive(true);
   if (port == 0 || !c.Connect(port)) {
     state.SkipWithError("exporter did not start or refused the connection");  // loop won't run
   } else {
@@ -246,7 +252,7 @@ void BM_ScrapeProcess(benchmark::State& state) {
     }
     if (!full) {
       state.SkipWithError("the exposition never showed the 128 containers and NVLink rates");
-    } else if (state.range(0)) {
+    } else if (gzip) {
       // The exporter compresses a format from the cycle after its first gzip scrape on.
       c.Get(encoding);
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -258,13 +264,20 @@ void BM_ScrapeProcess(benchmark::State& state) {
   uint64_t recvs0 = c.recvs();
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
-    bool ok = c.Get(encoding);
+    bool ok = false;
+    if (httplib_client) {
+      auto r = hc.Get("/metrics", {{"Accept-Encoding", "identity"}});
+      ok = r && r->status == 200;
+      if (ok) body = r->body.size();
+    } else {
+      ok = c.Get(encoding);
+      body = c.body().size();
+    }
     auto t1 = std::chrono::steady_clock::now();
     if (!ok) {
       state.SkipWithError("scrape failed");
       break;
     }
-    body = c.body().size();
     lat.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   double server_cpu = ProcessCpuSeconds(pid) - cpu0;
@@ -293,7 +306,13 @@ void BM_ScrapeProcess(benchmark::State& state) {
   pods.Stop();
   std::filesystem::remove_all(dir);
 }
-BENCHMARK(BM_ScrapeProcess)->Arg(0)->Arg(1)->Iterations(2000)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ScrapeProcess)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(2000)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // A fixed 128-container attribution, no kubelet round trips (the cache is filled once).
 class FixedLister : public kubelet::PodResourcesLister {
