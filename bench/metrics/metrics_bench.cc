@@ -36,6 +36,7 @@
 //    per-cycle compression a Prometheus scraper (OpenMetrics + gzip) causes.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -49,7 +50,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <httplib.h>
 #include <sstream>
 #include <thread>
 
