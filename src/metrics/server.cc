@@ -87,7 +87,10 @@ std::unique_ptr<httplib::Server> NewServer(int threads) {
   // A stuck or slow client must not pin a worker forever.
   s->set_read_timeout(5, 0);
   s->set_write_timeout(10, 0);
-  s->set_keep_alive_timeout(30);
+  // cpp-httplib holds one worker per open keep-alive connection (polling it) until it idles out,
+  // and /health (the kubelet's probes) shares those workers. Prometheus scrapes every 15-60 s, so
+  // a longer idle time only keeps workers pinned between scrapes; reconnecting costs ~0.1 ms.
+  s->set_keep_alive_timeout(5);
   s->set_tcp_nodelay(true);
   // httplib's default also sets SO_REUSEPORT, which lets a second exporter bind the same port and
   // silently take half the scrapes; keep only SO_REUSEADDR so a busy port is an error.
