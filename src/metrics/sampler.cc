@@ -56,7 +56,8 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
       u.memory_used_bytes = a.memory_used;
       u.memory_limit_bytes = a.memory_limit;
       u.core_limit_ratio = a.core_limit / 100.0;
-      if (auto it = last_busy_.find(path); it != last_busy_.end() && a.busy_ns >= it->second.first) {
+      if (auto it = last_busy_.find(path);
+          it != last_busy_.end() && a.busy_ns >= it->second.first) {
         double wall = std::chrono::duration<double, std::nano>(now - it->second.second).count();
         if (wall > 0) u.utilization_ratio = std::min(1.0, (a.busy_ns - it->second.first) / wall);
       }
@@ -110,7 +111,8 @@ void Sampler::Start() {
 }
 
 void Sampler::NoteRequest(Format f, bool gzip) {
-  requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].store(SteadyMs(), std::memory_order_relaxed);
+  requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].store(SteadyMs(),
+                                                              std::memory_order_relaxed);
 }
 
 void Sampler::Poke() {
@@ -194,8 +196,8 @@ Sample Sampler::Collect() {
       absl::Status st = layer->Reinit();
       if (st.ok()) need_reinit_ = false;
     }
-    absl::StatusOr<gpu::Inventory> inv = need_reinit_ ? absl::UnavailableError("reinit failed")
-                                                      : layer->GetInventory();
+    absl::StatusOr<gpu::Inventory> inv =
+        need_reinit_ ? absl::UnavailableError("reinit failed") : layer->GetInventory();
     if (inv.ok()) {
       s.driver_version = inv->driver_version;
       s.cuda_driver_version = inv->cuda_driver_version;
@@ -287,12 +289,14 @@ void Sampler::SampleOnce() {
   const int64_t now_ms = SteadyMs();
   bool any_request = false;
   auto wanted = [&](Format f, bool gzip) {
-    int64_t at = requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].load(std::memory_order_relaxed);
+    int64_t at =
+        requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].load(std::memory_order_relaxed);
     any_request |= at != 0;
     return at != 0 && now_ms - at < std::chrono::milliseconds(kFormatKeep).count();
   };
-  const bool want[2][2] = {{wanted(Format::kText, false), wanted(Format::kText, true)},
-                           {wanted(Format::kOpenMetrics, false), wanted(Format::kOpenMetrics, true)}};
+  const bool want[2][2] = {
+      {wanted(Format::kText, false), wanted(Format::kText, true)},
+      {wanted(Format::kOpenMetrics, false), wanted(Format::kOpenMetrics, true)}};
   for (Format f : {Format::kText, Format::kOpenMetrics}) {
     const int om = f == Format::kOpenMetrics;
     const bool identity = want[om][0] || !any_request, gzip = want[om][1];

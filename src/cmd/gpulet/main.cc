@@ -28,13 +28,14 @@ CommandRegistration::CommandRegistration(const char* name, const char* descripti
 }  // namespace gpulet::cmd
 
 int main(int argc, char** argv) {
-  CLI::App app{"gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
-               "gpulet"};
+  CLI::App app{
+      "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
+      "gpulet"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "gpulet 0.1.0");
   // Only the chosen command declares its flags: the others' setup code (and the libraries it would
-  // touch) then never runs, which keeps a long-running command's resident memory down. The top level
-  // has no options that take a value, so the first argument naming a command is the command.
+  // touch) then never runs, which keeps a long-running command's resident memory down. The top
+  // level has no options that take a value, so the first argument naming a command is the command.
   std::string chosen;
   for (int i = 1; i < argc && chosen.empty(); ++i)
     if (gpulet::cmd::Registry().count(argv[i])) chosen = argv[i];
