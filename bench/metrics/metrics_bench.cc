@@ -45,7 +45,6 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,6 +58,7 @@
 #include "benchmark/benchmark.h"
 #include "gpu/open.h"
 #include "metrics/sampler.h"
+#include "tests/metrics/expo_util.h"
 #include "tests/metrics/fake_gpu.h"
 #include "tests/metrics/pod_server.h"
 
@@ -194,22 +194,6 @@ double ProcessBlockingSwitches(pid_t pid) {
   return n;
 }
 
-// The body inflated when it is a gzip member (starts with 1f 8b), else as is.
-std::string GunzipIfCompressed(std::string_view body) {
-  if (body.size() < 2 || body[0] != '\x1f' || body[1] != '\x8b') return std::string(body);
-  z_stream z{};
-  if (inflateInit2(&z, 15 + 16) != Z_OK) return "";
-  std::string out(8 << 20, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(body.data()));
-  z.avail_in = static_cast<uInt>(body.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  bool whole = inflate(&z, Z_FINISH) == Z_STREAM_END;
-  out.resize(whole ? z.total_out : 0);
-  inflateEnd(&z);
-  return out;
-}
-
 void BM_ScrapeProcess(benchmark::State& state) {
   // GPULET_BENCH_BINARY runs another build of the exporter (A/B comparisons of one change).
   const char* other = getenv("GPULET_BENCH_BINARY");
@@ -268,10 +252,11 @@ void BM_ScrapeProcess(benchmark::State& state) {
     bool full = false;
     for (int i = 0; i < 100 && !full; ++i) {
       if (!c.Get(encoding)) continue;
-      std::string text = GunzipIfCompressed(c.body());
+      const bool gzipped = c.body().starts_with("\x1f\x8b");  // the gzip magic
+      std::string text = gzipped ? testing_metrics::Gunzip(c.body()) : std::string(c.body());
       full = text.find("job-127-") != std::string::npos &&
              text.find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string::npos &&
-             (!gzip || text.size() != c.body().size());
+             (!gzip || gzipped);
       if (!full) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!full) {

@@ -1,8 +1,10 @@
-// Test helpers around expositions: run `promtool check metrics` on one, and read family names,
-// types and label names back out of the text format (an independent reader, not our writer).
+// Test helpers around expositions: run `promtool check metrics` on one, read family names, types
+// and label names back out of the text format, and inflate a gzip-encoded scrape (independent
+// readers, not our writer).
 #pragma once
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 namespace gpulet::testing_metrics {
 
@@ -90,6 +93,23 @@ inline std::string ReadFileOrEmpty(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Inflates a gzip stream with zlib (an independent decoder); "" unless it is exactly one complete
+// member with nothing after it.
+inline std::string Gunzip(std::string_view gz) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) return "";
+  std::string out(8 << 20, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data()));
+  z.avail_in = static_cast<uInt>(gz.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  int r = inflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  bool whole = r == Z_STREAM_END && z.avail_in == 0;
+  inflateEnd(&z);
+  return whole ? out : "";
 }
 
 }  // namespace gpulet::testing_metrics

@@ -10,8 +10,6 @@
 #include <future>
 #include <thread>
 
-#include <zlib.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -636,23 +634,6 @@ TEST(Server, ServesSnapshotsWithoutWaitingOnNvml) {
   server.Stop();
 }
 
-// Inflates a gzip stream with zlib (an independent decoder); "" unless it is exactly one complete
-// member with nothing after it.
-std::string Gunzip(const std::string& gz) {
-  z_stream z{};
-  if (inflateInit2(&z, 15 + 16) != Z_OK) return "";
-  std::string out(8 << 20, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data()));
-  z.avail_in = static_cast<uInt>(gz.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  int r = inflate(&z, Z_FINISH);
-  out.resize(z.total_out);
-  bool whole = r == Z_STREAM_END && z.avail_in == 0;
-  inflateEnd(&z);
-  return whole ? out : "";
-}
-
 // Accept-Encoding: gzip and x-gzip unless refused with q=0; anything else is identity.
 TEST(Exposition, AcceptsGzip) {
   EXPECT_TRUE(AcceptsGzip("gzip"));
@@ -691,7 +672,7 @@ TEST(Server, GzipWhenTheScraperAcceptsIt) {
     EXPECT_EQ(plain->get_header_value("Content-Encoding"), "");
     EXPECT_EQ(gz->get_header_value("Content-Encoding"), "gzip");
     EXPECT_EQ(gz->get_header_value("Vary"), "Accept-Encoding");
-    std::string inflated = Gunzip(gz->body);
+    std::string inflated = testing_metrics::Gunzip(gz->body);
     ASSERT_FALSE(inflated.empty()) << "not a single complete gzip member";
     // Identical up to the per-scrape tail (the previous scrape's duration differs).
     const std::string tail_start = "# HELP gpulet_exporter_scrape_duration_seconds";
@@ -739,7 +720,7 @@ TEST(Server, KeepsOnlyTheVariantsScraped) {
   auto gz = c.Get("/metrics", prometheus);
   ASSERT_TRUE(gz);
   EXPECT_EQ(gz->get_header_value("Content-Encoding"), "gzip");
-  EXPECT_TRUE(absl::EndsWith(Gunzip(gz->body), "# EOF\n"));
+  EXPECT_TRUE(absl::EndsWith(testing_metrics::Gunzip(gz->body), "# EOF\n"));
 
   sampler.SampleOnce();
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
