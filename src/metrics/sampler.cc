@@ -286,20 +286,18 @@ void Sampler::SampleOnce() {
   snap->self = stats_;
   snap->taken = clock_->Now();
   RenderGpuManager(s, Format::kText, &snap->gpu_manager);
-  const int64_t now_ms = SteadyMs();
+  // Variant index 2 * OpenMetrics + gzip, as in requested_ms_.
+  const int64_t now_ms = SteadyMs(), keep_ms = std::chrono::milliseconds(kFormatKeep).count();
+  int64_t at[4];
   bool any_request = false;
-  auto wanted = [&](Format f, bool gzip) {
-    int64_t at =
-        requested_ms_[2 * (f == Format::kOpenMetrics) + gzip].load(std::memory_order_relaxed);
-    any_request |= at != 0;
-    return at != 0 && now_ms - at < std::chrono::milliseconds(kFormatKeep).count();
-  };
-  const bool want[2][2] = {
-      {wanted(Format::kText, false), wanted(Format::kText, true)},
-      {wanted(Format::kOpenMetrics, false), wanted(Format::kOpenMetrics, true)}};
+  for (int v = 0; v < 4; ++v) {
+    at[v] = requested_ms_[v].load(std::memory_order_relaxed);
+    any_request |= at[v] != 0;
+  }
+  auto wanted = [&](int v) { return at[v] != 0 && now_ms - at[v] < keep_ms; };
   for (Format f : {Format::kText, Format::kOpenMetrics}) {
     const int om = f == Format::kOpenMetrics;
-    const bool identity = want[om][0] || !any_request, gzip = want[om][1];
+    const bool identity = wanted(2 * om) || !any_request, gzip = wanted(2 * om + 1);
     if (!identity && !gzip) continue;
     std::string& body = om ? snap->openmetrics : snap->text;
     // Reserve what the previous cycle needed: one allocation per body in the steady state.
