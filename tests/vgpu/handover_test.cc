@@ -20,6 +20,7 @@
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
+#include "tests/vgpu/spawn.h"
 
 namespace gpulet {
 namespace {
@@ -108,20 +109,7 @@ class Handover : public ::testing::Test {
         "--vgpu-reconcile-interval",
         "200ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    agent_ = fork();
-    if (agent_ == 0) {
-      int fd = open((dir_ + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    agent_ = testing_vgpu::SpawnLogged(argv, dir_ + "/agent.log");
     for (const char* r : {"tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu"})
       ASSERT_TRUE(emu_->WaitForUpdate(r, 0, milliseconds(20000)).ok()) << r << "\n" << Log();
   }

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "tests/vgpu/spawn.h"
 
 namespace gpulet {
 namespace {
@@ -96,17 +97,7 @@ struct SchedulerCert : ::testing::Test {
                                      "127.0.0.1:" + std::to_string(port_), "--tls-renew-check",
                                      "100"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open((dir_ + "/scheduler.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> args;
-      for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    pid_ = testing_vgpu::SpawnLogged(argv, dir_ + "/scheduler.log");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     std::string pem;
     while (pem.empty() && std::chrono::steady_clock::now() < deadline) {
