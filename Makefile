@@ -3,7 +3,7 @@ PRESET ?= release
 BUILD  := build
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan test-tsan bench image clean
+.PHONY: all deps build demo test test-asan test-tsan bench image gpu-check gpu-bundle clean
 
 all: build
 
@@ -41,6 +41,16 @@ IMAGE ?= ghcr.io/gpulet/gpulet:0.1.0
 image: build
 	deploy/image/stage-rootfs.sh $(BUILD) $(BUILD)/image
 	podman build -f Containerfile -t $(IMAGE) $(BUILD)/image
+
+# The real-GPU check (testing/gpu_check/check.sh): one table against the host's nvidia-smi. Prints
+# "skipped: no NVIDIA GPU" and exits 0 on machines without one, so it needs no build there.
+gpu-check:
+	@testing/gpu_check/check.sh $(BUILD)
+
+# What gpu-check runs, packed with its shared libraries for a GPU host without this build's libraries.
+gpu-bundle: build
+	@cmake --build --preset $(PRESET) --target nvml_floor -j $(JOBS) 2>/dev/null || true
+	testing/gpu_check/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
 
 clean:
 	rm -rf build

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Packs what `make gpu-check` runs into one directory that can travel to a GPU host that lacks this
+# build's shared libraries (a stock Ubuntu host has no Debian libgrpc, yaml-cpp, abseil, ...):
+#   OUT/bin     gpulet, the runtime shim and hook, gpulet-kubelet-check, nvml_floor, runc, busybox
+#   OUT/lib     libgpulet-vcuda.so;  OUT/lib/deps  the shared libraries those binaries load, except
+#               the C and C++ runtimes (every host has newer compatible ones)
+#   OUT/tests   the interposer's probe programs
+# The fake libcuda / libnvidia-ml are never copied: on the GPU host the real driver must answer.
+# usage: testing/gpu_check/bundle.sh BUILD_DIR OUT_DIR
+set -euo pipefail
+B=$1 OUT=$2
+rm -rf "$OUT"
+mkdir -p "$OUT/bin" "$OUT/lib/deps" "$OUT/tests"
+bins=()
+for f in gpulet gpulet-container-runtime gpulet-container-hook gpulet-kubelet-check nvml_floor; do
+  [[ -x $B/bin/$f ]] && cp "$B/bin/$f" "$OUT/bin/" && bins+=("$OUT/bin/$f")
+done
+for f in vcuda_probe vcuda_procaddr; do
+  [[ -x $B/tests/$f ]] && cp "$B/tests/$f" "$OUT/tests/" && bins+=("$OUT/tests/$f")
+done
+cp "$B/lib/libgpulet-vcuda.so" "$OUT/lib/"
+for tool in runc busybox; do
+  p=$(command -v $tool) && cp "$p" "$OUT/bin/" && bins+=("$OUT/bin/$tool")
+done
+keep='^(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso|libcuda|libnvidia-ml)\.'
+for b in "${bins[@]}"; do
+  ldd "$b" 2>/dev/null | awk '$3 ~ /^\// { print $1, $3 }'
+done | sort -u | while read -r name path; do
+  [[ $name =~ $keep ]] || cp -L "$path" "$OUT/lib/deps/$name"
+done
+strip --strip-unneeded "$OUT"/bin/gpulet* "$OUT"/lib/deps/*.so* 2>/dev/null || true
+du -sh "$OUT" | awk '{ print "bundle: " $1 " in " $2 }'
