@@ -3,7 +3,7 @@ PRESET ?= release
 BUILD  := build
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan test-tsan bench image gpu-check gpu-bundle clean
+.PHONY: all deps build demo test test-asan test-tsan bench image gpu-check gpu-bundle fuzz clean
 
 all: build
 
@@ -41,6 +41,15 @@ IMAGE ?= ghcr.io/gpulet/gpulet:0.1.0
 image: build
 	deploy/image/stage-rootfs.sh $(BUILD) $(BUILD)/image
 	podman build -f Containerfile -t $(IMAGE) $(BUILD)/image
+
+# Coverage-guided fuzzing of every untrusted-input parser (tests/fuzz), FUZZ_SECONDS each (clang,
+# libFuzzer, ASan+UBSan). New inputs go to build/fuzz/corpus/<target>; crashes to build/fuzz/crash-*.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@GPULET_FUZZ_DEPS=1 scripts/install-deps
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS) --target fuzz_targets
+	scripts/fuzz build/fuzz $(FUZZ_SECONDS)
 
 # The real-GPU check (testing/gpu_check/check.sh): one table against the host's nvidia-smi. Prints
 # "skipped: no NVIDIA GPU" and exits 0 on machines without one, so it needs no build there.

@@ -79,6 +79,8 @@ absl::StatusOr<Isolation> ParseIsolation(const std::string& text, const std::str
       if (text[i] == '\n') ++line, col = 0;
     return absl::InvalidArgumentError(
         absl::StrCat(where, ":", line, ":", col, ": not valid JSON"));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range: 1e999
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", e.what()));
   }
   if (!j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(where, ": must be an object {\"index\": [...], "

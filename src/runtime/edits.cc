@@ -173,7 +173,7 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
     try {
       Json unused = Json::parse(text);
       (void)unused;
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 5e370551615
       return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));

@@ -134,7 +134,7 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
   if (c.existed && !c.before.empty()) {
     try {
       j = Json::parse(c.before);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
       return absl::InvalidArgumentError(absl::StrCat(cfg, ": invalid JSON: ", e.what()));
     }
     if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg, ": not a JSON object"));

@@ -1,0 +1,41 @@
+// Shared by the fuzz targets: the input as a string, and a scratch file for parsers that read a
+// path (one per process; libFuzzer runs inputs one at a time in a process).
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace gpulet::fuzz {
+
+inline std::string Input(const uint8_t* data, size_t size) {
+  return std::string(reinterpret_cast<const char*>(data), size);
+}
+
+// Writes `text` to <dir>/<name> (dir: a private directory made on first use) and returns the path.
+inline std::string ScratchFile(const std::string& name, const std::string& text) {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/gpulet-fuzz.XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    return std::string(d ? d : "/tmp");
+  }();
+  std::string path = dir + "/" + name;
+  std::string parent = path.substr(0, path.rfind('/'));
+  for (size_t i = dir.size() + 1; i <= parent.size(); ++i)
+    if (i == parent.size() || parent[i] == '/') ::mkdir(parent.substr(0, i).c_str(), 0700);
+  if (FILE* f = std::fopen(path.c_str(), "wb")) {
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  return path;
+}
+
+inline std::string ScratchRoot() {
+  std::string p = ScratchFile(".root", "");
+  return p.substr(0, p.rfind('/'));
+}
+
+}  // namespace gpulet::fuzz

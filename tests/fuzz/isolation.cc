@@ -1,0 +1,8 @@
+// The manual GPU isolation file the agent watches.
+#include "plugin/health.h"
+#include "tests/fuzz/fuzz.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  (void)gpulet::plugin::ParseIsolation(gpulet::fuzz::Input(data, size), "fuzz.json");
+  return 0;
+}
