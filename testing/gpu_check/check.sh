@@ -198,7 +198,7 @@ if [[ -f $VC && -x $PROBE ]]; then
       mkfifo "$T/in.$n.$i"
       # No `timeout` in front: nvidia-smi must see the probe's own pid (cleanup kills it).
       env LD_PRELOAD="$VC" GPULET_VGPU_MEMORY_LIMIT=$LIMIT GPULET_VGPU_ACCOUNTING="$acct" \
-        NVIDIA_VISIBLE_DEVICES="$UUID" "$PROBE" fill $((64 << 20)) \
+        NVIDIA_VISIBLE_DEVICES="$UUID" "$PROBE" ctxfill $((64 << 20)) \
         <"$T/in.$n.$i" >"$T/out.$n.$i" 2>&1 &
       ps[i]=$!; pids+=("$!")
       exec {fd}>"$T/in.$n.$i"; in[i]=$fd
@@ -221,6 +221,13 @@ if [[ -f $VC && -x $PROBE ]]; then
   fill_group 8
   res=PASS; ((smi_total > 1024 || held_total > LIMIT)) && res=FAIL
   row "driver API, 1 GiB, 8 processes" $res "allocations held $((held_total >> 20)) MiB together; nvidia-smi shows $smi_total MiB for them"
+  # Launch-bound work under a 50 % share must not be slowed below its share (issue 24.4).
+  "$PROBE" latency 20000 >"$T/lat0" 2>&1
+  env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=50 GPULET_VGPU_ACCOUNTING="$T/acct.lat" \
+    NVIDIA_VISIBLE_DEVICES="$UUID" "$PROBE" latency 20000 >"$T/lat50" 2>&1
+  a=$(kv launch_us "$T/lat0"); b=$(kv launch_us "$T/lat50")
+  res=PASS; [[ -z $a || -z $b ]] || (( $(awk -v a="$a" -v b="$b" 'BEGIN { print (b > 1.5 * a + 0.5) }') )) && res=FAIL
+  row "empty kernel, 50 % limit" $res "${b:-?} us per launch vs ${a:-?} us unlimited"
 else
   row "interposer (driver API)" SKIP "no $VC or $PROBE"
 fi
