@@ -4,6 +4,7 @@ BUILD  := build
 JOBS   ?= $(shell nproc)
 
 .PHONY: all deps build demo test test-asan test-tsan bench image gpu-check gpu-bundle fuzz clean
+.PHONY: cluster cluster-down e2e-cluster
 
 all: build
 
@@ -60,6 +61,26 @@ gpu-check:
 gpu-bundle: build
 	@cmake --build --preset $(PRESET) --target nvml_floor -j $(JOBS) 2>/dev/null || true
 	testing/gpu_check/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
+
+# A real one-node Kubernetes cluster on loopback (docs/cluster.md): kube-apiserver, controller-manager,
+# scheduler, kubelet, etcd built from their Go modules (testing/k8s; cached, rebuilt when the pin
+# changes), Debian's containerd 1.6, and 8 fake H100s through gpulet's device plugin. Needs root.
+cluster:
+	@testing/k8s/build $(BUILD)
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet_fake_nvml
+	testing/k8s/cluster up $(BUILD)
+
+cluster-down:
+	testing/k8s/cluster down $(BUILD)
+
+# The tests on that cluster (label `cluster`; `make test` skips them): on the cluster `make cluster`
+# left running, else on one of their own that they stop and check for leftovers.
+e2e-cluster:
+	@testing/k8s/build $(BUILD)
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet_fake_nvml
+	GPULET_E2E_CLUSTER=1 ctest --preset $(PRESET) -L cluster --output-on-failure
 
 clean:
 	rm -rf build
