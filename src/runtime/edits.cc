@@ -223,6 +223,31 @@ absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
   return absl::OkStatus();
 }
 
+std::string CleanPath(const std::string& path) {
+  bool abs = !path.empty() && path[0] == '/';
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    std::string part = path.substr(i, j - i);
+    i = j + 1;
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty() && parts.back() != "..") parts.pop_back();
+      else if (!abs) parts.push_back(part);
+      continue;
+    }
+    parts.push_back(part);
+  }
+  std::string out = abs ? "/" : "";
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (k) out += '/';
+    out += parts[k];
+  }
+  return out.empty() ? "." : out;
+}
+
 std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key) {
   std::optional<std::string> found;  // the last definition wins, as in execve's environment
   for (const auto& kv : env)

@@ -2,6 +2,8 @@
 // requirement checks, OCI edits, the shim's bundle editing and argument parsing, rootfs-confined
 // path creation, engine configuration. Real files in temporary directories; no containers.
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
@@ -17,6 +19,7 @@
 #include "runtime/edits.h"
 #include "runtime/engine_config.h"
 #include "runtime/hook.h"
+#include "runtime/ldconfig.h"
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
@@ -67,6 +70,52 @@ TEST_F(TempDirTest, LdCacheFromRealLdconfigListsDriverLibraries) {
   EXPECT_EQ(drv->libraries.size(), 5u);  // links followed to the .so.<version> files
   EXPECT_THAT(drv->libraries, ::testing::Contains(std::string(kLibDir) + "/libcuda.so." + kDriverVersion));
   EXPECT_THAT(drv->binaries, ::testing::ElementsAre("/usr/bin/nvidia-smi"));
+}
+
+// Issue 24.2: the driver layouts that exist, each as a fake root, through DiscoverDriver and the
+// CDI spec `gpulet cdi generate` writes: Debian/Ubuntu packages, RHEL (/usr/lib64), GKE-style
+// (/usr/local/nvidia/{lib64,bin}, the cache listing every library again from /lib, /usr/bin/nvidia-smi
+// a wrapper script), and a driver container's root under /run/nvidia/driver.
+TEST_F(TempDirTest, DriverLayouts) {
+  struct Case {
+    std::string name, root;
+    DriverLayout layout;
+    std::string lib_dir;
+    std::vector<std::string> binaries;
+    std::vector<std::pair<std::string, std::string>> aliases;
+  } cases[] = {
+      {"debian", "/debian", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
+      {"rhel", "/rhel", {"/usr/lib64"}, "/usr/lib64", {"/usr/bin/nvidia-smi"}, {}},
+      {"gke", "/gke", {"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"},
+       "/usr/local/nvidia/lib64", {"/usr/local/nvidia/bin/nvidia-smi"},
+       {{"/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"}}},
+      {"driver-container", "/run/nvidia/driver", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string root = dir_ + "/" + c.name + c.root, why;
+    if (!MakeDriverRoot(root, 0, &why, c.layout)) GTEST_SKIP() << why;
+    auto drv = DiscoverDriver(root);
+    ASSERT_TRUE(drv.ok()) << drv.status();
+    ASSERT_EQ(drv->libraries.size(), 5u) << ::testing::PrintToString(drv->libraries);
+    for (const auto& l : drv->libraries) EXPECT_EQ(l.substr(0, l.rfind('/')), c.lib_dir);
+    EXPECT_EQ(drv->binaries, c.binaries);
+    EXPECT_EQ(drv->binary_aliases, c.aliases);
+    CdiGenerateOptions opt;
+    opt.driver_root = root;
+    auto spec = GenerateCdiSpec(FakeInventory(1), opt);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    std::map<std::string, std::string> mounts;  // container path -> host path
+    for (const auto& m : spec->edits.mounts) {
+      EXPECT_TRUE(fs::exists(m.host_path)) << m.host_path;
+      EXPECT_TRUE(mounts.emplace(m.container_path, m.host_path).second) << m.container_path;
+    }
+    EXPECT_EQ(mounts.size(), 5 + c.binaries.size() + c.aliases.size());
+    for (const auto& [from, at] : c.aliases) EXPECT_EQ(mounts[at], root + from);
+    ASSERT_EQ(spec->edits.hooks.size(), 1u);  // ldconfig's folders: the mounted library dir
+    EXPECT_EQ(spec->edits.hooks[0].args,
+              std::vector<std::string>({"gpulet-container-hook", "update-ldcache", "--folder", c.lib_dir}));
+  }
 }
 
 // Truncated, foreign or corrupted ld caches are one clear error, never a crash.
@@ -190,10 +239,11 @@ TEST(Request, EnvvarTrustAndSources) {
 
   RuntimeConfig def;
   Json vol = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"});
-  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-x"}, {"source", "/dev/null"}}};
+  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-0a"}, {"source", "/dev/null"},
+                    {"type", "bind"}}};
   r = ResolveRequest(vol, def);
   ASSERT_TRUE(r.ok());
-  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=GPU-x"));
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=GPU-0a"));
   Json ann = MinimalSpec({});
   ann["annotations"] = {{"cdi.k8s.io/gpulet", "nvidia.com/gpu=0,nvidia.com/gpu=1"}};
   r = ResolveRequest(ann, def);
@@ -205,6 +255,65 @@ TEST(Request, EnvvarTrustAndSources) {
   auto bad = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"}, true), def);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown capability \"warp\""));
+}
+
+// Issue 14.1: only the device plugin's grant (a bind of /dev/null at
+// /var/run/nvidia-container-devices/<id>, with an id the plugin issues) asks for GPUs. An emptyDir or
+// image VOLUME at /var/run/nvidia-container-devices/all used to give every GPU.
+TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
+  RuntimeConfig cfg;
+  auto with = [](Json mount) {
+    Json spec = MinimalSpec({});
+    spec["mounts"] = Json::array({mount});
+    return spec;
+  };
+  auto mount = [](const std::string& dst, const std::string& src, const std::string& type,
+                  std::vector<std::string> opts = {"rbind", "ro"}) {
+    Json m = {{"destination", dst}, {"source", src}, {"options", opts}};
+    if (!type.empty()) m["type"] = type;
+    return m;
+  };
+  const std::string dir = "/var/run/nvidia-container-devices/";
+  struct Grant {
+    Json m;
+    std::string device;
+  } grants[] = {
+      {mount(dir + "GPU-00000002-1111-2222-3333-444444444444", "/dev/null", "bind"),
+       "nvidia.com/gpu=GPU-00000002-1111-2222-3333-444444444444"},
+      {mount(dir + "3", "/dev/null", "bind"), "nvidia.com/gpu=3"},
+      {mount(dir + "0:1", "//dev/./null", "", {"bind", "ro"}), "nvidia.com/gpu=0:1"},
+      {mount(dir + "MIG-aaaa-bbbb/", "/dev/null", "bind"), "nvidia.com/gpu=MIG-aaaa-bbbb"},
+      {mount("/var/run/x/../nvidia-container-devices/1", "/dev/null", "bind"), "nvidia.com/gpu=1"},
+  };
+  for (const auto& g : grants) {
+    auto r = ResolveRequest(with(g.m), cfg);
+    ASSERT_TRUE(r.ok()) << g.m << r.status();
+    EXPECT_THAT(r->devices, ::testing::ElementsAre(g.device)) << g.m;
+  }
+  // Not the plugin's grant: an ordinary mount that asks for nothing.
+  for (const Json& m : {mount(dir + "all", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x", "bind"),
+                        mount(dir + "all", "/var/lib/docker/volumes/v/_data", "", {"rbind"}),
+                        mount(dir + "0", "tmpfs", "tmpfs", {"nosuid"}),
+                        mount(dir + "0", "/dev/null", "", {"ro"}),
+                        mount(dir + "0", "/dev/null/../zero", "bind"),
+                        mount(dir + "../../../etc/0", "/dev/null", "bind"),
+                        mount("/var/run/nvidia-container-devices", "/dev/null", "bind")}) {
+    auto r = ResolveRequest(with(m), cfg);
+    ASSERT_TRUE(r.ok()) << m << r.status();
+    EXPECT_FALSE(r->gpu_container) << m;
+  }
+  // /dev/null at an id the plugin never issues: refused, naming the mount.
+  for (const char* id : {"all", "none", "0/1", "nvidia.com/gpu=0", "GPU-../../x", "-1", ""}) {
+    Json m = mount(dir + id + (std::string(id).empty() ? "." : ""), "/dev/null", "bind");
+    auto r = ResolveRequest(with(m), cfg);
+    if (std::string(id).empty()) {  // the directory itself: not a grant
+      ASSERT_TRUE(r.ok());
+      EXPECT_FALSE(r->gpu_container);
+      continue;
+    }
+    ASSERT_FALSE(r.ok()) << id;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not a device id the device plugin issues"));
+  }
 }
 
 // NVIDIA_REQUIRE_* expressions: space is OR, comma is AND; unmet ones are named.
@@ -265,6 +374,67 @@ TEST(Hook, ContainerStateValidation) {
   for (const char* bad : {"", "{", "[]", R"({"pid":0,"bundle":"/b"})", R"({"pid":"1","bundle":"/b"})",
                           R"({"pid":1,"bundle":"rel"})", R"({"pid":1})"})
     EXPECT_FALSE(ParseContainerState(bad).ok()) << bad;
+}
+
+// Issue 24.1 / 14.9: the host layouts of ldconfig. Ubuntu: /sbin/ldconfig is a #!/bin/sh wrapper
+// around the static /sbin/ldconfig.real; Debian: /sbin/ldconfig is the static ELF; RHEL family:
+// /usr/sbin/ldconfig (where /sbin is not merged). A script is never chosen, a dynamically linked
+// ELF is refused.
+TEST_F(TempDirTest, LdconfigLayouts) {
+  std::string static_elf = HostStaticLdconfig();
+  if (static_elf.empty()) GTEST_SKIP() << "no static host ldconfig to copy";
+  const std::string wrapper = "#!/bin/sh\n# dpkg trigger logic\nexec /sbin/ldconfig.real \"$@\"\n";
+  auto copy = [&](const std::string& to) {
+    fs::create_directories(fs::path(to).parent_path());
+    fs::copy_file(static_elf, to, fs::copy_options::overwrite_existing);
+  };
+  // Ubuntu.
+  std::string ubuntu = dir_ + "/ubuntu";
+  WriteFile(ubuntu + "/sbin/ldconfig", wrapper, 0755);
+  copy(ubuntu + "/sbin/ldconfig.real");
+  auto ld = OpenLdconfig("", ubuntu);
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, ubuntu + "/sbin/ldconfig.real");
+  ld = OpenLdconfig(ubuntu + "/sbin/ldconfig");  // configured as the wrapper: its .real
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, ubuntu + "/sbin/ldconfig.real");
+  // Debian.
+  std::string debian = dir_ + "/debian";
+  copy(debian + "/sbin/ldconfig");
+  ld = OpenLdconfig("", debian + "/");
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, debian + "/sbin/ldconfig");
+  // RHEL family without a merged /sbin.
+  std::string rhel = dir_ + "/rhel";
+  copy(rhel + "/usr/sbin/ldconfig");
+  ld = OpenLdconfig("", rhel);
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, rhel + "/usr/sbin/ldconfig");
+  // A wrapper without the binary it wraps: one error naming the file and why.
+  std::string wrapped = dir_ + "/wrapped";
+  WriteFile(wrapped + "/sbin/ldconfig", wrapper, 0755);
+  ld = OpenLdconfig("", wrapped);
+  ASSERT_FALSE(ld.ok());
+  EXPECT_THAT(std::string(ld.status().message()), HasSubstr(wrapped + "/sbin/ldconfig is a script"));
+  // A dynamically linked ldconfig would load the image's ld.so as host root.
+  std::string dynamic = dir_ + "/dynamic";
+  fs::create_directories(dynamic + "/sbin");
+  fs::copy_file("/bin/true", dynamic + "/sbin/ldconfig");
+  ld = OpenLdconfig("", dynamic);
+  ASSERT_FALSE(ld.ok());
+  EXPECT_THAT(std::string(ld.status().message()), HasSubstr("dynamically linked (PT_INTERP)"));
+  // Not an executable at all, and nothing there.
+  WriteFile(dir_ + "/text/sbin/ldconfig", "hello world, not ELF", 0755);
+  EXPECT_THAT(std::string(OpenLdconfig("", dir_ + "/text").status().message()),
+              HasSubstr("not an ELF executable"));
+  EXPECT_EQ(OpenLdconfig("", dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+  // The runtime config: the key is optional (auto), but when given it must be absolute.
+  WriteFile(dir_ + "/rt.json", "{\"ldconfig\": \"ldconfig\"}");
+  EXPECT_FALSE(LoadRuntimeConfig(dir_ + "/rt.json").ok());
+  WriteFile(dir_ + "/rt.json", "{}");
+  auto cfg = LoadRuntimeConfig(dir_ + "/rt.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->ldconfig, "");
 }
 
 class BundleTest : public TempDirTest {
@@ -409,6 +579,49 @@ TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
   EXPECT_TRUE(fs::exists(rootfs + "/etc/evil"));
   EXPECT_TRUE(fs::exists(rootfs + "/dev/fifo"));
   EXPECT_FALSE(MkdirAllInRoot(*root, "/a/../b").ok());
+}
+
+// Issue 14.9: the legacy hook's read-only library mount. The old code bound the library read-write
+// through the target fd, then resolved the container path a second time to remount it read-only:
+// a sibling swapping that path in between (here: the directory renamed and replaced by one whose
+// entry is a symlink elsewhere in the rootfs) left the library mounted writable. BindReadOnly never
+// resolves the path again: the mount on the target fd is read-only from the start, and the
+// swapped-in file is not touched. In a private mount namespace of a child (needs root).
+TEST_F(TempDirTest, BindReadOnlyIgnoresAPathSwappedAfterTheTargetWasOpened) {
+  if (!IsRoot()) GTEST_SKIP() << "needs root (mount namespaces)";
+  std::string rootfs = dir_ + "/rootfs", lib = dir_ + "/host-libcuda.so";
+  WriteFile(lib, "host library");
+  WriteFile(rootfs + "/other", "other file");
+  fs::create_directories(rootfs + "/usr/lib");
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto step = [](bool ok, int code) {
+      if (!ok) ::_exit(code);
+    };
+    step(::unshare(CLONE_NEWNS) == 0, 10);
+    step(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0, 11);
+    auto root = OpenRoot(rootfs);
+    step(root.ok(), 12);
+    auto target = CreateFileInRoot(*root, "/usr/lib/libcuda.so");
+    step(target.ok(), 13);
+    // The swap: the opened target moves away; the path now names a symlink to another file.
+    fs::rename(rootfs + "/usr/lib", rootfs + "/usr/lib-moved");
+    fs::create_directories(rootfs + "/usr/lib");
+    fs::create_symlink("/other", rootfs + "/usr/lib/libcuda.so");
+    step(BindReadOnly(lib, *root, "/usr/lib/libcuda.so", *target).ok(), 14);
+    step(ReadFile(rootfs + "/usr/lib-moved/libcuda.so") == "host library", 15);
+    int fd = ::open((rootfs + "/usr/lib-moved/libcuda.so").c_str(), O_WRONLY);
+    step(fd < 0 && errno == EROFS, 16);
+    step(ReadFile(rootfs + "/other") == "other file", 17);
+    fd = ::open((rootfs + "/other").c_str(), O_WRONLY);
+    step(fd >= 0, 18);  // not mounted over: still the rootfs's own writable file
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed at step " << WEXITSTATUS(status);
 }
 
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
