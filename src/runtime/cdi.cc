@@ -44,6 +44,38 @@ bool ValidKind(const std::string& k) {
   });
 }
 
+// Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+bool IsUtf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
 struct Parser {
   std::string source;
   absl::Status Err(const YAML::Node& n, const std::string& msg) {
@@ -52,6 +84,8 @@ struct Parser {
   }
   absl::StatusOr<std::string> Str(const YAML::Node& n, const char* what) {
     if (!n.IsScalar()) return Err(n, absl::StrCat(what, " must be a string"));
+    // yaml-cpp passes any bytes through; they would reach config.json, which must be UTF-8.
+    if (!IsUtf8(n.Scalar())) return Err(n, absl::StrCat(what, " is not valid UTF-8"));
     return n.Scalar();
   }
   absl::StatusOr<std::vector<std::string>> Strs(const YAML::Node& n, const char* what) {
@@ -349,7 +383,10 @@ std::string MinimumCdiVersion(const CdiSpec& spec) {
   return v;
 }
 
-std::string CdiSpecToJson(const CdiSpec& spec) { return SpecToJson(spec).dump(2) + "\n"; }
+std::string CdiSpecToJson(const CdiSpec& spec) {
+  // Generated specs hold host file names, which need not be UTF-8: replaced, never a throw.
+  return SpecToJson(spec).dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+}
 
 std::string CdiSpecToYaml(const CdiSpec& spec) {
   YAML::Emitter out;

@@ -173,7 +173,8 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
     try {
       Json unused = Json::parse(text);
       (void)unused;
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+      // Not only parse_error: a number out of range (5e370551615) is out_of_range.
       return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
@@ -201,7 +202,12 @@ absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
   std::string tmp = absl::StrCat(path, ".gpulet-", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  std::string text = spec.dump() + "\n";
+  std::string text;
+  try {
+    text = spec.dump() + "\n";
+  } catch (const Json::exception& e) {  // a string that is not UTF-8 (from a CDI spec or a path)
+    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": ", e.what()));
+  }
   size_t off = 0;
   while (off < text.size()) {
     ssize_t n = ::write(fd, text.data() + off, text.size() - off);

@@ -1,11 +1,14 @@
 #include "runtime/engine_config.h"
 
+#include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -18,6 +21,38 @@ namespace {
 std::string DirOf(const std::string& p) {
   size_t s = p.rfind('/');
   return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
+}
+
+// Whether an annotation pass-through entry (a containerd glob, a CRI-O key prefix) lets a pod's
+// `cdi.k8s.io/*` annotations into the container config: the shim trusts those as the device
+// plugin's (docs/runtime.md, Security), so any pod could then name any GPU.
+bool PassesCdiAnnotations(const std::string& p) {
+  return ::fnmatch(p.c_str(), "cdi.k8s.io/x", 0) == 0 || absl::StartsWith(p, "cdi.k8s.io") ||
+         absl::StartsWith("cdi.k8s.io/", p);
+}
+
+// Removes such entries from the copied runc options (`keys`: the engine's pass-through options);
+// other entries stay. A note says what was dropped.
+void DropCdiPassThrough(toml::table& entry, std::initializer_list<const char*> keys,
+                        const std::string& where, std::vector<std::string>* notes) {
+  for (const char* key : keys) {
+    toml::array* list = entry[key].as_array();
+    if (!list) continue;
+    toml::array kept;
+    std::vector<std::string> dropped;
+    for (const auto& e : *list) {
+      auto s = e.value<std::string>();
+      if (s && PassesCdiAnnotations(*s)) dropped.push_back(*s);
+      else kept.push_back(e);
+    }
+    if (dropped.empty()) continue;
+    if (kept.empty()) entry.erase(key);
+    else entry.insert_or_assign(key, kept);
+    if (notes)
+      notes->push_back(absl::StrCat(where, ": not copied into the gpulet runtime's ", key, ": ",
+                                    absl::StrJoin(dropped, ", "),
+                                    " (pods could set cdi.k8s.io/* annotations and name any GPU)"));
+  }
 }
 
 // The current content of `path`, or nothing when it does not exist.
@@ -89,6 +124,7 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   if (!runtimes) return absl::FailedPreconditionError(absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
   toml::table entry;
   if (auto* runc = (*runtimes)["runc"].as_table()) entry = *runc;  // keep the operator's runc options
+  DropCdiPassThrough(entry, {"pod_annotations", "container_annotations"}, cfg, notes);
   entry.insert_or_assign("runtime_type", "io.containerd.runc.v2");
   toml::table* opts = Path(entry, {"options"});
   if (!opts) return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));
@@ -134,7 +170,8 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
   if (c.existed && !c.before.empty()) {
     try {
       j = Json::parse(c.before);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+      // Not only parse_error: a number out of range (1e999) is out_of_range.
       return absl::InvalidArgumentError(absl::StrCat(cfg, ": invalid JSON: ", e.what()));
     }
     if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg, ": not a JSON object"));
@@ -151,7 +188,13 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
       return absl::FailedPreconditionError(absl::StrCat(cfg, ": \"features\" is not an object"));
     j["features"]["cdi"] = true;
   }
-  if (j != before || !c.existed) c.after = j.dump(4) + "\n";  // same content: leave the text alone
+  if (j != before || !c.existed) {  // same content: leave the text alone
+    try {
+      c.after = j.dump(4) + "\n";
+    } catch (const Json::exception& e) {  // a runtime path that is not UTF-8
+      return absl::InvalidArgumentError(absl::StrCat(cfg, ": cannot write the new content: ", e.what()));
+    }
+  }
   if (notes) notes->push_back("restart dockerd to apply the change");
   return std::vector<FileChange>{c};
 }
@@ -171,6 +214,7 @@ absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
       entry = *t;  // keep the operator's options for the low-level runtime
       break;
     }
+  DropCdiPassThrough(entry, {"allowed_annotations"}, cfg, notes);
   entry.insert_or_assign("runtime_path", o.runtime_path);
   entry.insert_or_assign("runtime_type", "oci");
   Path(d, {"crio", "runtime", "runtimes"})->insert_or_assign(o.runtime_name, entry);

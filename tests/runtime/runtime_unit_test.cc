@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <regex>
 
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/cdi.h"
@@ -30,6 +32,7 @@ namespace gpulet::runtime {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace ::gpulet::runtime::testing;
 namespace fs = std::filesystem;
 
@@ -624,6 +627,53 @@ TEST_F(TempDirTest, BindReadOnlyIgnoresAPathSwappedAfterTheTargetWasOpened) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "failed at step " << WEXITSTATUS(status);
 }
 
+// Issue 14.10 (found by fuzzing): hostile config.json, daemon.json and CDI specs are one clear
+// error, never std::terminate. 5e370551615 and 1e999 are nlohmann out_of_range, not parse_error;
+// a non-UTF-8 string from a YAML CDI spec made the shim's config.json dump throw.
+TEST_F(TempDirTest, HostileParserInputsAreErrors) {
+  WriteFile(dir_ + "/config.json",
+            "{\"ociVersion\": \"1.0.2\", \"process\": {}, \"root\": {\"path\": \"r\"}, \"n\": 5e370551615}");
+  auto spec = LoadOciSpec(dir_ + "/config.json");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("config.json: invalid JSON"));
+
+  WriteFile(dir_ + "/daemon.json", "{\"log-opts\": {\"max-size\": 1e999}}");
+  ConfigureOptions o;
+  o.engine = Engine::kDocker;
+  o.config_path = dir_ + "/daemon.json";
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  auto plan = PlanConfigure(o);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("daemon.json: invalid JSON"));
+  o.config_path = dir_ + "/new-daemon.json";
+  o.runtime_path = "/opt/\xff/gpulet-container-runtime";
+  EXPECT_FALSE(PlanConfigure(o).ok());
+
+  const std::string bad = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
+                          "    env: [\"A=\xff\xfe\"]\n";
+  auto cdi = ParseCdiSpec(bad, "bad.yaml");
+  ASSERT_FALSE(cdi.ok());
+  EXPECT_THAT(std::string(cdi.status().message()), HasSubstr("bad.yaml:6: env is not valid UTF-8"));
+  for (const char* s : {"\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
+    EXPECT_FALSE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                              "    env: [\"A=" + std::string(s) + "\"]\n", "x").ok()) << s;
+  EXPECT_TRUE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                           "    env: [\"A=gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80\"]\n", "x").ok());
+  // A generated spec holds host file names, which need not be UTF-8: written, not thrown.
+  CdiSpec gen;
+  gen.kind = "nvidia.com/gpu";
+  gen.devices.push_back({"0", {}});
+  gen.edits.mounts.push_back({"/host/lib\xff.so", "/lib\xff.so", "", {}});
+  EXPECT_THAT(CdiSpecToJson(gen), HasSubstr("/lib"));
+  // And an edit that cannot be written as JSON leaves config.json as it was.
+  Json oci = MinimalSpec({});
+  std::string before = oci.dump();
+  WriteFile(dir_ + "/c2.json", before);
+  oci["process"]["env"].push_back("A=\xff");
+  EXPECT_FALSE(SaveOciSpec(dir_ + "/c2.json", oci).ok());
+  EXPECT_EQ(ReadFile(dir_ + "/c2.json"), before);
+}
+
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
 TEST_F(TempDirTest, DockerDaemonJson) {
   std::string p = dir_ + "/daemon.json";
@@ -663,15 +713,29 @@ TEST_F(TempDirTest, ContainerdDropIn) {
     std::string p = d + "/config.toml";
     WriteFile(p, "version = " + std::to_string(version) + "\n# operator comment\n[plugins.\"" + cri +
                      "\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+                     "  pod_annotations = [\"io.katacontainers.*\", \"cdi.k8s.io/*\"]\n"
+                     "  container_annotations = [\"*\"]\n"
                      "  [plugins.\"" + cri + "\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n");
     ConfigureOptions o;
     o.config_path = p;
     o.runtime_path = "/opt/gpulet/bin/gpulet-container-runtime";
     o.set_as_default = o.enable_cdi = true;
-    auto plan = PlanConfigure(o);
+    std::vector<std::string> notes;
+    auto plan = PlanConfigure(o, &notes);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_TRUE(ApplyChanges(*plan).ok());
     std::string drop = ReadFile(d + "/conf.d/99-gpulet.toml");
+    // Issue 14.14: pod annotations that reach the container config as cdi.k8s.io/* would let any
+    // pod name any GPU: those pass-through entries are not copied into gpulet's runtime entry.
+    size_t nvidia = drop.find("runtimes.nvidia]");
+    ASSERT_NE(nvidia, std::string::npos) << drop;
+    std::string entry = drop.substr(nvidia);
+    std::smatch next;  // up to the next table header
+    if (std::regex_search(entry, next, std::regex("\n *\\["))) entry = entry.substr(0, next.position(0));
+    EXPECT_THAT(entry, HasSubstr("pod_annotations = [ 'io.katacontainers.*' ]")) << drop;
+    EXPECT_THAT(entry, Not(HasSubstr("cdi.k8s.io"))) << drop;
+    EXPECT_THAT(entry, Not(HasSubstr("container_annotations"))) << drop;
+    EXPECT_THAT(absl::StrJoin(notes, "\n"), HasSubstr("not copied into the gpulet runtime's pod_annotations"));
     EXPECT_THAT(drop, HasSubstr("BinaryName = '/opt/gpulet/bin/gpulet-container-runtime'"));
     EXPECT_THAT(drop, HasSubstr("SystemdCgroup = true"));  // runc's options carried over
     EXPECT_THAT(drop, HasSubstr("default_runtime_name = 'nvidia'"));
@@ -701,10 +765,14 @@ TEST_F(TempDirTest, CrioDropIn) {
   o.config_path = dir_ + "/crio.conf";
   o.runtime_path = "/usr/bin/gpulet-container-runtime";
   o.set_as_default = true;
+  WriteFile(o.config_path, "[crio.runtime.runtimes.runc]\nruntime_path = \"/usr/bin/runc\"\n"
+                           "allowed_annotations = [\"io.kubernetes.cri-o.Devices\", \"cdi.k8s.io\"]\n");
   auto plan = PlanConfigure(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ApplyChanges(*plan).ok());
   std::string drop = ReadFile(dir_ + "/crio.conf.d/99-gpulet.toml");
+  EXPECT_THAT(drop, HasSubstr("allowed_annotations = [ 'io.kubernetes.cri-o.Devices' ]")) << drop;
+  EXPECT_THAT(drop, Not(HasSubstr("cdi.k8s.io"))) << drop;
   EXPECT_THAT(drop, HasSubstr("runtime_path = '/usr/bin/gpulet-container-runtime'"));
   EXPECT_THAT(drop, HasSubstr("runtime_type = 'oci'"));
   EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
