@@ -123,6 +123,10 @@ namespace {
 constexpr const char* kLibDirs[] = {"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu",
                                     "/usr/lib64", "/lib/x86_64-linux-gnu", "/lib64", "/usr/lib",
                                     "/lib"};
+// The directories read directly (not only through the cache): those that hold x86-64 libraries
+// only. /usr/lib and /lib are ranked above but not read: on the RHEL family they hold the 32-bit
+// libraries.
+constexpr size_t kScannedLibDirs = 5;
 constexpr const char* kBinDirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin",
                                     "/usr/local/nvidia/bin"};
 
@@ -146,14 +150,16 @@ std::string ResolveInRoot(const std::string& root, std::string p) {
   return CleanPath(p);
 }
 
-// The first bytes of a file: 1 ELF, 2 "#!" script, 0 anything else or unreadable.
+// The first bytes of a file: 1 x86-64 ELF, 2 "#!" script, 0 anything else or unreadable.
 int FileKind(const std::string& host_path) {
-  char head[4] = {};
+  unsigned char head[20] = {};  // e_ident (16), e_type (2), e_machine (2)
   int fd = ::open(host_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   ssize_t n = ::read(fd, head, sizeof head);
   ::close(fd);
-  if (n == 4 && std::memcmp(head, "\x7f" "ELF", 4) == 0) return 1;
+  if (n == sizeof head && std::memcmp(head, "\x7f" "ELF", 4) == 0 && head[4] == 2 /* 64-bit */ &&
+      head[18] == 62 /* EM_X86_64, little-endian */ && head[19] == 0)
+    return 1;
   if (n >= 2 && head[0] == '#' && head[1] == '!') return 2;
   return 0;
 }
@@ -199,10 +205,12 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
   // The driver's own directories too, for libraries the cache does not list (a cache made before
   // the driver was installed under /usr/local/nvidia).
   std::string suffix = ".so." + version;
-  for (const char* dir : kLibDirs)
-    if (DIR* d = ::opendir(InRoot(root, dir).c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (absl::EndsWith(e->d_name, suffix)) resolved.push_back(absl::StrCat(dir, "/", e->d_name));
+  for (size_t i = 0; i < kScannedLibDirs; ++i)
+    if (DIR* d = ::opendir(InRoot(root, kLibDirs[i]).c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string p = absl::StrCat(kLibDirs[i], "/", e->d_name);
+        if (absl::EndsWith(e->d_name, suffix) && FileKind(InRoot(root, p)) == 1) resolved.push_back(p);
+      }
       ::closedir(d);
     }
   // One mount per library file: the cache of a GKE-style node lists each library from

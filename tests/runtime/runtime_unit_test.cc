@@ -98,9 +98,15 @@ TEST_F(TempDirTest, DriverLayouts) {
     SCOPED_TRACE(c.name);
     std::string root = dir_ + "/" + c.name + c.root, why;
     if (!MakeDriverRoot(root, 0, &why, c.layout)) GTEST_SKIP() << why;
+    // A library the cache does not list is found in the driver's directory; a file there with
+    // the driver's suffix that is no x86-64 ELF is not.
+    std::string v = kDriverVersion;
+    ASSERT_TRUE(BuildLibrary(root + c.lib_dir + "/libnvidia-late.so." + v, "libnvidia-late.so." + v));
+    WriteFile(root + c.lib_dir + "/libnvidia-notelf.so." + v, "not ELF");
     auto drv = DiscoverDriver(root);
     ASSERT_TRUE(drv.ok()) << drv.status();
-    ASSERT_EQ(drv->libraries.size(), 5u) << ::testing::PrintToString(drv->libraries);
+    ASSERT_EQ(drv->libraries.size(), 6u) << ::testing::PrintToString(drv->libraries);
+    EXPECT_THAT(drv->libraries, ::testing::Contains(c.lib_dir + "/libnvidia-late.so." + v));
     for (const auto& l : drv->libraries) EXPECT_EQ(l.substr(0, l.rfind('/')), c.lib_dir);
     EXPECT_EQ(drv->binaries, c.binaries);
     EXPECT_EQ(drv->binary_aliases, c.aliases);
@@ -113,7 +119,7 @@ TEST_F(TempDirTest, DriverLayouts) {
       EXPECT_TRUE(fs::exists(m.host_path)) << m.host_path;
       EXPECT_TRUE(mounts.emplace(m.container_path, m.host_path).second) << m.container_path;
     }
-    EXPECT_EQ(mounts.size(), 5 + c.binaries.size() + c.aliases.size());
+    EXPECT_EQ(mounts.size(), 6 + c.binaries.size() + c.aliases.size());
     for (const auto& [from, at] : c.aliases) EXPECT_EQ(mounts[at], root + from);
     ASSERT_EQ(spec->edits.hooks.size(), 1u);  // ldconfig's folders: the mounted library dir
     EXPECT_EQ(spec->edits.hooks[0].args,
