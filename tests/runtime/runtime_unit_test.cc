@@ -764,6 +764,65 @@ TEST_F(TempDirTest, ContainerdDropIn) {
   EXPECT_THAT(std::string(PlanConfigure(o).status().message()), HasSubstr("version 1"));
 }
 
+// Issue 22.3: `runtime configure` keeps an existing file's mode and owner (0600: it may hold
+// registry credentials), --dry-run's diff is one `patch` applies (it printed bare "@@" lines), and
+// a failed write names the target, not WriteFileAtomic's temporary file.
+TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
+  if (!Have("patch")) GTEST_SKIP() << "patch is not installed";
+  std::string p = dir_ + "/daemon.json";
+  std::string lines;
+  for (int i = 0; i < 12; ++i) lines += "    \"k" + std::to_string(i) + "\": " + std::to_string(i) + ",\n";
+  WriteFile(p, "{\n" + lines + "    \"runtimes\": {}\n}", 0600);  // no newline at the end
+  if (IsRoot()) ASSERT_EQ(::chown(p.c_str(), 1234, 5678), 0);
+  ConfigureOptions o;
+  o.engine = Engine::kDocker;
+  o.config_path = p;
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  o.set_as_default = true;
+  auto plan = PlanConfigure(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The diff turns the old text into the new one, through patch.
+  auto patched = [&](const FileChange& c) {
+    WriteFile(dir_ + "/orig", c.existed ? c.before : "");
+    WriteFile(dir_ + "/d.diff", UnifiedDiff(c));
+    std::string out;
+    EXPECT_EQ(Sh("patch -s -o " + dir_ + "/out " + dir_ + "/orig < " + dir_ + "/d.diff", &out), 0)
+        << out << "\n" << UnifiedDiff(c);
+    return ReadFile(dir_ + "/out");
+  };
+  const FileChange& change = (*plan)[0];
+  EXPECT_THAT(UnifiedDiff(change), ::testing::ContainsRegex("\n@@ -[0-9]+,[0-9]+ \\+[0-9]+,[0-9]+ @@\n"));
+  EXPECT_EQ(patched(change), change.after);
+  std::string toml_path = dir_ + "/ctrd/config.toml";
+  WriteFile(toml_path, "version = 2\n# a\n# b\n# c\n# d\n# e\n# f\n# g\n[plugins]\n");
+  ConfigureOptions ct;
+  ct.config_path = toml_path;
+  ct.runtime_path = "/usr/bin/gpulet-container-runtime";
+  auto ctrd = PlanConfigure(ct);
+  ASSERT_TRUE(ctrd.ok()) << ctrd.status();
+  for (const auto& c : *ctrd) EXPECT_EQ(patched(c), c.after) << c.path;  // a new file and an edit
+  FileChange two{dir_ + "/x", true, "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n", "a\nB\nc\nd\ne\nf\ng\nh\ni\nj\nk\nL\nm"};
+  EXPECT_EQ(patched(two), two.after);  // two hunks, and a last line without a newline
+
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  if (IsRoot()) {
+    EXPECT_EQ(st.st_uid, 1234u);
+    EXPECT_EQ(st.st_gid, 5678u);
+  }
+  // The target turned into a directory between plan and apply: the error names it.
+  auto again = PlanConfigure(o);
+  ASSERT_TRUE(again.ok());
+  (*again)[0].after += " ";
+  fs::remove(p);
+  fs::create_directories(p + "/sub");
+  absl::Status s = ApplyChanges(*again);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("cannot write " + p + ": "));
+}
+
 // CRI-O: a drop-in with the runtime and, with --set-as-default, the default runtime.
 TEST_F(TempDirTest, CrioDropIn) {
   ConfigureOptions o;
