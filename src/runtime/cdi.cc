@@ -407,13 +407,32 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
                                         std::vector<std::string>* warnings) {
   if (!ValidKind(opt.kind))
     return absl::InvalidArgumentError(absl::StrCat("kind \"", opt.kind, "\" is not vendor/class"));
-  ASSIGN_OR_RETURN(DriverFiles driver, DiscoverDriver(opt.driver_root, inv.driver_version));
+  auto has_libcuda = [](const absl::StatusOr<DriverFiles>& d) {
+    return d.ok() && std::any_of(d->libraries.begin(), d->libraries.end(), [](const std::string& l) {
+             return absl::StrContains(l.substr(l.rfind('/') + 1), "libcuda.so.");
+           });
+  };
+  std::string root = opt.driver_root;
+  absl::StatusOr<DriverFiles> found = DiscoverDriver(root, inv.driver_version);
+  if ((root == "/" || root.empty()) && !has_libcuda(found) && !opt.driver_container_root.empty()) {
+    absl::StatusOr<DriverFiles> in_container =
+        DiscoverDriver(opt.driver_container_root, inv.driver_version);
+    if (has_libcuda(in_container)) {
+      root = opt.driver_container_root;
+      found = std::move(in_container);
+      if (warnings)
+        warnings->push_back(absl::StrCat("no NVIDIA driver libraries under /: using the driver "
+                                         "container's root ", root, " (--driver-root)"));
+    }
+  }
+  if (!found.ok()) return found.status();
+  DriverFiles driver = *std::move(found);
   CdiSpec spec;
   spec.kind = opt.kind;
   auto node = [&](const std::string& path) {
     DeviceNode d;
     d.path = path;
-    if (InRoot(opt.driver_root, path) != path) d.host_path = InRoot(opt.driver_root, path);
+    if (InRoot(root, path) != path) d.host_path = InRoot(root, path);
     return d;
   };
   auto add = [&](const std::string& index_name, const std::string& uuid, ContainerEdits e) {
@@ -422,8 +441,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   };
   // MIG access capabilities: "gpu<minor>/gi<id>/access <cap minor>" lines, as the driver lists.
   std::map<std::string, int> cap_minors;
-  if (auto f = ReadFileToString(InRoot(opt.driver_root, "/proc/driver/nvidia-caps/mig-minors"));
-      f.ok()) {
+  // Kernel state: the driver root's /proc when it has one (tests), else this host's.
+  auto minors = ReadFileToString(InRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
+  if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
+  if (auto& f = minors; f.ok()) {
     for (absl::string_view line : absl::StrSplit(*f, '\n')) {
       std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
       int m;

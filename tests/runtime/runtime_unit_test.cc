@@ -125,6 +125,21 @@ TEST_F(TempDirTest, DriverLayouts) {
     EXPECT_EQ(spec->edits.hooks[0].args,
               std::vector<std::string>({"gpulet-container-hook", "update-ldcache", "--folder", c.lib_dir}));
   }
+  // The default root "/" without a driver falls back to the driver container's root.
+  auto host = DiscoverDriver("/");
+  if (host.ok() && std::any_of(host->libraries.begin(), host->libraries.end(), [](const std::string& l) {
+        return l.find("/libcuda.so.") != std::string::npos;
+      }))
+    GTEST_SKIP() << "this host has an NVIDIA driver under /";
+  CdiGenerateOptions opt;
+  opt.driver_container_root = dir_ + "/driver-container/run/nvidia/driver";
+  std::vector<std::string> warnings;
+  auto spec = GenerateCdiSpec(FakeInventory(1), opt, &warnings);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_FALSE(spec->edits.mounts.empty());
+  for (const auto& m : spec->edits.mounts)
+    EXPECT_THAT(m.host_path, ::testing::StartsWith(opt.driver_container_root + "/")) << m.host_path;
+  EXPECT_THAT(absl::StrJoin(warnings, "\n"), HasSubstr("using the driver container's root"));
 }
 
 // Truncated, foreign or corrupted ld caches are one clear error, never a crash.
