@@ -726,6 +726,14 @@ TEST_F(TempDirTest, DockerDaemonJson) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("daemon.json: invalid JSON"));
 }
 
+// `runtime configure --runtime containerd --config path` with the shim at its usual place.
+ConfigureOptions ContainerdAt(const std::string& path) {
+  ConfigureOptions o;
+  o.config_path = path;
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  return o;
+}
+
 // containerd v2/v3: drop-in with the runtime, imports in the main file; idempotent; bad TOML named.
 TEST_F(TempDirTest, ContainerdDropIn) {
   for (int version : {2, 3}) {
@@ -769,9 +777,7 @@ TEST_F(TempDirTest, ContainerdDropIn) {
   }
   std::string p = dir_ + "/bad.toml";
   WriteFile(p, "version = 2\n[plugins\n");
-  ConfigureOptions o;
-  o.config_path = p;
-  o.runtime_path = "/x";
+  ConfigureOptions o = ContainerdAt(p);
   auto bad = PlanConfigure(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad.toml:2"));
@@ -810,10 +816,7 @@ TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
   EXPECT_EQ(patched(change), change.after);
   std::string toml_path = dir_ + "/ctrd/config.toml";
   WriteFile(toml_path, "version = 2\n# a\n# b\n# c\n# d\n# e\n# f\n# g\n[plugins]\n");
-  ConfigureOptions ct;
-  ct.config_path = toml_path;
-  ct.runtime_path = "/usr/bin/gpulet-container-runtime";
-  auto ctrd = PlanConfigure(ct);
+  auto ctrd = PlanConfigure(ContainerdAt(toml_path));
   ASSERT_TRUE(ctrd.ok()) << ctrd.status();
   for (const auto& c : *ctrd) EXPECT_EQ(patched(c), c.after) << c.path;  // a new file and an edit
   FileChange two{dir_ + "/x", true, "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n", "a\nB\nc\nd\ne\nf\ng\nh\ni\nj\nk\nL\nm"};
