@@ -408,9 +408,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   if (!ValidKind(opt.kind))
     return absl::InvalidArgumentError(absl::StrCat("kind \"", opt.kind, "\" is not vendor/class"));
   auto has_libcuda = [](const absl::StatusOr<DriverFiles>& d) {
-    return d.ok() && std::any_of(d->libraries.begin(), d->libraries.end(), [](const std::string& l) {
-             return absl::StrContains(l.substr(l.rfind('/') + 1), "libcuda.so.");
-           });
+    if (!d.ok()) return false;
+    for (const auto& l : d->libraries)
+      if (absl::StrContains(l.substr(l.rfind('/') + 1), "libcuda.so.")) return true;
+    return false;
   };
   std::string root = opt.driver_root;
   absl::StatusOr<DriverFiles> found = DiscoverDriver(root, inv.driver_version);

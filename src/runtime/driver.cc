@@ -209,7 +209,8 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     if (DIR* d = ::opendir(InRoot(root, kLibDirs[i]).c_str())) {
       while (dirent* e = ::readdir(d)) {
         std::string p = absl::StrCat(kLibDirs[i], "/", e->d_name);
-        if (absl::EndsWith(e->d_name, suffix) && FileKind(InRoot(root, p)) == 1) resolved.push_back(p);
+        if (absl::EndsWith(e->d_name, suffix) && FileKind(InRoot(root, p)) == 1)
+          resolved.push_back(p);
       }
       ::closedir(d);
     }

@@ -195,7 +195,8 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
     try {
       c.after = j.dump(4) + "\n";
     } catch (const Json::exception& e) {  // a runtime path that is not UTF-8
-      return absl::InvalidArgumentError(absl::StrCat(cfg, ": cannot write the new content: ", e.what()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(cfg, ": cannot write the new content: ", e.what()));
     }
   }
   if (notes) notes->push_back("restart dockerd to apply the change");
@@ -263,7 +264,8 @@ absl::Status ApplyChanges(const std::vector<FileChange>& changes) {
       return absl::Status(s.code(), absl::StrCat("cannot write ", c.path, ": ", s.message()));
     };
     if (c.existed) {
-      if (absl::Status s = WriteFileAtomic(c.path + ".bak", c.before, 0600); !s.ok()) return named(s);
+      absl::Status s = WriteFileAtomic(c.path + ".bak", c.before, 0600);
+      if (!s.ok()) return named(s);
     }
     std::string dir = DirOf(c.path);
     if (::access(dir.c_str(), F_OK) != 0) {

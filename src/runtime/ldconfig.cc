@@ -21,7 +21,8 @@ namespace {
 bool ReadAt(int fd, void* buf, size_t n, off_t off) {
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd, static_cast<char*>(buf) + done, n - done, off + static_cast<off_t>(done));
+    ssize_t r =
+        ::pread(fd, static_cast<char*>(buf) + done, n - done, off + static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     done += static_cast<size_t>(r);
@@ -52,7 +53,8 @@ absl::StatusOr<bool> HasInterp(int fd, const std::string& what) {
 
 std::vector<std::string> LdconfigCandidates(const std::string& configured) {
   if (configured.empty())
-    return {"/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig.real", "/usr/sbin/ldconfig"};
+    return {"/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig.real",
+            "/usr/sbin/ldconfig"};
   return {configured + ".real", configured};
 }
 
@@ -116,8 +118,8 @@ absl::Status DropCapabilitiesForLdconfig() {
     if (keep(cap)) continue;
     if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
       if (errno == EINVAL) break;  // past the kernel's last capability
-      return absl::InternalError(absl::StrCat("cannot drop capability ", cap, " from the bounding set: ",
-                                              std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("cannot drop capability ", cap,
+                                              " from the bounding set: ", std::strerror(errno)));
     }
   }
   (void)::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);

@@ -127,7 +127,8 @@ int MoveMount(int from_dirfd, const char* from, int to_dirfd, const char* to, un
 // The mount id of an fd's mount (statx STATX_MNT_ID, 5.8+), or 0 when unknown.
 uint64_t MountId(int fd) {
   struct statx sx = {};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &sx) != 0 || !(sx.stx_mask & STATX_MNT_ID)) return 0;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &sx) != 0 || !(sx.stx_mask & STATX_MNT_ID))
+    return 0;
   return sx.stx_mnt_id;
 }
 
@@ -175,7 +176,8 @@ absl::Status BindReadOnly(const std::string& source, const Fd& root, const std::
     if (errno == ENOSYS) return BindReadOnlyOld(source, root, path, target);
     return Errno("cannot make the mount of " + source + " read-only");
   }
-  if (MoveMount(tree.get(), "", target.get(), "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0)
+  if (MoveMount(tree.get(), "", target.get(), "",
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0)
     return Errno("cannot mount " + source + " at " + path);
   return absl::OkStatus();
 }

@@ -107,7 +107,8 @@ inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why,
     WriteFile(root + layout.bin_dir + "/nvidia-smi", "#!/bin/sh\necho stand-in nvidia-smi\n", 0755);
   } else {
     std::string smi = root + layout.bin_dir + "/nvidia-smi";
-    WriteFile(smi + ".c", "#include <stdio.h>\nint main(void) { puts(\"stand-in nvidia-smi (ELF)\"); return 0; }\n");
+    WriteFile(smi + ".c",
+              "#include <stdio.h>\nint main(void) { puts(\"stand-in nvidia-smi (ELF)\"); }\n");
     std::filesystem::create_directories(root + layout.bin_dir);
     std::string out;
     int rc = Sh("cc -static -o '" + smi + "' '" + smi + ".c'", &out);
@@ -121,8 +122,9 @@ inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why,
   }
   WriteFile(root + "/proc/driver/nvidia/version",
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + v + "  Tue Mar  5 22:14:24 UTC 2024\n");
-  WriteFile(root + "/etc/ld.so.conf", layout.lib_dir + "\n" +
-                                          (layout.also_lib_dir.empty() ? "" : layout.also_lib_dir + "\n"));
+  std::string conf = layout.lib_dir + "\n";
+  if (!layout.also_lib_dir.empty()) conf += layout.also_lib_dir + "\n";
+  WriteFile(root + "/etc/ld.so.conf", conf);
   std::string out;
   if (Sh("ldconfig -r '" + root + "'", &out) != 0) {
     *why = "host ldconfig -r failed: " + out;

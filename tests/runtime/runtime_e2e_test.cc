@@ -183,7 +183,9 @@ TEST_F(Node, VolumeAtTheDeviceListPathGrantsNothing) {
     Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
     Json with_null = spec;
     with_null["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/all"},
-                                   {"type", "bind"}, {"source", "/dev/null"}, {"options", {"rbind", "ro"}}});
+                                   {"type", "bind"},
+                                   {"source", "/dev/null"},
+                                   {"options", {"rbind", "ro"}}});
     WriteFile(dir_ + "/bundle/config.json", with_null.dump());
     EXPECT_NE(RunShim(&out), 0) << out;
     EXPECT_THAT(out, HasSubstr("\"all\" is not a device id the device plugin issues")) << out;
@@ -240,8 +242,8 @@ TEST_F(Node, GkeStyleDriverLayout) {
     std::string out;
     ASSERT_EQ(RunShim(&out), 0) << out;
     std::regex elf("stand-in nvidia-smi \\(ELF\\)");
-    EXPECT_EQ(std::distance(std::sregex_iterator(out.begin(), out.end(), elf), std::sregex_iterator()), 2)
-        << out;
+    auto runs = std::distance(std::sregex_iterator(out.begin(), out.end(), elf), std::sregex_iterator());
+    EXPECT_EQ(runs, 2) << out;
     EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15")) << out;
     EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n")) << out;  // libcuda in the ld cache
     EXPECT_THAT(out, Not(HasSubstr("/lib:\n"))) << out;  // each library mounted once, not from /lib too
@@ -285,15 +287,19 @@ TEST_F(Node, LdconfigRunsWithOnlyTheCapabilitiesItNeeds) {
             "  struct __user_cap_data_struct d[2] = {{0}};\n"
             "  syscall(SYS_capget, &h, d);\n"
             "  unsigned long long bnd = 0;\n"
-            "  for (int c = 0; c < 64; ++c) if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ull << c;\n"
+            "  for (int c = 0; c < 64; ++c)\n"
+            "    if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ull << c;\n"
             "  FILE* f = fopen(\"/etc/ld.so.cache\", \"w\");\n"
             "  if (!f) return 1;\n"
-            "  fprintf(f, \"eff=%llx prm=%llx bnd=%llx nnp=%d\\n\", d[0].effective | (unsigned long long)d[1].effective << 32,\n"
-            "          d[0].permitted | (unsigned long long)d[1].permitted << 32, bnd, prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));\n"
+            "  unsigned long long eff = d[0].effective | (unsigned long long)d[1].effective << 32;\n"
+            "  unsigned long long prm = d[0].permitted | (unsigned long long)d[1].permitted << 32;\n"
+            "  fprintf(f, \"eff=%llx prm=%llx bnd=%llx nnp=%d\\n\", eff, prm, bnd,\n"
+            "          prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));\n"
             "  return fclose(f) != 0;\n}\n");
   fs::create_directories(dir_ + "/capld/sbin");
   std::string out;
-  if (Sh("cc -static -O1 -o " + ld + " " + src, &out) != 0) GTEST_SKIP() << "cannot link statically: " << out;
+  if (Sh("cc -static -O1 -o " + ld + " " + src, &out) != 0)
+    GTEST_SKIP() << "cannot link statically: " << out;
   ASSERT_NO_FATAL_FAILURE(HookReadsTestConfig());
   for (const char* mode : {"auto", "legacy"}) {
     SCOPED_TRACE(mode);

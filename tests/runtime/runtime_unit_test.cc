@@ -122,8 +122,9 @@ TEST_F(TempDirTest, DriverLayouts) {
     EXPECT_EQ(mounts.size(), 6 + c.binaries.size() + c.aliases.size());
     for (const auto& [from, at] : c.aliases) EXPECT_EQ(mounts[at], root + from);
     ASSERT_EQ(spec->edits.hooks.size(), 1u);  // ldconfig's folders: the mounted library dir
-    EXPECT_EQ(spec->edits.hooks[0].args,
-              std::vector<std::string>({"gpulet-container-hook", "update-ldcache", "--folder", c.lib_dir}));
+    EXPECT_EQ(spec->edits.hooks[0].args, std::vector<std::string>({"gpulet-container-hook",
+                                                                   "update-ldcache", "--folder",
+                                                                   c.lib_dir}));
   }
   // The default root "/" without a driver falls back to the driver container's root.
   auto host = DiscoverDriver("/");
@@ -315,7 +316,8 @@ TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
     EXPECT_THAT(r->devices, ::testing::ElementsAre(g.device)) << g.m;
   }
   // Not the plugin's grant: an ordinary mount that asks for nothing.
-  for (const Json& m : {mount(dir + "all", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x", "bind"),
+  const std::string empty_dir = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x";
+  for (const Json& m : {mount(dir + "all", empty_dir, "bind"),
                         mount(dir + "all", "/var/lib/docker/volumes/v/_data", "", {"rbind"}),
                         mount(dir + "0", "tmpfs", "tmpfs", {"nosuid"}),
                         mount(dir + "0", "/dev/null", "", {"ro"}),
@@ -336,7 +338,8 @@ TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
       continue;
     }
     ASSERT_FALSE(r.ok()) << id;
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not a device id the device plugin issues"));
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("is not a device id the device plugin issues"));
   }
 }
 
@@ -764,7 +767,8 @@ TEST_F(TempDirTest, ContainerdDropIn) {
     EXPECT_THAT(entry, HasSubstr("pod_annotations = [ 'io.katacontainers.*' ]")) << drop;
     EXPECT_THAT(entry, Not(HasSubstr("cdi.k8s.io"))) << drop;
     EXPECT_THAT(entry, Not(HasSubstr("container_annotations"))) << drop;
-    EXPECT_THAT(absl::StrJoin(notes, "\n"), HasSubstr("not copied into the gpulet runtime's pod_annotations"));
+    EXPECT_THAT(absl::StrJoin(notes, "\n"),
+                HasSubstr("not copied into the gpulet runtime's pod_annotations"));
     EXPECT_THAT(drop, HasSubstr("BinaryName = '/opt/gpulet/bin/gpulet-container-runtime'"));
     EXPECT_THAT(drop, HasSubstr("SystemdCgroup = true"));  // runc's options carried over
     EXPECT_THAT(drop, HasSubstr("default_runtime_name = 'nvidia'"));
@@ -792,7 +796,8 @@ TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
   if (!Have("patch")) GTEST_SKIP() << "patch is not installed";
   std::string p = dir_ + "/daemon.json";
   std::string lines;
-  for (int i = 0; i < 12; ++i) lines += "    \"k" + std::to_string(i) + "\": " + std::to_string(i) + ",\n";
+  for (int i = 0; i < 12; ++i)
+    lines += "    \"k" + std::to_string(i) + "\": " + std::to_string(i) + ",\n";
   WriteFile(p, "{\n" + lines + "    \"runtimes\": {}\n}", 0600);  // no newline at the end
   if (IsRoot()) ASSERT_EQ(::chown(p.c_str(), 1234, 5678), 0);
   ConfigureOptions o;
@@ -812,14 +817,16 @@ TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
     return ReadFile(dir_ + "/out");
   };
   const FileChange& change = (*plan)[0];
-  EXPECT_THAT(UnifiedDiff(change), ::testing::ContainsRegex("\n@@ -[0-9]+,[0-9]+ \\+[0-9]+,[0-9]+ @@\n"));
+  EXPECT_THAT(UnifiedDiff(change),
+              ::testing::ContainsRegex("\n@@ -[0-9]+,[0-9]+ \\+[0-9]+,[0-9]+ @@\n"));
   EXPECT_EQ(patched(change), change.after);
   std::string toml_path = dir_ + "/ctrd/config.toml";
   WriteFile(toml_path, "version = 2\n# a\n# b\n# c\n# d\n# e\n# f\n# g\n[plugins]\n");
   auto ctrd = PlanConfigure(ContainerdAt(toml_path));
   ASSERT_TRUE(ctrd.ok()) << ctrd.status();
   for (const auto& c : *ctrd) EXPECT_EQ(patched(c), c.after) << c.path;  // a new file and an edit
-  FileChange two{dir_ + "/x", true, "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n", "a\nB\nc\nd\ne\nf\ng\nh\ni\nj\nk\nL\nm"};
+  FileChange two{dir_ + "/x", true, "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n",
+                 "a\nB\nc\nd\ne\nf\ng\nh\ni\nj\nk\nL\nm"};
   EXPECT_EQ(patched(two), two.after);  // two hunks, and a last line without a newline
 
   ASSERT_TRUE(ApplyChanges(*plan).ok());
