@@ -29,6 +29,7 @@ struct RuntimeConfig {
   // The image's own NVIDIA_VISIBLE_DEVICES is trusted only for privileged containers unless this
   // is set (see docs/runtime.md for the trade-off with the device plugin's envvar strategy).
   bool accept_envvar_when_unprivileged = false;
+  // Binds of /dev/null at /var/run/nvidia-container-devices/<id> (the device plugin's grant).
   bool accept_volume_mounts = true;
   bool disable_require = false;
   std::string source;  // the file it was read from; empty for built-in defaults
