@@ -23,6 +23,7 @@
 #include "node/install.h"
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
+#include "runtime/ldconfig.h"
 
 namespace gpulet::node {
 namespace {
@@ -174,9 +175,12 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
       {"runtimes", {runc}},
       {"spec-dirs", {spec_dir}},
       {"hook-path", UnderRoot(o.host_root, o.prefix + "/bin/gpulet-container-hook")}};
-  // The host's ldconfig (static in glibc), for the hook; the gpulet image has none of its own.
-  if (std::string ld = UnderRoot(o.host_root, "/sbin/ldconfig"); ::access(ld.c_str(), X_OK) == 0)
-    config["ldconfig"] = ld;
+  // The host's ldconfig for the hook, chosen as the hook chooses it (ldconfig.real before a
+  // wrapper script, static ELF only); the gpulet image has none of its own.
+  // None under the host root (a test's fake host): the hook's own default on this machine.
+  absl::StatusOr<runtime::Ldconfig> ld = runtime::OpenLdconfig("", o.host_root);
+  if (ld.ok()) config["ldconfig"] = ld->path;
+  else if (ld.status().code() != absl::StatusCode::kNotFound) return ld.status();
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/runtime.json", config.dump(), 0644));
 
   // Output goes to a file, not our pipe: a container left running past the timeout (its PID 1

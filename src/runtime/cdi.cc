@@ -44,6 +44,38 @@ bool ValidKind(const std::string& k) {
   });
 }
 
+// Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+bool IsUtf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
 struct Parser {
   std::string source;
   absl::Status Err(const YAML::Node& n, const std::string& msg) {
@@ -52,6 +84,8 @@ struct Parser {
   }
   absl::StatusOr<std::string> Str(const YAML::Node& n, const char* what) {
     if (!n.IsScalar()) return Err(n, absl::StrCat(what, " must be a string"));
+    // yaml-cpp passes any bytes through; they would reach config.json, which must be UTF-8.
+    if (!IsUtf8(n.Scalar())) return Err(n, absl::StrCat(what, " is not valid UTF-8"));
     return n.Scalar();
   }
   absl::StatusOr<std::vector<std::string>> Strs(const YAML::Node& n, const char* what) {
@@ -349,7 +383,10 @@ std::string MinimumCdiVersion(const CdiSpec& spec) {
   return v;
 }
 
-std::string CdiSpecToJson(const CdiSpec& spec) { return SpecToJson(spec).dump(2) + "\n"; }
+std::string CdiSpecToJson(const CdiSpec& spec) {
+  // Generated specs hold host file names, which need not be UTF-8: replaced, never a throw.
+  return SpecToJson(spec).dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+}
 
 std::string CdiSpecToYaml(const CdiSpec& spec) {
   YAML::Emitter out;
@@ -370,13 +407,33 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
                                         std::vector<std::string>* warnings) {
   if (!ValidKind(opt.kind))
     return absl::InvalidArgumentError(absl::StrCat("kind \"", opt.kind, "\" is not vendor/class"));
-  ASSIGN_OR_RETURN(DriverFiles driver, DiscoverDriver(opt.driver_root, inv.driver_version));
+  auto has_libcuda = [](const absl::StatusOr<DriverFiles>& d) {
+    if (!d.ok()) return false;
+    for (const auto& l : d->libraries)
+      if (absl::StrContains(l.substr(l.rfind('/') + 1), "libcuda.so.")) return true;
+    return false;
+  };
+  std::string root = opt.driver_root;
+  absl::StatusOr<DriverFiles> found = DiscoverDriver(root, inv.driver_version);
+  if ((root == "/" || root.empty()) && !has_libcuda(found) && !opt.driver_container_root.empty()) {
+    absl::StatusOr<DriverFiles> in_container =
+        DiscoverDriver(opt.driver_container_root, inv.driver_version);
+    if (has_libcuda(in_container)) {
+      root = opt.driver_container_root;
+      found = std::move(in_container);
+      if (warnings)
+        warnings->push_back(absl::StrCat("no NVIDIA driver libraries under /: using the driver "
+                                         "container's root ", root, " (--driver-root)"));
+    }
+  }
+  if (!found.ok()) return found.status();
+  DriverFiles driver = *std::move(found);
   CdiSpec spec;
   spec.kind = opt.kind;
   auto node = [&](const std::string& path) {
     DeviceNode d;
     d.path = path;
-    if (InRoot(opt.driver_root, path) != path) d.host_path = InRoot(opt.driver_root, path);
+    if (InRoot(root, path) != path) d.host_path = InRoot(root, path);
     return d;
   };
   auto add = [&](const std::string& index_name, const std::string& uuid, ContainerEdits e) {
@@ -385,8 +442,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   };
   // MIG access capabilities: "gpu<minor>/gi<id>/access <cap minor>" lines, as the driver lists.
   std::map<std::string, int> cap_minors;
-  if (auto f = ReadFileToString(InRoot(opt.driver_root, "/proc/driver/nvidia-caps/mig-minors"));
-      f.ok()) {
+  // Kernel state: the driver root's /proc when it has one (tests), else this host's.
+  auto minors = ReadFileToString(InRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
+  if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
+  if (auto& f = minors; f.ok()) {
     for (absl::string_view line : absl::StrSplit(*f, '\n')) {
       std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
       int m;

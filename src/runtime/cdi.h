@@ -40,7 +40,10 @@ enum class NameStrategy { kIndex, kUuid, kBoth };
 absl::StatusOr<NameStrategy> ParseNameStrategy(const std::string& s);
 
 struct CdiGenerateOptions {
+  // "/": the host, unless it has no libcuda and `driver_container_root` has (a driver container,
+  // as the GPU operator runs it): that root is then used as if it had been given here.
   std::string driver_root = "/";
+  std::string driver_container_root = "/run/nvidia/driver";
   std::string kind = "nvidia.com/gpu";
   NameStrategy names = NameStrategy::kBoth;
   // The hook that refreshes the container's ld cache (createRuntime); empty: no hook.

@@ -1,9 +1,13 @@
 #include "runtime/driver.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -110,6 +114,58 @@ std::string InRoot(const std::string& root, const std::string& path) {
   return r.empty() ? path : r + path;
 }
 
+namespace {
+
+// Where driver packages put their libraries and binaries, most specific first: GKE-style
+// installs (/usr/local/nvidia), Debian/Ubuntu packages (multiarch), the RHEL family (lib64), then
+// the generic and merged-/usr names. The order decides which path of a library listed twice (the
+// same file reached from two directories) is mounted.
+constexpr const char* kLibDirs[] = {"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu",
+                                    "/usr/lib64", "/lib/x86_64-linux-gnu", "/lib64", "/usr/lib",
+                                    "/lib"};
+// The directories read directly (not only through the cache): those that hold x86-64 libraries
+// only. /usr/lib and /lib are ranked above but not read: on the RHEL family they hold the 32-bit
+// libraries.
+constexpr size_t kScannedLibDirs = 5;
+constexpr const char* kBinDirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin",
+                                    "/usr/local/nvidia/bin"};
+
+size_t LibDirRank(const std::string& path) {
+  std::string dir = path.substr(0, path.rfind('/'));
+  for (size_t i = 0; i < std::size(kLibDirs); ++i)
+    if (dir == kLibDirs[i]) return i;
+  return std::size(kLibDirs);
+}
+
+// Follows symlinks at the last component of a driver-root path, inside the root (absolute targets
+// are root-relative), up to 8 links; returns the cleaned final path.
+std::string ResolveInRoot(const std::string& root, std::string p) {
+  for (int hops = 0; hops < 8; ++hops) {
+    char target[4096];
+    ssize_t n = ::readlink(InRoot(root, p).c_str(), target, sizeof target - 1);
+    if (n <= 0) break;
+    std::string t(target, static_cast<size_t>(n));
+    p = CleanPath(t[0] == '/' ? t : p.substr(0, p.rfind('/') + 1) + t);
+  }
+  return CleanPath(p);
+}
+
+// The first bytes of a file: 1 x86-64 ELF, 2 "#!" script, 0 anything else or unreadable.
+int FileKind(const std::string& host_path) {
+  unsigned char head[20] = {};  // e_ident (16), e_type (2), e_machine (2)
+  int fd = ::open(host_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = ::read(fd, head, sizeof head);
+  ::close(fd);
+  if (n == sizeof head && std::memcmp(head, "\x7f" "ELF", 4) == 0 && head[4] == 2 /* 64-bit */ &&
+      head[18] == 62 /* EM_X86_64, little-endian */ && head[19] == 0)
+    return 1;
+  if (n >= 2 && head[0] == '#' && head[1] == '!') return 2;
+  return 0;
+}
+
+}  // namespace
+
 absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version) {
   DriverFiles out;
   out.root = root;
@@ -128,19 +184,10 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     }
   }
   // Cache entries are keyed by soname and usually point at the soname link (libcuda.so.1 ->
-  // libcuda.so.550.54.15): follow one level of link inside the driver root to the real file.
+  // libcuda.so.550.54.15): follow the links inside the driver root to the real file.
   std::vector<std::string> resolved;
-  for (const auto& e : entries) {
-    if (e.flags != kLdCacheX8664) continue;
-    std::string p = e.path;
-    char target[4096];
-    ssize_t n = ::readlink(InRoot(root, p).c_str(), target, sizeof target - 1);
-    if (n > 0) {
-      std::string t(target, static_cast<size_t>(n));
-      p = t[0] == '/' ? t : p.substr(0, p.rfind('/') + 1) + t;
-    }
-    resolved.push_back(p);
-  }
+  for (const auto& e : entries)
+    if (e.flags == kLdCacheX8664) resolved.push_back(ResolveInRoot(root, e.path));
   if (version.empty()) {
     for (const auto& path : resolved) {
       std::string file = path.substr(path.rfind('/') + 1);
@@ -155,20 +202,66 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
                                             ": cannot tell the NVIDIA driver version (no "
                                             "/proc/driver/nvidia/version, no libcuda.so.<version>)"));
   out.version = version;
-  std::set<std::string> seen;
+  // The driver's own directories too, for libraries the cache does not list (a cache made before
+  // the driver was installed under /usr/local/nvidia).
+  std::string suffix = ".so." + version;
+  for (size_t i = 0; i < kScannedLibDirs; ++i)
+    if (DIR* d = ::opendir(InRoot(root, kLibDirs[i]).c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string p = absl::StrCat(kLibDirs[i], "/", e->d_name);
+        if (absl::EndsWith(e->d_name, suffix) && FileKind(InRoot(root, p)) == 1)
+          resolved.push_back(p);
+      }
+      ::closedir(d);
+    }
+  // One mount per library file: the cache of a GKE-style node lists each library from
+  // /usr/local/nvidia/lib64 and again from /lib; the same file (device and inode) is mounted once,
+  // from the directory ranked first in kLibDirs.
+  std::vector<std::string> libs;
   for (const auto& path : resolved)
-    if (absl::EndsWith(path, ".so." + version) && seen.insert(path).second)
-      out.libraries.push_back(path);
+    if (absl::EndsWith(path, suffix)) libs.push_back(path);
+  std::stable_sort(libs.begin(), libs.end(), [](const std::string& a, const std::string& b) {
+    return LibDirRank(a) < LibDirRank(b);
+  });
+  std::set<std::string> seen_path;
+  std::set<std::pair<dev_t, ino_t>> seen_file;
+  for (const auto& path : libs) {
+    struct stat st;
+    if (!seen_path.insert(path).second || ::stat(InRoot(root, path).c_str(), &st) != 0 ||
+        !S_ISREG(st.st_mode) || !seen_file.insert({st.st_dev, st.st_ino}).second)
+      continue;
+    out.libraries.push_back(path);
+  }
+  // Binaries: the first found in kBinDirs is what PATH finds on the host. When it is a wrapper
+  // script (Ubuntu GKE-style nodes: /usr/bin/nvidia-smi execs /usr/local/nvidia/bin/nvidia-smi),
+  // the ELF of the same name in another driver bin dir is mounted at its own path and, in place
+  // of the script, at the script's path: the image may have no shell for the script, and the
+  // script would only start that ELF (the container's ld cache finds the libraries). A script
+  // with no ELF behind it is mounted as it is.
   for (const auto& [name, cap] : FileCapabilities()) {
     if (absl::StartsWith(name, "lib")) continue;
-    for (const char* dir : {"/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"}) {
+    std::vector<std::string> found;
+    std::set<std::pair<dev_t, ino_t>> ids;
+    for (const char* dir : kBinDirs) {
       struct stat st;
-      std::string p = std::string(dir) + name;
-      if (::stat(InRoot(root, p).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-        out.binaries.push_back(p);
-        break;
-      }
+      std::string p = std::string(dir) + "/" + name;
+      if (::stat(InRoot(root, p).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          ids.insert({st.st_dev, st.st_ino}).second)
+        found.push_back(p);
     }
+    if (found.empty()) continue;
+    if (FileKind(InRoot(root, found[0])) == 1) {
+      out.binaries.push_back(found[0]);
+      continue;
+    }
+    auto elf = std::find_if(found.begin() + 1, found.end(),
+                            [&](const std::string& p) { return FileKind(InRoot(root, p)) == 1; });
+    if (elf == found.end()) {
+      out.binaries.push_back(found[0]);
+      continue;
+    }
+    out.binaries.push_back(*elf);
+    out.binary_aliases.push_back({*elf, found[0]});
   }
   for (const char* node : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                            "/dev/nvidia-modeset"}) {
@@ -191,6 +284,9 @@ ContainerEdits CommonEdits(const DriverFiles& driver) {
     for (const auto& p : *list)
       e.mounts.push_back(Mount{InRoot(driver.root, p), p, "",
                                {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
+  for (const auto& [from, at] : driver.binary_aliases)
+    e.mounts.push_back(Mount{InRoot(driver.root, from), at, "",
+                             {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   return e;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,12 +45,21 @@ struct DriverFiles {
   std::string root;     // driver root, as given
   std::string version;  // "550.54.15"
   std::vector<std::string> libraries;  // paths inside the driver root ("/usr/lib/.../libcuda.so.X")
-  std::vector<std::string> binaries;   // paths inside the driver root
+  std::vector<std::string> binaries;   // paths inside the driver root, mounted at the same path
+  // {ELF binary (path inside the driver root), another container path it is mounted at}: the
+  // ELF behind a wrapper script, mounted at the script's path (see DiscoverDriver).
+  std::vector<std::pair<std::string, std::string>> binary_aliases;
   std::vector<std::string> control_nodes;  // "/dev/nvidiactl", ... those present under root
 };
 
-// Finds the driver's files under `root`: libraries from <root>/etc/ld.so.cache whose file name ends
-// in ".so.<version>" (x86-64 entries), binaries in <root>/usr/bin|/usr/sbin|/bin, control nodes.
+// Finds the driver's files under `root` ("/", or a driver container's root such as
+// /run/nvidia/driver), in the layouts drivers are installed in: Debian/Ubuntu packages (/usr/bin,
+// /usr/lib/x86_64-linux-gnu), GKE-style (/usr/local/nvidia/{bin,lib64}), RHEL (/usr/lib64).
+// Libraries: the x86-64 entries of <root>/etc/ld.so.cache and the files of the known library
+// directories whose name ends in ".so.<version>", links followed inside the root, each file once
+// (a file listed from two directories: the better-ranked directory). Binaries: the known driver
+// binaries in the bin directories; a wrapper script is replaced by the ELF it wraps (see
+// binary_aliases). Control nodes under <root>/dev.
 // `version` empty: taken from <root>/proc/driver/nvidia/version, else from libcuda/libnvidia-ml's
 // file name in the cache. No cache or no version is an error naming the root.
 absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version = "");

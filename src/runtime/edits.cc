@@ -173,7 +173,8 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
     try {
       Json unused = Json::parse(text);
       (void)unused;
-    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 5e370551615
+    } catch (const Json::exception& e) {
+      // Not only parse_error: a number out of range (5e370551615) is out_of_range.
       return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
@@ -201,7 +202,12 @@ absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
   std::string tmp = absl::StrCat(path, ".gpulet-", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  std::string text = spec.dump() + "\n";
+  std::string text;
+  try {
+    text = spec.dump() + "\n";
+  } catch (const Json::exception& e) {  // a string that is not UTF-8 (from a CDI spec or a path)
+    return absl::InvalidArgumentError(absl::StrCat("cannot write ", path, ": ", e.what()));
+  }
   size_t off = 0;
   while (off < text.size()) {
     ssize_t n = ::write(fd, text.data() + off, text.size() - off);
@@ -221,6 +227,31 @@ absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
     return absl::InternalError(absl::StrCat("cannot replace ", path, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
+}
+
+std::string CleanPath(const std::string& path) {
+  bool abs = !path.empty() && path[0] == '/';
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    std::string part = path.substr(i, j - i);
+    i = j + 1;
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty() && parts.back() != "..") parts.pop_back();
+      else if (!abs) parts.push_back(part);
+      continue;
+    }
+    parts.push_back(part);
+  }
+  std::string out = abs ? "/" : "";
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (k) out += '/';
+    out += parts[k];
+  }
+  return out.empty() ? "." : out;
 }
 
 std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key) {

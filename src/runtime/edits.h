@@ -72,6 +72,10 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path);
 // Writes the spec atomically (temp file in the same directory, fsync, rename), keeping the mode.
 absl::Status SaveOciSpec(const std::string& path, const Json& spec);
 
+// A path with "." and empty components removed and ".." applied lexically (never above "/" for an
+// absolute path), without a trailing slash: "/a/./b/../c/" -> "/a/c". No filesystem access.
+std::string CleanPath(const std::string& path);
+
 // Environment helpers on process.env of an OCI spec.
 std::optional<std::string> GetEnv(const Json& spec, const std::string& key);
 std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key);

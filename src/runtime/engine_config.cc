@@ -1,11 +1,17 @@
 #include "runtime/engine_config.h"
 
+#include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -18,6 +24,38 @@ namespace {
 std::string DirOf(const std::string& p) {
   size_t s = p.rfind('/');
   return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
+}
+
+// Whether an annotation pass-through entry (a containerd glob, a CRI-O key prefix) lets a pod's
+// `cdi.k8s.io/*` annotations into the container config: the shim trusts those as the device
+// plugin's (docs/runtime.md, Security), so any pod could then name any GPU.
+bool PassesCdiAnnotations(const std::string& p) {
+  return ::fnmatch(p.c_str(), "cdi.k8s.io/x", 0) == 0 || absl::StartsWith(p, "cdi.k8s.io") ||
+         absl::StartsWith("cdi.k8s.io/", p);
+}
+
+// Removes such entries from the copied runc options (`keys`: the engine's pass-through options);
+// other entries stay. A note says what was dropped.
+void DropCdiPassThrough(toml::table& entry, std::initializer_list<const char*> keys,
+                        const std::string& where, std::vector<std::string>* notes) {
+  for (const char* key : keys) {
+    toml::array* list = entry[key].as_array();
+    if (!list) continue;
+    toml::array kept;
+    std::vector<std::string> dropped;
+    for (const auto& e : *list) {
+      auto s = e.value<std::string>();
+      if (s && PassesCdiAnnotations(*s)) dropped.push_back(*s);
+      else kept.push_back(e);
+    }
+    if (dropped.empty()) continue;
+    if (kept.empty()) entry.erase(key);
+    else entry.insert_or_assign(key, kept);
+    if (notes)
+      notes->push_back(absl::StrCat(where, ": not copied into the gpulet runtime's ", key, ": ",
+                                    absl::StrJoin(dropped, ", "),
+                                    " (pods could set cdi.k8s.io/* annotations and name any GPU)"));
+  }
 }
 
 // The current content of `path`, or nothing when it does not exist.
@@ -89,6 +127,7 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   if (!runtimes) return absl::FailedPreconditionError(absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
   toml::table entry;
   if (auto* runc = (*runtimes)["runc"].as_table()) entry = *runc;  // keep the operator's runc options
+  DropCdiPassThrough(entry, {"pod_annotations", "container_annotations"}, cfg, notes);
   entry.insert_or_assign("runtime_type", "io.containerd.runc.v2");
   toml::table* opts = Path(entry, {"options"});
   if (!opts) return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));
@@ -134,7 +173,8 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
   if (c.existed && !c.before.empty()) {
     try {
       j = Json::parse(c.before);
-    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
+    } catch (const Json::exception& e) {
+      // Not only parse_error: a number out of range (1e999) is out_of_range.
       return absl::InvalidArgumentError(absl::StrCat(cfg, ": invalid JSON: ", e.what()));
     }
     if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg, ": not a JSON object"));
@@ -151,7 +191,14 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
       return absl::FailedPreconditionError(absl::StrCat(cfg, ": \"features\" is not an object"));
     j["features"]["cdi"] = true;
   }
-  if (j != before || !c.existed) c.after = j.dump(4) + "\n";  // same content: leave the text alone
+  if (j != before || !c.existed) {  // same content: leave the text alone
+    try {
+      c.after = j.dump(4) + "\n";
+    } catch (const Json::exception& e) {  // a runtime path that is not UTF-8
+      return absl::InvalidArgumentError(
+          absl::StrCat(cfg, ": cannot write the new content: ", e.what()));
+    }
+  }
   if (notes) notes->push_back("restart dockerd to apply the change");
   return std::vector<FileChange>{c};
 }
@@ -171,6 +218,7 @@ absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
       entry = *t;  // keep the operator's options for the low-level runtime
       break;
     }
+  DropCdiPassThrough(entry, {"allowed_annotations"}, cfg, notes);
   entry.insert_or_assign("runtime_path", o.runtime_path);
   entry.insert_or_assign("runtime_type", "oci");
   Path(d, {"crio", "runtime", "runtimes"})->insert_or_assign(o.runtime_name, entry);
@@ -207,48 +255,109 @@ absl::StatusOr<std::vector<FileChange>> PlanConfigure(const ConfigureOptions& o,
 absl::Status ApplyChanges(const std::vector<FileChange>& changes) {
   for (const auto& c : changes) {
     if (!c.changed()) continue;
-    if (c.existed) RETURN_IF_ERROR(WriteFileAtomic(c.path + ".bak", c.before, 0600));
+    // An existing file keeps its mode and owner (daemon.json or config.toml may hold registry
+    // credentials and be 0600); new drop-ins are 0644.
+    struct stat st;
+    bool had = c.existed && ::stat(c.path.c_str(), &st) == 0;
+    mode_t mode = had ? (st.st_mode & 07777) : 0644;
+    auto named = [&](const absl::Status& s) {  // the target, not WriteFileAtomic's temporary
+      return absl::Status(s.code(), absl::StrCat("cannot write ", c.path, ": ", s.message()));
+    };
+    if (c.existed) {
+      absl::Status s = WriteFileAtomic(c.path + ".bak", c.before, 0600);
+      if (!s.ok()) return named(s);
+    }
     std::string dir = DirOf(c.path);
     if (::access(dir.c_str(), F_OK) != 0) {
       // drop-in directories (conf.d) may not exist yet
-      RETURN_IF_ERROR(RealFilesystem().MakeDirs(dir));
+      if (absl::Status s = RealFilesystem().MakeDirs(dir); !s.ok()) return named(s);
     }
-    RETURN_IF_ERROR(WriteFileAtomic(c.path, c.after, 0644));
+    if (absl::Status s = WriteFileAtomic(c.path, c.after, mode); !s.ok()) return named(s);
+    if (had && (::chown(c.path.c_str(), st.st_uid, st.st_gid) != 0 ||
+                ::chmod(c.path.c_str(), mode) != 0))  // chown may clear set-id bits: mode again
+      return absl::InternalError(absl::StrCat("cannot keep the owner and mode of ", c.path, ": ",
+                                              std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
+namespace {
+
+// A text as lines for the diff: each line's text and whether a newline ends it (only the last
+// line of a file can lack one; "\ No newline at end of file" then).
+struct Line {
+  std::string text;
+  bool eol = true;
+  bool operator==(const Line& o) const { return text == o.text && eol == o.eol; }
+};
+std::vector<Line> Lines(const std::string& s) {
+  std::vector<Line> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find('\n', i);
+    if (j == std::string::npos) {
+      out.push_back({s.substr(i), false});
+      break;
+    }
+    out.push_back({s.substr(i, j - i), true});
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string UnifiedDiff(const FileChange& c) {
-  std::vector<std::string> a, b;
-  if (c.existed) a = absl::StrSplit(c.before, '\n');
-  b = absl::StrSplit(c.after, '\n');
+  std::vector<Line> a = c.existed ? Lines(c.before) : std::vector<Line>{}, b = Lines(c.after);
   // Longest common subsequence table (config files are small).
   size_t n = a.size(), m = b.size();
   std::vector<std::vector<int>> l(n + 1, std::vector<int>(m + 1, 0));
   for (size_t i = n; i-- > 0;)
     for (size_t j = m; j-- > 0;)
       l[i][j] = a[i] == b[j] ? l[i + 1][j + 1] + 1 : std::max(l[i + 1][j], l[i][j + 1]);
-  std::vector<std::pair<char, std::string>> ops;
+  struct Op {
+    char kind;
+    const Line* line;
+  };
+  std::vector<Op> ops;
   size_t i = 0, j = 0;
   while (i < n || j < m) {
-    if (i < n && j < m && a[i] == b[j]) ops.push_back({' ', a[i++]}), ++j;
-    else if (j < m && (i == n || l[i][j + 1] >= l[i + 1][j])) ops.push_back({'+', b[j++]});
-    else ops.push_back({'-', a[i++]});
+    if (i < n && j < m && a[i] == b[j]) ops.push_back({' ', &a[i++]}), ++j;
+    else if (i < n && (j == m || l[i + 1][j] >= l[i][j + 1])) ops.push_back({'-', &a[i++]});
+    else ops.push_back({'+', &b[j++]});
   }
   std::string out = absl::StrCat("--- ", c.existed ? c.path : "/dev/null", "\n+++ ", c.path, "\n");
-  std::vector<bool> show(ops.size(), false);
-  for (size_t k = 0; k < ops.size(); ++k)
-    if (ops[k].first != ' ')
-      for (size_t x = (k >= 3 ? k - 3 : 0); x < std::min(ops.size(), k + 4); ++x) show[x] = true;
-  bool gap = true;
-  for (size_t k = 0; k < ops.size(); ++k) {
-    if (!show[k]) {
-      gap = true;
-      continue;
+  // Hunks: changed ops with 3 lines of context, merged when their contexts touch.
+  constexpr size_t kContext = 3;
+  size_t k = 0, old_line = 0, new_line = 0;  // lines of a and b before ops[k]
+  while (k < ops.size()) {
+    size_t first = k;
+    while (first < ops.size() && ops[first].kind == ' ') ++first;
+    if (first == ops.size()) break;
+    size_t start = first >= k + kContext ? first - kContext : k;
+    for (size_t x = k; x < start; ++x) ++old_line, ++new_line;  // unchanged lines skipped
+    size_t end = first;  // one past the hunk's last op
+    for (size_t x = first; x < ops.size(); ++x) {
+      if (ops[x].kind != ' ') {
+        end = x + 1;
+      } else if (x - end + 1 > 2 * kContext) {
+        break;
+      }
     }
-    if (gap) out += "@@\n";
-    gap = false;
-    out += absl::StrCat(std::string(1, ops[k].first), ops[k].second, "\n");
+    end = std::min(ops.size(), end + kContext);
+    size_t old_count = 0, new_count = 0;
+    std::string body;
+    for (size_t x = start; x < end; ++x) {
+      if (ops[x].kind != '+') ++old_count;
+      if (ops[x].kind != '-') ++new_count;
+      absl::StrAppend(&body, std::string(1, ops[x].kind), ops[x].line->text, "\n");
+      if (!ops[x].line->eol) body += "\\ No newline at end of file\n";
+    }
+    // A range of no lines starts at the line before it (0 at the top), as diff -u writes it.
+    absl::StrAppend(&out, "@@ -", old_count ? old_line + 1 : old_line, ",", old_count, " +",
+                    new_count ? new_line + 1 : new_line, ",", new_count, " @@\n", body);
+    old_line += old_count, new_line += new_count;
+    k = end;
   }
   return out;
 }

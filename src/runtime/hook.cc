@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "runtime/cdi.h"
+#include "runtime/ldconfig.h"
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 
@@ -77,8 +78,9 @@ absl::Status InContainerMountNs(int pid, const std::function<absl::Status()>& fn
 }
 
 // In the container's mount namespace: chroot into the rootfs and run the host's ldconfig (already
-// open as `ldconfig_fd`) with a fixed environment, so neither the image's ldconfig nor its
-// LD_PRELOAD can run. ldconfig writes /etc/ld.so.cache of the rootfs.
+// open as `ldconfig_fd` and checked by OpenLdconfig: a static ELF, never a script) with a fixed
+// environment and only the capabilities it needs, so neither the image's ldconfig, nor its
+// interpreter, nor its LD_PRELOAD can run. ldconfig writes /etc/ld.so.cache of the rootfs.
 absl::Status RunLdconfig(int ldconfig_fd, const std::string& rootfs,
                          const std::vector<std::string>& folders) {
   if (::chroot(rootfs.c_str()) != 0 || ::chdir("/") != 0) return Errno("chroot " + rootfs);
@@ -96,14 +98,22 @@ absl::Status RunLdconfig(int ldconfig_fd, const std::string& rootfs,
   if (child == 0) {
     int devnull = ::open("/dev/null", O_WRONLY);
     if (devnull >= 0) ::dup2(devnull, 1);
+    absl::Status dropped = DropCapabilitiesForLdconfig();
+    if (!dropped.ok()) {
+      std::fprintf(stderr, "gpulet-container-hook: %s\n", std::string(dropped.message()).c_str());
+      ::_exit(126);
+    }
     ::fexecve(ldconfig_fd, a.data(), e.data());
+    std::fprintf(stderr, "gpulet-container-hook: cannot exec ldconfig: %s\n", std::strerror(errno));
     ::_exit(127);
   }
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return absl::InternalError(absl::StrCat("ldconfig in the container failed (status ", status, ")"));
+    return absl::InternalError(absl::StrCat("ldconfig in the container failed (",
+                                            WIFEXITED(status) ? "exit " : "wait status ",
+                                            WIFEXITED(status) ? WEXITSTATUS(status) : status, ")"));
   return absl::OkStatus();
 }
 
@@ -149,15 +159,8 @@ absl::Status Prestart(const ContainerState& state, const RuntimeConfig& config, 
       absl::StatusOr<Fd> target = S_ISDIR(st.st_mode) ? MkdirAllInRoot(root, m.container_path)
                                                       : CreateFileInRoot(root, m.container_path);
       if (!target.ok()) return target.status();
-      // Mount onto the fd's magic link: the target is exactly the object resolved in the root.
-      std::string t = target->ProcPath();
-      if (::mount(m.host_path.c_str(), t.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
-        return Errno("cannot mount " + m.host_path + " at " + m.container_path);
-      ASSIGN_OR_RETURN(Fd mounted, OpenInRoot(root, m.container_path));
-      std::string mt = mounted.ProcPath();
-      if (::mount(nullptr, mt.c_str(), nullptr,
-                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
-        return Errno("cannot make " + m.container_path + " read-only");
+      // Read-only before it is attached, attached to exactly the object resolved in the root.
+      RETURN_IF_ERROR(BindReadOnly(m.host_path, root, m.container_path, *target));
     }
     if (folders.empty()) return absl::OkStatus();
     return RunLdconfig(ldconfig_fd, rootfs, {folders.begin(), folders.end()});
@@ -219,8 +222,9 @@ int HookMain(int argc, char** argv) {
   if (!config.ok()) return Fail(std::string(config.status().message()));
   auto state = ReadState();
   if (!state.ok()) return Fail(std::string(state.status().message()));
-  int ldconfig = ::open(config->ldconfig.c_str(), O_RDONLY | O_CLOEXEC);
-  if (ldconfig < 0) return Fail("cannot open ldconfig " + config->ldconfig + ": " + std::strerror(errno));
+  auto ld = OpenLdconfig(config->ldconfig);
+  if (!ld.ok()) return Fail(std::string(ld.status().message()));
+  int ldconfig = ld->fd.get();
   absl::Status s;
   if (cmd == "prestart") {
     s = Prestart(*state, *config, ldconfig);
@@ -230,7 +234,6 @@ int HookMain(int argc, char** argv) {
     std::string rootfs = Rootfs(*state, *spec);
     s = InContainerMountNs(state->pid, [&] { return RunLdconfig(ldconfig, rootfs, folders); });
   }
-  ::close(ldconfig);
   if (!s.ok()) return Fail(std::string(s.message()));
   return 0;
 }

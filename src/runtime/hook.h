@@ -5,8 +5,11 @@
 //                   ld cache for the mounted driver libraries
 //   poststart, poststop: nothing
 // The hook never runs anything from the container: it drops its inherited environment first thing,
-// runs the host's ldconfig (opened before entering the container) chrooted into the rootfs with a
-// fixed environment, and creates files in the rootfs only through rootfs.h. It is linked statically
+// runs the host's ldconfig (opened and checked to be a static ELF before entering the container:
+// runtime/ldconfig.h) chrooted into the rootfs with a fixed environment and only the capabilities
+// it needs, and creates files and read-only mounts in the rootfs only through rootfs.h. It reads
+// --config F, else /etc/gpulet/container-runtime.json (never $GPULET_RUNTIME_CONFIG: the
+// environment is cleared). It is linked statically
 // so that LD_PRELOAD / LD_LIBRARY_PATH in its environment cannot load code into it
 // (CVE-2025-23266 class). Single-threaded; process-level.
 #pragma once

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,42 @@ absl::Status Get(const Json& j, const char* key, T& out, const std::string& path
     return absl::InvalidArgumentError(absl::StrCat(path, ": \"", key, "\" has the wrong type"));
   }
   return absl::OkStatus();
+}
+
+// The device plugin's grant is always a bind of /dev/null (src/plugin/resources.cc): anything else
+// at that path (an emptyDir, an image VOLUME, a hostPath of something else) is an ordinary mount.
+bool IsDevicePluginGrant(const Json& m) {
+  auto src = m.find("source");
+  if (src == m.end() || !src->is_string() || CleanPath(src->get<std::string>()) != "/dev/null")
+    return false;
+  auto type = m.find("type");
+  if (type != m.end() && type->is_string() && !type->get<std::string>().empty())
+    return type->get<std::string>() == "bind";
+  // No type: a bind mount is told by its options (older OCI specs, Docker).
+  auto opts = m.find("options");
+  if (opts == m.end() || !opts->is_array()) return false;
+  for (const auto& o : *opts)
+    if (o.is_string() && (o.get<std::string>() == "bind" || o.get<std::string>() == "rbind"))
+      return true;
+  return false;
+}
+
+// The ids the device plugin puts in the path (src/plugin/resources.cc, `Visible`): an index, a
+// <gpu>:<mig> index, or a GPU-/MIG- UUID. Never "all", never a path.
+bool IsDevicePluginId(const std::string& id) {
+  auto digits = [](absl::string_view s) {
+    return !s.empty() && s.size() <= 6 &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (digits(id)) return true;
+  if (size_t colon = id.find(':'); colon != std::string::npos)
+    return digits(absl::string_view(id).substr(0, colon)) &&
+           digits(absl::string_view(id).substr(colon + 1));
+  if (!absl::StartsWith(id, "GPU-") && !absl::StartsWith(id, "MIG-")) return false;
+  absl::string_view rest = absl::string_view(id).substr(4);
+  return !rest.empty() && rest.size() <= 64 && std::all_of(rest.begin(), rest.end(), [](char c) {
+    return absl::ascii_isxdigit(c) || c == '-';
+  });
 }
 
 // "1.2.3" -> {1,2,3}; false when not dotted numbers.
@@ -108,7 +146,8 @@ absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": mode \"", c.mode, "\" is not auto, cdi or legacy"));
   if (c.runtimes.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": runtimes is empty"));
-  if (c.ldconfig.empty() || c.ldconfig[0] != '/' || c.hook_path.empty() || c.hook_path[0] != '/')
+  if ((j.contains("ldconfig") && (c.ldconfig.empty() || c.ldconfig[0] != '/')) ||
+      c.hook_path.empty() || c.hook_path[0] != '/')
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ldconfig and hook-path must be absolute host paths"));
   return c;
@@ -163,12 +202,21 @@ absl::StatusOr<GpuRequest> ResolveRequest(const Json& spec, const RuntimeConfig&
   }
   // 2. The device plugin's volume mounts /var/run/nvidia-container-devices/<id>.
   std::vector<std::string> volume_ids;
-  if (config.accept_volume_mounts && spec.contains("mounts") && spec["mounts"].is_array()) {
-    for (const auto& m : spec["mounts"]) {
-      if (!m.is_object() || !m.contains("destination") || !m["destination"].is_string()) continue;
-      std::string dst = m["destination"].get<std::string>();
-      if (absl::StartsWith(dst, kVolumeDir) && dst.size() > strlen(kVolumeDir))
-        volume_ids.push_back(dst.substr(strlen(kVolumeDir)));
+  auto mounts = spec.find("mounts");
+  if (config.accept_volume_mounts && mounts != spec.end() && mounts->is_array()) {
+    for (const auto& m : *mounts) {
+      if (!m.is_object()) continue;
+      auto d = m.find("destination");
+      if (d == m.end() || !d->is_string()) continue;
+      std::string dst = CleanPath(d->get<std::string>());
+      if (!absl::StartsWith(dst, kVolumeDir) || !IsDevicePluginGrant(m)) continue;
+      std::string id = dst.substr(strlen(kVolumeDir));
+      if (!IsDevicePluginId(id))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mount of /dev/null at ", d->get<std::string>(), ": \"", id,
+            "\" is not a device id the device plugin issues (an index, <gpu>:<mig>, a GPU- or "
+            "MIG- UUID)"));
+      volume_ids.push_back(id);
     }
   }
   // 3. NVIDIA_VISIBLE_DEVICES, trusted from an unprivileged container only when configured.
@@ -216,7 +264,8 @@ absl::StatusOr<GpuRequest> ResolveRequest(const Json& spec, const RuntimeConfig&
     r.capabilities.insert(s);
   }
   if (!config.disable_require && !GetEnv(spec, "NVIDIA_DISABLE_REQUIRE")) {
-    if (spec.contains("process") && spec["process"].contains("env"))
+    if (spec.contains("process") && spec["process"].is_object() &&
+        spec["process"].contains("env") && spec["process"]["env"].is_array())
       for (const auto& e : spec["process"]["env"]) {
         if (!e.is_string()) continue;
         std::string kv = e.get<std::string>();

@@ -23,10 +23,13 @@ struct RuntimeConfig {
   std::vector<std::string> annotation_prefixes = {"cdi.k8s.io/"};
   std::string default_kind = "nvidia.com/gpu";
   std::string hook_path = "/usr/bin/gpulet-container-hook";
-  std::string ldconfig = "/sbin/ldconfig";  // host binary; never the container's
+  // The host's ldconfig (never the container's); empty: the first of /sbin/ldconfig.real,
+  // /sbin/ldconfig, /usr/sbin/ldconfig.real, /usr/sbin/ldconfig. See runtime/ldconfig.h.
+  std::string ldconfig;
   // The image's own NVIDIA_VISIBLE_DEVICES is trusted only for privileged containers unless this
   // is set (see docs/runtime.md for the trade-off with the device plugin's envvar strategy).
   bool accept_envvar_when_unprivileged = false;
+  // Binds of /dev/null at /var/run/nvidia-container-devices/<id> (the device plugin's grant).
   bool accept_volume_mounts = true;
   bool disable_require = false;
   std::string source;  // the file it was read from; empty for built-in defaults

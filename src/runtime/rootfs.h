@@ -47,6 +47,17 @@ absl::StatusOr<Fd> MkdirAllInRoot(const Fd& root, const std::string& path);
 // Creates an empty regular file (a bind-mount target) or reuses an existing one; parents are made.
 absl::StatusOr<Fd> CreateFileInRoot(const Fd& root, const std::string& path);
 
+// Bind-mounts `source` (a host path as this process sees it; directories recursively) onto
+// `target` (from CreateFileInRoot/MkdirAllInRoot) read-only, nosuid, nodev and private. The mount
+// is built detached and read-only first (open_tree(OPEN_TREE_CLONE), mount_setattr) and only then
+// attached to the target fd (move_mount): it is never writable where the container (or a sibling
+// swapping symlinks in a shared image directory) could reach it, and no path is resolved again.
+// Kernels without that API (ENOSYS: before 5.12) get bind + remount, where the remount target is
+// `path` resolved again in `root` and must be the very mount just made (same device, inode and
+// mount id as the bind), else the bind is undone and it is an error.
+absl::Status BindReadOnly(const std::string& source, const Fd& root, const std::string& path,
+                          const Fd& target);
+
 // Creates a device node (or keeps an existing one with the same type and numbers).
 absl::Status MknodInRoot(const Fd& root, const std::string& path, mode_t mode, dev_t dev);
 

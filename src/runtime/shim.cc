@@ -44,7 +44,8 @@ void ReportError(const RuncArgs& args, const std::string& msg) {
     std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     std::fprintf(f, "%s\n",
                  Json({{"level", "error"}, {"msg", "gpulet-container-runtime: " + msg}, {"time", when}})
-                     .dump()
+                     // paths need not be UTF-8: replaced, never a throw
+                     .dump(-1, ' ', false, Json::error_handler_t::replace)
                      .c_str());
   } else {
     std::fprintf(f, "gpulet-container-runtime: %s\n", msg.c_str());

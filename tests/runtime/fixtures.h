@@ -69,24 +69,62 @@ inline bool BuildLibrary(const std::string& path, const std::string& soname,
   return rc == 0;
 }
 
+// Where a fake driver root puts the driver (see DiscoverDriver for the layouts):
+// Debian/Ubuntu packages (the default), RHEL ({"/usr/lib64"}), GKE-style
+// ({"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"}).
+struct DriverLayout {
+  std::string lib_dir = kLibDir;
+  std::string bin_dir = "/usr/bin";
+  // Non-empty: nvidia-smi in bin_dir is a static ELF, and wrapper_dir/nvidia-smi a #!/bin/sh
+  // script that execs it (as /usr/bin/nvidia-smi on a GKE-style Ubuntu node).
+  std::string wrapper_dir;
+  // Non-empty: the libraries are also hard-linked here and the ld cache lists them from both
+  // directories (the same files, as /usr/local/nvidia/lib64 and /lib on that node).
+  std::string also_lib_dir;
+};
+
 // A driver root: libraries (utility, compute, video, graphics), nvidia-smi, version file,
 // ld.so.cache, and (as root) device nodes for `gpus` GPUs plus the control nodes.
 // Returns false (with `why`) when the host cannot build it.
-inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why) {
+inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why,
+                           const DriverLayout& layout = {}) {
   std::string v = kDriverVersion;
   for (const char* lib : {"libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-encode",
                           "libnvidia-glcore"}) {
     std::string so = std::string(lib) + ".so.";
     std::string soname = so + (std::string(lib) == "libcuda" || std::string(lib) == "libnvidia-ml" ? "1" : v);
-    if (!BuildLibrary(root + kLibDir + "/" + so + v, soname)) {
+    if (!BuildLibrary(root + layout.lib_dir + "/" + so + v, soname)) {
       *why = "cannot build stand-in libraries with cc";
       return false;
     }
+    if (!layout.also_lib_dir.empty()) {
+      std::filesystem::create_directories(root + layout.also_lib_dir);
+      std::filesystem::create_hard_link(root + layout.lib_dir + "/" + so + v,
+                                        root + layout.also_lib_dir + "/" + so + v);
+    }
   }
-  WriteFile(root + "/usr/bin/nvidia-smi", "#!/bin/sh\necho stand-in nvidia-smi\n", 0755);
+  if (layout.wrapper_dir.empty()) {
+    WriteFile(root + layout.bin_dir + "/nvidia-smi", "#!/bin/sh\necho stand-in nvidia-smi\n", 0755);
+  } else {
+    std::string smi = root + layout.bin_dir + "/nvidia-smi";
+    WriteFile(smi + ".c",
+              "#include <stdio.h>\nint main(void) { puts(\"stand-in nvidia-smi (ELF)\"); }\n");
+    std::filesystem::create_directories(root + layout.bin_dir);
+    std::string out;
+    int rc = Sh("cc -static -o '" + smi + "' '" + smi + ".c'", &out);
+    std::filesystem::remove(smi + ".c");
+    if (rc != 0) {
+      *why = "cannot link a static stand-in nvidia-smi: " + out;
+      return false;
+    }
+    WriteFile(root + layout.wrapper_dir + "/nvidia-smi",
+              "#!/bin/sh\nexec " + layout.bin_dir + "/nvidia-smi \"$@\"\n", 0755);
+  }
   WriteFile(root + "/proc/driver/nvidia/version",
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + v + "  Tue Mar  5 22:14:24 UTC 2024\n");
-  WriteFile(root + "/etc/ld.so.conf", std::string(kLibDir) + "\n");
+  std::string conf = layout.lib_dir + "\n";
+  if (!layout.also_lib_dir.empty()) conf += layout.also_lib_dir + "\n";
+  WriteFile(root + "/etc/ld.so.conf", conf);
   std::string out;
   if (Sh("ldconfig -r '" + root + "'", &out) != 0) {
     *why = "host ldconfig -r failed: " + out;
@@ -132,6 +170,17 @@ inline gpu::Inventory FakeInventory(int gpus, bool mig = false) {
     inv.devices.push_back(d);
   }
   return inv;
+}
+
+// A statically linked ldconfig of this host to copy into fake host roots ("" when there is none):
+// Debian's /sbin/ldconfig, Ubuntu's /sbin/ldconfig.real. Checked by its ELF header having no
+// PT_INTERP by readelf (binutils, which the build needs anyway).
+inline std::string HostStaticLdconfig() {
+  for (std::string p : {"/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig"})
+    if (::access(p.c_str(), X_OK) == 0 &&
+        Sh("readelf -h " + p + " >/dev/null && ! readelf -l " + p + " | grep -q interpreter") == 0)
+      return p;
+  return "";
 }
 
 // A busybox rootfs (the static busybox of Debian's busybox-static), with applet links.

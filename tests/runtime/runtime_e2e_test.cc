@@ -60,14 +60,24 @@ class Node : public ::testing::Test {
       fs::remove_all(dir_);
     }
   }
-  void WriteConfig(const std::string& mode, bool accept_env) {
-    WriteFile(dir_ + "/runtime.json",
-              Json({{"mode", mode},
-                    {"runtimes", {"runc"}},
-                    {"spec-dirs", {dir_ + "/cdi"}},
-                    {"hook-path", kHook},
-                    {"accept-nvidia-visible-devices-envvar-when-unprivileged", accept_env}})
-                  .dump());
+  void WriteConfig(const std::string& mode, bool accept_env, const std::string& ldconfig = "") {
+    Json c = {{"mode", mode},
+              {"runtimes", {"runc"}},
+              {"spec-dirs", {dir_ + "/cdi"}},
+              {"hook-path", kHook},
+              {"accept-nvidia-visible-devices-envvar-when-unprivileged", accept_env}};
+    if (!ldconfig.empty()) c["ldconfig"] = ldconfig;
+    WriteFile(dir_ + "/runtime.json", c.dump());
+  }
+  // Makes the CDI spec's update-ldcache hook read this test's runtime.json: the hook clears its
+  // environment, so GPULET_RUNTIME_CONFIG does not reach it.
+  void HookReadsTestConfig() {
+    auto spec = ParseCdiSpec(ReadFile(dir_ + "/cdi/nvidia.yaml"), "nvidia.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ASSERT_EQ(spec->edits.hooks.size(), 1u);
+    spec->edits.hooks[0].args.push_back("--config");
+    spec->edits.hooks[0].args.push_back(dir_ + "/runtime.json");
+    WriteFile(dir_ + "/cdi/nvidia.yaml", CdiSpecToYaml(*spec));
   }
   // Writes the bundle's config.json (from `runc spec`) running `script` with `env`.
   void Bundle(const std::string& script, std::vector<std::string> env) {
@@ -143,13 +153,45 @@ TEST_F(Node, ImageEnvvarDoesNotGrantGpusByDefault) {
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
   Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
-  WriteFile(dir_ + "/empty", "");
   spec["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/GPU-00000002-1111-2222-3333-444444444444"},
-                            {"type", "bind"}, {"source", dir_ + "/empty"}, {"options", {"ro", "bind"}}});
+                            {"type", "bind"}, {"source", "/dev/null"}, {"options", {"ro", "bind"}}});
   WriteFile(dir_ + "/bundle/config.json", spec.dump());
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +2 .*nvidia2\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia3"))) << out;
+}
+
+// Issue 14.1: a pod's emptyDir (or an image VOLUME) mounted at /var/run/nvidia-container-devices/all
+// is not the device plugin's grant (a bind of /dev/null with an id it issues): in CDI and legacy
+// mode the container starts with no GPU at all (it used to get every GPU); /dev/null at "all" is
+// refused before runc runs.
+TEST_F(Node, VolumeAtTheDeviceListPathGrantsNothing) {
+  fs::create_directories(dir_ + "/emptydir");
+  for (const char* mode : {"auto", "legacy"}) {
+    SCOPED_TRACE(mode);
+    WriteConfig(mode, /*accept_env=*/false);
+    Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"});
+    Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
+    Json with_dir = spec;
+    with_dir["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/all"},
+                                  {"type", "bind"}, {"source", dir_ + "/emptydir"},
+                                  {"options", {"rbind", "rprivate"}}});
+    WriteFile(dir_ + "/bundle/config.json", with_dir.dump());
+    std::string out;
+    ASSERT_EQ(RunShim(&out), 0) << out;
+    EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
+    Json with_null = spec;
+    with_null["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/all"},
+                                   {"type", "bind"},
+                                   {"source", "/dev/null"},
+                                   {"options", {"rbind", "ro"}}});
+    WriteFile(dir_ + "/bundle/config.json", with_null.dump());
+    EXPECT_NE(RunShim(&out), 0) << out;
+    EXPECT_THAT(out, HasSubstr("\"all\" is not a device id the device plugin issues")) << out;
+    EXPECT_THAT(out, Not(HasSubstr("nvidia0"))) << out;
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
+  }
 }
 
 // Legacy mode: the prestart hook creates the nodes, mounts the libraries and runs ldconfig.
@@ -174,6 +216,99 @@ TEST_F(Node, LegacyHookEnforcesRequirements) {
   EXPECT_THAT(out, HasSubstr("gpulet-container-hook: unsatisfied requirement"));
   EXPECT_THAT(out, HasSubstr("cuda>=13.0"));
   EXPECT_THAT(out, Not(HasSubstr("started")));
+}
+
+// Issue 24.2, as measured on an Ubuntu 24.04 H200 node: the driver in /usr/local/nvidia/{lib64,bin},
+// the ld cache listing every library again from /lib, /usr/bin/nvidia-smi a #!/bin/sh script that
+// execs /usr/local/nvidia/bin/nvidia-smi. In both modes `nvidia-smi` (found on PATH, in an image
+// without a shell of its own it could rely on) and its full path run the real binary, the
+// libraries are there once, and the container's ld cache finds libcuda.
+TEST_F(Node, GkeStyleDriverLayout) {
+  std::string root = dir_ + "/gke", why;
+  DriverLayout gke{"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"};
+  if (!MakeDriverRoot(root, 4, &why, gke)) GTEST_SKIP() << why;
+  CdiGenerateOptions opt;
+  opt.driver_root = root;
+  opt.hook_path = kHook;
+  auto spec = GenerateCdiSpec(FakeInventory(4), opt);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  WriteFile(dir_ + "/cdi/nvidia.yaml", CdiSpecToYaml(*spec));
+  for (const char* mode : {"auto", "legacy"}) {
+    SCOPED_TRACE(mode);
+    WriteConfig(mode, true);
+    Bundle("nvidia-smi; /usr/local/nvidia/bin/nvidia-smi; ls /usr/local/nvidia/lib64 /lib; "
+           "grep -c libcuda.so.1 /etc/ld.so.cache; true",
+           {"NVIDIA_VISIBLE_DEVICES=1"});
+    std::string out;
+    ASSERT_EQ(RunShim(&out), 0) << out;
+    std::regex elf("stand-in nvidia-smi \\(ELF\\)");
+    auto runs = std::distance(std::sregex_iterator(out.begin(), out.end(), elf), std::sregex_iterator());
+    EXPECT_EQ(runs, 2) << out;
+    EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15")) << out;
+    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n")) << out;  // libcuda in the ld cache
+    EXPECT_THAT(out, Not(HasSubstr("/lib:\n"))) << out;  // each library mounted once, not from /lib too
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
+  }
+}
+
+// Issue 24.1: on Ubuntu /sbin/ldconfig is a #!/bin/sh wrapper around /sbin/ldconfig.real. The hook
+// fexecve()d the configured file, so the kernel ran the image's /bin/sh for the script inside the
+// chroot, which could not find ldconfig.real there (status 32512): no GPU container started. With
+// the wrapper configured, both modes now run the static ldconfig.real and the ld cache is made.
+TEST_F(Node, LdconfigBehindAWrapperScript) {
+  std::string real = HostStaticLdconfig();
+  if (real.empty()) GTEST_SKIP() << "no static host ldconfig to copy";
+  std::string host = dir_ + "/ubuntu";
+  WriteFile(host + "/sbin/ldconfig",
+            "#!/bin/sh\n# as Ubuntu's: dpkg trigger logic, then\nexec /sbin/ldconfig.real \"$@\"\n", 0755);
+  fs::copy_file(real, host + "/sbin/ldconfig.real");
+  ASSERT_NO_FATAL_FAILURE(HookReadsTestConfig());
+  for (const char* mode : {"auto", "legacy"}) {
+    SCOPED_TRACE(mode);
+    WriteConfig(mode, true, host + "/sbin/ldconfig");
+    Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=1"});
+    std::string out;
+    ASSERT_EQ(RunShim(&out), 0) << out;
+    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n")) << out;  // libcuda in the ld cache
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
+  }
+}
+
+// Issue 14.9: ldconfig runs as host root chrooted into the image: it gets only CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH (bit 1 and 2: 0x6) in its effective, permitted and bounding sets, and
+// no_new_privs. A static stand-in "ldconfig" writes what it holds into the rootfs's ld cache file.
+TEST_F(Node, LdconfigRunsWithOnlyTheCapabilitiesItNeeds) {
+  std::string ld = dir_ + "/capld/sbin/ldconfig", src = dir_ + "/capld.c";
+  WriteFile(src,
+            "#include <stdio.h>\n#include <sys/prctl.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
+            "#include <linux/capability.h>\n"
+            "int main(void) {\n"
+            "  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};\n"
+            "  struct __user_cap_data_struct d[2] = {{0}};\n"
+            "  syscall(SYS_capget, &h, d);\n"
+            "  unsigned long long bnd = 0;\n"
+            "  for (int c = 0; c < 64; ++c)\n"
+            "    if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ull << c;\n"
+            "  FILE* f = fopen(\"/etc/ld.so.cache\", \"w\");\n"
+            "  if (!f) return 1;\n"
+            "  unsigned long long eff = d[0].effective | (unsigned long long)d[1].effective << 32;\n"
+            "  unsigned long long prm = d[0].permitted | (unsigned long long)d[1].permitted << 32;\n"
+            "  fprintf(f, \"eff=%llx prm=%llx bnd=%llx nnp=%d\\n\", eff, prm, bnd,\n"
+            "          prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));\n"
+            "  return fclose(f) != 0;\n}\n");
+  fs::create_directories(dir_ + "/capld/sbin");
+  std::string out;
+  if (Sh("cc -static -O1 -o " + ld + " " + src, &out) != 0)
+    GTEST_SKIP() << "cannot link statically: " << out;
+  ASSERT_NO_FATAL_FAILURE(HookReadsTestConfig());
+  for (const char* mode : {"auto", "legacy"}) {
+    SCOPED_TRACE(mode);
+    WriteConfig(mode, true, ld);
+    Bundle("cat /etc/ld.so.cache", {"NVIDIA_VISIBLE_DEVICES=1"});
+    ASSERT_EQ(RunShim(&out), 0) << out;
+    EXPECT_THAT(out, HasSubstr("eff=6 prm=6 bnd=6 nnp=1")) << out;
+    Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
+  }
 }
 
 // CVE-2024-0132 class: the image's library directory is a symlink to a host directory. Neither
@@ -364,10 +499,9 @@ TEST_F(Node, Podman) {
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
   EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15"));
-  WriteFile(dir_ + "/empty", "");
   ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + p + "--runtime " + kShim +
-                   " run --rm --network none -v " + dir_ +
-                   "/empty:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" + kProbe + "'",
+                   " run --rm --network none -v "
+                   "/dev/null:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" + kProbe + "'",
                &out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +3 .*nvidia3\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia0"))) << out;

@@ -2,13 +2,17 @@
 // requirement checks, OCI edits, the shim's bundle editing and argument parsing, rootfs-confined
 // path creation, engine configuration. Real files in temporary directories; no containers.
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <regex>
 
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/cdi.h"
@@ -17,6 +21,7 @@
 #include "runtime/edits.h"
 #include "runtime/engine_config.h"
 #include "runtime/hook.h"
+#include "runtime/ldconfig.h"
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
@@ -27,6 +32,7 @@ namespace gpulet::runtime {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace ::gpulet::runtime::testing;
 namespace fs = std::filesystem;
 
@@ -67,6 +73,74 @@ TEST_F(TempDirTest, LdCacheFromRealLdconfigListsDriverLibraries) {
   EXPECT_EQ(drv->libraries.size(), 5u);  // links followed to the .so.<version> files
   EXPECT_THAT(drv->libraries, ::testing::Contains(std::string(kLibDir) + "/libcuda.so." + kDriverVersion));
   EXPECT_THAT(drv->binaries, ::testing::ElementsAre("/usr/bin/nvidia-smi"));
+}
+
+// Issue 24.2: the driver layouts that exist, each as a fake root, through DiscoverDriver and the
+// CDI spec `gpulet cdi generate` writes: Debian/Ubuntu packages, RHEL (/usr/lib64), GKE-style
+// (/usr/local/nvidia/{lib64,bin}, the cache listing every library again from /lib, /usr/bin/nvidia-smi
+// a wrapper script), and a driver container's root under /run/nvidia/driver.
+TEST_F(TempDirTest, DriverLayouts) {
+  struct Case {
+    std::string name, root;
+    DriverLayout layout;
+    std::string lib_dir;
+    std::vector<std::string> binaries;
+    std::vector<std::pair<std::string, std::string>> aliases;
+  } cases[] = {
+      {"debian", "/debian", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
+      {"rhel", "/rhel", {"/usr/lib64"}, "/usr/lib64", {"/usr/bin/nvidia-smi"}, {}},
+      {"gke", "/gke", {"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"},
+       "/usr/local/nvidia/lib64", {"/usr/local/nvidia/bin/nvidia-smi"},
+       {{"/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"}}},
+      {"driver-container", "/run/nvidia/driver", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string root = dir_ + "/" + c.name + c.root, why;
+    if (!MakeDriverRoot(root, 0, &why, c.layout)) GTEST_SKIP() << why;
+    // A library the cache does not list is found in the driver's directory; a file there with
+    // the driver's suffix that is no x86-64 ELF is not.
+    std::string v = kDriverVersion;
+    ASSERT_TRUE(BuildLibrary(root + c.lib_dir + "/libnvidia-late.so." + v, "libnvidia-late.so." + v));
+    WriteFile(root + c.lib_dir + "/libnvidia-notelf.so." + v, "not ELF");
+    auto drv = DiscoverDriver(root);
+    ASSERT_TRUE(drv.ok()) << drv.status();
+    ASSERT_EQ(drv->libraries.size(), 6u) << ::testing::PrintToString(drv->libraries);
+    EXPECT_THAT(drv->libraries, ::testing::Contains(c.lib_dir + "/libnvidia-late.so." + v));
+    for (const auto& l : drv->libraries) EXPECT_EQ(l.substr(0, l.rfind('/')), c.lib_dir);
+    EXPECT_EQ(drv->binaries, c.binaries);
+    EXPECT_EQ(drv->binary_aliases, c.aliases);
+    CdiGenerateOptions opt;
+    opt.driver_root = root;
+    auto spec = GenerateCdiSpec(FakeInventory(1), opt);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    std::map<std::string, std::string> mounts;  // container path -> host path
+    for (const auto& m : spec->edits.mounts) {
+      EXPECT_TRUE(fs::exists(m.host_path)) << m.host_path;
+      EXPECT_TRUE(mounts.emplace(m.container_path, m.host_path).second) << m.container_path;
+    }
+    EXPECT_EQ(mounts.size(), 6 + c.binaries.size() + c.aliases.size());
+    for (const auto& [from, at] : c.aliases) EXPECT_EQ(mounts[at], root + from);
+    ASSERT_EQ(spec->edits.hooks.size(), 1u);  // ldconfig's folders: the mounted library dir
+    EXPECT_EQ(spec->edits.hooks[0].args, std::vector<std::string>({"gpulet-container-hook",
+                                                                   "update-ldcache", "--folder",
+                                                                   c.lib_dir}));
+  }
+  // The default root "/" without a driver falls back to the driver container's root.
+  auto host = DiscoverDriver("/");
+  if (host.ok() && std::any_of(host->libraries.begin(), host->libraries.end(), [](const std::string& l) {
+        return l.find("/libcuda.so.") != std::string::npos;
+      }))
+    GTEST_SKIP() << "this host has an NVIDIA driver under /";
+  CdiGenerateOptions opt;
+  opt.driver_container_root = dir_ + "/driver-container/run/nvidia/driver";
+  std::vector<std::string> warnings;
+  auto spec = GenerateCdiSpec(FakeInventory(1), opt, &warnings);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_FALSE(spec->edits.mounts.empty());
+  for (const auto& m : spec->edits.mounts)
+    EXPECT_THAT(m.host_path, ::testing::StartsWith(opt.driver_container_root + "/")) << m.host_path;
+  EXPECT_THAT(absl::StrJoin(warnings, "\n"), HasSubstr("using the driver container's root"));
 }
 
 // Truncated, foreign or corrupted ld caches are one clear error, never a crash.
@@ -190,10 +264,11 @@ TEST(Request, EnvvarTrustAndSources) {
 
   RuntimeConfig def;
   Json vol = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"});
-  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-x"}, {"source", "/dev/null"}}};
+  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-0a"}, {"source", "/dev/null"},
+                    {"type", "bind"}}};
   r = ResolveRequest(vol, def);
   ASSERT_TRUE(r.ok());
-  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=GPU-x"));
+  EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=GPU-0a"));
   Json ann = MinimalSpec({});
   ann["annotations"] = {{"cdi.k8s.io/gpulet", "nvidia.com/gpu=0,nvidia.com/gpu=1"}};
   r = ResolveRequest(ann, def);
@@ -205,6 +280,67 @@ TEST(Request, EnvvarTrustAndSources) {
   auto bad = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"}, true), def);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown capability \"warp\""));
+}
+
+// Issue 14.1: only the device plugin's grant (a bind of /dev/null at
+// /var/run/nvidia-container-devices/<id>, with an id the plugin issues) asks for GPUs. An emptyDir or
+// image VOLUME at /var/run/nvidia-container-devices/all used to give every GPU.
+TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
+  RuntimeConfig cfg;
+  auto with = [](Json mount) {
+    Json spec = MinimalSpec({});
+    spec["mounts"] = Json::array({mount});
+    return spec;
+  };
+  auto mount = [](const std::string& dst, const std::string& src, const std::string& type,
+                  std::vector<std::string> opts = {"rbind", "ro"}) {
+    Json m = {{"destination", dst}, {"source", src}, {"options", opts}};
+    if (!type.empty()) m["type"] = type;
+    return m;
+  };
+  const std::string dir = "/var/run/nvidia-container-devices/";
+  struct Grant {
+    Json m;
+    std::string device;
+  } grants[] = {
+      {mount(dir + "GPU-00000002-1111-2222-3333-444444444444", "/dev/null", "bind"),
+       "nvidia.com/gpu=GPU-00000002-1111-2222-3333-444444444444"},
+      {mount(dir + "3", "/dev/null", "bind"), "nvidia.com/gpu=3"},
+      {mount(dir + "0:1", "//dev/./null", "", {"bind", "ro"}), "nvidia.com/gpu=0:1"},
+      {mount(dir + "MIG-aaaa-bbbb/", "/dev/null", "bind"), "nvidia.com/gpu=MIG-aaaa-bbbb"},
+      {mount("/var/run/x/../nvidia-container-devices/1", "/dev/null", "bind"), "nvidia.com/gpu=1"},
+  };
+  for (const auto& g : grants) {
+    auto r = ResolveRequest(with(g.m), cfg);
+    ASSERT_TRUE(r.ok()) << g.m << r.status();
+    EXPECT_THAT(r->devices, ::testing::ElementsAre(g.device)) << g.m;
+  }
+  // Not the plugin's grant: an ordinary mount that asks for nothing.
+  const std::string empty_dir = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x";
+  for (const Json& m : {mount(dir + "all", empty_dir, "bind"),
+                        mount(dir + "all", "/var/lib/docker/volumes/v/_data", "", {"rbind"}),
+                        mount(dir + "0", "tmpfs", "tmpfs", {"nosuid"}),
+                        mount(dir + "0", "/dev/null", "", {"ro"}),
+                        mount(dir + "0", "/dev/null/../zero", "bind"),
+                        mount(dir + "../../../etc/0", "/dev/null", "bind"),
+                        mount("/var/run/nvidia-container-devices", "/dev/null", "bind")}) {
+    auto r = ResolveRequest(with(m), cfg);
+    ASSERT_TRUE(r.ok()) << m << r.status();
+    EXPECT_FALSE(r->gpu_container) << m;
+  }
+  // /dev/null at an id the plugin never issues: refused, naming the mount.
+  for (const char* id : {"all", "none", "0/1", "nvidia.com/gpu=0", "GPU-../../x", "-1", ""}) {
+    Json m = mount(dir + id + (std::string(id).empty() ? "." : ""), "/dev/null", "bind");
+    auto r = ResolveRequest(with(m), cfg);
+    if (std::string(id).empty()) {  // the directory itself: not a grant
+      ASSERT_TRUE(r.ok());
+      EXPECT_FALSE(r->gpu_container);
+      continue;
+    }
+    ASSERT_FALSE(r.ok()) << id;
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("is not a device id the device plugin issues"));
+  }
 }
 
 // NVIDIA_REQUIRE_* expressions: space is OR, comma is AND; unmet ones are named.
@@ -265,6 +401,67 @@ TEST(Hook, ContainerStateValidation) {
   for (const char* bad : {"", "{", "[]", R"({"pid":0,"bundle":"/b"})", R"({"pid":"1","bundle":"/b"})",
                           R"({"pid":1,"bundle":"rel"})", R"({"pid":1})"})
     EXPECT_FALSE(ParseContainerState(bad).ok()) << bad;
+}
+
+// Issue 24.1 / 14.9: the host layouts of ldconfig. Ubuntu: /sbin/ldconfig is a #!/bin/sh wrapper
+// around the static /sbin/ldconfig.real; Debian: /sbin/ldconfig is the static ELF; RHEL family:
+// /usr/sbin/ldconfig (where /sbin is not merged). A script is never chosen, a dynamically linked
+// ELF is refused.
+TEST_F(TempDirTest, LdconfigLayouts) {
+  std::string static_elf = HostStaticLdconfig();
+  if (static_elf.empty()) GTEST_SKIP() << "no static host ldconfig to copy";
+  const std::string wrapper = "#!/bin/sh\n# dpkg trigger logic\nexec /sbin/ldconfig.real \"$@\"\n";
+  auto copy = [&](const std::string& to) {
+    fs::create_directories(fs::path(to).parent_path());
+    fs::copy_file(static_elf, to, fs::copy_options::overwrite_existing);
+  };
+  // Ubuntu.
+  std::string ubuntu = dir_ + "/ubuntu";
+  WriteFile(ubuntu + "/sbin/ldconfig", wrapper, 0755);
+  copy(ubuntu + "/sbin/ldconfig.real");
+  auto ld = OpenLdconfig("", ubuntu);
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, ubuntu + "/sbin/ldconfig.real");
+  ld = OpenLdconfig(ubuntu + "/sbin/ldconfig");  // configured as the wrapper: its .real
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, ubuntu + "/sbin/ldconfig.real");
+  // Debian.
+  std::string debian = dir_ + "/debian";
+  copy(debian + "/sbin/ldconfig");
+  ld = OpenLdconfig("", debian + "/");
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, debian + "/sbin/ldconfig");
+  // RHEL family without a merged /sbin.
+  std::string rhel = dir_ + "/rhel";
+  copy(rhel + "/usr/sbin/ldconfig");
+  ld = OpenLdconfig("", rhel);
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->path, rhel + "/usr/sbin/ldconfig");
+  // A wrapper without the binary it wraps: one error naming the file and why.
+  std::string wrapped = dir_ + "/wrapped";
+  WriteFile(wrapped + "/sbin/ldconfig", wrapper, 0755);
+  ld = OpenLdconfig("", wrapped);
+  ASSERT_FALSE(ld.ok());
+  EXPECT_THAT(std::string(ld.status().message()), HasSubstr(wrapped + "/sbin/ldconfig is a script"));
+  // A dynamically linked ldconfig would load the image's ld.so as host root.
+  std::string dynamic = dir_ + "/dynamic";
+  fs::create_directories(dynamic + "/sbin");
+  fs::copy_file("/bin/true", dynamic + "/sbin/ldconfig");
+  ld = OpenLdconfig("", dynamic);
+  ASSERT_FALSE(ld.ok());
+  EXPECT_THAT(std::string(ld.status().message()), HasSubstr("dynamically linked (PT_INTERP)"));
+  // Not an executable at all, and nothing there.
+  WriteFile(dir_ + "/text/sbin/ldconfig", "hello world, not ELF", 0755);
+  EXPECT_THAT(std::string(OpenLdconfig("", dir_ + "/text").status().message()),
+              HasSubstr("not an ELF executable"));
+  EXPECT_EQ(OpenLdconfig("", dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+  // The runtime config: the key is optional (auto), but when given it must be absolute.
+  WriteFile(dir_ + "/rt.json", "{\"ldconfig\": \"ldconfig\"}");
+  EXPECT_FALSE(LoadRuntimeConfig(dir_ + "/rt.json").ok());
+  WriteFile(dir_ + "/rt.json", "{}");
+  auto cfg = LoadRuntimeConfig(dir_ + "/rt.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->ldconfig, "");
 }
 
 class BundleTest : public TempDirTest {
@@ -411,6 +608,96 @@ TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
   EXPECT_FALSE(MkdirAllInRoot(*root, "/a/../b").ok());
 }
 
+// Issue 14.9: the legacy hook's read-only library mount. The old code bound the library read-write
+// through the target fd, then resolved the container path a second time to remount it read-only:
+// a sibling swapping that path in between (here: the directory renamed and replaced by one whose
+// entry is a symlink elsewhere in the rootfs) left the library mounted writable. BindReadOnly never
+// resolves the path again: the mount on the target fd is read-only from the start, and the
+// swapped-in file is not touched. In a private mount namespace of a child (needs root).
+TEST_F(TempDirTest, BindReadOnlyIgnoresAPathSwappedAfterTheTargetWasOpened) {
+  if (!IsRoot()) GTEST_SKIP() << "needs root (mount namespaces)";
+  std::string rootfs = dir_ + "/rootfs", lib = dir_ + "/host-libcuda.so";
+  WriteFile(lib, "host library");
+  WriteFile(rootfs + "/other", "other file");
+  fs::create_directories(rootfs + "/usr/lib");
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto step = [](bool ok, int code) {
+      if (!ok) ::_exit(code);
+    };
+    step(::unshare(CLONE_NEWNS) == 0, 10);
+    step(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0, 11);
+    auto root = OpenRoot(rootfs);
+    step(root.ok(), 12);
+    auto target = CreateFileInRoot(*root, "/usr/lib/libcuda.so");
+    step(target.ok(), 13);
+    // The swap: the opened target moves away; the path now names a symlink to another file.
+    fs::rename(rootfs + "/usr/lib", rootfs + "/usr/lib-moved");
+    fs::create_directories(rootfs + "/usr/lib");
+    fs::create_symlink("/other", rootfs + "/usr/lib/libcuda.so");
+    step(BindReadOnly(lib, *root, "/usr/lib/libcuda.so", *target).ok(), 14);
+    step(ReadFile(rootfs + "/usr/lib-moved/libcuda.so") == "host library", 15);
+    int fd = ::open((rootfs + "/usr/lib-moved/libcuda.so").c_str(), O_WRONLY);
+    step(fd < 0 && errno == EROFS, 16);
+    step(ReadFile(rootfs + "/other") == "other file", 17);
+    fd = ::open((rootfs + "/other").c_str(), O_WRONLY);
+    step(fd >= 0, 18);  // not mounted over: still the rootfs's own writable file
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed at step " << WEXITSTATUS(status);
+}
+
+// Issue 14.10 (found by fuzzing): hostile config.json, daemon.json and CDI specs are one clear
+// error, never std::terminate. 5e370551615 and 1e999 are nlohmann out_of_range, not parse_error;
+// a non-UTF-8 string from a YAML CDI spec made the shim's config.json dump throw.
+TEST_F(TempDirTest, HostileParserInputsAreErrors) {
+  WriteFile(dir_ + "/config.json",
+            "{\"ociVersion\": \"1.0.2\", \"process\": {}, \"root\": {\"path\": \"r\"}, \"n\": 5e370551615}");
+  auto spec = LoadOciSpec(dir_ + "/config.json");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("config.json: invalid JSON"));
+
+  WriteFile(dir_ + "/daemon.json", "{\"log-opts\": {\"max-size\": 1e999}}");
+  ConfigureOptions o;
+  o.engine = Engine::kDocker;
+  o.config_path = dir_ + "/daemon.json";
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  auto plan = PlanConfigure(o);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("daemon.json: invalid JSON"));
+  o.config_path = dir_ + "/new-daemon.json";
+  o.runtime_path = "/opt/\xff/gpulet-container-runtime";
+  EXPECT_FALSE(PlanConfigure(o).ok());
+
+  const std::string bad = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
+                          "    env: [\"A=\xff\xfe\"]\n";
+  auto cdi = ParseCdiSpec(bad, "bad.yaml");
+  ASSERT_FALSE(cdi.ok());
+  EXPECT_THAT(std::string(cdi.status().message()), HasSubstr("bad.yaml:6: env is not valid UTF-8"));
+  for (const char* s : {"\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
+    EXPECT_FALSE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                              "    env: [\"A=" + std::string(s) + "\"]\n", "x").ok()) << s;
+  EXPECT_TRUE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                           "    env: [\"A=gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80\"]\n", "x").ok());
+  // A generated spec holds host file names, which need not be UTF-8: written, not thrown.
+  CdiSpec gen;
+  gen.kind = "nvidia.com/gpu";
+  gen.devices.push_back({"0", {}});
+  gen.edits.mounts.push_back({"/host/lib\xff.so", "/lib\xff.so", "", {}});
+  EXPECT_THAT(CdiSpecToJson(gen), HasSubstr("/lib"));
+  // And an edit that cannot be written as JSON leaves config.json as it was.
+  Json oci = MinimalSpec({});
+  std::string before = oci.dump();
+  WriteFile(dir_ + "/c2.json", before);
+  oci["process"]["env"].push_back("A=\xff");
+  EXPECT_FALSE(SaveOciSpec(dir_ + "/c2.json", oci).ok());
+  EXPECT_EQ(ReadFile(dir_ + "/c2.json"), before);
+}
+
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
 TEST_F(TempDirTest, DockerDaemonJson) {
   std::string p = dir_ + "/daemon.json";
@@ -442,6 +729,14 @@ TEST_F(TempDirTest, DockerDaemonJson) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("daemon.json: invalid JSON"));
 }
 
+// `runtime configure --runtime containerd --config path` with the shim at its usual place.
+ConfigureOptions ContainerdAt(const std::string& path) {
+  ConfigureOptions o;
+  o.config_path = path;
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  return o;
+}
+
 // containerd v2/v3: drop-in with the runtime, imports in the main file; idempotent; bad TOML named.
 TEST_F(TempDirTest, ContainerdDropIn) {
   for (int version : {2, 3}) {
@@ -450,15 +745,30 @@ TEST_F(TempDirTest, ContainerdDropIn) {
     std::string p = d + "/config.toml";
     WriteFile(p, "version = " + std::to_string(version) + "\n# operator comment\n[plugins.\"" + cri +
                      "\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+                     "  pod_annotations = [\"io.katacontainers.*\", \"cdi.k8s.io/*\"]\n"
+                     "  container_annotations = [\"*\"]\n"
                      "  [plugins.\"" + cri + "\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n");
     ConfigureOptions o;
     o.config_path = p;
     o.runtime_path = "/opt/gpulet/bin/gpulet-container-runtime";
     o.set_as_default = o.enable_cdi = true;
-    auto plan = PlanConfigure(o);
+    std::vector<std::string> notes;
+    auto plan = PlanConfigure(o, &notes);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_TRUE(ApplyChanges(*plan).ok());
     std::string drop = ReadFile(d + "/conf.d/99-gpulet.toml");
+    // Issue 14.14: pod annotations that reach the container config as cdi.k8s.io/* would let any
+    // pod name any GPU: those pass-through entries are not copied into gpulet's runtime entry.
+    size_t nvidia = drop.find("runtimes.nvidia]");
+    ASSERT_NE(nvidia, std::string::npos) << drop;
+    std::string entry = drop.substr(nvidia);
+    std::smatch next;  // up to the next table header
+    if (std::regex_search(entry, next, std::regex("\n *\\["))) entry = entry.substr(0, next.position(0));
+    EXPECT_THAT(entry, HasSubstr("pod_annotations = [ 'io.katacontainers.*' ]")) << drop;
+    EXPECT_THAT(entry, Not(HasSubstr("cdi.k8s.io"))) << drop;
+    EXPECT_THAT(entry, Not(HasSubstr("container_annotations"))) << drop;
+    EXPECT_THAT(absl::StrJoin(notes, "\n"),
+                HasSubstr("not copied into the gpulet runtime's pod_annotations"));
     EXPECT_THAT(drop, HasSubstr("BinaryName = '/opt/gpulet/bin/gpulet-container-runtime'"));
     EXPECT_THAT(drop, HasSubstr("SystemdCgroup = true"));  // runc's options carried over
     EXPECT_THAT(drop, HasSubstr("default_runtime_name = 'nvidia'"));
@@ -471,14 +781,71 @@ TEST_F(TempDirTest, ContainerdDropIn) {
   }
   std::string p = dir_ + "/bad.toml";
   WriteFile(p, "version = 2\n[plugins\n");
-  ConfigureOptions o;
-  o.config_path = p;
-  o.runtime_path = "/x";
+  ConfigureOptions o = ContainerdAt(p);
   auto bad = PlanConfigure(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad.toml:2"));
   WriteFile(p, "[plugins.cri]\n");
   EXPECT_THAT(std::string(PlanConfigure(o).status().message()), HasSubstr("version 1"));
+}
+
+// Issue 22.3: `runtime configure` keeps an existing file's mode and owner (0600: it may hold
+// registry credentials), --dry-run's diff is one `patch` applies (it printed bare "@@" lines), and
+// a failed write names the target, not WriteFileAtomic's temporary file.
+TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
+  if (!Have("patch")) GTEST_SKIP() << "patch is not installed";
+  std::string p = dir_ + "/daemon.json";
+  std::string lines;
+  for (int i = 0; i < 12; ++i)
+    lines += "    \"k" + std::to_string(i) + "\": " + std::to_string(i) + ",\n";
+  WriteFile(p, "{\n" + lines + "    \"runtimes\": {}\n}", 0600);  // no newline at the end
+  if (IsRoot()) ASSERT_EQ(::chown(p.c_str(), 1234, 5678), 0);
+  ConfigureOptions o;
+  o.engine = Engine::kDocker;
+  o.config_path = p;
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  o.set_as_default = true;
+  auto plan = PlanConfigure(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The diff turns the old text into the new one, through patch.
+  auto patched = [&](const FileChange& c) {
+    WriteFile(dir_ + "/orig", c.existed ? c.before : "");
+    WriteFile(dir_ + "/d.diff", UnifiedDiff(c));
+    std::string out;
+    EXPECT_EQ(Sh("patch -s -o " + dir_ + "/out " + dir_ + "/orig < " + dir_ + "/d.diff", &out), 0)
+        << out << "\n" << UnifiedDiff(c);
+    return ReadFile(dir_ + "/out");
+  };
+  const FileChange& change = (*plan)[0];
+  EXPECT_THAT(UnifiedDiff(change),
+              ::testing::ContainsRegex("\n@@ -[0-9]+,[0-9]+ \\+[0-9]+,[0-9]+ @@\n"));
+  EXPECT_EQ(patched(change), change.after);
+  std::string toml_path = dir_ + "/ctrd/config.toml";
+  WriteFile(toml_path, "version = 2\n# a\n# b\n# c\n# d\n# e\n# f\n# g\n[plugins]\n");
+  auto ctrd = PlanConfigure(ContainerdAt(toml_path));
+  ASSERT_TRUE(ctrd.ok()) << ctrd.status();
+  for (const auto& c : *ctrd) EXPECT_EQ(patched(c), c.after) << c.path;  // a new file and an edit
+  FileChange two{dir_ + "/x", true, "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\nm\n",
+                 "a\nB\nc\nd\ne\nf\ng\nh\ni\nj\nk\nL\nm"};
+  EXPECT_EQ(patched(two), two.after);  // two hunks, and a last line without a newline
+
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(p.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  if (IsRoot()) {
+    EXPECT_EQ(st.st_uid, 1234u);
+    EXPECT_EQ(st.st_gid, 5678u);
+  }
+  // The target turned into a directory between plan and apply: the error names it.
+  auto again = PlanConfigure(o);
+  ASSERT_TRUE(again.ok());
+  (*again)[0].after += " ";
+  fs::remove(p);
+  fs::create_directories(p + "/sub");
+  absl::Status s = ApplyChanges(*again);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("cannot write " + p + ": "));
 }
 
 // CRI-O: a drop-in with the runtime and, with --set-as-default, the default runtime.
@@ -488,10 +855,14 @@ TEST_F(TempDirTest, CrioDropIn) {
   o.config_path = dir_ + "/crio.conf";
   o.runtime_path = "/usr/bin/gpulet-container-runtime";
   o.set_as_default = true;
+  WriteFile(o.config_path, "[crio.runtime.runtimes.runc]\nruntime_path = \"/usr/bin/runc\"\n"
+                           "allowed_annotations = [\"io.kubernetes.cri-o.Devices\", \"cdi.k8s.io\"]\n");
   auto plan = PlanConfigure(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ApplyChanges(*plan).ok());
   std::string drop = ReadFile(dir_ + "/crio.conf.d/99-gpulet.toml");
+  EXPECT_THAT(drop, HasSubstr("allowed_annotations = [ 'io.kubernetes.cri-o.Devices' ]")) << drop;
+  EXPECT_THAT(drop, Not(HasSubstr("cdi.k8s.io"))) << drop;
   EXPECT_THAT(drop, HasSubstr("runtime_path = '/usr/bin/gpulet-container-runtime'"));
   EXPECT_THAT(drop, HasSubstr("runtime_type = 'oci'"));
   EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
