@@ -54,6 +54,7 @@ struct DeviceFacts {
   std::string serial, vbios_version;           // empty when NVML cannot tell
   std::string inforom_oem, inforom_ecc;        // InfoROM object versions, e.g. "2.1", "7.16"
   std::optional<uint32_t> pci_domain, pci_bus, pci_device, pci_subsystem_id;
+  std::optional<uint32_t> pci_base_class, pci_sub_class;  // from sysfs `class` (0x030200: 3, 2)
   std::optional<uint32_t> max_graphics_clock_mhz, max_sm_clock_mhz, max_memory_clock_mhz;
   std::optional<uint64_t> supported_clock_event_reasons;  // NVML bitmask
   std::optional<uint32_t> pcie_link_gen_max;      // of the link (GPU and slot)

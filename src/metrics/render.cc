@@ -328,6 +328,13 @@ const DeviceFamily kDeviceFamilies[] = {
        return d.device.pci_device_id;
      }},
     {SMI, "nvidia_smi_pci_sub_device_id", G, "pci.sub_device_id", FACT(pci_subsystem_id, 1)},
+    {SMI, "nvidia_smi_pci_base_class", G, "pci.baseClass", FACT(pci_base_class, 1)},
+    {SMI, "nvidia_smi_pci_sub_class", G, "pci.subClass", FACT(pci_sub_class, 1)},
+    {SMI, "nvidia_smi_compute_apps", G, "Number of processes with a compute context on the GPU.",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (!d.telemetry) return std::nullopt;
+       return static_cast<double>(d.telemetry->processes.size());
+     }},
     {SMI, "nvidia_smi_pcie_link_gen_current", G, "pcie.link.gen.current",
      TEL(pcie_link_gen_current, 1)},
     // nvidia-smi's "gpucurrent" is the GPU side of the same link: NVML has one current generation.

@@ -129,6 +129,7 @@ absl::Status Materialise(const State& s) {
     RETURN_IF_ERROR(fs.MakeDirs(dir));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/numa_node", absl::StrCat(g.numa_node, "\n")));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/local_cpulist", g.cpus + "\n"));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/class", "0x030200\n"));  // 3D controller
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/vendor", absl::StrCat("0x", absl::Hex(g.pci_device_id & 0xffff, absl::kZeroPad4), "\n")));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/device", absl::StrCat("0x", absl::Hex(g.pci_device_id >> 16, absl::kZeroPad4), "\n")));
   }

@@ -967,6 +967,12 @@ class NvmlGpuLayer : public GpuLayer {
     dev.numa_node = n;
     auto cpus = fs_.ReadFile(dir + "/local_cpulist");
     if (cpus.ok()) dev.cpu_affinity = std::string(absl::StripAsciiWhitespace(*cpus));
+    uint32_t cls = 0;
+    if (auto c = fs_.ReadFile(dir + "/class");
+        c.ok() && absl::SimpleHexAtoi(absl::StripAsciiWhitespace(*c), &cls)) {
+      dev.facts.pci_base_class = (cls >> 16) & 0xff;
+      dev.facts.pci_sub_class = (cls >> 8) & 0xff;
+    }
   }
 
   void ReadTopology(Inventory& inv, const std::vector<nvmlDevice_t>& handles) {
