@@ -2,9 +2,17 @@
 // here, and end to end through the fake libnvidia-ml.so.1 (dlopen -> GpuLayer -> Sampler ->
 // exposition). Expected names, labels and units come from dcgm-exporter's counters list and
 // nvidia_gpu_exporter's H100 fixture (reference/samples), values from the machine files.
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
@@ -12,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gpu/open.h"
 #include "gtest/gtest.h"
+#include "metrics/exporter.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
 #include "tests/metrics/expo_util.h"
@@ -252,6 +261,51 @@ TEST_F(SmiGpmFakeNvml, NoGpmNoProfilingFamilies) {
   EXPECT_THAT(t, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
   EXPECT_THAT(t, Not(HasSubstr("DCGM_FI_PROF_GR_ENGINE_ACTIVE")));
   EXPECT_THAT(t, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE")));
+}
+
+// glibc arenas (malloc_info's <heap nr=...> elements) of this process.
+int Arenas() {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (!f) return -1;
+  malloc_info(0, f);
+  fclose(f);
+  int n = 0;
+  for (const char* p = buf; (p = std::strstr(p, "<heap nr=")) != nullptr; ++p) ++n;
+  free(buf);
+  return n;
+}
+
+// After ConfigureMalloc, threads allocating at the same time share at most 2 arenas (glibc's
+// default would give each of them its own, up to 8 per core). Run in a child process: arenas are
+// never freed, so the test binary's earlier threads must not count.
+TEST(Memory, MallocArenasStayAtTwo) {
+  if (getenv("MALLOC_ARENA_MAX")) GTEST_SKIP() << "MALLOC_ARENA_MAX set by the environment";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int before = Arenas();
+    if (ConfigureMalloc() != 2) _exit(10);
+    constexpr int kThreads = 6;
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        void* p = malloc(4096);  // held until every thread has allocated
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        free(p);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const int after = Arenas();
+    _exit(after <= std::max(before, 2) ? 0 : 20 + std::min(after - before, 9));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "exit 10: mallopt refused; 2x: x new arenas";
 }
 
 }  // namespace
