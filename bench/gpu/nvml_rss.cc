@@ -19,6 +19,7 @@
 #include <iostream>
 #include <string>
 
+#include "fake_nvml/malloc_arenas.h"
 #include "gpu/nvml/nvml_api.h"
 #include "gpu/nvml/nvml_layer.h"
 
@@ -29,25 +30,12 @@ long StatusKib(const std::string& status, const char* field) {
   return at == std::string::npos ? -1 : std::atol(status.c_str() + at + std::strlen(field));
 }
 
-int Arenas() {  // <heap nr="N"> elements of malloc_info's XML
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  if (!f) return -1;
-  malloc_info(0, f);
-  fclose(f);
-  int n = 0;
-  for (const char* p = buf; (p = std::strstr(p, "<heap nr=")) != nullptr; ++p) ++n;
-  free(buf);
-  return n;
-}
-
 void Report(const char* step) {
   std::ifstream in("/proc/self/status");
   std::string s((std::istreambuf_iterator<char>(in)), {});
   std::printf("%-22s VmRSS %7ld kB  RssAnon %7ld kB  RssFile %7ld kB  threads %3ld  arenas %d\n",
               step, StatusKib(s, "VmRSS:"), StatusKib(s, "RssAnon:"), StatusKib(s, "RssFile:"),
-              StatusKib(s, "Threads:"), Arenas());
+              StatusKib(s, "Threads:"), gpulet::sim::MallocArenas());
   std::fflush(stdout);
 }
 

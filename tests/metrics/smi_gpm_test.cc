@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
-#include "fake_nvml/fault_cli.h"
+#include "fake_nvml/malloc_arenas.h"
 #include "gmock/gmock.h"
 #include "gpu/open.h"
 #include "gtest/gtest.h"
@@ -25,28 +25,15 @@
 #include "metrics/sampler.h"
 #include "tests/metrics/expo_util.h"
 #include "tests/metrics/fake_gpu.h"
+#include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
 namespace {
 
 using testing_metrics::FakeGpuLayer;
+using testing_metrics::SampleOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-Sample SampleOf(FakeGpuLayer& g) {
-  Sample s;
-  s.hostname = "node1";
-  auto inv = g.GetInventory();
-  s.driver_version = inv->driver_version;
-  for (const gpu::Device& d : inv->devices) {
-    DeviceSample ds;
-    ds.device = d;
-    ds.telemetry = *g.GetTelemetry(d.index);
-    ds.healthy = true;
-    s.devices.push_back(ds);
-  }
-  return s;
-}
 
 std::string Line(const std::string& text, const std::string& prefix) {
   size_t at = text.find(prefix);
@@ -146,35 +133,7 @@ TEST(SmiGpm, NvidiaSmiSetNamesAndUnits) {
   EXPECT_EQ(shapes["nvidia_smi_clocks_event_reasons_sync_boost"].samples, 2);
 }
 
-class SmiGpmFakeNvml : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpulet-smi-gpm-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    layer_.reset();
-    std::filesystem::remove_all(root_);
-  }
-  void Open(const std::string& profile) {
-    gpu::GpuOptions o;
-    o.simulate = profile;
-    o.sim_root = root_;
-    auto l = gpu::OpenGpuLayer(o);
-    ASSERT_TRUE(l.ok()) << l.status();
-    layer_ = *std::move(l);
-  }
-  int Set(int gpu, const std::string& kv) {
-    std::vector<std::string> args = {"fault", "set", "--gpu", absl::StrCat(gpu), "--value", kv,
-                                     "--sim-root", root_};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return sim::RunFaultCommand(static_cast<int>(argv.size()), argv.data());
-  }
-  std::string root_;
-  std::unique_ptr<gpu::GpuLayer> layer_;
-};
+class SmiGpmFakeNvml : public testing_metrics::SimNodeTest {};
 
 std::set<std::string> Families(const std::string& text, const std::string& prefix) {
   std::set<std::string> out;
@@ -263,20 +222,6 @@ TEST_F(SmiGpmFakeNvml, NoGpmNoProfilingFamilies) {
   EXPECT_THAT(t, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE")));
 }
 
-// glibc arenas (malloc_info's <heap nr=...> elements) of this process.
-int Arenas() {
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* f = open_memstream(&buf, &len);
-  if (!f) return -1;
-  malloc_info(0, f);
-  fclose(f);
-  int n = 0;
-  for (const char* p = buf; (p = std::strstr(p, "<heap nr=")) != nullptr; ++p) ++n;
-  free(buf);
-  return n;
-}
-
 // After ConfigureMalloc, threads allocating at the same time share at most 2 arenas (glibc's
 // default would give each of them its own, up to 8 per core). Run in a child process: arenas are
 // never freed, so the test binary's earlier threads must not count.
@@ -285,7 +230,7 @@ TEST(Memory, MallocArenasStayAtTwo) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    const int before = Arenas();
+    const int before = sim::MallocArenas();
     if (ConfigureMalloc() != 2) _exit(10);
     constexpr int kThreads = 6;
     std::atomic<int> ready{0};
@@ -299,7 +244,7 @@ TEST(Memory, MallocArenasStayAtTwo) {
       });
     }
     for (std::thread& t : threads) t.join();
-    const int after = Arenas();
+    const int after = sim::MallocArenas();
     _exit(after <= std::max(before, 2) ? 0 : 20 + std::min(after - before, 9));
   }
   int status = 0;
