@@ -9,33 +9,15 @@
 #include "fake_nvml/control.h"
 #include "gmock/gmock.h"
 #include "gpu/nvml/nvml_api.h"
-#include "gpu/open.h"
 #include "gtest/gtest.h"
+#include "tests/metrics/sim_node.h"
 
 namespace gpulet::gpu::testing {
 namespace {
 
-namespace fs = std::filesystem;
-
-class ProfilingTest : public ::testing::Test {
+class ProfilingTest : public testing_metrics::SimNodeTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpulet-gpm-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    layer_.reset();
-    fs::remove_all(root_);
-  }
-  void Start(const std::string& profile) {
-    GpuOptions o;
-    o.simulate = profile;
-    o.sim_root = root_;
-    auto l = OpenGpuLayer(o);
-    ASSERT_TRUE(l.ok()) << l.status();
-    layer_ = *std::move(l);
-  }
+  void Start(const std::string& profile) { Open(profile); }
   void Inject(const std::string& line) {
     auto f = sim::ParseFault(line);
     ASSERT_TRUE(f.ok()) << f.status();
@@ -46,8 +28,6 @@ class ProfilingTest : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *t : Telemetry{};
   }
-  std::string root_;
-  std::unique_ptr<GpuLayer> layer_;
 };
 
 constexpr TelemetryRequest kProfiling{false, true};
