@@ -56,7 +56,8 @@ int Raw(const std::string& library) {
   auto count_fn = Sym<nvmlDeviceGetCountFn>(h, "nvmlDeviceGetCount_v2");
   auto handle_fn = Sym<nvmlDeviceGetHandleByIndexFn>(h, "nvmlDeviceGetHandleByIndex_v2");
   if (!init || !count_fn || !handle_fn) {
-    std::fprintf(stderr, "nvml_rss: %s lacks nvmlInit_v2 / nvmlDeviceGetCount_v2\n", library.c_str());
+    std::fprintf(stderr, "nvml_rss: %s lacks nvmlInit_v2 / nvmlDeviceGetCount_v2\n",
+                 library.c_str());
     return 1;
   }
   if (nvmlReturn_t r = init(); r != NVML_SUCCESS) {

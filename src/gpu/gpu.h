@@ -145,7 +145,8 @@ struct Telemetry {
   std::optional<uint64_t> ecc_dram[2][2], ecc_sram[2][2];
   std::optional<uint32_t> remapped_rows_correctable, remapped_rows_uncorrectable;
   std::optional<bool> remapped_rows_pending, remapped_rows_failure;
-  // Banks by remaining spare rows (nvmlRowRemapperHistogramValues_t): max, high, partial, low, none.
+  // Banks by remaining spare rows (nvmlRowRemapperHistogramValues_t): max, high, partial, low,
+  // none.
   std::optional<uint32_t> remap_histogram[5];
 
   // Read only when asked (TelemetryRequest::profiling), on GPUs with gpm_supported: DCGM's

@@ -70,7 +70,8 @@ std::optional<double> Numeric(const std::string& v) {
   return out;
 }
 // DCGM's profiling ratios: NVML GPM's percentages / 100.
-std::optional<double> GpmRatio(const gpu::GpmMetrics* g, std::optional<double> gpu::GpmMetrics::*f) {
+std::optional<double> GpmRatio(const gpu::GpmMetrics* g,
+                               std::optional<double> gpu::GpmMetrics::*f) {
   if (!g || !(g->*f)) return std::nullopt;
   return *(g->*f) / 100.0;
 }
@@ -387,7 +388,8 @@ const DeviceFamily kDeviceFamilies[] = {
      TEL(power_instant_mw, 1e-3)},
     {SMI, "nvidia_smi_clocks_max_graphics_clock_hz", G, "clocks.max.graphics [MHz]",
      FACT(max_graphics_clock_mhz, 1e6)},
-    {SMI, "nvidia_smi_clocks_max_sm_clock_hz", G, "clocks.max.sm [MHz]", FACT(max_sm_clock_mhz, 1e6)},
+    {SMI, "nvidia_smi_clocks_max_sm_clock_hz", G, "clocks.max.sm [MHz]",
+     FACT(max_sm_clock_mhz, 1e6)},
     {SMI, "nvidia_smi_clocks_max_memory_clock_hz", G, "clocks.max.memory [MHz]",
      FACT(max_memory_clock_mhz, 1e6)},
     {SMI, "nvidia_smi_clocks_event_reasons_supported", G, "clocks_event_reasons.supported",

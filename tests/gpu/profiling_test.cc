@@ -119,14 +119,15 @@ gpus:
   EXPECT_EQ(t.gpm_instances.at(5).graphics_util, 50.0);
 }
 
-// A lost GPU stops the sample as before; after the reset the GPM pair starts over.
-TEST_F(ProfilingTest, LostGpuRestartsTheGpmPair) {
+// A lost GPU fails the whole read before any GPM call, so its last sample stays the first of the
+// next pair: once the GPU answers again the very next read has metrics (over the whole gap).
+TEST_F(ProfilingTest, LostGpuKeepsItsLastGpmSample) {
   Start("dgx-h100");
   Read(1, kProfiling);
   Inject("lost gpu=1");
   EXPECT_FALSE(layer_->ReadTelemetry(1, kProfiling).ok());
   Inject("reset gpu=1");
-  EXPECT_TRUE(Read(1, kProfiling).gpm.has_value()) << "the sample before the loss pairs up";
+  EXPECT_TRUE(Read(1, kProfiling).gpm.has_value()) << "pairs with the sample before the loss";
 }
 
 // The nvidia-smi set: static facts in the inventory (from the machine file), per-sample extras

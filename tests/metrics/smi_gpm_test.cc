@@ -172,7 +172,8 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
   // Every fixture family we serve keeps its type; the ones we lack are those NVML (or the fake)
   // does not answer, listed here so that a regression shows up as a new name.
   const std::set<std::string> not_served = {
-      "nvidia_smi_c2c_mode", "nvidia_smi_clocks_event_reasons_counters_hw_power_brake_slowdown_seconds",
+      "nvidia_smi_c2c_mode",
+      "nvidia_smi_clocks_event_reasons_counters_hw_power_brake_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_hw_thermal_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_sw_thermal_slowdown_seconds",
       "nvidia_smi_command_exit_code", "nvidia_smi_compute_app_info",

@@ -276,7 +276,8 @@ typedef nvmlReturn_t (*nvmlDeviceRegisterEventsFn)(nvmlDevice_t, unsigned long l
 typedef nvmlReturn_t (*nvmlEventSetWaitFn)(nvmlEventSet_t, nvmlEventData_t*, unsigned int);
 // The nvidia-smi set (answers of several getters share a shape: see the Uint/Ull/Int types above).
 typedef nvmlReturn_t (*nvmlDeviceGetEnableStateFn)(nvmlDevice_t, nvmlEnableState_t*);
-typedef nvmlReturn_t (*nvmlDeviceGetEccModeFn)(nvmlDevice_t, nvmlEnableState_t*, nvmlEnableState_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetEccModeFn)(nvmlDevice_t, nvmlEnableState_t*,
+                                               nvmlEnableState_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetTwoUintFn)(nvmlDevice_t, unsigned int*, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetInforomVersionFn)(nvmlDevice_t, int, char*, unsigned int);
 typedef nvmlReturn_t (*nvmlDeviceGetMemoryErrorCounterFn)(nvmlDevice_t, int, int, int,

@@ -660,11 +660,14 @@ class NvmlGpuLayer : public GpuLayer {
         mg.numMetrics = std::size(kGpmMetrics);
         mg.sample1 = s.prev;
         mg.sample2 = s.cur;
-        for (size_t i = 0; i < std::size(kGpmMetrics); ++i) mg.metrics[i].metricId = kGpmMetrics[i].first;
+        for (size_t i = 0; i < std::size(kGpmMetrics); ++i) {
+          mg.metrics[i].metricId = kGpmMetrics[i].first;
+        }
         if (l.gpm_metrics(&mg) == NVML_SUCCESS) {
           out.emplace();
           for (size_t i = 0; i < std::size(kGpmMetrics); ++i) {
-            if (mg.metrics[i].nvmlReturn == NVML_SUCCESS) (*out).*kGpmMetrics[i].second = mg.metrics[i].value;
+            if (mg.metrics[i].nvmlReturn != NVML_SUCCESS) continue;
+            (*out).*kGpmMetrics[i].second = mg.metrics[i].value;
           }
         }
       }
