@@ -193,6 +193,25 @@ const DeviceFamily kDeviceFamilies[] = {
     {OWN, "gpulet_gpu_xid_last_code", G, "Code of the most recent XID event; 0 when none.",
      +[](const DeviceSample& d) -> std::optional<double> { return d.xid_last; }},
 
+    // NVML GPM (Hopper and newer; GPU level, so absent on MIG-enabled GPUs): what DCGM's
+    // profiling fields measure, under gpulet's names.
+    {OWN, "gpulet_gpu_graphics_engine_active_ratio", G,
+     "Fraction of the last sampling interval a context was active on the graphics/compute engine "
+     "(NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::graphics_util); }},
+    {OWN, "gpulet_gpu_sm_active_ratio", G,
+     "Fraction of cycles an SM had at least one warp resident, averaged over SMs (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::sm_util); }},
+    {OWN, "gpulet_gpu_sm_occupancy_ratio", G,
+     "Resident warps as a fraction of the SMs' maximum (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::sm_occupancy); }},
+    {OWN, "gpulet_gpu_tensor_active_ratio", G,
+     "Fraction of cycles a tensor pipe was active (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::tensor_util); }},
+    {OWN, "gpulet_gpu_dram_active_ratio", G,
+     "Device memory bandwidth used as a fraction of the maximum (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::dram_bw_util); }},
+
     // --- dcgm-exporter's default counters (etc/default-counters.csv) that NVML provides ---
     {DCGM, "DCGM_FI_DEV_SM_CLOCK", G, "SM clock frequency (in MHz).", TEL(sm_clock_mhz, 1), true},
     {DCGM, "DCGM_FI_DEV_MEM_CLOCK", G, "Memory clock frequency (in MHz).",

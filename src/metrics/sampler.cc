@@ -206,7 +206,7 @@ Sample Sampler::Collect() {
       // GPU, GPM one sample per GPU (or GPU instance) and one metrics call.
       gpu::TelemetryRequest what;
       what.extended = options_.render.families & kNvidiaSmiFamilies;
-      what.profiling = options_.render.families & kDcgmFamilies;
+      what.profiling = options_.render.families & (kDcgmFamilies | kGpuletFamilies);
       for (gpu::Device& d : inv->devices) {
         DeviceSample ds;
         absl::StatusOr<gpu::Telemetry> t = layer->ReadTelemetry(d.index, what);

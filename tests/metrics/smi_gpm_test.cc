@@ -73,6 +73,19 @@ TEST(SmiGpm, DcgmProfilingFamilies) {
   auto shapes = testing_metrics::ReadShapes(text);
   EXPECT_EQ(shapes["DCGM_FI_PROF_SM_ACTIVE"].samples, 2);  // GPU 0 + GI 1 of GPU 2
   EXPECT_EQ(shapes["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples, 1);
+
+  // gpulet's names: GPU level only, promtool-clean.
+  std::string own;
+  Render(s, RenderOptions{kGpuletFamilies, true}, Format::kText, &own);
+  const std::string own0 = absl::StrCat("{gpu=\"0\",uuid=\"", s.devices[0].device.uuid, "\"} ");
+  EXPECT_THAT(own, HasSubstr("gpulet_gpu_sm_active_ratio" + own0 + "0.16\n"));
+  EXPECT_THAT(own, HasSubstr("gpulet_gpu_sm_occupancy_ratio" + own0 + "0.09\n"));
+  EXPECT_THAT(own, HasSubstr("gpulet_gpu_dram_active_ratio" + own0 + "0.71\n"));
+  EXPECT_EQ(testing_metrics::ReadShapes(own)["gpulet_gpu_sm_active_ratio"].samples, 1);
+  if (testing_metrics::HavePromtool()) {
+    auto r = testing_metrics::PromtoolCheckMetrics(own);
+    EXPECT_EQ(r.rc, 0) << r.output;
+  }
 }
 
 // The nvidia-smi set: nvidia_gpu_exporter's names, units (hz, watts, seconds) and its uuid label;
