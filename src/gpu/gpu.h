@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,23 @@ struct MigDevice {
   uint32_t sm_count = 0;
 };
 
+// Facts about a GPU that do not change while the driver is loaded, read once at (re)initialisation
+// (the nvidia-smi set: `nvidia-smi --query-gpu` fields). Unset: NVML cannot tell on this GPU.
+struct DeviceFacts {
+  std::string serial, vbios_version;           // empty when NVML cannot tell
+  std::string inforom_oem, inforom_ecc;        // InfoROM object versions, e.g. "2.1", "7.16"
+  std::optional<uint32_t> pci_domain, pci_bus, pci_device, pci_subsystem_id;
+  std::optional<uint32_t> pci_base_class, pci_sub_class;  // from sysfs `class` (0x030200: 3, 2)
+  std::optional<uint32_t> max_graphics_clock_mhz, max_sm_clock_mhz, max_memory_clock_mhz;
+  std::optional<uint64_t> supported_clock_event_reasons;  // NVML bitmask
+  std::optional<uint32_t> pcie_link_gen_max;      // of the link (GPU and slot)
+  std::optional<uint32_t> pcie_link_gen_gpu_max;  // of the GPU alone
+  std::optional<uint32_t> pcie_link_width_max;
+  std::optional<uint32_t> power_default_limit_mw, power_min_limit_mw, power_max_limit_mw;
+  std::optional<uint32_t> accounting_buffer_size;
+  std::optional<bool> gsp_firmware_enabled, gsp_firmware_default;
+};
+
 struct Device {
   uint32_t index = 0;          // NVML index
   std::string uuid;            // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
@@ -65,6 +83,9 @@ struct Device {
   bool mig_capable = false;
   bool mig_enabled = false;    // current MIG mode
   std::vector<MigDevice> mig_devices;
+  // GPM (nvmlGpmQueryDeviceSupport: Hopper and newer): Telemetry::gpm can be measured.
+  bool gpm_supported = false;
+  DeviceFacts facts;
 };
 
 // Driver-wide facts and the devices, as found at the last (re)initialisation.
@@ -83,6 +104,15 @@ struct ProcessInfo {
   uint32_t pid = 0;
   uint64_t used_memory_bytes = 0;
 };
+// NVML GPM metrics, percent 0..100 (NVIDIA's GPM ids in parentheses).
+struct GpmMetrics {
+  std::optional<double> graphics_util;   // GRAPHICS_UTIL: a context was bound and busy
+  std::optional<double> sm_util;         // SM_UTIL: SMs with at least one warp
+  std::optional<double> sm_occupancy;    // SM_OCCUPANCY: resident warps vs the maximum
+  std::optional<double> tensor_util;     // ANY_TENSOR_UTIL
+  std::optional<double> dram_bw_util;    // DRAM_BW_UTIL: DRAM bandwidth vs the maximum
+  std::optional<double> fp64_util, fp32_util, fp16_util;  // non-tensor FP pipes
+};
 struct Telemetry {
   std::optional<uint32_t> gpu_temp_c, memory_temp_c;
   std::optional<uint32_t> sm_clock_mhz, memory_clock_mhz, graphics_clock_mhz, video_clock_mhz;
@@ -100,6 +130,37 @@ struct Telemetry {
   std::optional<uint32_t> fan_speed_pct;
   std::optional<uint32_t> pstate;
   std::vector<ProcessInfo> processes;  // running compute processes
+
+  // Read only when asked (TelemetryRequest::extended): the rest of the nvidia-smi set.
+  std::optional<uint32_t> power_management_limit_mw;  // power.limit (may differ from enforced)
+  std::optional<uint32_t> power_average_mw, power_instant_mw;
+  std::optional<uint64_t> clocks_event_power_cap_ns, clocks_event_sync_boost_ns;  // since load
+  std::optional<bool> ecc_mode_current, ecc_mode_pending, persistence_mode, display_active,
+      display_attached, accounting_mode, mig_mode_pending;
+  std::optional<uint32_t> compute_mode;  // nvmlComputeMode_t: 0 default, 2 prohibited, 3 excl.
+  std::optional<uint32_t> pcie_link_gen_current, pcie_link_width_current;
+  std::optional<uint32_t> jpeg_util_pct, ofa_util_pct;
+  std::optional<uint32_t> encoder_sessions, encoder_average_fps, encoder_average_latency_us;
+  // ECC errors by memory location: [corrected, uncorrected][volatile, aggregate].
+  std::optional<uint64_t> ecc_dram[2][2], ecc_sram[2][2];
+  std::optional<uint32_t> remapped_rows_correctable, remapped_rows_uncorrectable;
+  std::optional<bool> remapped_rows_pending, remapped_rows_failure;
+  // Banks by remaining spare rows (nvmlRowRemapperHistogramValues_t): max, high, partial, low,
+  // none.
+  std::optional<uint32_t> remap_histogram[5];
+
+  // Read only when asked (TelemetryRequest::profiling), on GPUs with gpm_supported: DCGM's
+  // profiling ratios from NVML GPM over the time since the previous profiling read of the same GPU
+  // (the first read only takes a sample and leaves these unset).
+  std::optional<GpmMetrics> gpm;
+  std::map<uint32_t, GpmMetrics> gpm_instances;  // by GPU instance id, MIG-enabled GPUs
+};
+
+// What GpuLayer::ReadTelemetry reads beyond the basic set, so a consumer pays only for what it
+// uses (the exporter asks for what its enabled family sets render).
+struct TelemetryRequest {
+  bool extended = false;   // the nvidia-smi set (Telemetry's "read only when asked" fields)
+  bool profiling = false;  // GPM
 };
 
 struct Event {
@@ -126,6 +187,11 @@ class GpuLayer {
 
   // One telemetry sample. Unavailable if the GPU is lost; NotFound for an unknown index.
   virtual absl::StatusOr<Telemetry> GetTelemetry(uint32_t index) = 0;
+  // The same plus the optional groups of `what`. A layer that has none of them answers the basic
+  // sample (the groups' fields stay unset).
+  virtual absl::StatusOr<Telemetry> ReadTelemetry(uint32_t index, const TelemetryRequest& what) {
+    return GetTelemetry(index);
+  }
 
   // Cheap liveness probe of one GPU (NVML answers for it, and it is not lost). Used by health
   // checking to decide recovery.

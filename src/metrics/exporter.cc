@@ -40,6 +40,16 @@ absl::StatusOr<unsigned> ParseFamilies(const std::string& list) {
   return out;
 }
 
+int ConfigureMalloc() {
+  // Each cycle allocates and frees MiB-sized bodies: a fixed mmap threshold keeps them out of the
+  // heap (glibc otherwise raises the threshold after the first free and the freed bodies stay
+  // resident).
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  if (std::getenv("MALLOC_ARENA_MAX") != nullptr) return 0;  // the operator's choice wins
+  constexpr int kArenas = 2;
+  return mallopt(M_ARENA_MAX, kArenas) == 1 ? kArenas : 0;
+}
+
 std::string DefaultHostname() {
   if (const char* n = std::getenv("NODE_NAME"); n != nullptr && *n != 0) return n;
   char buf[256] = {};
@@ -115,12 +125,9 @@ class CheckpointWatcher {
 absl::StatusOr<std::unique_ptr<Exporter>> Exporter::Start(ExporterOptions o, gpu::GpuLayer* gpu,
                                                           Sampler::GpuOpener opener) {
   std::unique_ptr<Exporter> e(new Exporter());
-  // Process-wide, on purpose (the exporter runs in a long-lived daemon: `gpulet exporter` or the
-  // agent): each cycle allocates and frees MiB-sized bodies. A fixed mmap threshold keeps them out
-  // of the heap (glibc otherwise raises the threshold after the first free and the freed bodies
-  // stay resident), and two arenas stop every worker thread from keeping its own free lists.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_ARENA_MAX, 2);
+  // Again here for embedders whose main does not call it (idempotent); main calls it first, before
+  // the agent's NVML and gRPC threads exist.
+  ConfigureMalloc();
   if (!o.pod_resources_socket.empty()) {
     kubelet::PodResourcesOptions po;
     po.socket = o.pod_resources_socket;

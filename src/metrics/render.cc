@@ -5,7 +5,9 @@
 #include <string_view>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 
 namespace gpulet::metrics {
@@ -26,6 +28,9 @@ struct DeviceFamily {
   // instance's pods), as dcgm-exporter does; otherwise it stays one GPU-level series (NVML cannot
   // measure utilisation or framebuffer use per MIG instance).
   bool per_mig_instance = false;
+  // Per-instance value of a per_mig_instance family on a MIG-enabled GPU, when NVML measures it
+  // per GPU instance (GPM); without it the GPU's value is repeated on each instance.
+  std::optional<double> (*get_mig)(const DeviceSample&, const gpu::MigDevice&) = nullptr;
 };
 
 template <typename T>
@@ -40,6 +45,70 @@ std::optional<double> Mib(std::optional<double> bytes) {
   if (!bytes) return bytes;
   return std::floor(*bytes / 1048576.0);  // DCGM reports whole MiB
 }
+
+// A static fact of the GPU (read once at initialisation), scaled.
+template <typename T>
+std::optional<double> Fact(const DeviceSample& d, std::optional<T> gpu::DeviceFacts::*field,
+                           double scale) {
+  const std::optional<T>& v = d.device.facts.*field;
+  if (!v) return std::nullopt;
+  return static_cast<double>(*v) * scale;
+}
+std::optional<double> Flag(const std::optional<bool>& v) {
+  if (!v) return std::nullopt;
+  return *v ? 1 : 0;
+}
+// One clock event reason of the current bitmask, as nvidia-smi reports it: Active 1, else 0.
+std::optional<double> ReasonBit(const DeviceSample& d, uint64_t bit) {
+  if (!d.telemetry || !d.telemetry->throttle_reasons) return std::nullopt;
+  return (*d.telemetry->throttle_reasons & bit) ? 1 : 0;
+}
+// A number nvidia-smi prints as text and nvidia_gpu_exporter parses (serial, InfoROM versions).
+std::optional<double> Numeric(const std::string& v) {
+  double out = 0;
+  if (v.empty() || !absl::SimpleAtod(v, &out)) return std::nullopt;
+  return out;
+}
+// DCGM's profiling ratios: NVML GPM's percentages / 100.
+std::optional<double> GpmRatio(const gpu::GpmMetrics* g,
+                               std::optional<double> gpu::GpmMetrics::*f) {
+  if (!g || !(g->*f)) return std::nullopt;
+  return *(g->*f) / 100.0;
+}
+std::optional<double> GpmGpu(const DeviceSample& d, std::optional<double> gpu::GpmMetrics::*f) {
+  if (!d.telemetry || !d.telemetry->gpm) return std::nullopt;
+  return GpmRatio(&*d.telemetry->gpm, f);
+}
+std::optional<double> GpmInstance(const DeviceSample& d, const gpu::MigDevice& m,
+                                  std::optional<double> gpu::GpmMetrics::*f) {
+  if (!d.telemetry) return std::nullopt;
+  auto it = d.telemetry->gpm_instances.find(m.gpu_instance_id);
+  return it == d.telemetry->gpm_instances.end() ? std::nullopt : GpmRatio(&it->second, f);
+}
+
+#define FACT(field, scale) \
+  +[](const DeviceSample& d) { return Fact(d, &gpu::DeviceFacts::field, scale); }
+#define FLAG(field) \
+  +[](const DeviceSample& d) -> std::optional<double> { \
+    return d.telemetry ? Flag(d.telemetry->field) : std::nullopt; \
+  }
+#define REASON(bit) +[](const DeviceSample& d) { return ReasonBit(d, bit); }
+#define ARRAY(field, i, j) \
+  +[](const DeviceSample& d) -> std::optional<double> { \
+    if (!d.telemetry || !d.telemetry->field[i][j]) return std::nullopt; \
+    return static_cast<double>(*d.telemetry->field[i][j]); \
+  }
+#define HISTOGRAM(i) \
+  +[](const DeviceSample& d) -> std::optional<double> { \
+    if (!d.telemetry || !d.telemetry->remap_histogram[i]) return std::nullopt; \
+    return *d.telemetry->remap_histogram[i]; \
+  }
+// GPU-level value, and the per-GPU-instance one on MIG-enabled GPUs.
+#define GPM(field) \
+  +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::field); }, true, \
+  +[](const DeviceSample& d, const gpu::MigDevice& m) { \
+    return GpmInstance(d, m, &gpu::GpmMetrics::field); \
+  }
 
 #define TEL(field, scale) \
   +[](const DeviceSample& d) { return Tel(d, &gpu::Telemetry::field, scale); }
@@ -124,6 +193,25 @@ const DeviceFamily kDeviceFamilies[] = {
     {OWN, "gpulet_gpu_xid_last_code", G, "Code of the most recent XID event; 0 when none.",
      +[](const DeviceSample& d) -> std::optional<double> { return d.xid_last; }},
 
+    // NVML GPM (Hopper and newer; GPU level, so absent on MIG-enabled GPUs): what DCGM's
+    // profiling fields measure, under gpulet's names.
+    {OWN, "gpulet_gpu_graphics_engine_active_ratio", G,
+     "Fraction of the last sampling interval a context was active on the graphics/compute engine "
+     "(NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::graphics_util); }},
+    {OWN, "gpulet_gpu_sm_active_ratio", G,
+     "Fraction of cycles an SM had at least one warp resident, averaged over SMs (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::sm_util); }},
+    {OWN, "gpulet_gpu_sm_occupancy_ratio", G,
+     "Resident warps as a fraction of the SMs' maximum (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::sm_occupancy); }},
+    {OWN, "gpulet_gpu_tensor_active_ratio", G,
+     "Fraction of cycles a tensor pipe was active (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::tensor_util); }},
+    {OWN, "gpulet_gpu_dram_active_ratio", G,
+     "Device memory bandwidth used as a fraction of the maximum (NVML GPM).",
+     +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::dram_bw_util); }},
+
     // --- dcgm-exporter's default counters (etc/default-counters.csv) that NVML provides ---
     {DCGM, "DCGM_FI_DEV_SM_CLOCK", G, "SM clock frequency (in MHz).", TEL(sm_clock_mhz, 1), true},
     {DCGM, "DCGM_FI_DEV_MEM_CLOCK", G, "Memory clock frequency (in MHz).",
@@ -172,6 +260,26 @@ const DeviceFamily kDeviceFamilies[] = {
      "second.",
      +[](const DeviceSample& d) { return d.nvlink_rx_bytes_per_second; }, true},
 
+    // dcgm-exporter's profiling (DCP) fields, from NVML GPM where the GPU has it (Hopper and
+    // newer): ratios 0..1, per GPU instance on MIG-enabled GPUs; absent without GPM.
+    {DCGM, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", G, "Ratio of time the graphics engine is active.",
+     GPM(graphics_util)},
+    {DCGM, "DCGM_FI_PROF_SM_ACTIVE", G, "The ratio of cycles an SM has at least 1 warp assigned.",
+     GPM(sm_util)},
+    {DCGM, "DCGM_FI_PROF_SM_OCCUPANCY", G, "The ratio of number of warps resident on an SM.",
+     GPM(sm_occupancy)},
+    {DCGM, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", G,
+     "Ratio of cycles the tensor (HMMA) pipe is active.", GPM(tensor_util)},
+    {DCGM, "DCGM_FI_PROF_DRAM_ACTIVE", G,
+     "Ratio of cycles the device memory interface is active sending or receiving data.",
+     GPM(dram_bw_util)},
+    {DCGM, "DCGM_FI_PROF_PIPE_FP64_ACTIVE", G, "Ratio of cycles the fp64 pipes are active.",
+     GPM(fp64_util)},
+    {DCGM, "DCGM_FI_PROF_PIPE_FP32_ACTIVE", G, "Ratio of cycles the fp32 pipes are active.",
+     GPM(fp32_util)},
+    {DCGM, "DCGM_FI_PROF_PIPE_FP16_ACTIVE", G, "Ratio of cycles the fp16 pipes are active.",
+     GPM(fp16_util)},
+
     // --- nvidia_gpu_exporter's nvidia_smi_* names: its units (hz, bytes, ratio), label uuid ---
     {SMI, "nvidia_smi_index", G, "index",
      +[](const DeviceSample& d) -> std::optional<double> { return d.device.index; }},
@@ -218,10 +326,165 @@ const DeviceFamily kDeviceFamilies[] = {
      TEL(pcie_tx_kbps, 1024)},
     {SMI, "nvidia_smi_pcie_throughput_rx_bytes_per_second", G, "PCIe receive throughput.",
      TEL(pcie_rx_kbps, 1024)},
+    // The rest of `nvidia-smi --query-gpu` that NVML answers. Help: the query field, as
+    // nvidia_gpu_exporter writes it. Static facts come from the inventory (read at start).
+    {SMI, "nvidia_smi_compute_cap", G, "compute_cap",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (d.device.cc_major == 0) return std::nullopt;
+       return Numeric(absl::StrCat(d.device.cc_major, ".", d.device.cc_minor));
+     }},
+    {SMI, "nvidia_smi_serial", G, "serial",
+     +[](const DeviceSample& d) { return Numeric(d.device.facts.serial); }},
+    {SMI, "nvidia_smi_inforom_oem", G, "inforom.oem",
+     +[](const DeviceSample& d) { return Numeric(d.device.facts.inforom_oem); }},
+    {SMI, "nvidia_smi_inforom_ecc", G, "inforom.ecc",
+     +[](const DeviceSample& d) { return Numeric(d.device.facts.inforom_ecc); }},
+    {SMI, "nvidia_smi_pci_domain", G, "pci.domain", FACT(pci_domain, 1)},
+    {SMI, "nvidia_smi_pci_bus", G, "pci.bus", FACT(pci_bus, 1)},
+    {SMI, "nvidia_smi_pci_device", G, "pci.device", FACT(pci_device, 1)},
+    {SMI, "nvidia_smi_pci_device_id", G, "pci.device_id",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (d.device.pci_device_id == 0) return std::nullopt;
+       return d.device.pci_device_id;
+     }},
+    {SMI, "nvidia_smi_pci_sub_device_id", G, "pci.sub_device_id", FACT(pci_subsystem_id, 1)},
+    {SMI, "nvidia_smi_pci_base_class", G, "pci.baseClass", FACT(pci_base_class, 1)},
+    {SMI, "nvidia_smi_pci_sub_class", G, "pci.subClass", FACT(pci_sub_class, 1)},
+    {SMI, "nvidia_smi_compute_apps", G, "Number of processes with a compute context on the GPU.",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (!d.telemetry) return std::nullopt;
+       return static_cast<double>(d.telemetry->processes.size());
+     }},
+    {SMI, "nvidia_smi_pcie_link_gen_current", G, "pcie.link.gen.current",
+     TEL(pcie_link_gen_current, 1)},
+    // nvidia-smi's "gpucurrent" is the GPU side of the same link: NVML has one current generation.
+    {SMI, "nvidia_smi_pcie_link_gen_gpucurrent", G, "pcie.link.gen.gpucurrent",
+     TEL(pcie_link_gen_current, 1)},
+    {SMI, "nvidia_smi_pcie_link_gen_max", G, "pcie.link.gen.max", FACT(pcie_link_gen_max, 1)},
+    {SMI, "nvidia_smi_pcie_link_gen_gpumax", G, "pcie.link.gen.gpumax",
+     FACT(pcie_link_gen_gpu_max, 1)},
+    {SMI, "nvidia_smi_pcie_link_width_current", G, "pcie.link.width.current",
+     TEL(pcie_link_width_current, 1)},
+    {SMI, "nvidia_smi_pcie_link_width_max", G, "pcie.link.width.max", FACT(pcie_link_width_max, 1)},
+    {SMI, "nvidia_smi_display_attached", G, "display_attached", FLAG(display_attached)},
+    {SMI, "nvidia_smi_display_active", G, "display_active", FLAG(display_active)},
+    {SMI, "nvidia_smi_persistence_mode", G, "persistence_mode", FLAG(persistence_mode)},
+    {SMI, "nvidia_smi_accounting_mode", G, "accounting.mode", FLAG(accounting_mode)},
+    {SMI, "nvidia_smi_accounting_buffer_size", G, "accounting.buffer_size",
+     FACT(accounting_buffer_size, 1)},
+    {SMI, "nvidia_smi_compute_mode", G, "compute_mode", TEL(compute_mode, 1)},
+    {SMI, "nvidia_smi_mig_mode_current", G, "mig.mode.current",
+     +[](const DeviceSample& d) -> std::optional<double> {
+       if (!d.device.mig_capable) return std::nullopt;
+       return d.device.mig_enabled ? 1 : 0;
+     }},
+    {SMI, "nvidia_smi_mig_mode_pending", G, "mig.mode.pending", FLAG(mig_mode_pending)},
+    {SMI, "nvidia_smi_ecc_mode_current", G, "ecc.mode.current", FLAG(ecc_mode_current)},
+    {SMI, "nvidia_smi_ecc_mode_pending", G, "ecc.mode.pending", FLAG(ecc_mode_pending)},
+    {SMI, "nvidia_smi_gsp_mode_current", G, "gsp.mode.current",
+     +[](const DeviceSample& d) { return Flag(d.device.facts.gsp_firmware_enabled); }},
+    {SMI, "nvidia_smi_gsp_mode_default", G, "gsp.mode.default",
+     +[](const DeviceSample& d) { return Flag(d.device.facts.gsp_firmware_default); }},
+    {SMI, "nvidia_smi_utilization_jpeg_ratio", G, "utilization.jpeg [%]", TEL(jpeg_util_pct, 0.01)},
+    {SMI, "nvidia_smi_utilization_ofa_ratio", G, "utilization.ofa [%]", TEL(ofa_util_pct, 0.01)},
+    {SMI, "nvidia_smi_encoder_stats_session_count", G, "encoder.stats.sessionCount",
+     TEL(encoder_sessions, 1)},
+    {SMI, "nvidia_smi_encoder_stats_average_fps", G, "encoder.stats.averageFps",
+     TEL(encoder_average_fps, 1)},
+    {SMI, "nvidia_smi_encoder_stats_average_latency", G, "encoder.stats.averageLatency",
+     TEL(encoder_average_latency_us, 1)},
+    {SMI, "nvidia_smi_power_limit_watts", G, "power.limit [W]",
+     TEL(power_management_limit_mw, 1e-3)},
+    {SMI, "nvidia_smi_power_default_limit_watts", G, "power.default_limit [W]",
+     FACT(power_default_limit_mw, 1e-3)},
+    {SMI, "nvidia_smi_power_min_limit_watts", G, "power.min_limit [W]",
+     FACT(power_min_limit_mw, 1e-3)},
+    {SMI, "nvidia_smi_power_max_limit_watts", G, "power.max_limit [W]",
+     FACT(power_max_limit_mw, 1e-3)},
+    {SMI, "nvidia_smi_power_draw_average_watts", G, "power.draw.average [W]",
+     TEL(power_average_mw, 1e-3)},
+    {SMI, "nvidia_smi_power_draw_instant_watts", G, "power.draw.instant [W]",
+     TEL(power_instant_mw, 1e-3)},
+    {SMI, "nvidia_smi_clocks_max_graphics_clock_hz", G, "clocks.max.graphics [MHz]",
+     FACT(max_graphics_clock_mhz, 1e6)},
+    {SMI, "nvidia_smi_clocks_max_sm_clock_hz", G, "clocks.max.sm [MHz]",
+     FACT(max_sm_clock_mhz, 1e6)},
+    {SMI, "nvidia_smi_clocks_max_memory_clock_hz", G, "clocks.max.memory [MHz]",
+     FACT(max_memory_clock_mhz, 1e6)},
+    {SMI, "nvidia_smi_clocks_event_reasons_supported", G, "clocks_event_reasons.supported",
+     FACT(supported_clock_event_reasons, 1)},
+    // NVML's nvmlClocksEventReason* bits.
+    {SMI, "nvidia_smi_clocks_event_reasons_gpu_idle", G, "clocks_event_reasons.gpu_idle",
+     REASON(0x1)},
+    {SMI, "nvidia_smi_clocks_event_reasons_applications_clocks_setting", G,
+     "clocks_event_reasons.applications_clocks_setting", REASON(0x2)},
+    {SMI, "nvidia_smi_clocks_event_reasons_sw_power_cap", G, "clocks_event_reasons.sw_power_cap",
+     REASON(0x4)},
+    {SMI, "nvidia_smi_clocks_event_reasons_hw_slowdown", G, "clocks_event_reasons.hw_slowdown",
+     REASON(0x8)},
+    {SMI, "nvidia_smi_clocks_event_reasons_sync_boost", G, "clocks_event_reasons.sync_boost",
+     REASON(0x10)},
+    {SMI, "nvidia_smi_clocks_event_reasons_sw_thermal_slowdown", G,
+     "clocks_event_reasons.sw_thermal_slowdown", REASON(0x20)},
+    {SMI, "nvidia_smi_clocks_event_reasons_hw_thermal_slowdown", G,
+     "clocks_event_reasons.hw_thermal_slowdown", REASON(0x40)},
+    {SMI, "nvidia_smi_clocks_event_reasons_hw_power_brake_slowdown", G,
+     "clocks_event_reasons.hw_power_brake_slowdown", REASON(0x80)},
+    {SMI, "nvidia_smi_clocks_event_reasons_counters_sw_power_cap_seconds", G,
+     "clocks_event_reasons_counters.sw_power_cap [us]", TEL(clocks_event_power_cap_ns, 1e-9)},
+    {SMI, "nvidia_smi_clocks_event_reasons_counters_sync_boost_seconds", G,
+     "clocks_event_reasons_counters.sync_boost [us]", TEL(clocks_event_sync_boost_ns, 1e-9)},
+    // ECC by location ([corrected, uncorrected][volatile, aggregate]); device_memory is DRAM.
+    {SMI, "nvidia_smi_ecc_errors_corrected_volatile_device_memory", G,
+     "ecc.errors.corrected.volatile.device_memory", ARRAY(ecc_dram, 0, 0)},
+    {SMI, "nvidia_smi_ecc_errors_corrected_volatile_dram", G, "ecc.errors.corrected.volatile.dram",
+     ARRAY(ecc_dram, 0, 0)},
+    {SMI, "nvidia_smi_ecc_errors_corrected_volatile_sram", G, "ecc.errors.corrected.volatile.sram",
+     ARRAY(ecc_sram, 0, 0)},
+    {SMI, "nvidia_smi_ecc_errors_corrected_aggregate_device_memory", G,
+     "ecc.errors.corrected.aggregate.device_memory", ARRAY(ecc_dram, 0, 1)},
+    {SMI, "nvidia_smi_ecc_errors_corrected_aggregate_dram", G,
+     "ecc.errors.corrected.aggregate.dram", ARRAY(ecc_dram, 0, 1)},
+    {SMI, "nvidia_smi_ecc_errors_corrected_aggregate_sram", G,
+     "ecc.errors.corrected.aggregate.sram", ARRAY(ecc_sram, 0, 1)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_volatile_device_memory", G,
+     "ecc.errors.uncorrected.volatile.device_memory", ARRAY(ecc_dram, 1, 0)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_volatile_dram", G,
+     "ecc.errors.uncorrected.volatile.dram", ARRAY(ecc_dram, 1, 0)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_volatile_sram", G,
+     "ecc.errors.uncorrected.volatile.sram", ARRAY(ecc_sram, 1, 0)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_aggregate_device_memory", G,
+     "ecc.errors.uncorrected.aggregate.device_memory", ARRAY(ecc_dram, 1, 1)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_aggregate_dram", G,
+     "ecc.errors.uncorrected.aggregate.dram", ARRAY(ecc_dram, 1, 1)},
+    {SMI, "nvidia_smi_ecc_errors_uncorrected_aggregate_sram", G,
+     "ecc.errors.uncorrected.aggregate.sram", ARRAY(ecc_sram, 1, 1)},
+    {SMI, "nvidia_smi_remapped_rows_correctable", G, "remapped_rows.correctable",
+     TEL(remapped_rows_correctable, 1)},
+    {SMI, "nvidia_smi_remapped_rows_uncorrectable", G, "remapped_rows.uncorrectable",
+     TEL(remapped_rows_uncorrectable, 1)},
+    {SMI, "nvidia_smi_remapped_rows_pending", G, "remapped_rows.pending",
+     FLAG(remapped_rows_pending)},
+    {SMI, "nvidia_smi_remapped_rows_failure", G, "remapped_rows.failure",
+     FLAG(remapped_rows_failure)},
+    {SMI, "nvidia_smi_remapped_rows_histogram_max", G, "remapped_rows.histogram.max", HISTOGRAM(0)},
+    {SMI, "nvidia_smi_remapped_rows_histogram_high", G, "remapped_rows.histogram.high",
+     HISTOGRAM(1)},
+    {SMI, "nvidia_smi_remapped_rows_histogram_partial", G, "remapped_rows.histogram.partial",
+     HISTOGRAM(2)},
+    {SMI, "nvidia_smi_remapped_rows_histogram_low", G, "remapped_rows.histogram.low", HISTOGRAM(3)},
+    {SMI, "nvidia_smi_remapped_rows_histogram_none", G, "remapped_rows.histogram.none",
+     HISTOGRAM(4)},
 };
 
 #undef TEL
 #undef TEL_MIB
+#undef FACT
+#undef FLAG
+#undef REASON
+#undef ARRAY
+#undef HISTOGRAM
+#undef GPM
 
 std::string DeviceName(const gpu::Device& d) { return absl::StrCat("nvidia", d.minor); }
 
@@ -236,7 +499,8 @@ struct DeviceBlocks {
   std::string smi;                 // {uuid}
   std::string dcgm_gpu;            // GPU level (also: not MIG-enabled), one per container
   std::vector<std::string> dcgm_gpu_pods;
-  std::vector<std::string> dcgm_mig;  // per MIG instance x its containers (or one empty)
+  // Per MIG device (its index in mig_devices) x its containers (or one pod-less block).
+  std::vector<std::pair<size_t, std::string>> dcgm_mig;
 };
 
 std::string DcgmBlock(const Sample& s, const RenderOptions& o, const gpu::Device& d,
@@ -295,7 +559,7 @@ void RenderDeviceFamilies(const Sample& s, const RenderOptions& o, ExpositionWri
       if (d.mig_enabled) {
         for (size_t m = 0; m < d.mig_devices.size(); ++m) {
           for (std::string& x : DcgmBlocks(s, o, i, static_cast<int>(m))) {
-            b.dcgm_mig.push_back(std::move(x));
+            b.dcgm_mig.emplace_back(m, std::move(x));
           }
         }
       }
@@ -304,21 +568,31 @@ void RenderDeviceFamilies(const Sample& s, const RenderOptions& o, ExpositionWri
   for (const DeviceFamily& f : kDeviceFamilies) {
     if (!(o.families & f.set)) continue;
     bool started = false;
-    for (size_t i = 0; i < s.devices.size(); ++i) {
-      std::optional<double> v = f.get(s.devices[i]);
-      if (!v) continue;
+    auto emit = [&](std::string_view block, double v) {
       if (!started) w.Family(f.name, f.type, f.help);
       started = true;
+      w.SampleWithBlock(block, v);
+    };
+    for (size_t i = 0; i < s.devices.size(); ++i) {
+      const DeviceSample& ds = s.devices[i];
       const DeviceBlocks& b = blocks[i];
-      if (f.set == kGpuletFamilies) {
-        w.SampleWithBlock(b.own, *v);
-      } else if (f.set == kNvidiaSmiFamilies) {
-        w.SampleWithBlock(b.smi, *v);
-      } else {
-        bool mig_level = f.per_mig_instance && !b.dcgm_mig.empty();
-        for (const std::string& x : mig_level ? b.dcgm_mig : b.dcgm_gpu_pods) {
-          w.SampleWithBlock(x, *v);
+      const bool mig_level = f.set == kDcgmFamilies && f.per_mig_instance && !b.dcgm_mig.empty();
+      if (mig_level && f.get_mig) {  // measured per GPU instance
+        for (const auto& [m, x] : b.dcgm_mig) {
+          if (std::optional<double> v = f.get_mig(ds, ds.device.mig_devices[m])) emit(x, *v);
         }
+        continue;
+      }
+      std::optional<double> v = f.get(ds);
+      if (!v) continue;
+      if (f.set == kGpuletFamilies) {
+        emit(b.own, *v);
+      } else if (f.set == kNvidiaSmiFamilies) {
+        emit(b.smi, *v);
+      } else if (mig_level) {
+        for (const auto& [m, x] : b.dcgm_mig) emit(x, *v);
+      } else {
+        for (const std::string& x : b.dcgm_gpu_pods) emit(x, *v);
       }
     }
   }
@@ -447,20 +721,32 @@ void RenderSmiExtras(const Sample& s, ExpositionWriter& w) {
   if (!s.devices.empty()) {
     w.Family("nvidia_smi_gpu_info", G,
              "A metric with a constant '1' value labeled by gpu uuid, name, driver_version, "
-             "pci_bus_id, compute_cap, index, cuda_version.");
+             "vbios_version, pci_bus_id, serial, compute_cap, pci_sub_device_id, index, "
+             "cuda_version.");
     std::string cuda = CudaVersionString(s.cuda_driver_version);
     for (const DeviceSample& ds : s.devices) {
       const gpu::Device& d = ds.device;
       std::string uuid = SmiUuid(d), idx = absl::StrCat(d.index),
                   cc = absl::StrCat(d.cc_major, ".", d.cc_minor);
-      w.Sample({{"compute_cap", cc},
-                {"cuda_version", cuda},
-                {"driver_version", s.driver_version},
-                {"index", idx},
-                {"name", d.name},
-                {"pci_bus_id", d.pci_bus_id},
-                {"uuid", uuid}},
-               1);
+      // nvidia-smi prints the subsystem id as 0x%08X.
+      std::string sub = d.facts.pci_subsystem_id
+                            ? absl::StrFormat("0x%08X", *d.facts.pci_subsystem_id)
+                            : std::string();
+      // Labels NVML cannot fill are left out (an empty label is an absent one).
+      w.BeginSample();
+      for (auto [n, v] : {Label{"compute_cap", cc}, Label{"cuda_version", cuda},
+                          Label{"driver_version", s.driver_version}, Label{"index", idx},
+                          Label{"name", d.name}, Label{"pci_bus_id", d.pci_bus_id},
+                          Label{"pci_sub_device_id", sub}, Label{"serial", d.facts.serial},
+                          Label{"uuid", uuid}, Label{"vbios_version", d.facts.vbios_version}}) {
+        if (!v.empty()) w.AddLabel(n, v);
+      }
+      w.EndSample(1);
+    }
+    // nvidia_gpu_exporter's count: the number of GPUs, repeated on each GPU's series.
+    w.Family("nvidia_smi_count", G, "count");
+    for (const DeviceSample& ds : s.devices) {
+      w.Sample({{"uuid", SmiUuid(ds.device)}}, static_cast<double>(s.devices.size()));
     }
   }
   bool any_xid = false;

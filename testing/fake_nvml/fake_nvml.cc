@@ -129,6 +129,7 @@ absl::Status Materialise(const State& s) {
     RETURN_IF_ERROR(fs.MakeDirs(dir));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/numa_node", absl::StrCat(g.numa_node, "\n")));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/local_cpulist", g.cpus + "\n"));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/class", "0x030200\n"));  // 3D controller
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/vendor", absl::StrCat("0x", absl::Hex(g.pci_device_id & 0xffff, absl::kZeroPad4), "\n")));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/device", absl::StrCat("0x", absl::Hex(g.pci_device_id >> 16, absl::kZeroPad4), "\n")));
   }
@@ -761,6 +762,15 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, n
       v.nvmlReturn = v.scopeId != kNvmlScopeAllLinks
                          ? NVML_ERROR_NOT_SUPPORTED
                          : Tel(s, h, tx ? "nvlink_tx_kib" : "nvlink_rx_kib", &v.value.ullVal);
+    } else if (v.fieldId == NVML_FI_DEV_POWER_AVERAGE || v.fieldId == NVML_FI_DEV_POWER_INSTANT) {
+      v.valueType = 1;  // the simulated draw is steady: average == instant == power_usage_mw
+      v.nvmlReturn = Tel(s, h, "power_usage_mw", &v.value.uiVal);
+    } else if (v.fieldId == NVML_FI_DEV_PERF_POLICY_POWER ||
+               v.fieldId == NVML_FI_DEV_PERF_POLICY_SYNC_BOOST) {
+      v.valueType = 3;
+      bool power = v.fieldId == NVML_FI_DEV_PERF_POLICY_POWER;
+      v.nvmlReturn = Tel(s, h, power ? "clocks_event_power_cap_ns" : "clocks_event_sync_boost_ns",
+                         &v.value.ullVal);
     } else {
       v.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }
@@ -890,6 +900,330 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t de
   return nvmlDeviceGetComputeRunningProcesses_v3(dev, count, infos);
 }
 #endif
+
+// ---- the nvidia-smi set: static facts and modes from the machine file -------------------------
+
+namespace gpulet::sim {
+namespace {
+// A fact of a physical GPU: NOT_SUPPORTED on a MIG device or when the machine file leaves it 0.
+nvmlReturn_t Fact(const DevHandle& h, uint32_t v, unsigned int* out) {
+  if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0 || v == 0) return NVML_ERROR_NOT_SUPPORTED;
+  *out = v;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t FactString(const DevHandle& h, const std::string& v, char* out, unsigned int len) {
+  if (h.mig >= 0 || v.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  return CopyString(v, out, len);
+}
+nvmlReturn_t Switch(const DevHandle& h, bool on, nvmlEnableState_t* out) {
+  if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *out = on ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+  return NVML_SUCCESS;
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char* v, unsigned int len) {
+  ENTER();
+  DEVICE(dev, h);
+  return FactString(h, s.m.gpus[h.gpu].serial, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char* v, unsigned int len) {
+  ENTER();
+  DEVICE(dev, h);
+  return FactString(h, s.m.gpus[h.gpu].vbios_version, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t dev, int object, char* v, unsigned int len) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (object != NVML_INFOROM_OEM && object != NVML_INFOROM_ECC) return NVML_ERROR_NOT_SUPPORTED;
+  return FactString(h, object == NVML_INFOROM_OEM ? g.inforom_oem : g.inforom_ecc, v, len);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned int* mhz) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  switch (type) {
+    case NVML_CLOCK_GRAPHICS: return Fact(h, g.max_graphics_clock_mhz, mhz);
+    case NVML_CLOCK_SM: return Fact(h, g.max_sm_clock_mhz, mhz);
+    case NVML_CLOCK_MEM: return Fact(h, g.max_memory_clock_mhz, mhz);
+    default: return NVML_ERROR_NOT_SUPPORTED;
+  }
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long* r) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!r) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *r = 0x1FF;  // nvmlClocksEventReasonGpuIdle .. DisplayClockSetting
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int* v) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].pcie_gen, v);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int* v) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].pcie_gen_max, v);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int* v) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].pcie_gpu_gen_max, v);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int* v) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].pcie_width, v);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int* v) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].pcie_width_max, v);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned int* mw) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, s.m.gpus[h.gpu].power_default_w * 1000, mw);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsigned int* min_mw, unsigned int* max_mw) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (nvmlReturn_t r = Fact(h, g.power_min_w * 1000, min_mw); r != NVML_SUCCESS) return r;
+  return Fact(h, g.power_max_w * 1000, max_mw);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareMode(nvmlDevice_t dev, unsigned int* enabled, unsigned int* default_mode) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!enabled || !default_mode) return NVML_ERROR_INVALID_ARGUMENT;
+  int mode = s.m.gpus[h.gpu].gsp_firmware;
+  if (h.mig >= 0 || mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *enabled = *default_mode = static_cast<unsigned>(mode);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingBufferSize(nvmlDevice_t dev, unsigned int* n) {
+  ENTER();
+  DEVICE(dev, h);
+  return Fact(h, 4000, n);  // NVML's default buffer of per-process records
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t dev, nvmlEnableState_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  return Switch(h, false, m);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, nvmlEnableState_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  return Switch(h, s.m.gpus[h.gpu].persistence_mode, m);
+}
+// A simulated node is headless: no display attached or active.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, nvmlEnableState_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  return Switch(h, false, m);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, nvmlEnableState_t* m) {
+  ENTER();
+  DEVICE(dev, h);
+  return Switch(h, false, m);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int* mode) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+  *mode = s.m.gpus[h.gpu].compute_mode;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t* current, nvmlEnableState_t* pending) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!s.m.gpus[h.gpu].ecc || h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  *current = *pending = NVML_FEATURE_ENABLED;
+  return NVML_SUCCESS;
+}
+// DRAM errors are the machine's ECC counters; the simulated SRAM never fails.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, int error_type, int counter, int location, unsigned long long* n) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!n || (error_type != 0 && error_type != 1) || (counter != 0 && counter != 1)) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!s.m.gpus[h.gpu].ecc || h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  if (location == NVML_MEMORY_LOCATION_SRAM) {
+    *n = 0;
+    return NVML_SUCCESS;
+  }
+  if (location != NVML_MEMORY_LOCATION_DRAM) return NVML_ERROR_NOT_SUPPORTED;
+  std::string key = absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
+  auto it = s.rt[h.gpu].tel.find(key);
+  *n = it == s.rt[h.gpu].tel.end() ? 0 : it->second;
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int* corr, unsigned int* unc, unsigned int* pending, unsigned int* failed) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!corr || !unc || !pending || !failed) return NVML_ERROR_INVALID_ARGUMENT;
+  unsigned int* outs[] = {corr, unc, pending, failed};
+  const char* keys[] = {"remapped_rows_correctable", "remapped_rows_uncorrectable",
+                        "remapped_rows_pending", "remapped_rows_failure"};
+  for (int i = 0; i < 4; ++i) {
+    if (nvmlReturn_t r = Tel(s, h, keys[i], outs[i]); r != NVML_SUCCESS) return r;
+  }
+  return NVML_SUCCESS;
+}
+// Every bank starts with all its spare rows; each remapped row uses one of a bank's.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev, nvmlRowRemapperHistogramValues_t* v) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+  unsigned corr = 0, unc = 0;
+  if (nvmlReturn_t r = Tel(s, h, "remapped_rows_correctable", &corr); r != NVML_SUCCESS) return r;
+  Tel(s, h, "remapped_rows_uncorrectable", &unc);
+  constexpr unsigned kBanks = 2560;
+  unsigned used = std::min(kBanks, corr + unc);
+  *v = nvmlRowRemapperHistogramValues_t{kBanks - used, used, 0, 0, 0};
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
+  *period_us = 167000;
+  return Tel(s, h, "jpeg_util_pct", u);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
+  *period_us = 167000;
+  return Tel(s, h, "ofa_util_pct", u);
+}
+// No encoder sessions run on a simulated node; answered where the encoder is modelled.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned int* sessions, unsigned int* fps, unsigned int* latency_us) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!sessions || !fps || !latency_us) return NVML_ERROR_INVALID_ARGUMENT;
+  unsigned util = 0;
+  if (nvmlReturn_t r = Tel(s, h, "encoder_util_pct", &util); r != NVML_SUCCESS) return r;
+  *sessions = *fps = *latency_us = 0;
+  return NVML_SUCCESS;
+}
+
+// ---- GPM: samples hold the GPU's GPM telemetry when taken; metrics are the later sample's ------
+
+namespace gpulet::sim {
+namespace {
+struct GpmSampleRec {
+  int gpu = -1;                 // -1: allocated, never filled
+  uint32_t gi = 0xFFFFFFFFu;    // GPU instance, or the whole GPU
+  std::chrono::steady_clock::time_point at;
+  std::map<unsigned, double> values;  // GPM metric id -> percent
+};
+std::set<GpmSampleRec*> g_gpm_samples;  // guarded by g_mu
+
+bool GpmSupported(const GpuSpec& g) {
+  return g.gpm >= 0 ? g.gpm == 1 : g.architecture >= NVML_DEVICE_ARCH_HOPPER;
+}
+
+void FillGpm(const State& s, int gpu, GpmSampleRec& rec) {
+  const auto& t = s.rt[gpu].tel;
+  auto get = [&](const char* key, const char* fallback) -> double {
+    auto it = t.find(key);
+    if (it == t.end() && fallback) it = t.find(fallback);
+    return it == t.end() ? 0.0 : static_cast<double>(it->second);
+  };
+  rec.values = {{NVML_GPM_METRIC_GRAPHICS_UTIL, get("gpm_graphics_util_pct", "gpu_util_pct")},
+                {NVML_GPM_METRIC_SM_UTIL, get("gpm_sm_util_pct", nullptr)},
+                {NVML_GPM_METRIC_SM_OCCUPANCY, get("gpm_sm_occupancy_pct", nullptr)},
+                {NVML_GPM_METRIC_ANY_TENSOR_UTIL, get("gpm_tensor_util_pct", nullptr)},
+                {NVML_GPM_METRIC_DRAM_BW_UTIL, get("gpm_dram_bw_util_pct", "memory_util_pct")},
+                {NVML_GPM_METRIC_FP64_UTIL, get("gpm_fp64_util_pct", nullptr)},
+                {NVML_GPM_METRIC_FP32_UTIL, get("gpm_fp32_util_pct", nullptr)},
+                {NVML_GPM_METRIC_FP16_UTIL, get("gpm_fp16_util_pct", nullptr)}};
+  for (auto& [id, v] : rec.values) v = std::min(v, 100.0);
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t* support) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!support) return NVML_ERROR_INVALID_ARGUMENT;
+  if (support->version != NVML_GPM_SUPPORT_VERSION) return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  support->isSupportedDevice = h.mig < 0 && GpmSupported(s.m.gpus[h.gpu]);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t* sample) {
+  ENTER();
+  if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+  auto* rec = new GpmSampleRec();
+  g_gpm_samples.insert(rec);
+  *sample = reinterpret_cast<nvmlGpmSample_t>(rec);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto* rec = reinterpret_cast<GpmSampleRec*>(sample);
+  if (!g_gpm_samples.erase(rec)) return NVML_ERROR_INVALID_ARGUMENT;
+  delete rec;
+  return NVML_SUCCESS;
+}
+namespace gpulet::sim {
+namespace {
+nvmlReturn_t GpmSample(State& s, const DevHandle& h, uint32_t gi, nvmlGpmSample_t sample) {
+  auto* rec = reinterpret_cast<GpmSampleRec*>(sample);
+  if (!g_gpm_samples.count(rec) || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!GpmSupported(g)) return NVML_ERROR_NOT_SUPPORTED;
+  if (gi != 0xFFFFFFFFu) {
+    bool found = std::any_of(g.mig.begin(), g.mig.end(), [&](const MigSpec& m) { return m.gi == gi; });
+    if (!found) return NVML_ERROR_NOT_FOUND;
+  }
+  rec->gpu = h.gpu;
+  rec->gi = gi;
+  rec->at = std::chrono::steady_clock::now();
+  FillGpm(s, h.gpu, *rec);
+  return NVML_SUCCESS;
+}
+}  // namespace
+}  // namespace gpulet::sim
+FAKE_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+  ENTER();
+  DEVICE(dev, h);
+  return GpmSample(s, h, 0xFFFFFFFFu, sample);
+}
+FAKE_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_instance_id, nvmlGpmSample_t sample) {
+  ENTER();
+  DEVICE(dev, h);
+  if (gpu_instance_id == 0xFFFFFFFFu) return NVML_ERROR_INVALID_ARGUMENT;
+  return GpmSample(s, h, gpu_instance_id, sample);
+}
+// As NVML: both samples filled, of the same device or instance, the first one older.
+FAKE_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* mg) {
+  ENTER();
+  if (!mg) return NVML_ERROR_INVALID_ARGUMENT;
+  if (mg->version != NVML_GPM_METRICS_GET_VERSION) return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  if (mg->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
+  auto* a = reinterpret_cast<GpmSampleRec*>(mg->sample1);
+  auto* b = reinterpret_cast<GpmSampleRec*>(mg->sample2);
+  if (!g_gpm_samples.count(a) || !g_gpm_samples.count(b) || a->gpu < 0 || b->gpu < 0 ||
+      a->gpu != b->gpu || a->gi != b->gi || !(a->at < b->at)) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  for (unsigned i = 0; i < mg->numMetrics; ++i) {
+    nvmlGpmMetric_t& m = mg->metrics[i];
+    auto it = b->values.find(m.metricId);
+    m.nvmlReturn = it == b->values.end() ? NVML_ERROR_NOT_SUPPORTED : NVML_SUCCESS;
+    m.value = it == b->values.end() ? 0 : it->second;
+    m.metricInfo = {nullptr, nullptr, nullptr};
+  }
+  return NVML_SUCCESS;
+}
 
 // ---- events -----------------------------------------------------------------------------------
 

@@ -135,7 +135,9 @@ class Parser {
               {"name", "brand", "architecture", "uuid", "pci_bus_id", "pci_device_id",
                "pci_subsystem_id", "minor", "numa_node", "cpus", "compute_capability", "sm_count",
                "memory_mib", "power_limit_w", "pcie_switch", "host_bridge", "ecc", "mig_capable",
-               "mig_enabled", "mig", "telemetry", "processes"});
+               "mig_enabled", "mig", "telemetry", "processes", "serial", "vbios_version",
+               "inforom", "max_clocks_mhz", "pcie", "power_limits_w", "persistence_mode",
+               "compute_mode", "gsp_firmware", "gpm"});
     for (const auto& kv : n) {
       const std::string k = kv.first.Scalar();
       const YAML::Node& v = kv.second;
@@ -209,6 +211,7 @@ class Parser {
       } else if (k == "telemetry") {
         CheckTelemetry(v, w);
         for (const auto& t : v) g.telemetry[t.first.Scalar()] = UInt(t.second, w + "." + t.first.Scalar());
+      } else if (Facts(k, v, w, g)) {
       } else if (k == "processes") {
         if (!v.IsSequence()) Fail(v, absl::StrCat(w, ": expected a list"));
         g.processes.clear();
@@ -221,6 +224,60 @@ class Parser {
         }
       }
     }
+  }
+
+  // The nvidia-smi set's facts of one GPU; false for a key that is not one of them.
+  bool Facts(const std::string& k, const YAML::Node& v, const std::string& w, GpuSpec& g) const {
+    auto sub = [&](std::initializer_list<std::pair<const char*, uint32_t*>> fields, uint64_t max) {
+      std::vector<const char*> names;
+      for (const auto& f : fields) names.push_back(f.first);
+      if (!v.IsMap()) Fail(v, absl::StrCat(w, ": expected a mapping"));
+      for (const auto& kv : v) {
+        auto it = std::find_if(fields.begin(), fields.end(),
+                               [&](const auto& f) { return kv.first.Scalar() == f.first; });
+        if (it == fields.end()) {
+          Fail(kv.first, absl::StrCat(w, ": unknown key '", kv.first.Scalar(), "' (allowed: ",
+                                      absl::StrJoin(names, ", "), ")"));
+        }
+        *it->second = static_cast<uint32_t>(UInt(kv.second, w + "." + it->first, max));
+      }
+    };
+    if (k == "serial") {
+      g.serial = Str(v, w);
+    } else if (k == "vbios_version") {
+      g.vbios_version = Str(v, w);
+    } else if (k == "inforom") {
+      CheckKeys(v, w, {"oem", "ecc"});
+      if (v["oem"]) g.inforom_oem = Str(v["oem"], w + ".oem");
+      if (v["ecc"]) g.inforom_ecc = Str(v["ecc"], w + ".ecc");
+    } else if (k == "max_clocks_mhz") {
+      sub({{"graphics", &g.max_graphics_clock_mhz}, {"sm", &g.max_sm_clock_mhz},
+           {"memory", &g.max_memory_clock_mhz}}, 100000);
+    } else if (k == "pcie") {
+      sub({{"gen", &g.pcie_gen}, {"gen_max", &g.pcie_gen_max}, {"gpu_gen_max", &g.pcie_gpu_gen_max},
+           {"width", &g.pcie_width}, {"width_max", &g.pcie_width_max}}, 64);
+    } else if (k == "power_limits_w") {
+      sub({{"default", &g.power_default_w}, {"min", &g.power_min_w}, {"max", &g.power_max_w}},
+          100000);
+    } else if (k == "persistence_mode") {
+      g.persistence_mode = Bool(v, w);
+    } else if (k == "compute_mode") {
+      static const std::map<std::string, int> kModes = {
+          {"default", 0}, {"prohibited", 2}, {"exclusive_process", 3}};
+      auto it = kModes.find(absl::AsciiStrToLower(Str(v, w)));
+      if (it == kModes.end()) {
+        Fail(v, absl::StrCat(w, ": unknown compute mode '", v.Scalar(),
+                             "' (want default, prohibited or exclusive_process)"));
+      }
+      g.compute_mode = it->second;
+    } else if (k == "gsp_firmware") {
+      g.gsp_firmware = Bool(v, w) ? 1 : 0;
+    } else if (k == "gpm") {
+      g.gpm = Bool(v, w) ? 1 : 0;
+    } else {
+      return false;
+    }
+    return true;
   }
 
   void CheckTelemetry(const YAML::Node& v, const std::string& w) const {
@@ -371,7 +428,15 @@ const std::vector<std::string>& TelemetryKeys() {
       "fb_used_mib",      "fb_reserved_mib",   "ecc_sbe_volatile",  "ecc_dbe_volatile",
       "ecc_sbe_aggregate", "ecc_dbe_aggregate", "throttle_reasons", "pcie_replay_count",
       "pcie_tx_kbps",     "pcie_rx_kbps",      "fan_speed_pct",     "pstate",
-      "nvlink_tx_kib",    "nvlink_rx_kib"};
+      "nvlink_tx_kib",    "nvlink_rx_kib",
+      // The nvidia-smi set (absent: NVML answers NOT_SUPPORTED).
+      "jpeg_util_pct", "ofa_util_pct", "clocks_event_power_cap_ns", "clocks_event_sync_boost_ns",
+      "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+      "remapped_rows_failure",
+      // GPM (percent; on GPUs with GPM support): absent graphics / DRAM utilisation follow
+      // gpu_util_pct / memory_util_pct, the other metrics are 0.
+      "gpm_graphics_util_pct", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct",
+      "gpm_dram_bw_util_pct", "gpm_fp64_util_pct", "gpm_fp32_util_pct", "gpm_fp16_util_pct"};
   return *k;
 }
 

@@ -38,6 +38,15 @@ struct GpuSpec {
   bool ecc = true;
   bool mig_capable = false, mig_enabled = false;
   std::vector<MigSpec> mig;
+  // The nvidia-smi set's static facts (docs/simulation.md); empty / 0: NVML answers NOT_SUPPORTED.
+  std::string serial, vbios_version, inforom_oem, inforom_ecc;
+  uint32_t max_graphics_clock_mhz = 0, max_sm_clock_mhz = 0, max_memory_clock_mhz = 0;
+  uint32_t pcie_gen = 0, pcie_gen_max = 0, pcie_gpu_gen_max = 0, pcie_width = 0, pcie_width_max = 0;
+  uint32_t power_default_w = 0, power_min_w = 0, power_max_w = 0;
+  bool persistence_mode = false;
+  int compute_mode = 0;   // nvmlComputeMode_t
+  int gsp_firmware = -1;  // -1: not supported, 0: off, 1: on
+  int gpm = -1;           // GPM support; -1: by architecture (Hopper and newer)
   std::map<std::string, uint64_t> telemetry;  // keys: TelemetryKeys()
   std::vector<std::pair<uint32_t, uint64_t>> processes;  // pid, used MiB
 };

@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <regex>
+#include <thread>
+#include <vector>
 #include <set>
 
 namespace gpulet::gpu::testing {
@@ -139,6 +142,63 @@ TEST_P(GpuLayerConformance, ReinitKeepsTheInventory) {
   }
   if (!inv_.devices.empty()) {
     EXPECT_TRUE(layer_->GetTelemetry(0).ok());
+  }
+}
+
+// The nvidia-smi facts and extras agree with each other, and GPM gives percentages on GPUs that
+// support it (per GPU instance under MIG) and nothing elsewhere. Two reads 200 ms apart: NVML
+// wants GPM samples at least 100 ms apart.
+TEST_P(GpuLayerConformance, ProfilingAndNvidiaSmiSetArePlausible) {
+  const TelemetryRequest all{true, true};
+  for (const Device& d : inv_.devices) {
+    SCOPED_TRACE(d.index);
+    const DeviceFacts& f = d.facts;
+    if (f.power_min_limit_mw && f.power_max_limit_mw) {
+      EXPECT_LE(*f.power_min_limit_mw, *f.power_max_limit_mw);
+      if (f.power_default_limit_mw) {
+        EXPECT_LE(*f.power_default_limit_mw, *f.power_max_limit_mw);
+        EXPECT_GE(*f.power_default_limit_mw, *f.power_min_limit_mw);
+      }
+    }
+    auto first = layer_->ReadTelemetry(d.index, all);
+    ASSERT_TRUE(first.ok()) << first.status();
+    if (f.pcie_link_gen_max && first->pcie_link_gen_current) {
+      EXPECT_LE(*first->pcie_link_gen_current, *f.pcie_link_gen_max);
+    }
+    if (f.pcie_link_width_max && first->pcie_link_width_current) {
+      EXPECT_LE(*first->pcie_link_width_current, *f.pcie_link_width_max);
+    }
+    if (f.max_sm_clock_mhz && first->sm_clock_mhz) {
+      EXPECT_LE(*first->sm_clock_mhz, *f.max_sm_clock_mhz);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (const Device& d : inv_.devices) {
+    SCOPED_TRACE(d.index);
+    auto t = layer_->ReadTelemetry(d.index, all);
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (!d.gpm_supported) {
+      EXPECT_FALSE(t->gpm.has_value());
+      EXPECT_TRUE(t->gpm_instances.empty());
+      continue;
+    }
+    std::vector<GpmMetrics> got;
+    if (d.mig_enabled) {
+      EXPECT_FALSE(t->gpm.has_value());
+      for (const auto& [gi, m] : t->gpm_instances) got.push_back(m);
+      EXPECT_FALSE(got.empty()) << "MIG GPU with GPM: no instance measured";
+    } else {
+      ASSERT_TRUE(t->gpm.has_value()) << "GPM supported but no metrics from two samples";
+      got.push_back(*t->gpm);
+    }
+    for (const GpmMetrics& m : got) {
+      for (const auto& v : {m.graphics_util, m.sm_util, m.sm_occupancy, m.tensor_util,
+                            m.dram_bw_util, m.fp64_util, m.fp32_util, m.fp16_util}) {
+        if (!v) continue;
+        EXPECT_GE(*v, 0.0);
+        EXPECT_LE(*v, 200.0) << "percent (MIG instances may read somewhat above 100)";
+      }
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "gpu/gpu.h"
+#include "metrics/render.h"
 
 namespace gpulet::testing_metrics {
 
@@ -151,5 +152,23 @@ class FakeGpuLayer : public gpu::GpuLayer {
   std::atomic<int> reinits_{0};
   std::atomic<int> telemetry_calls_{0};
 };
+
+// A metrics Sample of every GPU of `g`, all healthy, on host "node1".
+inline metrics::Sample SampleOf(FakeGpuLayer& g) {
+  metrics::Sample s;
+  s.hostname = "node1";
+  auto inv = g.GetInventory();
+  s.driver_version = inv->driver_version;
+  s.cuda_driver_version = inv->cuda_driver_version;
+  for (const gpu::Device& d : inv->devices) {
+    metrics::DeviceSample ds;
+    ds.device = d;
+    ds.telemetry = *g.GetTelemetry(d.index);
+    ds.healthy = true;
+    s.devices.push_back(ds);
+  }
+  s.self.nvml_up = true;
+  return s;
+}
 
 }  // namespace gpulet::testing_metrics

@@ -31,6 +31,7 @@ namespace {
 
 using testing_metrics::FakeContainer;
 using testing_metrics::FakeGpuLayer;
+using testing_metrics::SampleOf;
 using testing_metrics::PodResourcesServer;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -51,23 +52,6 @@ class StaticLister : public kubelet::PodResourcesLister {
   std::atomic<bool> fail_{false};
   std::vector<kubelet::PodDevice> devices_;
 };
-
-Sample SampleOf(FakeGpuLayer& g) {
-  Sample s;
-  s.hostname = "node1";
-  auto inv = g.GetInventory();
-  s.driver_version = inv->driver_version;
-  s.cuda_driver_version = inv->cuda_driver_version;
-  for (const gpu::Device& d : inv->devices) {
-    DeviceSample ds;
-    ds.device = d;
-    ds.telemetry = *g.GetTelemetry(d.index);
-    ds.healthy = true;
-    s.devices.push_back(ds);
-  }
-  s.self.nvml_up = true;
-  return s;
-}
 
 // --- exposition -------------------------------------------------------------------------------
 

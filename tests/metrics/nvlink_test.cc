@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
 #include "tests/metrics/fake_gpu.h"
+#include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
 namespace {
@@ -27,36 +28,7 @@ using ::testing::Not;
 // dgx-h100.yaml's defaults: nvlink_tx_kib / nvlink_rx_kib.
 constexpr uint64_t kProfileTxKib = 73400320, kProfileRxKib = 71303168;
 
-class NvlinkTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gpulet-nvlink-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override {
-    layer_.reset();
-    std::filesystem::remove_all(root_);
-  }
-  void Open(const std::string& profile) {
-    gpu::GpuOptions o;
-    o.simulate = profile;
-    o.sim_root = root_;
-    auto l = gpu::OpenGpuLayer(o);
-    ASSERT_TRUE(l.ok()) << l.status();
-    layer_ = *std::move(l);
-  }
-  // `gpulet sim fault set --gpu N --value KEY=V` against this node.
-  int Set(int gpu, const std::string& kv) {
-    std::vector<std::string> args = {"fault", "set", "--gpu", absl::StrCat(gpu), "--value", kv,
-                                     "--sim-root", root_};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return sim::RunFaultCommand(static_cast<int>(argv.size()), argv.data());
-  }
-  std::string root_;
-  std::unique_ptr<gpu::GpuLayer> layer_;
-};
+class NvlinkTest : public testing_metrics::SimNodeTest {};
 
 // The GPU layer reads the NVLink data counters (sum over links) through nvmlDeviceGetFieldValues;
 // a board without NVLink leaves them unset instead of reporting 0.

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cmd/gpulet/command.h"
+#include "metrics/exporter.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -28,6 +29,9 @@ CommandRegistration::CommandRegistration(const char* name, const char* descripti
 }  // namespace gpulet::cmd
 
 int main(int argc, char** argv) {
+  // Before any thread exists: the long-running commands (agent, exporter) keep few malloc arenas
+  // however many cores the node has (see ConfigureMalloc).
+  gpulet::metrics::ConfigureMalloc();
   CLI::App app{
       "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
       "gpulet"};

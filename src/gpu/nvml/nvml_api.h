@@ -5,6 +5,7 @@
 // linked against NVML.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 extern "C" {
@@ -167,6 +168,71 @@ enum : unsigned {
   NVML_DEVICE_ARCH_ADA = 8, NVML_DEVICE_ARCH_HOPPER = 9, NVML_DEVICE_ARCH_BLACKWELL = 10,
 };
 
+// nvmlDeviceGetFieldValues ids of the nvidia-smi set: power averaged over 1 s and instantaneous
+// (mW, scopeId 0 = the GPU alone), and the time clocks were held back by the power cap / sync
+// boost (ns since driver load; these two ids are the old NVML_FI_DEV_PERF_POLICY_* numbers, the
+// same in every header, unlike the thermal/power-brake counters that moved between releases).
+enum : unsigned {
+  NVML_FI_DEV_PERF_POLICY_POWER = 74,
+  NVML_FI_DEV_PERF_POLICY_SYNC_BOOST = 76,
+  NVML_FI_DEV_POWER_AVERAGE = 185,
+  NVML_FI_DEV_POWER_INSTANT = 186,
+};
+
+enum : int { NVML_INFOROM_OEM = 0, NVML_INFOROM_ECC = 1 };
+enum : unsigned { NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE = 16, NVML_DEVICE_SERIAL_BUFFER_SIZE = 30,
+                  NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE = 32 };
+// nvmlMemoryLocation_t for nvmlDeviceGetMemoryErrorCounter (DRAM and DEVICE_MEMORY share 2).
+enum : int { NVML_MEMORY_LOCATION_DRAM = 2, NVML_MEMORY_LOCATION_SRAM = 7 };
+
+// nvmlDeviceGetRowRemapperHistogram: banks by how many spare rows they have left.
+typedef struct {
+  unsigned int max, high, partial, low, none;
+} nvmlRowRemapperHistogramValues_t;
+
+// ---- GPM (GPU Performance Monitoring, Hopper and newer), from NVIDIA's nvml.h ----
+// A metric is computed from two samples of the same device (or GPU instance) taken some time
+// apart. nvmlGpmSample_t is an opaque handle (nvml.h: typedef struct nvmlGpmSample_st*).
+typedef struct nvmlGpmSample_st* nvmlGpmSample_t;
+enum : unsigned {
+  NVML_GPM_METRIC_GRAPHICS_UTIL = 1,
+  NVML_GPM_METRIC_SM_UTIL = 2,
+  NVML_GPM_METRIC_SM_OCCUPANCY = 3,
+  NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5,
+  NVML_GPM_METRIC_DRAM_BW_UTIL = 10,
+  NVML_GPM_METRIC_FP64_UTIL = 11,
+  NVML_GPM_METRIC_FP32_UTIL = 12,
+  NVML_GPM_METRIC_FP16_UTIL = 13,
+  NVML_GPM_METRIC_MAX = 98,  // the array size of nvmlGpmMetricsGet_t version 1
+};
+enum : unsigned { NVML_GPM_METRICS_GET_VERSION = 1, NVML_GPM_SUPPORT_VERSION = 1 };
+typedef struct {
+  unsigned int metricId;    // IN
+  nvmlReturn_t nvmlReturn;  // OUT: this metric's status; value is valid only on NVML_SUCCESS
+  double value;             // OUT: percent 0..100 for the *_UTIL / OCCUPANCY metrics
+  struct {
+    char* shortName;
+    char* longName;
+    char* unit;
+  } metricInfo;             // OUT: may be NULL
+} nvmlGpmMetric_t;
+typedef struct {
+  unsigned int version;     // IN: NVML_GPM_METRICS_GET_VERSION
+  unsigned int numMetrics;  // IN: entries used in metrics[]
+  nvmlGpmSample_t sample1;  // IN: the earlier sample
+  nvmlGpmSample_t sample2;  // IN: the later sample
+  nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct {
+  unsigned int version;            // IN: NVML_GPM_SUPPORT_VERSION
+  unsigned int isSupportedDevice;  // OUT
+} nvmlGpmSupport_t;
+// The layout above is NVIDIA's; a mismatch would corrupt what NVML writes back.
+static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t layout");
+static_assert(offsetof(nvmlGpmMetricsGet_t, sample1) == 8, "nvmlGpmMetricsGet_t layout");
+static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t layout");
+static_assert(sizeof(nvmlGpmMetricsGet_t) == 24 + 98 * 40, "nvmlGpmMetricsGet_t layout");
+
 // Function types, one per symbol gpulet resolves (the name follows the symbol's, without "nvml").
 typedef nvmlReturn_t (*nvmlInitFn)(void);
 typedef nvmlReturn_t (*nvmlShutdownFn)(void);
@@ -208,5 +274,26 @@ typedef nvmlReturn_t (*nvmlEventSetFreeFn)(nvmlEventSet_t);
 typedef nvmlReturn_t (*nvmlDeviceRegisterEventsFn)(nvmlDevice_t, unsigned long long,
                                                    nvmlEventSet_t);
 typedef nvmlReturn_t (*nvmlEventSetWaitFn)(nvmlEventSet_t, nvmlEventData_t*, unsigned int);
+// The nvidia-smi set (answers of several getters share a shape: see the Uint/Ull/Int types above).
+typedef nvmlReturn_t (*nvmlDeviceGetEnableStateFn)(nvmlDevice_t, nvmlEnableState_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetEccModeFn)(nvmlDevice_t, nvmlEnableState_t*,
+                                               nvmlEnableState_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetTwoUintFn)(nvmlDevice_t, unsigned int*, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetInforomVersionFn)(nvmlDevice_t, int, char*, unsigned int);
+typedef nvmlReturn_t (*nvmlDeviceGetMemoryErrorCounterFn)(nvmlDevice_t, int, int, int,
+                                                          unsigned long long*);
+typedef nvmlReturn_t (*nvmlDeviceGetRemappedRowsFn)(nvmlDevice_t, unsigned int*, unsigned int*,
+                                                    unsigned int*, unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetRowRemapperHistogramFn)(nvmlDevice_t,
+                                                            nvmlRowRemapperHistogramValues_t*);
+typedef nvmlReturn_t (*nvmlDeviceGetEncoderStatsFn)(nvmlDevice_t, unsigned int*, unsigned int*,
+                                                    unsigned int*);
+// GPM.
+typedef nvmlReturn_t (*nvmlGpmQueryDeviceSupportFn)(nvmlDevice_t, nvmlGpmSupport_t*);
+typedef nvmlReturn_t (*nvmlGpmSampleAllocFn)(nvmlGpmSample_t*);
+typedef nvmlReturn_t (*nvmlGpmSampleFreeFn)(nvmlGpmSample_t);
+typedef nvmlReturn_t (*nvmlGpmSampleGetFn)(nvmlDevice_t, nvmlGpmSample_t);
+typedef nvmlReturn_t (*nvmlGpmMigSampleGetFn)(nvmlDevice_t, unsigned int, nvmlGpmSample_t);
+typedef nvmlReturn_t (*nvmlGpmMetricsGetFn)(nvmlGpmMetricsGet_t*);
 
 }  // extern "C"

@@ -73,6 +73,31 @@ struct NvmlLib {
   nvmlDeviceRegisterEventsFn register_events = nullptr;
   nvmlDeviceGetUllFn supported_events = nullptr;
   nvmlEventSetWaitFn event_wait = nullptr;
+  // The nvidia-smi set.
+  nvmlDeviceGetStringFn serial = nullptr, vbios = nullptr;
+  nvmlDeviceGetInforomVersionFn inforom = nullptr;
+  nvmlDeviceGetClockInfoFn max_clock = nullptr;
+  nvmlDeviceGetUllFn supported_reasons = nullptr;
+  nvmlDeviceGetUintFn pcie_gen = nullptr, pcie_gen_max = nullptr, pcie_gen_gpu_max = nullptr,
+                      pcie_width = nullptr, pcie_width_max = nullptr, power_default = nullptr,
+                      power_mgmt_limit = nullptr, accounting_buffer = nullptr;
+  nvmlDeviceGetTwoUintFn power_constraints = nullptr, gsp_mode = nullptr;
+  nvmlDeviceGetEnableStateFn persistence = nullptr, display_active = nullptr,
+                             display_mode = nullptr, accounting_mode = nullptr;
+  nvmlDeviceGetIntFn compute_mode = nullptr;
+  nvmlDeviceGetEccModeFn ecc_mode = nullptr;
+  nvmlDeviceGetMemoryErrorCounterFn memory_errors = nullptr;
+  nvmlDeviceGetRemappedRowsFn remapped_rows = nullptr;
+  nvmlDeviceGetRowRemapperHistogramFn remap_histogram = nullptr;
+  nvmlDeviceGetCodecUtilizationFn jpeg = nullptr, ofa = nullptr;
+  nvmlDeviceGetEncoderStatsFn encoder_stats = nullptr;
+  // GPM.
+  nvmlGpmQueryDeviceSupportFn gpm_support = nullptr;
+  nvmlGpmSampleAllocFn gpm_alloc = nullptr;
+  nvmlGpmSampleFreeFn gpm_free = nullptr;
+  nvmlGpmSampleGetFn gpm_sample = nullptr;
+  nvmlGpmMigSampleGetFn gpm_mig_sample = nullptr;
+  nvmlGpmMetricsGetFn gpm_metrics = nullptr;
   const char* (*sim_last_error)() = nullptr;
   void (*sim_configure)(const char*, const char*) = nullptr;
 
@@ -170,6 +195,40 @@ absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o
   l.Resolve(l.register_events, {"nvmlDeviceRegisterEvents"});
   l.Resolve(l.supported_events, {"nvmlDeviceGetSupportedEventTypes"});
   l.Resolve(l.event_wait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});
+  l.Resolve(l.serial, {"nvmlDeviceGetSerial"});
+  l.Resolve(l.vbios, {"nvmlDeviceGetVbiosVersion"});
+  l.Resolve(l.inforom, {"nvmlDeviceGetInforomVersion"});
+  l.Resolve(l.max_clock, {"nvmlDeviceGetMaxClockInfo"});
+  l.Resolve(l.supported_reasons, {"nvmlDeviceGetSupportedClocksEventReasons",
+                                  "nvmlDeviceGetSupportedClocksThrottleReasons"});
+  l.Resolve(l.pcie_gen, {"nvmlDeviceGetCurrPcieLinkGeneration"});
+  l.Resolve(l.pcie_gen_max, {"nvmlDeviceGetMaxPcieLinkGeneration"});
+  l.Resolve(l.pcie_gen_gpu_max, {"nvmlDeviceGetGpuMaxPcieLinkGeneration"});
+  l.Resolve(l.pcie_width, {"nvmlDeviceGetCurrPcieLinkWidth"});
+  l.Resolve(l.pcie_width_max, {"nvmlDeviceGetMaxPcieLinkWidth"});
+  l.Resolve(l.power_default, {"nvmlDeviceGetPowerManagementDefaultLimit"});
+  l.Resolve(l.power_mgmt_limit, {"nvmlDeviceGetPowerManagementLimit"});
+  l.Resolve(l.power_constraints, {"nvmlDeviceGetPowerManagementLimitConstraints"});
+  l.Resolve(l.accounting_buffer, {"nvmlDeviceGetAccountingBufferSize"});
+  l.Resolve(l.gsp_mode, {"nvmlDeviceGetGspFirmwareMode"});
+  l.Resolve(l.persistence, {"nvmlDeviceGetPersistenceMode"});
+  l.Resolve(l.display_active, {"nvmlDeviceGetDisplayActive"});
+  l.Resolve(l.display_mode, {"nvmlDeviceGetDisplayMode"});
+  l.Resolve(l.accounting_mode, {"nvmlDeviceGetAccountingMode"});
+  l.Resolve(l.compute_mode, {"nvmlDeviceGetComputeMode"});
+  l.Resolve(l.ecc_mode, {"nvmlDeviceGetEccMode"});
+  l.Resolve(l.memory_errors, {"nvmlDeviceGetMemoryErrorCounter"});
+  l.Resolve(l.remapped_rows, {"nvmlDeviceGetRemappedRows"});
+  l.Resolve(l.remap_histogram, {"nvmlDeviceGetRowRemapperHistogram"});
+  l.Resolve(l.jpeg, {"nvmlDeviceGetJpgUtilization"});
+  l.Resolve(l.ofa, {"nvmlDeviceGetOfaUtilization"});
+  l.Resolve(l.encoder_stats, {"nvmlDeviceGetEncoderStats"});
+  l.Resolve(l.gpm_support, {"nvmlGpmQueryDeviceSupport"});
+  l.Resolve(l.gpm_alloc, {"nvmlGpmSampleAlloc"});
+  l.Resolve(l.gpm_free, {"nvmlGpmSampleFree"});
+  l.Resolve(l.gpm_sample, {"nvmlGpmSampleGet"});
+  l.Resolve(l.gpm_mig_sample, {"nvmlGpmMigSampleGet"});
+  l.Resolve(l.gpm_metrics, {"nvmlGpmMetricsGet"});
   if (o.simulate) {  // gpulet's own extensions, present only in the fake library
     l.sim_last_error = reinterpret_cast<const char* (*)()>(dlsym(l.handle, "gpuletSimLastError"));
     l.sim_configure =
@@ -192,6 +251,29 @@ bool Unsupported(nvmlReturn_t r) {
          r == NVML_ERROR_NO_PERMISSION || r == NVML_ERROR_NO_DATA ||
          r == NVML_ERROR_INVALID_ARGUMENT;
 }
+
+uint64_t FieldAsU64(const nvmlFieldValue_t& f) {
+  switch (f.valueType) {
+    case 0: return f.value.dVal > 0 ? static_cast<uint64_t>(f.value.dVal) : 0;
+    case 1: return f.value.uiVal;
+    case 2: return f.value.ulVal;
+    case 4: return f.value.sllVal > 0 ? static_cast<uint64_t>(f.value.sllVal) : 0;
+    case 5: return f.value.siVal > 0 ? static_cast<uint64_t>(f.value.siVal) : 0;
+    default: return f.value.ullVal;
+  }
+}
+
+// GPM metric ids and where each lands (DCGM's PROF fields are these, as ratios).
+constexpr std::pair<unsigned, std::optional<double> GpmMetrics::*> kGpmMetrics[] = {
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, &GpmMetrics::graphics_util},
+    {NVML_GPM_METRIC_SM_UTIL, &GpmMetrics::sm_util},
+    {NVML_GPM_METRIC_SM_OCCUPANCY, &GpmMetrics::sm_occupancy},
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, &GpmMetrics::tensor_util},
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, &GpmMetrics::dram_bw_util},
+    {NVML_GPM_METRIC_FP64_UTIL, &GpmMetrics::fp64_util},
+    {NVML_GPM_METRIC_FP32_UTIL, &GpmMetrics::fp32_util},
+    {NVML_GPM_METRIC_FP16_UTIL, &GpmMetrics::fp16_util},
+};
 
 std::string NormalBusId(const char* bus_id) {  // NVML's 8-digit domain, upper case
   std::string s = absl::AsciiStrToUpper(bus_id);
@@ -259,6 +341,7 @@ class NvmlGpuLayer : public GpuLayer {
   ~NvmlGpuLayer() override {
     std::lock_guard<std::mutex> lock(reinit_mu_);
     StopEvents();
+    FreeGpm();
     if (initialized_) lib_->shutdown();
     if (!owned_dir_.empty()) {
       std::error_code ec;
@@ -278,6 +361,10 @@ class NvmlGpuLayer : public GpuLayer {
   }
 
   absl::StatusOr<Telemetry> GetTelemetry(uint32_t index) override {
+    return ReadTelemetry(index, TelemetryRequest{});
+  }
+
+  absl::StatusOr<Telemetry> ReadTelemetry(uint32_t index, const TelemetryRequest& what) override {
     std::shared_lock<std::shared_mutex> lock(mu_);
     ASSIGN_OR_RETURN(nvmlDevice_t d, Handle(index));
     const NvmlLib& l = *lib_;
@@ -305,15 +392,28 @@ class NvmlGpuLayer : public GpuLayer {
       if (r == NVML_SUCCESS) t.gpu_temp_c = v;
       return r;
     });
-    // One call for all three fields; each carries its own return code (unsupported = unset).
+    // One call for all fields; each carries its own return code (unsupported = unset).
     get("nvmlDeviceGetFieldValues", l.field_values, [&](auto fn) {
-      nvmlFieldValue_t fv[3]{};
+      nvmlFieldValue_t fv[7]{};
       fv[0].fieldId = NVML_FI_DEV_MEMORY_TEMP;
       fv[1].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
       fv[2].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
       fv[1].scopeId = fv[2].scopeId = kNvmlScopeAllLinks;
-      nvmlReturn_t r = fn(d, 3, fv);
+      fv[3].fieldId = NVML_FI_DEV_POWER_AVERAGE;
+      fv[4].fieldId = NVML_FI_DEV_POWER_INSTANT;
+      fv[5].fieldId = NVML_FI_DEV_PERF_POLICY_POWER;
+      fv[6].fieldId = NVML_FI_DEV_PERF_POLICY_SYNC_BOOST;
+      nvmlReturn_t r = fn(d, what.extended ? 7 : 3, fv);
       if (r != NVML_SUCCESS) return r;
+      if (what.extended) {
+        auto u32 = [&](int i, std::optional<uint32_t>& out) {
+          if (fv[i].nvmlReturn == NVML_SUCCESS) out = static_cast<uint32_t>(FieldAsU64(fv[i]));
+        };
+        u32(3, t.power_average_mw);
+        u32(4, t.power_instant_mw);
+        if (fv[5].nvmlReturn == NVML_SUCCESS) t.clocks_event_power_cap_ns = FieldAsU64(fv[5]);
+        if (fv[6].nvmlReturn == NVML_SUCCESS) t.clocks_event_sync_boost_ns = FieldAsU64(fv[6]);
+      }
       if (fv[0].nvmlReturn == NVML_SUCCESS) {
         t.memory_temp_c = fv[0].valueType == 5 ? static_cast<uint32_t>(fv[0].value.siVal) : fv[0].value.uiVal;
       }
@@ -426,8 +526,174 @@ class NvmlGpuLayer : public GpuLayer {
       }
       return nvmlReturn_t{NVML_SUCCESS};  // still racing after 4 tries: report no processes this sample
     });
+    if (what.extended) ReadExtended(d, t, get);
     if (fatal != NVML_SUCCESS) return CallError(fatal, fatal_call, index);
+    if (what.profiling && inventory_.devices[index].gpm_supported) {
+      ReadGpm(index, d, inventory_.devices[index], t);
+    }
     return t;
+  }
+
+  // The nvidia-smi set's per-cycle fields. `get` is GetTelemetry's runner: unsupported answers
+  // leave a field unset, a lost GPU aborts the sample.
+  template <typename Get>
+  void ReadExtended(nvmlDevice_t d, Telemetry& t, Get& get) const {
+    const NvmlLib& l = *lib_;
+    auto u32 = [d](std::optional<uint32_t>& field) {
+      return [&field, d](auto fn) {
+        unsigned v = 0;
+        nvmlReturn_t r = fn(d, &v);
+        if (r == NVML_SUCCESS) field = v;
+        return r;
+      };
+    };
+    auto flag = [d](std::optional<bool>& field) {
+      return [&field, d](auto fn) {
+        nvmlEnableState_t v = NVML_FEATURE_DISABLED;
+        nvmlReturn_t r = fn(d, &v);
+        if (r == NVML_SUCCESS) field = v == NVML_FEATURE_ENABLED;
+        return r;
+      };
+    };
+    get("nvmlDeviceGetPowerManagementLimit", l.power_mgmt_limit, u32(t.power_management_limit_mw));
+    get("nvmlDeviceGetPersistenceMode", l.persistence, flag(t.persistence_mode));
+    get("nvmlDeviceGetDisplayActive", l.display_active, flag(t.display_active));
+    get("nvmlDeviceGetDisplayMode", l.display_mode, flag(t.display_attached));
+    get("nvmlDeviceGetAccountingMode", l.accounting_mode, flag(t.accounting_mode));
+    get("nvmlDeviceGetComputeMode", l.compute_mode, [&](auto fn) {
+      int v = 0;
+      nvmlReturn_t r = fn(d, &v);
+      if (r == NVML_SUCCESS && v >= 0) t.compute_mode = static_cast<uint32_t>(v);
+      return r;
+    });
+    get("nvmlDeviceGetEccMode", l.ecc_mode, [&](auto fn) {
+      nvmlEnableState_t cur = NVML_FEATURE_DISABLED, pending = NVML_FEATURE_DISABLED;
+      nvmlReturn_t r = fn(d, &cur, &pending);
+      if (r == NVML_SUCCESS) {
+        t.ecc_mode_current = cur == NVML_FEATURE_ENABLED;
+        t.ecc_mode_pending = pending == NVML_FEATURE_ENABLED;
+      }
+      return r;
+    });
+    get("nvmlDeviceGetMigMode", l.mig_mode, [&](auto fn) {
+      unsigned cur = 0, pending = 0;
+      nvmlReturn_t r = fn(d, &cur, &pending);
+      if (r == NVML_SUCCESS) t.mig_mode_pending = pending == NVML_FEATURE_ENABLED;
+      return r;
+    });
+    get("nvmlDeviceGetCurrPcieLinkGeneration", l.pcie_gen, u32(t.pcie_link_gen_current));
+    get("nvmlDeviceGetCurrPcieLinkWidth", l.pcie_width, u32(t.pcie_link_width_current));
+    for (auto [fn, field] : {std::pair{l.jpeg, &t.jpeg_util_pct}, {l.ofa, &t.ofa_util_pct}}) {
+      get("nvmlDeviceGetJpg/OfaUtilization", fn, [&](auto f) {
+        unsigned v = 0, period = 0;
+        nvmlReturn_t r = f(d, &v, &period);
+        if (r == NVML_SUCCESS) *field = v;
+        return r;
+      });
+    }
+    get("nvmlDeviceGetEncoderStats", l.encoder_stats, [&](auto fn) {
+      unsigned sessions = 0, fps = 0, latency = 0;
+      nvmlReturn_t r = fn(d, &sessions, &fps, &latency);
+      if (r == NVML_SUCCESS) {
+        t.encoder_sessions = sessions, t.encoder_average_fps = fps;
+        t.encoder_average_latency_us = latency;
+      }
+      return r;
+    });
+    for (int type = 0; type < 2; ++type) {
+      for (int counter = 0; counter < 2; ++counter) {
+        for (auto [loc, field] : {std::pair{NVML_MEMORY_LOCATION_DRAM, &t.ecc_dram[type][counter]},
+                                  {NVML_MEMORY_LOCATION_SRAM, &t.ecc_sram[type][counter]}}) {
+          get("nvmlDeviceGetMemoryErrorCounter", l.memory_errors, [&](auto fn) {
+            unsigned long long v = 0;
+            nvmlReturn_t r = fn(d, type, counter, loc, &v);
+            if (r == NVML_SUCCESS) *field = v;
+            return r;
+          });
+        }
+      }
+    }
+    get("nvmlDeviceGetRemappedRows", l.remapped_rows, [&](auto fn) {
+      unsigned corr = 0, unc = 0, pending = 0, failed = 0;
+      nvmlReturn_t r = fn(d, &corr, &unc, &pending, &failed);
+      if (r == NVML_SUCCESS) {
+        t.remapped_rows_correctable = corr, t.remapped_rows_uncorrectable = unc;
+        t.remapped_rows_pending = pending != 0, t.remapped_rows_failure = failed != 0;
+      }
+      return r;
+    });
+    get("nvmlDeviceGetRowRemapperHistogram", l.remap_histogram, [&](auto fn) {
+      nvmlRowRemapperHistogramValues_t h{};
+      nvmlReturn_t r = fn(d, &h);
+      if (r == NVML_SUCCESS) {
+        unsigned v[5] = {h.max, h.high, h.partial, h.low, h.none};
+        for (int i = 0; i < 5; ++i) t.remap_histogram[i] = v[i];
+      }
+      return r;
+    });
+  }
+
+  // One GPM sample of the GPU (or of each of its GPU instances when MIG is on) into the slot's
+  // spare buffer; with the previous one, the metrics over the time between. A failed sample
+  // starts that slot over (no metrics until two good samples in a row).
+  void ReadGpm(uint32_t index, nvmlDevice_t d, const Device& dev, Telemetry& t) {
+    const NvmlLib& l = *lib_;
+    if (!l.gpm_alloc || !l.gpm_free || !l.gpm_sample || !l.gpm_metrics) return;
+    std::lock_guard<std::mutex> lock(gpm_mu_);
+    auto one = [&](uint32_t gi) -> std::optional<GpmMetrics> {
+      GpmSlot& s = gpm_[{index, gi}];
+      for (nvmlGpmSample_t* b : {&s.prev, &s.cur}) {
+        if (*b == nullptr && l.gpm_alloc(b) != NVML_SUCCESS) *b = nullptr;
+      }
+      if (s.prev == nullptr || s.cur == nullptr) return std::nullopt;
+      nvmlReturn_t r = gi == kWholeGpu ? l.gpm_sample(d, s.cur)
+                       : l.gpm_mig_sample ? l.gpm_mig_sample(d, gi, s.cur)
+                                          : NVML_ERROR_FUNCTION_NOT_FOUND;
+      if (r != NVML_SUCCESS) {
+        s.have_prev = false;
+        return std::nullopt;
+      }
+      std::optional<GpmMetrics> out;
+      if (s.have_prev) {
+        nvmlGpmMetricsGet_t mg{};
+        mg.version = NVML_GPM_METRICS_GET_VERSION;
+        mg.numMetrics = std::size(kGpmMetrics);
+        mg.sample1 = s.prev;
+        mg.sample2 = s.cur;
+        for (size_t i = 0; i < std::size(kGpmMetrics); ++i) {
+          mg.metrics[i].metricId = kGpmMetrics[i].first;
+        }
+        if (l.gpm_metrics(&mg) == NVML_SUCCESS) {
+          out.emplace();
+          for (size_t i = 0; i < std::size(kGpmMetrics); ++i) {
+            if (mg.metrics[i].nvmlReturn != NVML_SUCCESS) continue;
+            (*out).*kGpmMetrics[i].second = mg.metrics[i].value;
+          }
+        }
+      }
+      std::swap(s.prev, s.cur);
+      s.have_prev = true;
+      return out;
+    };
+    if (!dev.mig_enabled) {
+      t.gpm = one(kWholeGpu);
+      return;
+    }
+    for (const MigDevice& m : dev.mig_devices) {
+      if (t.gpm_instances.count(m.gpu_instance_id)) continue;  // several compute instances
+      if (auto g = one(m.gpu_instance_id)) t.gpm_instances[m.gpu_instance_id] = *g;
+    }
+  }
+
+  // GPM buffers belong to the NVML session: freed before nvmlShutdown.
+  void FreeGpm() {
+    std::lock_guard<std::mutex> lock(gpm_mu_);
+    for (auto& [key, s] : gpm_) {
+      for (nvmlGpmSample_t b : {s.prev, s.cur}) {
+        if (b) lib_->gpm_free(b);
+      }
+    }
+    gpm_.clear();
   }
 
   absl::Status ProbeDevice(uint32_t index) override {
@@ -453,6 +719,7 @@ class NvmlGpuLayer : public GpuLayer {
   absl::Status Reinit() override {
     std::lock_guard<std::mutex> lock(reinit_mu_);
     StopEvents();
+    FreeGpm();
     if (initialized_) {
       lib_->shutdown();
       std::unique_lock<std::shared_mutex> l(mu_);
@@ -595,7 +862,57 @@ class NvmlGpuLayer : public GpuLayer {
     }
     if (dev.mig_enabled) ReadMigDevices(dev, d);
     if (!dev.pci_bus_id.empty()) ReadSysfs(dev);
+    ReadFacts(dev, d, pci, l.pci != nullptr && !dev.pci_bus_id.empty());
+    nvmlGpmSupport_t gpm{};
+    gpm.version = NVML_GPM_SUPPORT_VERSION;
+    dev.gpm_supported = l.gpm_support && l.gpm_support(d, &gpm) == NVML_SUCCESS &&
+                        gpm.isSupportedDevice != 0;
     return dev;
+  }
+
+  // The nvidia-smi set's static facts: read once here, not per sample.
+  void ReadFacts(Device& dev, nvmlDevice_t d, const nvmlPciInfo_t& pci, bool have_pci) const {
+    const NvmlLib& l = *lib_;
+    DeviceFacts& f = dev.facts;
+    char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    if (l.serial && l.serial(d, buf, sizeof buf) == NVML_SUCCESS) f.serial = buf;
+    if (l.vbios && l.vbios(d, buf, sizeof buf) == NVML_SUCCESS) f.vbios_version = buf;
+    for (auto [object, out] : {std::pair{NVML_INFOROM_OEM, &f.inforom_oem},
+                               {NVML_INFOROM_ECC, &f.inforom_ecc}}) {
+      if (l.inforom && l.inforom(d, object, buf, sizeof buf) == NVML_SUCCESS) *out = buf;
+    }
+    if (have_pci) {
+      f.pci_domain = pci.domain, f.pci_bus = pci.bus, f.pci_device = pci.device;
+      f.pci_subsystem_id = pci.pciSubSystemId;
+    }
+    auto u32 = [d](auto fn, std::optional<uint32_t>& out) {
+      unsigned v = 0;
+      if (fn && fn(d, &v) == NVML_SUCCESS) out = v;
+    };
+    std::pair<int, std::optional<uint32_t>*> clocks[] = {
+        {NVML_CLOCK_GRAPHICS, &f.max_graphics_clock_mhz},
+        {NVML_CLOCK_SM, &f.max_sm_clock_mhz},
+        {NVML_CLOCK_MEM, &f.max_memory_clock_mhz}};
+    for (auto [type, out] : clocks) {
+      unsigned v = 0;
+      if (l.max_clock && l.max_clock(d, type, &v) == NVML_SUCCESS) *out = v;
+    }
+    unsigned long long reasons = 0;
+    if (l.supported_reasons && l.supported_reasons(d, &reasons) == NVML_SUCCESS) {
+      f.supported_clock_event_reasons = reasons;
+    }
+    u32(l.pcie_gen_max, f.pcie_link_gen_max);
+    u32(l.pcie_gen_gpu_max, f.pcie_link_gen_gpu_max);
+    u32(l.pcie_width_max, f.pcie_link_width_max);
+    u32(l.power_default, f.power_default_limit_mw);
+    u32(l.accounting_buffer, f.accounting_buffer_size);
+    unsigned a = 0, b = 0;
+    if (l.power_constraints && l.power_constraints(d, &a, &b) == NVML_SUCCESS) {
+      f.power_min_limit_mw = a, f.power_max_limit_mw = b;
+    }
+    if (l.gsp_mode && l.gsp_mode(d, &a, &b) == NVML_SUCCESS) {
+      f.gsp_firmware_enabled = a != 0, f.gsp_firmware_default = b != 0;
+    }
   }
 
   uint64_t MemoryTotal(nvmlDevice_t d) const {
@@ -653,6 +970,12 @@ class NvmlGpuLayer : public GpuLayer {
     dev.numa_node = n;
     auto cpus = fs_.ReadFile(dir + "/local_cpulist");
     if (cpus.ok()) dev.cpu_affinity = std::string(absl::StripAsciiWhitespace(*cpus));
+    uint32_t cls = 0;
+    if (auto c = fs_.ReadFile(dir + "/class");
+        c.ok() && absl::SimpleHexAtoi(absl::StripAsciiWhitespace(*c), &cls)) {
+      dev.facts.pci_base_class = (cls >> 16) & 0xff;
+      dev.facts.pci_sub_class = (cls >> 8) & 0xff;
+    }
   }
 
   void ReadTopology(Inventory& inv, const std::vector<nvmlDevice_t>& handles) {
@@ -773,6 +1096,16 @@ class NvmlGpuLayer : public GpuLayer {
 
   std::atomic<bool> stop_events_{false};
   std::thread event_thread_;
+
+  // GPM sample buffers per (GPU index, GPU instance id or kWholeGpu): the previous sample and a
+  // spare, swapped each read. Own lock: ReadTelemetry runs under the shared inventory lock.
+  static constexpr uint32_t kWholeGpu = 0xFFFFFFFFu;
+  struct GpmSlot {
+    nvmlGpmSample_t prev = nullptr, cur = nullptr;
+    bool have_prev = false;
+  };
+  std::mutex gpm_mu_;
+  std::map<std::pair<uint32_t, uint32_t>, GpmSlot> gpm_;
 };
 
 }  // namespace
