@@ -59,7 +59,7 @@ gpu-check:
 
 # What gpu-check runs, packed with its shared libraries for a GPU host without this build's libraries.
 gpu-bundle: build
-	@cmake --build --preset $(PRESET) --target nvml_floor -j $(JOBS) 2>/dev/null || true
+	@cmake --build --preset $(PRESET) --target nvml_rss -j $(JOBS)
 	testing/gpu_check/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
 
 # A real one-node Kubernetes cluster on loopback (docs/cluster.md): kube-apiserver, controller-manager,

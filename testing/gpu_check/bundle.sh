@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Packs what `make gpu-check` runs into one directory that can travel to a GPU host that lacks this
 # build's shared libraries (a stock Ubuntu host has no Debian libgrpc, yaml-cpp, abseil, ...):
-#   OUT/bin     gpulet, the runtime shim and hook, gpulet-kubelet-check, nvml_floor, runc, busybox
+#   OUT/bin     gpulet, the runtime shim and hook, gpulet-kubelet-check, nvml_rss, runc, busybox
 #   OUT/lib     libgpulet-vcuda.so;  OUT/lib/deps  the shared libraries those binaries load, except
 #               the C and C++ runtimes (every host has newer compatible ones)
-#   OUT/tests   the interposer's probe programs
+#   OUT/tests   the interposer's probe programs, the GPU layer's conformance suite on the real NVML
 # The fake libcuda / libnvidia-ml are never copied: on the GPU host the real driver must answer.
 # usage: testing/gpu_check/bundle.sh BUILD_DIR OUT_DIR
 set -euo pipefail
@@ -12,10 +12,10 @@ B=$1 OUT=$2
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib/deps" "$OUT/tests"
 bins=()
-for f in gpulet gpulet-container-runtime gpulet-container-hook gpulet-kubelet-check nvml_floor; do
+for f in gpulet gpulet-container-runtime gpulet-container-hook gpulet-kubelet-check nvml_rss; do
   [[ -x $B/bin/$f ]] && cp "$B/bin/$f" "$OUT/bin/" && bins+=("$OUT/bin/$f")
 done
-for f in vcuda_probe vcuda_procaddr; do
+for f in vcuda_probe vcuda_procaddr gpu_real_nvml_test; do
   [[ -x $B/tests/$f ]] && cp "$B/tests/$f" "$OUT/tests/" && bins+=("$OUT/tests/$f")
 done
 cp "$B/lib/libgpulet-vcuda.so" "$OUT/lib/"

@@ -178,11 +178,21 @@ fi
 row "exporter families" INFO "$fams families, $smi_fams nvidia_smi_*; exporter RSS ${erss:-?} KiB"
 if [[ -n $prof ]]; then row "profiling (GPM)" PASS "$prof; $prof_vals"
 else row "profiling (GPM)" FAIL "no GPM-backed DCGM_FI_PROF_* families served"; fi
-if [[ -x $B/bin/nvml_floor ]]; then
-  timeout 60 "$B/bin/nvml_floor" >"$T/floor" 2>&1
-  row "NVML-only process RSS" INFO "$(tr '\n' ' ' <"$T/floor" | head -c 300)"
+if [[ -x $B/bin/nvml_rss ]]; then
+  # What NVML alone costs a process (dlopen, init, one sample of every GPU), beside the exporter.
+  timeout 60 "$B/bin/nvml_rss" >"$T/nvml_rss" 2>&1
+  last=$(tail -1 "$T/nvml_rss")
+  row "NVML-only process RSS" INFO "${last:-no output}; exporter ${erss:-?} KiB"
 fi
 kill "$epid" 2>/dev/null
+
+# The GPU layer's conformance suite against the real NVML (GPM plausibility included).
+if [[ -x $B/tests/gpu_real_nvml_test ]]; then
+  timeout 120 "$B/tests/gpu_real_nvml_test" >"$T/conf" 2>&1; rc=$?
+  sum=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$T/conf" | tr -s ' ' | tr '\n' ' ')
+  if [[ $rc == 0 ]]; then row "GPU layer conformance" PASS "$sum"
+  else row "GPU layer conformance" FAIL "$sum $(grep -m3 -E 'Failure|error' "$T/conf" | tr '\n' ' ' | head -c 300)"; fi
+fi
 
 # 6. Interposer, driver API: one process and eight racing ones under one 1 GiB limit; what the
 #    interposer let them hold and what nvidia-smi says they hold on the device.
