@@ -669,6 +669,27 @@ TEST_F(Shim, ReportsShowTheLimit) {
   Hook<cuda::cuMemFree_t>("cuMemFree_v2")(p);
 }
 
+// The limit comes from the process's own environment: writing the container-writable file
+// (memory_limit = 0, "unlimited") does not lift it; a lower value there does lower it.
+TEST_F(Shim, AccountingFileCannotLiftTheLimit) {
+  const char* e = nullptr;
+  AccountingRegion* rw = vgpu::MapAccounting(path_.c_str(), true, &e);
+  ASSERT_NE(rw, nullptr) << e;
+  uint64_t saved = rw->memory_limit.load();
+  rw->memory_limit.store(0);
+  CUdeviceptr p;
+  auto alloc = Hook<cuda::cuMemAlloc_t>("cuMemAlloc_v2");
+  EXPECT_EQ(alloc(&p, kLimit), CUDA_ERROR_OUT_OF_MEMORY) << "file value 0 lifted the limit";
+  rw->memory_limit.store(kLimit * 4);
+  EXPECT_EQ(alloc(&p, kLimit), CUDA_ERROR_OUT_OF_MEMORY) << "file value raised the limit";
+  rw->memory_limit.store(kCtx + 8 * kMiB);
+  EXPECT_EQ(alloc(&p, 16 * kMiB), CUDA_ERROR_OUT_OF_MEMORY) << "a lower file value is honoured";
+  rw->memory_limit.store(saved);
+  ASSERT_EQ(alloc(&p, 16 * kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(Hook<cuda::cuMemFree_t>("cuMemFree_v2")(p), CUDA_SUCCESS);
+  munmap(rw, sizeof(AccountingRegion));
+}
+
 // cuGetProcAddress(_v2) lets the driver pick the version and stream flavour, then hands back
 // our hook for hooked entry points and the driver's own for the rest.
 TEST_F(Shim, GetProcAddressMapsToHooks) {
