@@ -40,7 +40,9 @@ struct Env {
     }
     FakeSym<CUresult (*)(unsigned)>("cuInit")(0);
     CUcontext ctx;
-    FakeSym<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
+    // Through the hook, as a program's runtime does: the interposer then measures the process
+    // with NVML and the allocation path carries its reconciliation countdown.
+    Hook<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
     FakeSym<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
     FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&fn, nullptr, "k");
     FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&stream, 0);

@@ -119,6 +119,9 @@ struct Driver {
   int physical_count = 1;
   uint64_t memory = 16ull << 30, context_bytes = 0, ns_per_block = 1000, graph_ns = 1000000;
   uint64_t granule = 1, module_bytes = 0;
+  // Host time a launch / an event record takes (a real driver: ~4 us / ~1 us); spent on the
+  // test's virtual clock, before the work reaches the device timeline. 0 without a test clock.
+  int64_t launch_ns = 0, event_ns = 0;
   int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
   std::vector<int> visible;  // ordinal -> physical index
   SharedState local{};
@@ -272,9 +275,13 @@ struct Driver {
     return CUDA_SUCCESS;
   }
 
+  void HostCost(int64_t ns) {
+    if (ns > 0 && g_test_sleep_until) g_test_sleep_until(Now() + ns);
+  }
   CUresult Launch(CUstream s, int64_t duration) {
     int dev = CurrentDevice();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    HostCost(launch_ns);
     Stream* st = s ? reinterpret_cast<Stream*>(s) : &null_stream;
     SharedDevice& d = shared->dev[dev];
     int64_t now = Now();
@@ -339,6 +346,13 @@ __attribute__((visibility("default"))) void fakecuda_set_clock(int64_t (*now)(),
                                                               void (*sleep_until)(int64_t)) {
   g_test_now = now;
   g_test_sleep_until = sleep_until;
+}
+// Host time of each launch and event record, on the virtual clock (fakecuda_set_clock).
+__attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t launch_ns,
+                                                                   int64_t event_ns) {
+  LOCK;
+  D().launch_ns = launch_ns;
+  D().event_ns = event_ns;
 }
 // This process's kernel busy time overlapping [t0, t1).
 __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
@@ -662,6 +676,7 @@ CUresult cuEventDestroy_v2(CUevent e) {
 CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 CUresult cuEventRecord(CUevent e, CUstream s) {
   LOCK;
+  D().HostCost(D().event_ns);  // the device sees the event when the call has submitted it
   Stream* st = s ? reinterpret_cast<Stream*>(s) : &D().null_stream;
   reinterpret_cast<Event*>(e)->time = std::max(Now(), st->tail);
   return CUDA_SUCCESS;

@@ -156,7 +156,7 @@ void Core::Init(const RealDriver& real, const Config& config, vgpu::AccountingRe
   if (track_memory_) {
     uint64_t limit = config_.memory_limit;
     budget_reset_ = static_cast<int64_t>(limit / 16 > (1u << 20) ? limit / 16 : (1u << 20));
-    call_bytes_ = budget_reset_ / 256;
+    call_bytes_ = budget_reset_ / 1024;
     budget_.store(budget_reset_, std::memory_order_relaxed);
     near_limit_ = limit - limit / 8;
   }
@@ -719,7 +719,13 @@ void Core::Harvest(bool wait_oldest) {
     if (q == CUDA_SUCCESS &&
         Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
             CUDA_SUCCESS) {
-      Charge(static_cast<int64_t>(static_cast<double>(ms) * 1e6), clock_.now_ns());
+      // A start event on an idle stream completes at once and the kernel only arrives when the
+      // launch call has submitted it: that wait is host time, not GPU time used.
+      int64_t d = static_cast<int64_t>(static_cast<double>(ms) * 1e6) - p.gap;
+      if (d < 0) d = 0;
+      int64_t avg = avg_launch_ns_.load(std::memory_order_relaxed);
+      avg_launch_ns_.store(avg + (d - avg) / 8, std::memory_order_relaxed);
+      Charge(d * p.weight, clock_.now_ns());
     }
     ring_head_ = (ring_head_ + 1) % kRing;
     --ring_count_;
@@ -766,6 +772,17 @@ int Core::BeforeLaunch(CUstream stream, bool per_thread) {
     region_->throttled_ns.fetch_add(static_cast<uint64_t>(after - now), std::memory_order_relaxed);
     now = after;
   }
+  // Pace on GPU time really used, at a small cost per launch: long launches are all measured;
+  // of short ones (where two event records would cost as much as the launch) a random one in
+  // kSampleEvery is, and stands for kSampleEvery (an unbiased estimate of their GPU time).
+  uint32_t weight = 1;
+  if (avg_launch_ns_.load(std::memory_order_relaxed) < kShortLaunchNs) {
+    uint32_t x = rng_.load(std::memory_order_relaxed);  // xorshift32; races only reseed it
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    rng_.store(x, std::memory_order_relaxed);
+    if (x % kSampleEvery != 0) return -1;
+    weight = kSampleEvery;
+  }
   CUcontext ctx = nullptr;
   Fn<cuda::cuCtxGetCurrent_t>(real_.cuCtxGetCurrent)(&ctx);
   while (ring_lock_.test_and_set(std::memory_order_acquire)) sched_yield();
@@ -789,6 +806,9 @@ int Core::BeforeLaunch(CUstream stream, bool per_thread) {
     if (slot >= 0) {
       void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
       Fn<cuda::cuEventRecord_t>(rec)(p.start, stream);
+      p.started = clock_.now_ns();
+      p.weight = weight;
+      p.gap = 0;
       p.busy = true;
       ++ring_count_;
     }
@@ -801,6 +821,10 @@ void Core::AfterLaunch(int slot, CUstream stream, bool per_thread, CUresult laun
   if (slot < 0) return;
   while (ring_lock_.test_and_set(std::memory_order_acquire)) sched_yield();
   Pending& p = ring_[slot];
+  // Start event already complete once the launch call returned: the stream was idle, and the
+  // start-to-end time includes the launch call itself (subtracted when charged).
+  if (Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.start) == CUDA_SUCCESS)
+    p.gap = clock_.now_ns() - p.started;
   void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
   // A failed launch still completes its events (zero elapsed time): nothing is charged.
   Fn<cuda::cuEventRecord_t>(rec)(p.end, stream);

@@ -105,7 +105,7 @@ class Core {
     if (!vgpu::Reserve(*region_, s, owner_, bytes, config_.memory_limit, &total))
       return CUDA_ERROR_OUT_OF_MEMORY;
     if (measured_.load(std::memory_order_relaxed)) {
-      // Every limit/16 bytes (or 256 calls) of allocations, and on every allocation in the last
+      // Every limit/16 bytes (or 1024 calls) of allocations, and on every allocation in the last
       // eighth of the limit, compare with what the driver really holds (NVML) before the driver
       // allocates. A racy countdown (plain loads and stores) is enough: a lost update only
       // shifts the next check.
@@ -298,7 +298,7 @@ class Core {
   std::atomic<int64_t> budget_{0};     // bytes until the next reconcile
   std::atomic<uint64_t> pads_{0};      // rounding reserved near the limit, not yet settled
   int64_t budget_reset_ = 0;            // limit/16
-  int64_t call_bytes_ = 0;              // budget_reset_/256: at least every 256 calls
+  int64_t call_bytes_ = 0;              // budget_reset_/1024: at least every 1024 calls
   uint64_t near_limit_ = UINT64_MAX;   // above this container total every allocation reconciles
   nvmlDevice_t nvml_device_ = nullptr;  // the limited GPU, for the soft limit's utilisation
   std::atomic<int64_t> next_share_update_{0};
@@ -310,7 +310,16 @@ class Core {
     CUevent start, end;
     CUcontext ctx;
     bool busy;
+    int64_t started;   // clock when the start event's record returned
+    int64_t gap;       // host time the start event waited for the launch (stream was idle)
+    uint32_t weight;   // launches this measurement stands for (1 / sampling probability)
   };
+  // Short launches are measured one in kSampleEvery (picked at random, so that a periodic
+  // launch pattern cannot alias), each measurement charged for kSampleEvery launches.
+  static constexpr uint32_t kSampleEvery = 8;
+  static constexpr int64_t kShortLaunchNs = 50'000;
+  std::atomic<int64_t> avg_launch_ns_{1'000'000};  // running mean of measured launches
+  std::atomic<uint32_t> rng_{0x9e3779b9u};
   Pending ring_[kRing] = {};
   int ring_head_ = 0, ring_count_ = 0;
   struct Entry {
