@@ -82,6 +82,21 @@ void BM_Launch(benchmark::State& state, bool interposed) {
 BENCHMARK_CAPTURE(BM_Launch, direct, false);
 BENCHMARK_CAPTURE(BM_Launch, interposed_unthrottled, true);
 
+// A paced launch (limit 50 %) of 1 us kernels on the virtual clock, through the pacer as the
+// shim calls it: the CPU cost of admission, sampling and (one launch in 8) the two event records,
+// the idle-stream query and the harvest; against the same launches unpaced (limit 100).
+void BM_LaunchPaced(benchmark::State& state) {
+  auto region = std::make_unique<vgpu::AccountingRegion>();
+  VirtualGpu gpu(static_cast<uint32_t>(state.range(0)), static_cast<uint32_t>(state.range(0)),
+                 region.get());
+  int n = 0;
+  for (auto _ : state) {
+    gpu.Launch(1);
+    if (++n % 1024 == 0) gpu.sync(gpu.stream);
+  }
+}
+BENCHMARK(BM_LaunchPaced)->Arg(100)->Arg(50);
+
 // The accounting protocol alone: Reserve + Unreserve on a shared region (one process).
 void BM_ReserveUnreserve(benchmark::State& state) {
   static vgpu::AccountingRegion region{};
