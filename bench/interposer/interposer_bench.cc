@@ -124,6 +124,25 @@ void BM_Pacing(benchmark::State& state) {
 }
 BENCHMARK(BM_Pacing)->Arg(10)->Arg(30)->Arg(50)->Arg(90)->Iterations(1)->Unit(benchmark::kMillisecond);
 
+// Share as a floor: limit/ceiling next to a neighbour keeping NEIGHBOUR % of the GPU busy
+// (10 simulated s after 3 s of warm-up, in 5 s windows).
+void BM_PacingNeighbour(benchmark::State& state) {
+  auto limit = static_cast<uint32_t>(state.range(0)), ceiling = static_cast<uint32_t>(state.range(1));
+  double lo = 100, hi = 0;
+  for (auto _ : state) {
+    auto region = std::make_unique<vgpu::AccountingRegion>();
+    for (double s : RunGreedy(limit, ceiling, 10'000'000'000, 5'000'000'000, region.get(),
+                              3'000'000'000, static_cast<int>(state.range(2))))
+      lo = std::min(lo, s), hi = std::max(hi, s);
+  }
+  state.counters["share_min"] = lo;
+  state.counters["share_max"] = hi;
+}
+BENCHMARK(BM_PacingNeighbour)
+    ->Args({30, 30, 50})->Args({30, 60, 50})->Args({30, 30, 70})->Args({99, 99, 70})
+    ->Args({10, 10, 90})->Args({99, 99, 90})
+    ->Iterations(1)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -357,8 +357,14 @@ __attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t laun
 // This process's kernel busy time overlapping [t0, t1).
 __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
   LOCK;
+  // Kernels of one process run in order on the device timeline: starts and ends never decrease,
+  // so the first interval that ends after t0 is found by bisection.
+  auto& v = D().intervals;
+  auto it = std::lower_bound(v.begin(), v.end(), t0,
+                             [](const std::pair<int64_t, int64_t>& i, int64_t t) { return i.second <= t; });
   int64_t sum = 0;
-  for (auto [s, e] : D().intervals) sum += std::max<int64_t>(0, std::min(e, t1) - std::max(s, t0));
+  for (; it != v.end() && it->first < t1; ++it)
+    sum += std::max<int64_t>(0, std::min(it->second, t1) - std::max(it->first, t0));
   return sum;
 }
 __attribute__((visibility("default"))) uint64_t fakecuda_allocated_bytes() {
@@ -899,6 +905,28 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned in
                                                      nvmlProcessInfo_t* infos) {
   return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
 }
+// This process's kernel time as NVML samples it: one sample, stamped now (us), whose smUtil is
+// the percent of [lastSeen, now) its kernels ran on the device (the last second if lastSeen is 0
+// or older). Other processes' samples are not modelled (their timelines are their own).
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t* out,
+                                             unsigned int* count, unsigned long long last_seen_us) {
+  int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
+  if (dev < 0 || dev >= D().physical_count || !count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (*count < 1 || out == nullptr) {
+    *count = 1;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  int64_t now = Now(), from = static_cast<int64_t>(last_seen_us) * 1000;
+  if (from <= 0 || from >= now || now - from > 10'000'000'000) from = now - 1'000'000'000;
+  int64_t busy = fakecuda_busy_between(from, now);
+  out[0] = nvmlProcessUtilizationSample_t{
+      static_cast<unsigned>(getpid() + static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),
+      static_cast<unsigned long long>(now / 1000),
+      static_cast<unsigned>(std::min<int64_t>(100, busy * 100 / (now - from))), 0, 0, 0};
+  *count = 1;
+  return NVML_SUCCESS;
+}
+
 // Test-only: the sum of NVML's per-process memory on a physical device (every byte of the fake
 // device belongs to a process, so the device counter's peak is this sum's peak).
 __attribute__((visibility("default"))) uint64_t fakecuda_processes_used(int physical) {

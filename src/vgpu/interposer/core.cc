@@ -725,7 +725,8 @@ void Core::Harvest(bool wait_oldest) {
       if (d < 0) d = 0;
       int64_t avg = avg_launch_ns_.load(std::memory_order_relaxed);
       avg_launch_ns_.store(avg + (d - avg) / 8, std::memory_order_relaxed);
-      Charge(d * p.weight, clock_.now_ns());
+      measured_window_.fetch_add(static_cast<uint64_t>(d) * p.weight, std::memory_order_relaxed);
+      Charge(d * p.weight * own_permille_.load(std::memory_order_relaxed) / 1000, clock_.now_ns());
     }
     ring_head_ = (ring_head_ + 1) % kRing;
     --ring_count_;
@@ -760,10 +761,61 @@ void Core::UpdateSoftShare(int64_t now) {
   region_->effective_share_permille.store(static_cast<uint32_t>(cur + (target * 10 - cur) / 2));
 }
 
+void Core::UpdateOwnFactor(int64_t now) {
+  // Every second one thread compares what NVML says this process's kernels ran (its smUtil
+  // samples since the last look) with the start-to-end time it measured; the ratio scales the
+  // charges from then on. Without NVML's per-process samples it stays 1 (a strict cap).
+  int64_t due = next_factor_update_.load(std::memory_order_relaxed);
+  if (now < due || !next_factor_update_.compare_exchange_strong(due, now + kFactorWindowNs)) return;
+  uint64_t measured = measured_window_.exchange(0, std::memory_order_relaxed);
+  if (due == 0 || real_.nvmlDeviceGetProcessUtilization == nullptr) return;
+  int ordinal = 0;
+  while (ordinal < 63 && ctx_mask_ != 0 && ((ctx_mask_ >> ordinal) & 1) == 0) ++ordinal;
+  nvmlDevice_t dev = NvmlHandle(ordinal);
+  if (dev == nullptr) return;
+  nvmlProcessUtilizationSample_t samples[64];
+  unsigned count = 64;
+  unsigned long long seen = util_seen_us_;
+  if (Fn<cuda::nvmlDeviceGetProcessUtilization_t>(real_.nvmlDeviceGetProcessUtilization)(
+          dev, samples, &count, seen) != NVML_SUCCESS)
+    return;
+  unsigned pid = static_cast<unsigned>(host_pid_ > 0 ? host_pid_ : getpid());
+  uint64_t util_sum = 0, n = 0;
+  for (unsigned i = 0; i < count && i < 64; ++i) {
+    if (samples[i].timeStamp > util_seen_us_) util_seen_us_ = samples[i].timeStamp;
+    if (samples[i].pid != pid) continue;
+    util_sum += samples[i].smUtil;
+    ++n;
+  }
+  // Too little measured to judge (a mostly idle process): keep the factor.
+  int64_t window = now - due + kFactorWindowNs;
+  if (n == 0 || measured < static_cast<uint64_t>(window) / 100) return;
+  // NVML's percentages are whole numbers (truncated): count each as half a point more. Within
+  // 5 % of the measured time nothing is corrected, so that rounding cannot lift a lone container
+  // above its share.
+  uint64_t own = (2 * util_sum + n) * static_cast<uint64_t>(window) / (200 * n);
+  uint64_t f = own * 1000 / measured;
+  if (f > 950) f = 1000;
+  if (f < 10) f = 10;
+  uint32_t cur = own_permille_.load(std::memory_order_relaxed);
+  uint32_t next = static_cast<uint32_t>((cur + f) / 2);
+  own_permille_.store(next, std::memory_order_relaxed);
+  // The budget still owed was charged at the old factor: rescale it, or a container that waited
+  // long behind a neighbour stays blocked by debt that was mostly the neighbour's time.
+  if (next < cur) {
+    int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed);
+    if (v > now) {
+      int64_t nv = now + (v - now) / static_cast<int64_t>(cur) * static_cast<int64_t>(next);
+      region_->virtual_time_ns.compare_exchange_strong(v, nv, std::memory_order_relaxed);
+    }
+  }
+}
+
 int Core::BeforeLaunch(CUstream stream, bool per_thread) {
   region_->launches.fetch_add(1, std::memory_order_relaxed);
   int64_t now = clock_.now_ns();
   if (config_.core_ceiling > config_.core_limit) UpdateSoftShare(now);
+  UpdateOwnFactor(now);
   for (;;) {  // admission: wait while the container is ahead of its budget
     int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed);
     if (v <= now) break;

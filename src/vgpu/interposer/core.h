@@ -38,7 +38,8 @@ struct RealDriver {
 #define GPULET_REAL_NVML(X) \
   X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUUID) \
   X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
-  X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3)
+  X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
+  X(nvmlDeviceGetProcessUtilization)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)
@@ -266,6 +267,7 @@ class Core {
   void ResolveDevices();
   void Harvest(bool wait_oldest);
   void UpdateSoftShare(int64_t now);
+  void UpdateOwnFactor(int64_t now);
   void Charge(int64_t busy_ns, int64_t now);
   bool TableInsert(uint64_t key, uint64_t bytes);
   uint64_t TableErase(uint64_t key);
@@ -320,6 +322,14 @@ class Core {
   static constexpr int64_t kShortLaunchNs = 50'000;
   std::atomic<int64_t> avg_launch_ns_{1'000'000};  // running mean of measured launches
   std::atomic<uint32_t> rng_{0x9e3779b9u};
+  // Share of measured (start-to-end) GPU time that was this process's own execution, per mille,
+  // from NVML's per-process utilisation: the rest was waiting behind other contexts' work, which
+  // is not charged (so a share is a floor next to busy neighbours, not only a cap).
+  std::atomic<uint32_t> own_permille_{1000};
+  std::atomic<uint64_t> measured_window_{0};  // measured ns charged since the last update
+  std::atomic<int64_t> next_factor_update_{0};
+  static constexpr int64_t kFactorWindowNs = 1'000'000'000;
+  unsigned long long util_seen_us_ = 0;
   Pending ring_[kRing] = {};
   int ring_head_ = 0, ring_count_ = 0;
   struct Entry {
