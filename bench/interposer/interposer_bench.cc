@@ -127,7 +127,8 @@ BENCHMARK(BM_Pacing)->Arg(10)->Arg(30)->Arg(50)->Arg(90)->Iterations(1)->Unit(be
 // Share as a floor: limit/ceiling next to a neighbour keeping NEIGHBOUR % of the GPU busy
 // (10 simulated s after 3 s of warm-up, in 5 s windows).
 void BM_PacingNeighbour(benchmark::State& state) {
-  auto limit = static_cast<uint32_t>(state.range(0)), ceiling = static_cast<uint32_t>(state.range(1));
+  auto limit = static_cast<uint32_t>(state.range(0));
+  auto ceiling = static_cast<uint32_t>(state.range(1));
   double lo = 100, hi = 0;
   for (auto _ : state) {
     auto region = std::make_unique<vgpu::AccountingRegion>();

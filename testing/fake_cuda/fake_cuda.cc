@@ -361,7 +361,9 @@ __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0,
   // so the first interval that ends after t0 is found by bisection.
   auto& v = D().intervals;
   auto it = std::lower_bound(v.begin(), v.end(), t0,
-                             [](const std::pair<int64_t, int64_t>& i, int64_t t) { return i.second <= t; });
+                             [](const std::pair<int64_t, int64_t>& i, int64_t t) {
+                               return i.second <= t;
+                             });
   int64_t sum = 0;
   for (; it != v.end() && it->first < t1; ++it)
     sum += std::max<int64_t>(0, std::min(it->second, t1) - std::max(it->first, t0));
@@ -920,7 +922,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
   if (from <= 0 || from >= now || now - from > 10'000'000'000) from = now - 1'000'000'000;
   int64_t busy = fakecuda_busy_between(from, now);
   out[0] = nvmlProcessUtilizationSample_t{
-      static_cast<unsigned>(getpid() + static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),
+      static_cast<unsigned>(getpid() +
+                            static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),
       static_cast<unsigned long long>(now / 1000),
       static_cast<unsigned>(std::min<int64_t>(100, busy * 100 / (now - from))), 0, 0, 0};
   *count = 1;
@@ -932,7 +935,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
 __attribute__((visibility("default"))) uint64_t fakecuda_processes_used(int physical) {
   uint64_t sum = 0;
   for (int i = 0; i < kMaxProcs; ++i)
-    if (D().shared->procs[physical][i].pid.load() != 0) sum += D().shared->procs[physical][i].used.load();
+    if (D().shared->procs[physical][i].pid.load() != 0)
+      sum += D().shared->procs[physical][i].used.load();
   return sum;
 }
 

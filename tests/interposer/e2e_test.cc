@@ -234,7 +234,8 @@ class DriverHeld : public E2E {
     std::vector<std::string> outs;
     for (auto& c : kids) {
       std::string out;
-      for (std::string l; (l = c->Line()).rfind("nvml_procs", 0) != 0 && !l.empty();) out += l + "\n";
+      for (std::string l; (l = c->Line()).rfind("nvml_procs", 0) != 0 && !l.empty();)
+        out += l + "\n";
       outs.push_back(out);
     }
     // Every program still holds its memory here. Each byte of the fake GPU belongs to one

@@ -818,7 +818,8 @@ struct MixCase {
   int sync_every;
 };
 void PrintTo(const MixCase& c, std::ostream* os) {
-  *os << c.limit << "% " << c.blocks << "us kernels " << c.host_ns << "ns host sync/" << c.sync_every;
+  *os << c.limit << "% " << c.blocks << "us kernels " << c.host_ns << "ns host sync/"
+      << c.sync_every;
 }
 class PacingMix : public ::testing::TestWithParam<MixCase> {};
 

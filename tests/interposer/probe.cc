@@ -280,7 +280,8 @@ int main(int argc, char** argv) {
       cuStreamSynchronize(s);  // warm: module loaded, first-launch costs paid
       int64_t t0 = Now();
       for (long long i = 0; i < n; ++i) {
-        if (cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr) != CUDA_SUCCESS) return 3;
+        if (cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr) != CUDA_SUCCESS)
+          return 3;
       }
       cuStreamSynchronize(s);
       printf("launch_us %.3f\n", static_cast<double>(Now() - t0) / 1e3 / static_cast<double>(n));
@@ -294,7 +295,8 @@ int main(int argc, char** argv) {
     int64_t t0 = Now();
     long long kernels = 0;
     while (Now() < t0 + seconds * 1000000000) {
-      if (cuLaunchKernel(spin, grid, 1, 1, 1, 1, 1, 0, s, params, nullptr) != CUDA_SUCCESS) return 3;
+      if (cuLaunchKernel(spin, grid, 1, 1, 1, 1, 1, 0, s, params, nullptr) != CUDA_SUCCESS)
+        return 3;
       if (++kernels % 2 == 0) cuStreamSynchronize(s);
     }
     cuStreamSynchronize(s);

@@ -75,7 +75,8 @@ struct VirtualGpu {
     FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&stream, 0);
     launch = FakeSym<cuda::cuLaunchKernel_t>("cuLaunchKernel");
     sync = FakeSym<CUresult (*)(CUstream)>("cuStreamSynchronize");
-    FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr, "k");
+    using GetFunction = CUresult (*)(CUfunction*, CUmodule, const char*);
+    FakeSym<GetFunction>("cuModuleGetFunction")(&f, nullptr, "k");
     ok = true;
   }
   ~VirtualGpu() {

@@ -384,7 +384,8 @@ nvmlDevice_t Core::NvmlHandle(int ordinal) {
   if (ordinal < 0 || ordinal >= 64 || !NvmlReady()) return nullptr;
   if (nvml_dev_[ordinal] != nullptr) return nvml_dev_[ordinal];
   CUuuid u;
-  if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, ordinal) != CUDA_SUCCESS) return nullptr;
+  if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, ordinal) != CUDA_SUCCESS)
+    return nullptr;
   char text[64];
   UuidText(u.bytes, text);
   nvmlDevice_t d = nullptr;
@@ -532,7 +533,8 @@ CUresult Core::EndContext(CUdevice dev, CUresult created, CUcontext* ctx, bool p
     while (cur < target && !region_->context_bytes.compare_exchange_weak(cur, target)) {
     }
   }
-  if (!primary) Commit(Kind::kContext, reinterpret_cast<uint64_t>(*ctx), static_cast<uint64_t>(dev) + 1, true);
+  if (!primary)
+    Commit(Kind::kContext, reinterpret_cast<uint64_t>(*ctx), static_cast<uint64_t>(dev) + 1, true);
   return CUDA_SUCCESS;
 }
 
@@ -548,7 +550,8 @@ void Core::ContextGone(int dev) {
     uint64_t allocations = held > overhead_ ? held - overhead_ : 0;
     SetOverhead(used > allocations ? used - allocations : 0);
   } else {
-    SetOverhead(overhead_ / static_cast<uint64_t>(contexts_ + 1) * static_cast<uint64_t>(contexts_));
+    uint64_t n = static_cast<uint64_t>(contexts_);
+    SetOverhead(overhead_ / (n + 1) * n);
   }
 }
 

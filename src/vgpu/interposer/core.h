@@ -110,7 +110,8 @@ class Core {
       // eighth of the limit, compare with what the driver really holds (NVML) before the driver
       // allocates. A racy countdown (plain loads and stores) is enough: a lost update only
       // shifts the next check.
-      int64_t b = budget_.load(std::memory_order_relaxed) - static_cast<int64_t>(bytes) - call_bytes_;
+      int64_t b =
+          budget_.load(std::memory_order_relaxed) - static_cast<int64_t>(bytes) - call_bytes_;
       budget_.store(b, std::memory_order_relaxed);
       if (b < 0 || total > near_limit_) return RecheckAfterReserve(s, bytes);
     }
