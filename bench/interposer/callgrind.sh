@@ -19,7 +19,7 @@ ir() {  # ir MODE COUNT PRELOAD [ENV...] -> total instructions
   out=$tmp/cg.$$
   mode=$1 count=$2 pre=$3
   shift 3
-  env "$@" ${pre:+LD_PRELOAD=$pre} GPULET_VGPU_ACCOUNTING=$tmp/acct GPULET_VGPU_MEMORY_LIMIT=1099511627776 \
+  env "$@" LD_LIBRARY_PATH="$build/lib/fake_cuda" ${pre:+LD_PRELOAD=$pre} GPULET_VGPU_ACCOUNTING=$tmp/acct GPULET_VGPU_MEMORY_LIMIT=1099511627776 \
     valgrind --tool=callgrind --callgrind-out-file="$out" "$probe" "$mode" "$count" >/dev/null 2>&1
   sed -n 's/^summary: //p' "$out"
 }

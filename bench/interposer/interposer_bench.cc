@@ -40,7 +40,9 @@ struct Env {
     }
     FakeSym<CUresult (*)(unsigned)>("cuInit")(0);
     CUcontext ctx;
-    FakeSym<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
+    // Through the hook, as a program's runtime does: the interposer then measures the process
+    // with NVML and the allocation path carries its reconciliation countdown.
+    Hook<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
     FakeSym<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
     FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&fn, nullptr, "k");
     FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&stream, 0);
@@ -80,6 +82,21 @@ void BM_Launch(benchmark::State& state, bool interposed) {
 BENCHMARK_CAPTURE(BM_Launch, direct, false);
 BENCHMARK_CAPTURE(BM_Launch, interposed_unthrottled, true);
 
+// A paced launch (limit 50 %) of 1 us kernels on the virtual clock, through the pacer as the
+// shim calls it: the CPU cost of admission, sampling and (one launch in 8) the two event records,
+// the idle-stream query and the harvest; against the same launches unpaced (limit 100).
+void BM_LaunchPaced(benchmark::State& state) {
+  auto region = std::make_unique<vgpu::AccountingRegion>();
+  VirtualGpu gpu(static_cast<uint32_t>(state.range(0)), static_cast<uint32_t>(state.range(0)),
+                 region.get());
+  int n = 0;
+  for (auto _ : state) {
+    gpu.Launch(1);
+    if (++n % 1024 == 0) gpu.sync(gpu.stream);
+  }
+}
+BENCHMARK(BM_LaunchPaced)->Arg(100)->Arg(50);
+
 // The accounting protocol alone: Reserve + Unreserve on a shared region (one process).
 void BM_ReserveUnreserve(benchmark::State& state) {
   static vgpu::AccountingRegion region{};
@@ -106,6 +123,26 @@ void BM_Pacing(benchmark::State& state) {
   state.counters["share_max"] = hi;
 }
 BENCHMARK(BM_Pacing)->Arg(10)->Arg(30)->Arg(50)->Arg(90)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+// Share as a floor: limit/ceiling next to a neighbour keeping NEIGHBOUR % of the GPU busy
+// (10 simulated s after 3 s of warm-up, in 5 s windows).
+void BM_PacingNeighbour(benchmark::State& state) {
+  auto limit = static_cast<uint32_t>(state.range(0));
+  auto ceiling = static_cast<uint32_t>(state.range(1));
+  double lo = 100, hi = 0;
+  for (auto _ : state) {
+    auto region = std::make_unique<vgpu::AccountingRegion>();
+    for (double s : RunGreedy(limit, ceiling, 10'000'000'000, 5'000'000'000, region.get(),
+                              3'000'000'000, static_cast<int>(state.range(2))))
+      lo = std::min(lo, s), hi = std::max(hi, s);
+  }
+  state.counters["share_min"] = lo;
+  state.counters["share_max"] = hi;
+}
+BENCHMARK(BM_PacingNeighbour)
+    ->Args({30, 30, 50})->Args({30, 60, 50})->Args({30, 30, 70})->Args({99, 99, 70})
+    ->Args({10, 10, 90})->Args({99, 99, 90})
+    ->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

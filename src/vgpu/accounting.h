@@ -68,7 +68,10 @@ struct alignas(64) AccountingRegion {
   std::atomic<uint64_t> memory_limit;  // bytes; 0 = unlimited
   std::atomic<uint32_t> core_limit;    // percent of the GPU, 1..100
   std::atomic<uint32_t> core_ceiling;  // percent the soft limit may borrow up to (>= limit)
-  std::atomic<uint64_t> context_bytes;  // charge per CUDA context
+  // Largest memory one process of this container was measured to hold beyond its allocations
+  // (CUDA contexts, module code, rounding); only ever raised. Processes that cannot measure their
+  // own charge this much per context (see docs/interposer.md, "Memory the driver holds").
+  std::atomic<uint64_t> context_bytes;
   uint8_t header_reserved[24];
   char device_uuid[64];  // "GPU-..." of the limited GPU; empty = every visible device
 
@@ -86,13 +89,18 @@ struct alignas(64) AccountingRegion {
   alignas(64) std::atomic<uint32_t> high_water;  // slots [0, high_water) have ever been claimed
   alignas(64) std::atomic<uint64_t> held[kAccountingSlots];
   alignas(64) std::atomic<uint64_t> owner[kAccountingSlots];
-  uint8_t reserved[2048];  // room for later fields without a version bump
+  // Owner word of the process that is creating its first CUDA context and telling its own entry
+  // in NVML's process list apart from the others (0 = free). A lease: a dead holder's word is
+  // taken over, a slow one is waited for at most a few seconds (LockContextProbe).
+  alignas(64) std::atomic<uint64_t> context_probe_lock;
+  uint8_t reserved[2048 - 64];  // room for later fields without a version bump
 };
 static_assert(sizeof(AccountingRegion) == 256 + kAccountingSlots * 16 + 2048,
               "accounting layout v1 changed: bump kAccountingVersion");
 static_assert(offsetof(AccountingRegion, device_uuid) == 64);
 static_assert(offsetof(AccountingRegion, virtual_time_ns) == 128);
 static_assert(offsetof(AccountingRegion, held) == 256);
+static_assert(offsetof(AccountingRegion, context_probe_lock) == 256 + kAccountingSlots * 16);
 
 // --- process identity -------------------------------------------------------------------------
 
@@ -189,6 +197,26 @@ inline AccountingRegion* MapAccounting(const char* path, bool writable, const ch
   return r;
 }
 
+// --- context probe lease ------------------------------------------------------------------------
+
+// Serialises the first context creation of this container's processes, so that each can find
+// its own (host) pid as the one new entry in NVML's process list. Returns true when held; false
+// after `wait_ms` without it (the caller then measures without the lease and may find its pid
+// ambiguous). A holder that died is replaced. 
+inline bool LockContextProbe(AccountingRegion& r, uint64_t self, int wait_ms) {
+  for (int waited = 0;; ++waited) {
+    uint64_t o = 0;
+    if (r.context_probe_lock.compare_exchange_strong(o, self)) return true;
+    if (o == self) return true;
+    if (OwnerIsDead(o) && r.context_probe_lock.compare_exchange_strong(o, self)) return true;
+    if (waited >= wait_ms) return false;
+    usleep(1000);
+  }
+}
+inline void UnlockContextProbe(AccountingRegion& r, uint64_t self) {
+  r.context_probe_lock.compare_exchange_strong(self, 0);
+}
+
 // --- memory reservation -----------------------------------------------------------------------
 
 // Committed bytes of the whole container (every slot, live or not yet reclaimed).
@@ -248,11 +276,24 @@ inline void ReleaseSlot(AccountingRegion& r, int slot, uint64_t owner) {
   r.owner[slot].compare_exchange_strong(owner, 0);
 }
 
-// Reserves `bytes` for the process owning `slot` before the driver allocates them. Returns false
-// (nothing reserved) if the container total would exceed the limit, after reclaiming dead
-// processes' memory and retrying through transient contention.
-inline bool Reserve(AccountingRegion& r, int slot, uint64_t owner, uint64_t bytes) {
-  uint64_t limit = r.memory_limit.load(std::memory_order_relaxed);
+// The limit a process enforces: its own (from its environment, which the container cannot
+// change for a running process), lowered but never raised by the value in the shared file,
+// which every process of the container can write.
+inline uint64_t EffectiveLimit(const AccountingRegion& r, uint64_t own_limit) {
+  uint64_t file = r.memory_limit.load(std::memory_order_relaxed);
+  if (file != 0 && (own_limit == 0 || file < own_limit)) return file;
+  return own_limit;
+}
+
+// Reserves `bytes` for the process owning `slot` before the driver allocates them, against
+// `own_limit` (0 = none; see EffectiveLimit). Returns false (nothing reserved) if the container
+// total would exceed the limit, after reclaiming dead processes' memory and retrying through
+// transient contention. On success *total (if given) is the container total the reservation saw
+// (0 when there is no limit).
+inline bool Reserve(AccountingRegion& r, int slot, uint64_t owner, uint64_t bytes,
+                    uint64_t own_limit = 0, uint64_t* total = nullptr) {
+  uint64_t limit = EffectiveLimit(r, own_limit);
+  if (total) *total = 0;
   if (limit == 0) {
     r.held[slot].fetch_add(bytes, std::memory_order_relaxed);
     return true;
@@ -265,6 +306,7 @@ inline bool Reserve(AccountingRegion& r, int slot, uint64_t owner, uint64_t byte
     r.held[slot].fetch_add(bytes, std::memory_order_seq_cst);
     uint64_t sum = UsedBytes(r);
     if (sum <= limit) {
+      if (total) *total = sum;
       uint64_t peak = r.peak_used.load(std::memory_order_relaxed);
       while (peak < sum && !r.peak_used.compare_exchange_weak(peak, sum)) {
       }

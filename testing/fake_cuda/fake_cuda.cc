@@ -11,7 +11,11 @@
 // read the device truth (peak usage) from outside the processes under test.
 //
 // Environment: FAKE_CUDA_DEVICE_COUNT (1), FAKE_CUDA_DEVICE_MEMORY (16 GiB), FAKE_CUDA_CONTEXT_BYTES
-// (0), FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
+// (0; a real context holds ~518 MiB on an H200), FAKE_CUDA_ALLOC_GRANULE (1: allocations are
+// rounded up to it on the device, 2 MiB on real GPUs), FAKE_CUDA_MODULE_BYTES (0: device memory a
+// cuModuleLoadData holds), FAKE_CUDA_NVML_PID_OFFSET (0: NVML's pids are getpid() + this, as in
+// a container's pid namespace), FAKE_CUDA_NO_PROCESS_INFO (NVML cannot list processes),
+// FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
 // (append one "symbol:version:flags" line per cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes
 // or GPU-UUID prefixes, applied at cuInit like the real driver).
 // Test-only entry points (fakecuda_*) set a virtual clock and read the timeline.
@@ -45,8 +49,17 @@ struct SharedDevice {  // lives in FAKE_CUDA_STATE when set
   std::atomic<int64_t> busy_until;
   std::atomic<uint64_t> busy_total;
 };
+// NVML's per-process view (nvmlDeviceGetComputeRunningProcesses_v3): what each process holds on
+// each device, contexts, module code and rounding included. Appended after dev[] so that readers
+// of the device counters keep their offsets.
+constexpr int kMaxProcs = 64;
+struct SharedProc {
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> used;
+};
 struct SharedState {
   SharedDevice dev[kMaxDevices];
+  SharedProc procs[kMaxDevices][kMaxProcs];
 };
 
 struct Ctx {
@@ -105,6 +118,11 @@ struct Driver {
   bool initialized = false;
   int physical_count = 1;
   uint64_t memory = 16ull << 30, context_bytes = 0, ns_per_block = 1000, graph_ns = 1000000;
+  uint64_t granule = 1, module_bytes = 0;
+  // Host time a launch / an event record takes (a real driver: ~4 us / ~1 us); spent on the
+  // test's virtual clock, before the work reaches the device timeline. 0 without a test clock.
+  int64_t launch_ns = 0, event_ns = 0;
+  int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
   std::vector<int> visible;  // ordinal -> physical index
   SharedState local{};
   SharedState* shared = &local;
@@ -126,6 +144,9 @@ struct Driver {
     context_bytes = EnvU64("FAKE_CUDA_CONTEXT_BYTES", 0);
     ns_per_block = EnvU64("FAKE_CUDA_NS_PER_BLOCK", ns_per_block);
     graph_ns = EnvU64("FAKE_CUDA_GRAPH_NS", graph_ns);
+    granule = std::max<uint64_t>(1, EnvU64("FAKE_CUDA_ALLOC_GRANULE", 1));
+    module_bytes = EnvU64("FAKE_CUDA_MODULE_BYTES", 0);
+    for (int& s : proc_slot) s = -1;
     if (const char* path = getenv("FAKE_CUDA_STATE")) {
       int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
       if (fd >= 0 && ftruncate(fd, sizeof(SharedState)) == 0) {
@@ -138,7 +159,13 @@ struct Driver {
     // process's memory stays counted on the fake GPU: tests judge the device before a kill.)
     atexit(+[] {
       Driver& d = *instance;
-      for (int i = 0; i < kMaxDevices; ++i) d.shared->dev[i].used.fetch_sub(d.charged[i]);
+      for (int i = 0; i < kMaxDevices; ++i) {
+        d.shared->dev[i].used.fetch_sub(d.charged[i]);
+        if (d.proc_slot[i] >= 0) {
+          d.shared->procs[i][d.proc_slot[i]].used.store(0);
+          d.shared->procs[i][d.proc_slot[i]].pid.store(0);
+        }
+      }
     });
   }
   static Driver* instance;
@@ -193,9 +220,26 @@ struct Driver {
     }
     allocated += bytes;
     charged[physical] += bytes;
+    if (SharedProc* p = Proc(physical)) p->used.fetch_add(bytes);
     return CUDA_SUCCESS;
   }
+  // This process's NVML entry on a device, claimed on first use (nullptr if the table is full).
+  SharedProc* Proc(int physical) {
+    if (proc_slot[physical] < 0) {
+      int32_t self = static_cast<int32_t>(getpid());
+      for (int i = 0; i < kMaxProcs && proc_slot[physical] < 0; ++i) {
+        int32_t expect = 0;
+        if (shared->procs[physical][i].pid.compare_exchange_strong(expect, self)) {
+          shared->procs[physical][i].used.store(0);
+          proc_slot[physical] = i;
+        }
+      }
+      if (proc_slot[physical] < 0) return nullptr;
+    }
+    return &shared->procs[physical][proc_slot[physical]];
+  }
   void Uncharge(int physical, uint64_t bytes) {
+    if (SharedProc* p = Proc(physical)) p->used.fetch_sub(bytes);
     shared->dev[physical].used.fetch_sub(bytes);
     allocated -= bytes;
     charged[physical] -= bytes;
@@ -210,6 +254,9 @@ struct Driver {
     int dev = CurrentDevice();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    // The driver hands out memory in granules (2 MiB pages on real GPUs): what the device and
+    // NVML see is the rounded size (FAKE_CUDA_ALLOC_GRANULE; 1 = exact, the default).
+    bytes = (bytes + granule - 1) / granule * granule;
     if (CUresult r = Charge(dev, bytes); r != CUDA_SUCCESS) return r;
     uint64_t key = key_hint;
     if (key == 0) {
@@ -228,9 +275,13 @@ struct Driver {
     return CUDA_SUCCESS;
   }
 
+  void HostCost(int64_t ns) {
+    if (ns > 0 && g_test_sleep_until) g_test_sleep_until(Now() + ns);
+  }
   CUresult Launch(CUstream s, int64_t duration) {
     int dev = CurrentDevice();
     if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    HostCost(launch_ns);
     Stream* st = s ? reinterpret_cast<Stream*>(s) : &null_stream;
     SharedDevice& d = shared->dev[dev];
     int64_t now = Now();
@@ -296,11 +347,26 @@ __attribute__((visibility("default"))) void fakecuda_set_clock(int64_t (*now)(),
   g_test_now = now;
   g_test_sleep_until = sleep_until;
 }
+// Host time of each launch and event record, on the virtual clock (fakecuda_set_clock).
+__attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t launch_ns,
+                                                                   int64_t event_ns) {
+  LOCK;
+  D().launch_ns = launch_ns;
+  D().event_ns = event_ns;
+}
 // This process's kernel busy time overlapping [t0, t1).
 __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
   LOCK;
+  // Kernels of one process run in order on the device timeline: starts and ends never decrease,
+  // so the first interval that ends after t0 is found by bisection.
+  auto& v = D().intervals;
+  auto it = std::lower_bound(v.begin(), v.end(), t0,
+                             [](const std::pair<int64_t, int64_t>& i, int64_t t) {
+                               return i.second <= t;
+                             });
   int64_t sum = 0;
-  for (auto [s, e] : D().intervals) sum += std::max<int64_t>(0, std::min(e, t1) - std::max(s, t0));
+  for (; it != v.end() && it->first < t1; ++it)
+    sum += std::max<int64_t>(0, std::min(it->second, t1) - std::max(it->first, t0));
   return sum;
 }
 __attribute__((visibility("default"))) uint64_t fakecuda_allocated_bytes() {
@@ -312,6 +378,12 @@ __attribute__((visibility("default"))) uint64_t fakecuda_device_peak(int physica
 }
 __attribute__((visibility("default"))) uint64_t fakecuda_device_used(int physical) {
   return D().shared->dev[physical].used.load();
+}
+// Device memory this process holds without any allocation call (module code, driver buffers):
+// shows in the device counters and in NVML's entry for the process, nowhere else.
+__attribute__((visibility("default"))) void fakecuda_hold_hidden(int physical, uint64_t bytes) {
+  LOCK;
+  D().Charge(physical, bytes);
 }
 // Runs `duration` ns of a foreign tenant's work on a physical device (a neighbour container).
 __attribute__((visibility("default"))) void fakecuda_foreign_work(int physical, int64_t duration) {
@@ -612,6 +684,7 @@ CUresult cuEventDestroy_v2(CUevent e) {
 CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 CUresult cuEventRecord(CUevent e, CUstream s) {
   LOCK;
+  D().HostCost(D().event_ns);  // the device sees the event when the call has submitted it
   Stream* st = s ? reinterpret_cast<Stream*>(s) : &D().null_stream;
   reinterpret_cast<Event*>(e)->time = std::max(Now(), st->tail);
   return CUDA_SUCCESS;
@@ -633,7 +706,13 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   return CUDA_SUCCESS;
 }
 CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+// A module's code lives in device memory no allocation call shows (FAKE_CUDA_MODULE_BYTES on the
+// current context's device, for the rest of the process).
 CUresult cuModuleLoadData(CUmodule* m, const void*) {
+  LOCK;
+  if (D().module_bytes && D().CurrentDevice() >= 0) {
+    if (CUresult r = D().Charge(D().CurrentDevice(), D().module_bytes); r != CUDA_SUCCESS) return r;
+  }
   *m = reinterpret_cast<CUmodule>(Keep(new int(0)));
   return CUDA_SUCCESS;
 }
@@ -802,6 +881,65 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t* m) {
   if (r == NVML_SUCCESS) m->total = v1.total, m->reserved = 0, m->free = v1.free, m->used = v1.used;
   return r;
 }
+// Every process with memory on the device, as NVML lists them: pid + FAKE_CUDA_NVML_PID_OFFSET
+// (a container's pid namespace: NVML reports host pids, which are not the process's getpid()).
+// FAKE_CUDA_NO_PROCESS_INFO=1: NOT_SUPPORTED, as where NVML cannot see processes.
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int* count,
+                                                     nvmlProcessInfo_t* infos) {
+  int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
+  if (dev < 0 || dev >= D().physical_count || !count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (EnvU64("FAKE_CUDA_NO_PROCESS_INFO", 0)) return NVML_ERROR_NOT_SUPPORTED;
+  uint64_t offset = EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0);
+  unsigned n = 0;
+  for (int i = 0; i < kMaxProcs; ++i) {
+    int32_t pid = D().shared->procs[dev][i].pid.load();
+    if (pid == 0) continue;
+    if (n < *count && infos)
+      infos[n] = nvmlProcessInfo_t{static_cast<unsigned>(pid + static_cast<int64_t>(offset)),
+                                   D().shared->procs[dev][i].used.load(), 0xFFFFFFFFu, 0xFFFFFFFFu};
+    ++n;
+  }
+  bool fits = n <= *count;
+  *count = n;
+  return fits ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int* count,
+                                                     nvmlProcessInfo_t* infos) {
+  return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
+}
+// This process's kernel time as NVML samples it: one sample, stamped now (us), whose smUtil is
+// the percent of [lastSeen, now) its kernels ran on the device (the last second if lastSeen is 0
+// or older). Other processes' samples are not modelled (their timelines are their own).
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t* out,
+                                             unsigned int* count, unsigned long long last_seen_us) {
+  int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
+  if (dev < 0 || dev >= D().physical_count || !count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (*count < 1 || out == nullptr) {
+    *count = 1;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  int64_t now = Now(), from = static_cast<int64_t>(last_seen_us) * 1000;
+  if (from <= 0 || from >= now || now - from > 10'000'000'000) from = now - 1'000'000'000;
+  int64_t busy = fakecuda_busy_between(from, now);
+  out[0] = nvmlProcessUtilizationSample_t{
+      static_cast<unsigned>(getpid() +
+                            static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),
+      static_cast<unsigned long long>(now / 1000),
+      static_cast<unsigned>(std::min<int64_t>(100, busy * 100 / (now - from))), 0, 0, 0};
+  *count = 1;
+  return NVML_SUCCESS;
+}
+
+// Test-only: the sum of NVML's per-process memory on a physical device (every byte of the fake
+// device belongs to a process, so the device counter's peak is this sum's peak).
+__attribute__((visibility("default"))) uint64_t fakecuda_processes_used(int physical) {
+  uint64_t sum = 0;
+  for (int i = 0; i < kMaxProcs; ++i)
+    if (D().shared->procs[physical][i].pid.load() != 0)
+      sum += D().shared->procs[physical][i].used.load();
+  return sum;
+}
+
 // Utilisation since this process's previous call (NVML reports the last sample period).
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {
   int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;

@@ -405,9 +405,11 @@ class Shim : public ::testing::Test {
   AccountingRegion* region_ = nullptr;
 };
 
-// The primary context is charged once, on the first retain.
+// The primary context is charged once, on the first retain, at what NVML says the process holds
+// (the fake's context: kCtx), which is learned as the container's per-context estimate.
 TEST_F(Shim, PrimaryContextIsCounted) {
   EXPECT_EQ(Used(), kCtx);
+  EXPECT_EQ(region_->context_bytes.load(), kCtx) << "the context was not measured";
   CUcontext again;
   ASSERT_EQ(Hook<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&again, 0), 0);
   EXPECT_EQ(Used(), kCtx);
@@ -669,6 +671,27 @@ TEST_F(Shim, ReportsShowTheLimit) {
   Hook<cuda::cuMemFree_t>("cuMemFree_v2")(p);
 }
 
+// The limit comes from the process's own environment: writing the container-writable file
+// (memory_limit = 0, "unlimited") does not lift it; a lower value there does lower it.
+TEST_F(Shim, AccountingFileCannotLiftTheLimit) {
+  const char* e = nullptr;
+  AccountingRegion* rw = vgpu::MapAccounting(path_.c_str(), true, &e);
+  ASSERT_NE(rw, nullptr) << e;
+  uint64_t saved = rw->memory_limit.load();
+  rw->memory_limit.store(0);
+  CUdeviceptr p;
+  auto alloc = Hook<cuda::cuMemAlloc_t>("cuMemAlloc_v2");
+  EXPECT_EQ(alloc(&p, kLimit), CUDA_ERROR_OUT_OF_MEMORY) << "file value 0 lifted the limit";
+  rw->memory_limit.store(kLimit * 4);
+  EXPECT_EQ(alloc(&p, kLimit), CUDA_ERROR_OUT_OF_MEMORY) << "file value raised the limit";
+  rw->memory_limit.store(kCtx + 8 * kMiB);
+  EXPECT_EQ(alloc(&p, 16 * kMiB), CUDA_ERROR_OUT_OF_MEMORY) << "a lower file value is honoured";
+  rw->memory_limit.store(saved);
+  ASSERT_EQ(alloc(&p, 16 * kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(Hook<cuda::cuMemFree_t>("cuMemFree_v2")(p), CUDA_SUCCESS);
+  munmap(rw, sizeof(AccountingRegion));
+}
+
 // cuGetProcAddress(_v2) lets the driver pick the version and stream flavour, then hands back
 // our hook for hooked entry points and the driver's own for the rest.
 TEST_F(Shim, GetProcAddressMapsToHooks) {
@@ -753,6 +776,79 @@ TEST_P(Pacing, TracksShareWithoutOscillation) {
 }
 INSTANTIATE_TEST_SUITE_P(Shares, Pacing, ::testing::Values(10u, 30u, 50u, 90u));
 
+// A share is a floor, not only a cap (issue 20.2): next to a neighbour that keeps half the GPU
+// busy, a 30 % container still gets >= 25 % (the time its work waited behind the neighbour is
+// not charged: NVML's per-process utilisation says what was its own), and with a ceiling of 60 it
+// borrows what is left idle, up to 100 - 50 - 5 points of headroom, never more than its ceiling.
+// Before: 19.3-19.5 % for both.
+TEST(PacingFloor, ShareHoldsNextToABusyNeighbour) {
+  auto hard = std::make_unique<AccountingRegion>();
+  for (double v : RunGreedy(30, 30, 10'000'000'000, 5'000'000'000, hard.get(),
+                            /*warmup_ns=*/3'000'000'000, /*neighbour_percent=*/50)) {
+    EXPECT_GE(v, 25.0);
+    EXPECT_LE(v, 35.0);
+  }
+  auto soft = std::make_unique<AccountingRegion>();
+  for (double v : RunGreedy(30, 60, 10'000'000'000, 5'000'000'000, soft.get(),
+                            /*warmup_ns=*/3'000'000'000, /*neighbour_percent=*/50)) {
+    EXPECT_GE(v, 25.0);
+    EXPECT_LE(v, 50.0);
+  }
+}
+
+// Work that barely uses the GPU is not slowed below its share: empty kernels (1 us of GPU each,
+// 4 us of host time to launch) under a 50 % limit cost what they cost unpaced, within 25 %.
+// Pacing charges the GPU time they used, not the launch: before, the start event of an idle
+// stream counted the launch call as GPU time and two event records per launch added 2 us, so
+// each launch took ~2.5x as long (the H200 measured 11.5-12 us instead of ~4 us).
+TEST(PacingLaunches, EmptyKernelsAreNotSlowedBelowTheirShare) {
+  auto r1 = std::make_unique<AccountingRegion>(), r2 = std::make_unique<AccountingRegion>();
+  LoopResult free_run = RunLaunchLoop(100, 1, 0, 20000, 0, r1.get());
+  LoopResult paced = RunLaunchLoop(50, 1, 0, 20000, 0, r2.get());
+  ASSERT_GT(free_run.ns_per_launch, 0);
+  EXPECT_LT(paced.ns_per_launch, 1.25 * free_run.ns_per_launch)
+      << "unpaced " << free_run.ns_per_launch << " ns, paced " << paced.ns_per_launch << " ns";
+  EXPECT_LT(paced.gpu_share, 50.0);
+}
+
+struct MixCase {
+  uint32_t limit;
+  unsigned blocks;   // kernel length, us
+  int64_t host_ns;   // the program's own host work per launch
+  int sync_every;
+};
+void PrintTo(const MixCase& c, std::ostream* os) {
+  *os << c.limit << "% " << c.blocks << "us kernels " << c.host_ns << "ns host sync/"
+      << c.sync_every;
+}
+class PacingMix : public ::testing::TestWithParam<MixCase> {};
+
+// Kernels long and short, GPU-bound and host-bound, get their configured share of GPU time
+// within +-3 points (issue 24.4: 27-33 % at a 30 % limit), or what they use when that is less.
+TEST_P(PacingMix, ShareOfGpuTimeIsTheLimit) {
+  const MixCase& c = GetParam();
+  auto r1 = std::make_unique<AccountingRegion>(), r2 = std::make_unique<AccountingRegion>();
+  int launches = static_cast<int>(20'000'000'000 / (c.blocks * 1000 + c.host_ns + 4000));
+  LoopResult free_run = RunLaunchLoop(100, c.blocks, c.host_ns, launches, c.sync_every, r1.get());
+  LoopResult paced = RunLaunchLoop(c.limit, c.blocks, c.host_ns, launches, c.sync_every, r2.get());
+  double want = std::min<double>(c.limit, free_run.gpu_share);
+  EXPECT_NEAR(paced.gpu_share, want, 3.0) << "unpaced share " << free_run.gpu_share;
+  RecordProperty("achieved_share", std::to_string(paced.gpu_share));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Mixes, PacingMix,
+    ::testing::Values(MixCase{30, 2000, 0, 2},    // 2 ms kernels, GPU-bound (8192^3-like)
+                      MixCase{30, 16, 0, 0},      // 16 us kernels queued back to back
+                      MixCase{30, 16, 10000, 0},  // 16 us kernels, 14 us host per launch
+                      MixCase{30, 8, 10000, 0},   // host-bound: the GPU is busy ~40 %
+                      MixCase{50, 3, 2000, 64},   // short kernels, periodic syncs
+                      MixCase{10, 100, 0, 4}),
+    [](const auto& info) {
+      const MixCase& c = info.param;
+      return "limit" + std::to_string(c.limit) + "_kernel" + std::to_string(c.blocks) + "us_host" +
+             std::to_string(c.host_ns / 1000) + "us_sync" + std::to_string(c.sync_every);
+    });
+
 // A soft limit alone on the GPU borrows idle time up to its ceiling (and no further).
 TEST(PacingSoft, BorrowsUpToCeilingWhenAlone) {
   auto region = std::make_unique<AccountingRegion>();
@@ -764,8 +860,7 @@ TEST(PacingSoft, BorrowsUpToCeilingWhenAlone) {
 }
 
 // Next to a neighbour using half the GPU, a soft limit gives back what it borrowed: it never
-// takes more than the neighbour leaves nor more than its ceiling. (Its floor is NOT guaranteed:
-// time spent queued behind the neighbour is charged too -- docs/interposer.md, known limits.)
+// takes more than the neighbour leaves nor more than its ceiling (its floor: PacingFloor).
 TEST(PacingSoft, GivesBackNextToANeighbour) {
   auto region = std::make_unique<AccountingRegion>();
   std::vector<double> s = RunGreedy(30, 60, 10'000'000'000, 5'000'000'000, region.get(),

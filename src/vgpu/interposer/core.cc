@@ -46,13 +46,30 @@ uint64_t Mix(uint64_t k) {  // Fibonacci hashing: the top bits of k x 2^64/phi i
 }
 constexpr uint64_t kTombstone = 1;
 
+// 16 UUID bytes -> "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's spelling).
+void UuidText(const char* bytes, char out[64]) {
+  static const char kHex[] = "0123456789abcdef";
+  int o = 0;
+  memcpy(out, "GPU-", 4);
+  o = 4;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out[o++] = '-';
+    out[o++] = kHex[(bytes[i] >> 4) & 15];
+    out[o++] = kHex[bytes[i] & 15];
+  }
+  out[o] = 0;
+}
+
 }  // namespace
 
 ClockFns RealClockFns() { return {&MonotonicNs, &SleepUntilNs}; }
 
 bool ResolveRealDriver(void* cuda, void* nvml, void* (*sym)(void*, const char*), RealDriver* out) {
 #define GPULET_RESOLVE_CUDA(name) out->name = sym(cuda, #name);
-#define GPULET_RESOLVE_NVML(name) out->name = nvml ? sym(nvml, #name) : nullptr;
+// NVML from libnvidia-ml; else from the driver's handle, which only the fake driver answers.
+#define GPULET_RESOLVE_NVML(name) \
+  out->name = nvml ? sym(nvml, #name) : nullptr; \
+  if (out->name == nullptr && cuda != nullptr) out->name = sym(cuda, #name);
   GPULET_REAL_CUDA(GPULET_RESOLVE_CUDA)
   GPULET_REAL_NVML(GPULET_RESOLVE_NVML)
 #undef GPULET_RESOLVE_CUDA
@@ -107,7 +124,6 @@ Config ParseConfig(const char* (*get)(const char*)) {
       fail("GPULET_VGPU_CORE_CEILING", v, "a percentage between GPULET_VGPU_CORE_LIMIT and 100");
     else c.core_ceiling = static_cast<uint32_t>(v64);
   }
-  c.context_bytes = 0;
   if (const char* v = get("GPULET_VGPU_CONTEXT_BYTES")) {
     if (!ParseU64(v, &c.context_bytes)) fail("GPULET_VGPU_CONTEXT_BYTES", v, "a decimal byte count");
   }
@@ -131,17 +147,18 @@ void Core::Init(const RealDriver& real, const Config& config, vgpu::AccountingRe
   region_->memory_limit.store(config_.memory_limit, std::memory_order_relaxed);
   region_->core_limit.store(config.core_limit, std::memory_order_relaxed);
   region_->core_ceiling.store(config.core_ceiling, std::memory_order_relaxed);
-  region_->context_bytes.store(config.context_bytes, std::memory_order_relaxed);
   if (config.has_uuid && region_->device_uuid[0] == 0) {
-    static const char kHex[] = "0123456789abcdef";
-    char text[64] = "GPU-";
-    int o = 4;
-    for (int i = 0; i < 16; ++i) {
-      if (i == 4 || i == 6 || i == 8 || i == 10) text[o++] = '-';
-      text[o++] = kHex[(config.uuid[i] >> 4) & 15];
-      text[o++] = kHex[config.uuid[i] & 15];
-    }
+    char text[64];
+    UuidText(config.uuid, text);
     memcpy(region_->device_uuid, text, sizeof text);
+  }
+  track_memory_ = config_.memory_limit > 0;
+  if (track_memory_) {
+    uint64_t limit = config_.memory_limit;
+    budget_reset_ = static_cast<int64_t>(limit / 16 > (1u << 20) ? limit / 16 : (1u << 20));
+    call_bytes_ = budget_reset_ / 1024;
+    budget_.store(budget_reset_, std::memory_order_relaxed);
+    near_limit_ = limit - limit / 8;
   }
   pacing_ = config.core_limit < 100 && real_.cuEventCreate && real_.cuEventRecord &&
             real_.cuEventQuery && real_.cuEventElapsedTime && real_.cuEventSynchronize;
@@ -174,6 +191,16 @@ bool Core::EnsureSlot() {
 
 void Core::AfterFork() {
   slot_.store(-1, std::memory_order_release);
+  // The child has no CUDA context (they do not survive fork) and a pid of its own to find.
+  ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
+  measured_.store(false, std::memory_order_relaxed);
+  host_pid_ = 0;
+  nvml_state_ = 0;
+  overhead_ = 0;
+  contexts_ = 0;
+  ctx_mask_ = 0;
+  for (auto& n : dev_contexts_) n = 0;
+  for (auto& d : nvml_dev_) d = nullptr;
   for (Entry& e : hot_) e.key.store(0, std::memory_order_relaxed);
   for (Entry& e : table_) e.key.store(0, std::memory_order_relaxed);
   for (auto& r : primary_refs_) r.store(0, std::memory_order_relaxed);
@@ -287,6 +314,7 @@ CUresult Core::AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t he
   CUresult r = call();
   if (r != CUDA_SUCCESS) {
     Undo(bound, counted);
+    if (pads_.load(std::memory_order_relaxed) != 0) SettlePad();
     return r;
   }
   uint64_t actual = uint64_t{*pitch} * height;
@@ -297,10 +325,12 @@ CUresult Core::AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t he
     if (Reserve(-1, actual - bound, &extra_counted) != CUDA_SUCCESS) {
       Fn<cuda::cuMemFree_t>(real_.cuMemFree_v2)(*p);
       Undo(bound, counted);
+      if (pads_.load(std::memory_order_relaxed) != 0) SettlePad();
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
   Commit(Kind::kPointer, *p, actual, counted);
+  if (pads_.load(std::memory_order_relaxed) != 0) SettlePad();
   return CUDA_SUCCESS;
 }
 
@@ -329,48 +359,289 @@ uint64_t Core::ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
   return total;
 }
 
-// --- contexts -----------------------------------------------------------------------------------
+// --- contexts: the memory the driver holds beyond allocations ---------------------------------
+//
+// A CUDA context holds device memory no allocation call shows (about 518 MiB for a bare context,
+// about 610 MiB for a PyTorch process on an H200), and the driver's rounding and lazily loaded
+// module code add more. The process is charged what NVML says it really holds beyond its counted
+// allocations ("overhead"): reserved as an estimate before the context exists, set to the
+// measured value right after (the context is undone if that does not fit), and raised whenever a
+// later measurement finds more. Where NVML cannot tell (no NVML, our pid not identifiable), the
+// estimate stays as the charge. See docs/interposer.md, "Memory the driver holds".
 
-CUresult Core::CtxCreated(CUresult r, CUcontext ctx, bool counted) {
-  if (r == CUDA_SUCCESS) {
-    Commit(Kind::kContext, reinterpret_cast<uint64_t>(ctx), config_.context_bytes, counted);
-  } else {
-    Undo(config_.context_bytes, counted);
+bool Core::NvmlReady() {
+  if (nvml_state_ == 0) {
+    nvml_state_ = -1;
+    if (real_.nvmlInit_v2 && real_.nvmlDeviceGetHandleByUUID &&
+        real_.nvmlDeviceGetComputeRunningProcesses_v3 &&
+        Fn<nvmlReturn_t (*)()>(real_.nvmlInit_v2)() == NVML_SUCCESS)
+      nvml_state_ = 1;
   }
-  return r;
+  return nvml_state_ == 1;
+}
+
+nvmlDevice_t Core::NvmlHandle(int ordinal) {
+  if (ordinal < 0 || ordinal >= 64 || !NvmlReady()) return nullptr;
+  if (nvml_dev_[ordinal] != nullptr) return nvml_dev_[ordinal];
+  CUuuid u;
+  if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, ordinal) != CUDA_SUCCESS)
+    return nullptr;
+  char text[64];
+  UuidText(u.bytes, text);
+  nvmlDevice_t d = nullptr;
+  if (Fn<nvmlReturn_t (*)(const char*, nvmlDevice_t*)>(real_.nvmlDeviceGetHandleByUUID)(text, &d) !=
+      NVML_SUCCESS)
+    return nullptr;
+  nvml_dev_[ordinal] = d;
+  return d;
+}
+
+int Core::NvmlProcesses(int ordinal, unsigned* pids, uint64_t* bytes, int max) {
+  nvmlDevice_t d = NvmlHandle(ordinal);
+  if (d == nullptr) return -1;
+  nvmlProcessInfo_t infos[128];
+  unsigned count = 128;
+  using ListFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*);
+  // More than 128 processes on one GPU (INSUFFICIENT_SIZE): treated as "cannot tell".
+  if (Fn<ListFn>(real_.nvmlDeviceGetComputeRunningProcesses_v3)(d, &count, infos) != NVML_SUCCESS)
+    return -1;
+  int n = 0;
+  for (unsigned i = 0; i < count && i < 128 && n < max; ++i, ++n) {
+    pids[n] = infos[i].pid;
+    if (bytes) bytes[n] = infos[i].usedGpuMemory;
+  }
+  return n;
+}
+
+bool Core::OwnUsed(uint64_t* used) {
+  if (host_pid_ <= 0 || ctx_mask_ == 0) return false;
+  uint64_t sum = 0;
+  for (int i = 0; i < 64; ++i) {
+    if (((ctx_mask_ >> i) & 1) == 0) continue;
+    unsigned pids[128];
+    uint64_t bytes[128];
+    int n = NvmlProcesses(i, pids, bytes, 128);
+    if (n < 0) return false;
+    bool found = false;
+    for (int k = 0; k < n && !found; ++k) {
+      if (pids[k] != static_cast<unsigned>(host_pid_)) continue;
+      if (bytes[k] == ~0ull) return false;  // NVML_VALUE_NOT_AVAILABLE
+      sum += bytes[k];
+      found = true;
+    }
+    if (!found) return false;
+  }
+  *used = sum;
+  return true;
+}
+
+uint64_t Core::ContextEstimate() const {
+  // The file's learned value may only raise the charge (the container can write it).
+  uint64_t learned = region_->context_bytes.load(std::memory_order_relaxed);
+  return learned > config_.context_bytes ? learned : config_.context_bytes;
+}
+
+void Core::SetOverhead(uint64_t target) {
+  int s = slot_.load(std::memory_order_relaxed);
+  if (s < 0) return;
+  // The driver already holds this memory: it is charged even past the limit (later allocations
+  // are then refused until the container is back under it).
+  if (target > overhead_) region_->held[s].fetch_add(target - overhead_, std::memory_order_seq_cst);
+  else if (target < overhead_) vgpu::Unreserve(*region_, s, overhead_ - target);
+  overhead_ = target;
+}
+
+CUresult Core::BeginContext(CUdevice dev, Probe* p) {
+  p->estimate = ContextEstimate();
+  if (CUresult r = Reserve(dev, p->estimate, &p->counted); r != CUDA_SUCCESS) return r;
+  if (p->counted && host_pid_ == 0 && dev >= 0 && dev < 64 && NvmlReady()) {
+    // This process's first context: NVML lists host pids, which in a container's pid namespace
+    // are not getpid(). Our entry is the one that appears with the context; the lease keeps the
+    // container's other processes from creating theirs in the same instant.
+    p->leased = vgpu::LockContextProbe(*region_, owner_, 5000);
+    p->n = NvmlProcesses(dev, p->pids, nullptr, 128);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Core::EndContext(CUdevice dev, CUresult created, CUcontext* ctx, bool primary, Probe* p) {
+  if (!p->counted || dev < 0 || dev >= 64) return created;
+  if (created != CUDA_SUCCESS) {
+    if (p->leased) vgpu::UnlockContextProbe(*region_, owner_);
+    Undo(p->estimate, true);
+    return created;
+  }
+  ++contexts_;
+  ++dev_contexts_[dev];
+  ctx_mask_ |= uint64_t{1} << dev;
+  if (host_pid_ == 0 && p->n >= 0) {
+    unsigned after[128];
+    int n = NvmlProcesses(dev, after, nullptr, 128);
+    unsigned self = static_cast<unsigned>(getpid()), only = 0;
+    int fresh = 0;
+    bool self_fresh = false;
+    for (int k = 0; k < n; ++k) {
+      bool old = false;
+      for (int j = 0; j < p->n && !old; ++j) old = p->pids[j] == after[k];
+      if (old) continue;
+      ++fresh;
+      only = after[k];
+      self_fresh |= after[k] == self;
+    }
+    // getpid() among the new entries: no pid namespace. Else exactly one new entry: ours.
+    // Anything else (a neighbour's context appeared in the same instant): not identified.
+    if (self_fresh) host_pid_ = static_cast<int>(self);
+    else if (fresh == 1) host_pid_ = static_cast<int>(only);
+  }
+  if (p->leased) vgpu::UnlockContextProbe(*region_, owner_);
+  uint64_t charged = overhead_ + p->estimate;  // the estimate is now part of the overhead
+  overhead_ = charged;
+  uint64_t target = charged, used;
+  if (OwnUsed(&used)) {
+    measured_.store(true, std::memory_order_relaxed);
+    uint64_t held = region_->held[slot_.load()].load() & vgpu::kHeldBytesMask;
+    uint64_t allocations = held > charged ? held - charged : 0;
+    target = used > allocations ? used - allocations : 0;
+  } else {
+    measured_.store(false, std::memory_order_relaxed);
+  }
+  if (target > charged) {
+    bool counted;
+    if (Reserve(dev, target - charged, &counted) != CUDA_SUCCESS) {
+      // What the context really holds does not fit: undo it, as if the driver had run out.
+      if (primary) {
+        void* rel = real_.cuDevicePrimaryCtxRelease_v2 ? real_.cuDevicePrimaryCtxRelease_v2
+                                                       : real_.cuDevicePrimaryCtxRelease;
+        if (rel) Fn<cuda::cuDevicePrimaryCtxRelease_t>(rel)(dev);
+      } else if (real_.cuCtxDestroy_v2) {
+        Fn<cuda::cuCtxDestroy_t>(real_.cuCtxDestroy_v2)(*ctx);
+      }
+      --contexts_;
+      if (--dev_contexts_[dev] == 0) ctx_mask_ &= ~(uint64_t{1} << dev);
+      SetOverhead(charged - p->estimate);
+      region_->alloc_failures.fetch_add(1, std::memory_order_relaxed);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    overhead_ = target;
+  } else {
+    SetOverhead(target);
+  }
+  if (measured_.load(std::memory_order_relaxed) && contexts_ == 1) {
+    // What one process's context was measured to cost: the estimate for processes that cannot
+    // measure theirs. Learned only here, not from later growth (rounding grows with allocations).
+    uint64_t cur = region_->context_bytes.load();
+    while (cur < target && !region_->context_bytes.compare_exchange_weak(cur, target)) {
+    }
+  }
+  if (!primary)
+    Commit(Kind::kContext, reinterpret_cast<uint64_t>(*ctx), static_cast<uint64_t>(dev) + 1, true);
+  return CUDA_SUCCESS;
+}
+
+void Core::ContextGone(int dev) {
+  if (dev < 0 || dev >= 64 || contexts_ == 0) return;
+  --contexts_;
+  if (--dev_contexts_[dev] <= 0) dev_contexts_[dev] = 0, ctx_mask_ &= ~(uint64_t{1} << dev);
+  uint64_t used;
+  if (contexts_ == 0) {
+    SetOverhead(0);
+  } else if (measured_.load(std::memory_order_relaxed) && OwnUsed(&used)) {
+    uint64_t held = region_->held[slot_.load()].load() & vgpu::kHeldBytesMask;
+    uint64_t allocations = held > overhead_ ? held - overhead_ : 0;
+    SetOverhead(used > allocations ? used - allocations : 0);
+  } else {
+    uint64_t n = static_cast<uint64_t>(contexts_);
+    SetOverhead(overhead_ / (n + 1) * n);
+  }
+}
+
+bool Core::Reconcile() {
+  if (!track_memory_ || pthread_mutex_trylock(&ctx_mu_) != 0) return false;
+  uint64_t used;
+  bool ok = measured_.load(std::memory_order_relaxed) && slot_.load() >= 0 && OwnUsed(&used);
+  if (ok) {
+    // Only raised here: an allocation reserved but not yet made (or freed but not yet returned)
+    // makes `used` look smaller than it will be, never larger.
+    uint64_t held = region_->held[slot_.load()].load() & vgpu::kHeldBytesMask;
+    uint64_t stand_in = overhead_ + pads_.load(std::memory_order_relaxed);
+    uint64_t allocations = held > stand_in ? held - stand_in : 0;
+    if (used > allocations && used - allocations > overhead_) SetOverhead(used - allocations);
+  }
+  pthread_mutex_unlock(&ctx_mu_);
+  return ok;
+}
+
+// The driver's rounding reserved near the limit by this thread, until the allocation is made and
+// measured (SettlePad). Slow path only.
+static thread_local uint64_t t_pad = 0;
+
+CUresult Core::RecheckAfterReserve(int slot, uint64_t bytes) {
+  budget_.store(budget_reset_, std::memory_order_relaxed);
+  Reconcile();
+  uint64_t limit = vgpu::EffectiveLimit(*region_, config_.memory_limit);
+  auto refuse = [&] {
+    vgpu::Unreserve(*region_, slot, bytes);
+    region_->alloc_failures.fetch_add(1, std::memory_order_relaxed);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  };
+  // What the reconciliation found may have taken the container past the limit.
+  if (limit != 0 && vgpu::UsedBytes(*region_) > limit &&
+      (vgpu::ReclaimDead(*region_, owner_) == 0 || vgpu::UsedBytes(*region_) > limit))
+    return refuse();
+  // Near the limit the allocation must fit as the driver will really place it: rounded up to its
+  // 2 MiB granule (a smaller allocation may open a new page), which only NVML shows afterwards.
+  // The rounding is reserved too, with the same race-free protocol, until SettlePad has measured
+  // what the driver really took.
+  uint64_t rounding = ((bytes + kDriverGranule - 1) & ~(kDriverGranule - 1)) - bytes;
+  if (rounding != 0 && vgpu::UsedBytes(*region_) > near_limit_) {
+    if (!vgpu::Reserve(*region_, slot, owner_, rounding, config_.memory_limit)) return refuse();
+    t_pad += rounding;
+    pads_.fetch_add(rounding, std::memory_order_relaxed);
+  }
+  return CUDA_SUCCESS;
+}
+
+void Core::SettlePad() {
+  uint64_t pad = t_pad;
+  if (pad == 0) return;
+  t_pad = 0;
+  Reconcile();  // the allocation is made (or refused): charge the rounding it really took ...
+  pads_.fetch_sub(pad, std::memory_order_relaxed);
+  int s = slot_.load(std::memory_order_relaxed);
+  if (s >= 0) vgpu::Unreserve(*region_, s, pad);  // ... then drop the stand-in
 }
 
 CUresult Core::PrimaryRetain(CUcontext* ctx, CUdevice dev) {
   auto call = [&] {
     return Fn<cuda::cuDevicePrimaryCtxRetain_t>(real_.cuDevicePrimaryCtxRetain)(ctx, dev);
   };
-  if (config_.disabled || dev < 0 || dev >= 64 || config_.context_bytes == 0) return call();
-  // The first retain creates the context: reserve for it before the driver allocates.
-  bool first = primary_refs_[dev].load() == 0, counted = false;
-  if (first) {
-    if (CUresult r = Reserve(dev, config_.context_bytes, &counted); r != CUDA_SUCCESS) return r;
+  if (config_.disabled || !track_memory_ || dev < 0 || dev >= 64 || ctx == nullptr) return call();
+  pthread_mutex_lock(&ctx_mu_);
+  CUresult r;
+  if (primary_refs_[dev].load() > 0) {  // exists: only a reference
+    r = call();
+    if (r == CUDA_SUCCESS) primary_refs_[dev].fetch_add(1);
+  } else {  // the first retain creates the context
+    Probe probe;
+    r = BeginContext(dev, &probe);
+    if (r == CUDA_SUCCESS) r = EndContext(dev, call(), ctx, /*primary=*/true, &probe);
+    if (r == CUDA_SUCCESS && probe.counted) primary_refs_[dev].store(1);  // else: another GPU
   }
-  CUresult r = call();
-  if (r != CUDA_SUCCESS) {
-    if (first) Undo(config_.context_bytes, counted);
-    return r;
-  }
-  int before = primary_refs_[dev].fetch_add(1);
-  if (first && before != 0) Undo(config_.context_bytes, counted);  // another thread charged it
-  if (!first && before == 0 && Limited(dev) && EnsureSlot()) {
-    // Lost a race with a concurrent release: the context exists, so it must be counted.
-    region_->held[slot_.load()].fetch_add(config_.context_bytes);
-  }
+  pthread_mutex_unlock(&ctx_mu_);
+  if (pads_.load(std::memory_order_relaxed) != 0) SettlePad();
   return r;
 }
 
 CUresult Core::PrimaryRelease(CUdevice dev, bool v2) {
   void* fn = v2 && real_.cuDevicePrimaryCtxRelease_v2 ? real_.cuDevicePrimaryCtxRelease_v2
                                                       : real_.cuDevicePrimaryCtxRelease;
+  if (config_.disabled || !track_memory_ || dev < 0 || dev >= 64)
+    return Fn<cuda::cuDevicePrimaryCtxRelease_t>(fn)(dev);
+  pthread_mutex_lock(&ctx_mu_);
   CUresult r = Fn<cuda::cuDevicePrimaryCtxRelease_t>(fn)(dev);
-  if (r != CUDA_SUCCESS || config_.disabled || dev < 0 || dev >= 64 || config_.context_bytes == 0)
-    return r;
-  if (primary_refs_[dev].fetch_sub(1) == 1 && Limited(dev)) Undo(config_.context_bytes, true);
+  if (r == CUDA_SUCCESS && primary_refs_[dev].load() > 0 && primary_refs_[dev].fetch_sub(1) == 1)
+    ContextGone(dev);
+  pthread_mutex_unlock(&ctx_mu_);
   return r;
 }
 
@@ -421,8 +692,11 @@ void Core::AdjustNvmlMemory(nvmlDevice_t dev, void* get_uuid, unsigned long long
 // process are in flight unmeasured). See docs/interposer.md.
 
 void Core::Charge(int64_t busy_ns, int64_t now) {
+  // The shared share is container-writable: it may move only within this process's own
+  // [limit, ceiling] from its environment.
   uint32_t share = region_->effective_share_permille.load(std::memory_order_relaxed);
-  if (share == 0) share = config_.core_limit * 10;
+  if (share < config_.core_limit * 10) share = config_.core_limit * 10;
+  if (share > config_.core_ceiling * 10) share = config_.core_ceiling * 10;
   int64_t cost = busy_ns * 1000 / share;
   int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed), nv;
   do {
@@ -448,7 +722,14 @@ void Core::Harvest(bool wait_oldest) {
     if (q == CUDA_SUCCESS &&
         Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
             CUDA_SUCCESS) {
-      Charge(static_cast<int64_t>(static_cast<double>(ms) * 1e6), clock_.now_ns());
+      // A start event on an idle stream completes at once and the kernel only arrives when the
+      // launch call has submitted it: that wait is host time, not GPU time used.
+      int64_t d = static_cast<int64_t>(static_cast<double>(ms) * 1e6) - p.gap;
+      if (d < 0) d = 0;
+      int64_t avg = avg_launch_ns_.load(std::memory_order_relaxed);
+      avg_launch_ns_.store(avg + (d - avg) / 8, std::memory_order_relaxed);
+      measured_window_.fetch_add(static_cast<uint64_t>(d) * p.weight, std::memory_order_relaxed);
+      Charge(d * p.weight * own_permille_.load(std::memory_order_relaxed) / 1000, clock_.now_ns());
     }
     ring_head_ = (ring_head_ + 1) % kRing;
     --ring_count_;
@@ -483,10 +764,61 @@ void Core::UpdateSoftShare(int64_t now) {
   region_->effective_share_permille.store(static_cast<uint32_t>(cur + (target * 10 - cur) / 2));
 }
 
+void Core::UpdateOwnFactor(int64_t now) {
+  // Every second one thread compares what NVML says this process's kernels ran (its smUtil
+  // samples since the last look) with the start-to-end time it measured; the ratio scales the
+  // charges from then on. Without NVML's per-process samples it stays 1 (a strict cap).
+  int64_t due = next_factor_update_.load(std::memory_order_relaxed);
+  if (now < due || !next_factor_update_.compare_exchange_strong(due, now + kFactorWindowNs)) return;
+  uint64_t measured = measured_window_.exchange(0, std::memory_order_relaxed);
+  if (due == 0 || real_.nvmlDeviceGetProcessUtilization == nullptr) return;
+  int ordinal = 0;
+  while (ordinal < 63 && ctx_mask_ != 0 && ((ctx_mask_ >> ordinal) & 1) == 0) ++ordinal;
+  nvmlDevice_t dev = NvmlHandle(ordinal);
+  if (dev == nullptr) return;
+  nvmlProcessUtilizationSample_t samples[64];
+  unsigned count = 64;
+  unsigned long long seen = util_seen_us_;
+  if (Fn<cuda::nvmlDeviceGetProcessUtilization_t>(real_.nvmlDeviceGetProcessUtilization)(
+          dev, samples, &count, seen) != NVML_SUCCESS)
+    return;
+  unsigned pid = static_cast<unsigned>(host_pid_ > 0 ? host_pid_ : getpid());
+  uint64_t util_sum = 0, n = 0;
+  for (unsigned i = 0; i < count && i < 64; ++i) {
+    if (samples[i].timeStamp > util_seen_us_) util_seen_us_ = samples[i].timeStamp;
+    if (samples[i].pid != pid) continue;
+    util_sum += samples[i].smUtil;
+    ++n;
+  }
+  // Too little measured to judge (a mostly idle process): keep the factor.
+  int64_t window = now - due + kFactorWindowNs;
+  if (n == 0 || measured < static_cast<uint64_t>(window) / 100) return;
+  // NVML's percentages are whole numbers (truncated): count each as half a point more. Within
+  // 5 % of the measured time nothing is corrected, so that rounding cannot lift a lone container
+  // above its share.
+  uint64_t own = (2 * util_sum + n) * static_cast<uint64_t>(window) / (200 * n);
+  uint64_t f = own * 1000 / measured;
+  if (f > 950) f = 1000;
+  if (f < 10) f = 10;
+  uint32_t cur = own_permille_.load(std::memory_order_relaxed);
+  uint32_t next = static_cast<uint32_t>((cur + f) / 2);
+  own_permille_.store(next, std::memory_order_relaxed);
+  // The budget still owed was charged at the old factor: rescale it, or a container that waited
+  // long behind a neighbour stays blocked by debt that was mostly the neighbour's time.
+  if (next < cur) {
+    int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed);
+    if (v > now) {
+      int64_t nv = now + (v - now) / static_cast<int64_t>(cur) * static_cast<int64_t>(next);
+      region_->virtual_time_ns.compare_exchange_strong(v, nv, std::memory_order_relaxed);
+    }
+  }
+}
+
 int Core::BeforeLaunch(CUstream stream, bool per_thread) {
   region_->launches.fetch_add(1, std::memory_order_relaxed);
   int64_t now = clock_.now_ns();
   if (config_.core_ceiling > config_.core_limit) UpdateSoftShare(now);
+  UpdateOwnFactor(now);
   for (;;) {  // admission: wait while the container is ahead of its budget
     int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed);
     if (v <= now) break;
@@ -494,6 +826,17 @@ int Core::BeforeLaunch(CUstream stream, bool per_thread) {
     int64_t after = clock_.now_ns();
     region_->throttled_ns.fetch_add(static_cast<uint64_t>(after - now), std::memory_order_relaxed);
     now = after;
+  }
+  // Pace on GPU time really used, at a small cost per launch: long launches are all measured;
+  // of short ones (where two event records would cost as much as the launch) a random one in
+  // kSampleEvery is, and stands for kSampleEvery (an unbiased estimate of their GPU time).
+  uint32_t weight = 1;
+  if (avg_launch_ns_.load(std::memory_order_relaxed) < kShortLaunchNs) {
+    uint32_t x = rng_.load(std::memory_order_relaxed);  // xorshift32; races only reseed it
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    rng_.store(x, std::memory_order_relaxed);
+    if (x % kSampleEvery != 0) return -1;
+    weight = kSampleEvery;
   }
   CUcontext ctx = nullptr;
   Fn<cuda::cuCtxGetCurrent_t>(real_.cuCtxGetCurrent)(&ctx);
@@ -518,6 +861,9 @@ int Core::BeforeLaunch(CUstream stream, bool per_thread) {
     if (slot >= 0) {
       void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
       Fn<cuda::cuEventRecord_t>(rec)(p.start, stream);
+      p.started = clock_.now_ns();
+      p.weight = weight;
+      p.gap = 0;
       p.busy = true;
       ++ring_count_;
     }
@@ -530,6 +876,10 @@ void Core::AfterLaunch(int slot, CUstream stream, bool per_thread, CUresult laun
   if (slot < 0) return;
   while (ring_lock_.test_and_set(std::memory_order_acquire)) sched_yield();
   Pending& p = ring_[slot];
+  // Start event already complete once the launch call returned: the stream was idle, and the
+  // start-to-end time includes the launch call itself (subtracted when charged).
+  if (Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.start) == CUDA_SUCCESS)
+    p.gap = clock_.now_ns() - p.started;
   void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
   // A failed launch still completes its events (zero elapsed time): nothing is charged.
   Fn<cuda::cuEventRecord_t>(rec)(p.end, stream);

@@ -8,6 +8,8 @@
 // itself runs once, before any other call.
 #pragma once
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -36,7 +38,8 @@ struct RealDriver {
 #define GPULET_REAL_NVML(X) \
   X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUUID) \
   X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
-  X(nvmlDeviceGetHandleByIndex_v2)
+  X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
+  X(nvmlDeviceGetProcessUtilization)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)
@@ -60,7 +63,10 @@ struct Config {
   uint64_t memory_limit = 0;    // bytes, 0 = unlimited
   uint32_t core_limit = 100;    // percent; >= 100 = no pacing
   uint32_t core_ceiling = 100;  // percent; == core_limit = hard limit
-  uint64_t context_bytes = 0;   // charge per CUDA context
+  // Charge per CUDA context when NVML cannot tell what the process really holds, and the
+  // reservation taken before a context is created (GPULET_VGPU_CONTEXT_BYTES, else the default).
+  uint64_t context_bytes = kDefaultContextBytes;
+  static constexpr uint64_t kDefaultContextBytes = uint64_t{640} << 20;
   bool has_uuid = false;        // limit only the GPU with this UUID
   char uuid[16] = {};
   char error[256] = {};         // set when invalid
@@ -96,7 +102,20 @@ class Core {
       if (!EnsureSlot()) return CUDA_ERROR_OUT_OF_MEMORY;
       s = slot_.load(std::memory_order_relaxed);
     }
-    return vgpu::Reserve(*region_, s, owner_, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t total;
+    if (!vgpu::Reserve(*region_, s, owner_, bytes, config_.memory_limit, &total))
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    if (measured_.load(std::memory_order_relaxed)) {
+      // Every limit/16 bytes (or 1024 calls) of allocations, and on every allocation in the last
+      // eighth of the limit, compare with what the driver really holds (NVML) before the driver
+      // allocates. A racy countdown (plain loads and stores) is enough: a lost update only
+      // shifts the next check.
+      int64_t b =
+          budget_.load(std::memory_order_relaxed) - static_cast<int64_t>(bytes) - call_bytes_;
+      budget_.store(b, std::memory_order_relaxed);
+      if (b < 0 || total > near_limit_) return RecheckAfterReserve(s, bytes);
+    }
+    return CUDA_SUCCESS;
   }
   void Commit(Kind kind, uint64_t handle, uint64_t bytes, bool counted) {
     // An uncounted allocation (another GPU) is not recorded; its free then finds nothing.
@@ -132,6 +151,7 @@ class Core {
     } else {
       Undo(bytes, counted);
     }
+    if (__builtin_expect(pads_.load(std::memory_order_relaxed) != 0, 0)) SettlePad();
     return r;
   }
   template <class F>
@@ -148,10 +168,40 @@ class Core {
   // remainder does not fit).
   CUresult AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height, unsigned elem);
 
-  // Context charges (context_bytes each, on limited devices).
-  CUresult CtxCreated(CUresult r, CUcontext ctx, bool counted);
+  // Contexts: the memory the driver holds for this process beyond its counted allocations
+  // (docs/interposer.md, "Memory the driver holds"). `create` makes the context (returns a
+  // CUresult and fills *ctx); `destroy` undoes it when what it really costs does not fit.
+  template <class Create>
+  CUresult CtxCreate(CUcontext* ctx, CUdevice dev, Create&& create) {
+    if (!track_memory_ || ctx == nullptr) return create();
+    pthread_mutex_lock(&ctx_mu_);
+    Probe probe;
+    CUresult r = BeginContext(dev, &probe);
+    if (r == CUDA_SUCCESS) r = EndContext(dev, create(), ctx, /*primary=*/false, &probe);
+    pthread_mutex_unlock(&ctx_mu_);
+    if (pads_.load(std::memory_order_relaxed) != 0) SettlePad();
+    return r;
+  }
+  template <class Destroy>
+  CUresult CtxDestroy(CUcontext ctx, Destroy&& destroy) {
+    if (!track_memory_) return destroy();
+    pthread_mutex_lock(&ctx_mu_);
+    uint64_t dev1 = Take(Kind::kContext, reinterpret_cast<uint64_t>(ctx));
+    CUresult r = destroy();
+    if (r == CUDA_SUCCESS && dev1 != 0) ContextGone(static_cast<int>(dev1 - 1));
+    else if (dev1 != 0) TableInsert(Key(Kind::kContext, reinterpret_cast<uint64_t>(ctx)), dev1);
+    pthread_mutex_unlock(&ctx_mu_);
+    return r;
+  }
   CUresult PrimaryRetain(CUcontext* ctx, CUdevice dev);
   CUresult PrimaryRelease(CUdevice dev, bool v2);
+  // Re-reads what the driver holds for this process (NVML) and raises the charge if it grew.
+  // False if the process cannot be measured. Tests and the allocation path call it.
+  bool Reconcile();
+  // What this process is charged beyond its allocations, and whether NVML measures it.
+  uint64_t overhead() const { return overhead_; }
+  bool measured() const { return measured_.load(std::memory_order_relaxed); }
+  int nvml_pid() const { return host_pid_; }
 
   // Reports: the limit instead of the card.
   void AdjustMemInfo(size_t* free_bytes, size_t* total);
@@ -180,6 +230,7 @@ class Core {
   // live allocations, or allocate-then-free churn with ever new addresses) never misses cache.
   static constexpr int kHotSize = 1 << 10;
   static constexpr int kHotProbes = 8;  // window per key; a full window spills to table_
+  static constexpr uint64_t kDriverGranule = uint64_t{2} << 20;  // device page the driver maps
   static constexpr int kRing = 8;             // launches in flight being measured
   static constexpr int64_t kBurstNs = 5'000'000;  // idle credit a container may bank
 
@@ -193,9 +244,31 @@ class Core {
   }
   bool LimitedSlow(int ordinal);
   bool EnsureSlot();
+  __attribute__((noinline)) CUresult RecheckAfterReserve(int slot, uint64_t bytes);
+  __attribute__((noinline)) void SettlePad();
+  // State carried across a context creation: the reservation and NVML's process list before.
+  struct Probe {
+    unsigned pids[128];
+    int n = -1;  // -1: no list taken
+    bool leased = false, counted = false;
+    uint64_t estimate = 0;
+  };
+  CUresult BeginContext(CUdevice dev, Probe* p);
+  // Settles the charge once the driver answered `created`; destroys the new context (through
+  // the real driver) and returns CUDA_ERROR_OUT_OF_MEMORY when what it really holds does not fit.
+  CUresult EndContext(CUdevice dev, CUresult created, CUcontext* ctx, bool primary, Probe* p);
+  void ContextGone(int dev);
+  bool NvmlReady();
+  nvmlDevice_t NvmlHandle(int ordinal);
+  // NVML's process list of `ordinal`'s GPU: up to `max` (pid, bytes); -1 if NVML cannot tell.
+  int NvmlProcesses(int ordinal, unsigned* pids, uint64_t* bytes, int max);
+  bool OwnUsed(uint64_t* used);
+  uint64_t ContextEstimate() const;
+  void SetOverhead(uint64_t target);
   void ResolveDevices();
   void Harvest(bool wait_oldest);
   void UpdateSoftShare(int64_t now);
+  void UpdateOwnFactor(int64_t now);
   void Charge(int64_t busy_ns, int64_t now);
   bool TableInsert(uint64_t key, uint64_t bytes);
   uint64_t TableErase(uint64_t key);
@@ -214,6 +287,22 @@ class Core {
   // GPU), so allocations need not ask the driver for the current context's device.
   std::atomic<bool> visible_all_limited_{false};
   std::atomic<int> primary_refs_[64] = {};
+  // --- memory the driver holds beyond counted allocations (guarded by ctx_mu_) ---
+  bool track_memory_ = false;               // a memory limit is set (and not disabled)
+  pthread_mutex_t ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
+  std::atomic<bool> measured_{false};  // NVML reports this process (host_pid_ known)
+  int host_pid_ = 0;                   // this process's pid in NVML's (host) namespace
+  int nvml_state_ = 0;                 // 0 untried, 1 ready, -1 unavailable
+  uint64_t overhead_ = 0;              // charged beyond allocations (part of held[slot])
+  int contexts_ = 0;                   // live contexts on limited devices
+  uint64_t ctx_mask_ = 0;              // ordinals with live contexts
+  int dev_contexts_[64] = {};          // live contexts per ordinal
+  nvmlDevice_t nvml_dev_[64] = {};
+  std::atomic<int64_t> budget_{0};     // bytes until the next reconcile
+  std::atomic<uint64_t> pads_{0};      // rounding reserved near the limit, not yet settled
+  int64_t budget_reset_ = 0;            // limit/16
+  int64_t call_bytes_ = 0;              // budget_reset_/1024: at least every 1024 calls
+  uint64_t near_limit_ = UINT64_MAX;   // above this container total every allocation reconciles
   nvmlDevice_t nvml_device_ = nullptr;  // the limited GPU, for the soft limit's utilisation
   std::atomic<int64_t> next_share_update_{0};
   std::atomic<uint64_t> last_busy_{0};
@@ -224,7 +313,24 @@ class Core {
     CUevent start, end;
     CUcontext ctx;
     bool busy;
+    int64_t started;   // clock when the start event's record returned
+    int64_t gap;       // host time the start event waited for the launch (stream was idle)
+    uint32_t weight;   // launches this measurement stands for (1 / sampling probability)
   };
+  // Short launches are measured one in kSampleEvery (picked at random, so that a periodic
+  // launch pattern cannot alias), each measurement charged for kSampleEvery launches.
+  static constexpr uint32_t kSampleEvery = 8;
+  static constexpr int64_t kShortLaunchNs = 50'000;
+  std::atomic<int64_t> avg_launch_ns_{1'000'000};  // running mean of measured launches
+  std::atomic<uint32_t> rng_{0x9e3779b9u};
+  // Share of measured (start-to-end) GPU time that was this process's own execution, per mille,
+  // from NVML's per-process utilisation: the rest was waiting behind other contexts' work, which
+  // is not charged (so a share is a floor next to busy neighbours, not only a cap).
+  std::atomic<uint32_t> own_permille_{1000};
+  std::atomic<uint64_t> measured_window_{0};  // measured ns charged since the last update
+  std::atomic<int64_t> next_factor_update_{0};
+  static constexpr int64_t kFactorWindowNs = 1'000'000'000;
+  unsigned long long util_seen_us_ = 0;
   Pending ring_[kRing] = {};
   int ring_head_ = 0, ring_count_ = 0;
   struct Entry {

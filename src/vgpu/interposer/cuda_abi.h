@@ -129,6 +129,14 @@ typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
   unsigned int NumChannels, Flags;
 } CUDA_ARRAY3D_DESCRIPTOR_v1;
 
+// nvmlDeviceGetProcessUtilization's record: per process, the percent of the sample period its
+// kernels ran (smUtil), stamped in microseconds.
+typedef struct {
+  unsigned int pid;
+  unsigned long long timeStamp;
+  unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
 }  // extern "C"
 
 // Function-pointer types of the real driver entry points the interposer calls or wraps.
@@ -190,4 +198,7 @@ using cuEventElapsedTime_t = CUresult (*)(float*, CUevent, CUevent);
 using nvmlDeviceGetMemoryInfo_t = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
 using nvmlDeviceGetMemoryInfo_v2_t = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_v2_t*);
 using nvmlDeviceGetUUID_t = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned int);
+using nvmlDeviceGetProcessUtilization_t = nvmlReturn_t (*)(nvmlDevice_t,
+                                                           nvmlProcessUtilizationSample_t*,
+                                                           unsigned int*, unsigned long long);
 }  // namespace gpulet::cuda

@@ -60,10 +60,12 @@ void DoInit() {
   if (config.invalid) fprintf(stderr, "%s\n", config.error);
   void* cuda = OpenLib("GPULET_VGPU_REAL_LIBCUDA", "libcuda.so.1");
   g_cuda_handle = cuda;
-  // NVML is loaded only when the soft limit needs its utilisation; the memory-info hooks find it
-  // on their first call (the program has loaded it by then).
+  // NVML: the soft limit reads the GPU's utilisation, and a memory limit measures what the
+  // driver really holds for the process. Otherwise it is not loaded (the memory-info hooks find
+  // it on their first call: the program has loaded it by then).
   void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (nvml == nullptr && config.core_ceiling > config.core_limit)
+  if (nvml == nullptr && !config.disabled &&
+      (config.core_ceiling > config.core_limit || config.memory_limit > 0 || config.invalid))
     nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
   vcuda::RealDriver real;
   if (cuda == nullptr || !vcuda::ResolveRealDriver(cuda, nvml, RealDlsym(), &real)) {
@@ -286,35 +288,26 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
 }
 
 // --- contexts -----------------------------------------------------------------------------------
-#define CTX_CREATE(name, dev, ...)                                              \
-  vcuda::Core& c = C();                                                         \
-  if (c.config().disabled || c.config().context_bytes == 0)                     \
-    return FORWARD_OR_FAIL(name, __VA_ARGS__);                                  \
-  bool counted;                                                                 \
-  if (CUresult r = c.Reserve(dev, c.config().context_bytes, &counted); r != 0) \
-    return r;                                                                   \
-  CUresult r = FORWARD_OR_FAIL(name, __VA_ARGS__);                              \
-  return c.CtxCreated(r, r == CUDA_SUCCESS ? *ctx : nullptr, counted)
+#define CTX_CREATE(name, ...) \
+  return C().CtxCreate(ctx, dev, [&] { return FORWARD_OR_FAIL(name, __VA_ARGS__); })
 EXPORT CUresult cuCtxCreate(CUcontext* ctx, unsigned int flags, CUdevice dev) {
-  CTX_CREATE(cuCtxCreate, dev, ctx, flags, dev);
+  CTX_CREATE(cuCtxCreate, ctx, flags, dev);
 }
 EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice dev) {
-  CTX_CREATE(cuCtxCreate_v2, dev, ctx, flags, dev);
+  CTX_CREATE(cuCtxCreate_v2, ctx, flags, dev);
 }
 EXPORT CUresult cuCtxCreate_v3(CUcontext* ctx, void* params, int n, unsigned int flags,
                                CUdevice dev) {
-  CTX_CREATE(cuCtxCreate_v3, dev, ctx, params, n, flags, dev);
+  CTX_CREATE(cuCtxCreate_v3, ctx, params, n, flags, dev);
 }
 EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, void* params, unsigned int flags, CUdevice dev) {
-  CTX_CREATE(cuCtxCreate_v4, dev, ctx, params, flags, dev);
+  CTX_CREATE(cuCtxCreate_v4, ctx, params, flags, dev);
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-  return C().Freed(Kind::kContext, reinterpret_cast<uint64_t>(ctx),
-                   [&] { return FORWARD_OR_FAIL(cuCtxDestroy_v2, ctx); });
+  return C().CtxDestroy(ctx, [&] { return FORWARD_OR_FAIL(cuCtxDestroy_v2, ctx); });
 }
 EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
-  return C().Freed(Kind::kContext, reinterpret_cast<uint64_t>(ctx),
-                   [&] { return FORWARD_OR_FAIL(cuCtxDestroy, ctx); });
+  return C().CtxDestroy(ctx, [&] { return FORWARD_OR_FAIL(cuCtxDestroy, ctx); });
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
   if (!C().real().cuDevicePrimaryCtxRetain) return CUDA_ERROR_NOT_INITIALIZED;
