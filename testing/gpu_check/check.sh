@@ -238,6 +238,15 @@ if [[ -f $VC && -x $PROBE ]]; then
   a=$(kv launch_us "$T/lat0"); b=$(kv launch_us "$T/lat50")
   res=PASS; [[ -z $a || -z $b ]] || (( $(awk -v a="$a" -v b="$b" 'BEGIN { print (b > 1.5 * a + 0.5) }') )) && res=FAIL
   row "empty kernel, 50 % limit" $res "${b:-?} us per launch vs ${a:-?} us unlimited"
+  # The GPU time a kernel-bound program gets under a 30 % share (kernels that spin on the GPU
+  # clock): long (1 ms) and short (20 us) kernels. Not host-bound, unlike small matmuls from Python.
+  for us in 1000 20; do
+    env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=30 GPULET_VGPU_ACCOUNTING="$T/acct.busy$us" \
+      NVIDIA_VISIBLE_DEVICES="$UUID" "$PROBE" busy 5 $us >"$T/busy$us" 2>&1
+    b=$(kv busy_share "$T/busy$us")
+    res=PASS; [[ -z $b ]] || (( $(awk -v b="$b" 'BEGIN { print (b < 27 || b > 33) }') )) && res=FAIL
+    row "GPU time, 30 %, ${us} us kernels" $res "${b:-?} % of the GPU's time (target 27-33)"
+  done
 else
   row "interposer (driver API)" SKIP "no $VC or $PROBE"
 fi
