@@ -35,9 +35,9 @@ json Review(json limits, json requests = nullptr) {
 class WebhookHttps : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pem = k8s::SelfSignedCertificate({"localhost", "127.0.0.1"});
+    auto pem = k8s::SelfIssuedCertificate({"localhost", "127.0.0.1"});
     ASSERT_TRUE(pem.ok()) << pem.status();
-    ca_ = pem->cert_pem;
+    ca_ = pem->ca_pem;
     BIO* cb = BIO_new_mem_buf(pem->cert_pem.data(), -1);
     BIO* kb = BIO_new_mem_buf(pem->key_pem.data(), -1);
     X509* cert = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
