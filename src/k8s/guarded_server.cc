@@ -46,43 +46,92 @@ int NoPassphrase(char*, int, int, void*) { return -1; }
 
 }  // namespace
 
-// One client connection: its socket, TLS state, a read buffer that survives between requests
-// (pipelined bytes), and the current request's deadline and byte allowance.
+// One client connection: its socket, TLS state, and the bytes received but not yet consumed. A
+// request is read completely (head and Content-Length body) by the poller, without blocking,
+// before a worker sees it: a slow client holds a buffer, never a worker.
 struct GuardedServer::Conn {
   int fd = -1;
   SSL* ssl = nullptr;
   bool handshaken = false;
   std::string peer_ip;
   int peer_port = -1;
-  Clock::time_point idle_since;
-  Clock::time_point deadline;
-  size_t allowance = 0;
+  Clock::time_point accepted;
+  Clock::time_point idle_since;       // last request answered (keep-alive wait)
+  Clock::time_point request_started;  // first byte of the request being received
+  bool busy = false;                  // queued for or held by a worker
   int served = 0;
-  char buf[16384];
-  size_t pos = 0, len = 0;
-  bool buffered() const { return pos < len || (ssl && SSL_pending(ssl) > 0); }
+  std::string in;   // received bytes; a worker consumes from `pos`
+  size_t pos = 0;
 };
 
 namespace {
 
-class ConnStream : public httplib::Stream {
- public:
-  ConnStream(int fd, SSL* ssl, char* buf, size_t cap, size_t* pos, size_t* len,
-             Clock::time_point deadline, size_t* allowance, const std::string& ip, int port)
-      : fd_(fd), ssl_(ssl), buf_(buf), cap_(cap), pos_(pos), len_(len), deadline_(deadline),
-        allowance_(allowance), ip_(ip), port_(port) {}
+// Case-insensitive search for a header's value in a request head; npos when absent.
+std::string_view HeaderValue(std::string_view head, std::string_view name) {
+  size_t at = head.find("\r\n");
+  while (at != std::string_view::npos && at + 2 < head.size()) {
+    size_t line = at + 2;
+    size_t end = head.find("\r\n", line);
+    if (end == std::string_view::npos) end = head.size();
+    std::string_view l = head.substr(line, end - line);
+    if (l.size() > name.size() && l[name.size()] == ':' &&
+        std::equal(name.begin(), name.end(), l.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+      std::string_view v = l.substr(name.size() + 1);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+      return v;
+    }
+    at = end;
+  }
+  return std::string_view(nullptr, 0);
+}
 
-  bool is_readable() const override { return *pos_ < *len_ || WaitFd(fd_, POLLIN, deadline_); }
+enum class Completeness { kIncomplete, kComplete, kTooLarge, kHeadersTooLarge, kNeedsLength };
+
+// Whether `in` holds one whole request (head plus Content-Length body).
+Completeness RequestIn(std::string_view in, const ServerLimits& l) {
+  size_t head_end = in.substr(0, l.max_header_bytes + 4).find("\r\n\r\n");
+  if (head_end == std::string_view::npos) {
+    return in.size() > l.max_header_bytes ? Completeness::kHeadersTooLarge
+                                          : Completeness::kIncomplete;
+  }
+  std::string_view head = in.substr(0, head_end + 2);
+  // Chunked bodies cannot be bounded before they are read; API servers and kube-scheduler send
+  // Content-Length.
+  if (HeaderValue(head, "transfer-encoding").data() != nullptr) return Completeness::kNeedsLength;
+  size_t length = 0;
+  std::string_view cl = HeaderValue(head, "content-length");
+  if (cl.data() != nullptr) {
+    if (cl.empty() || cl.size() > 12 ||
+        !std::all_of(cl.begin(), cl.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return Completeness::kNeedsLength;
+    }
+    length = std::stoull(std::string(cl));
+    if (length > l.max_body_bytes) return Completeness::kTooLarge;
+  }
+  return in.size() >= head_end + 4 + length ? Completeness::kComplete : Completeness::kIncomplete;
+}
+
+// Reads from the connection's buffer only: the poller has received the whole request.
+class BufferStream : public httplib::Stream {
+ public:
+  BufferStream(int fd, SSL* ssl, std::string* in, size_t* pos, Clock::time_point deadline,
+               const std::string& ip, int port)
+      : fd_(fd), ssl_(ssl), in_(in), pos_(pos), deadline_(deadline), ip_(ip), port_(port) {}
+
+  bool is_readable() const override { return *pos_ < in_->size(); }
   bool is_writable() const override { return WaitFd(fd_, POLLOUT, deadline_); }
 
   ssize_t read(char* ptr, size_t size) override {
-    if (*pos_ >= *len_ && !Fill()) return -1;
-    size_t n = std::min(size, *len_ - *pos_);
-    memcpy(ptr, buf_ + *pos_, n);
+    if (*pos_ >= in_->size()) return -1;
+    size_t n = std::min(size, in_->size() - *pos_);
+    memcpy(ptr, in_->data() + *pos_, n);
     *pos_ += n;
     return static_cast<ssize_t>(n);
   }
 
+  // Responses are written within the deadline (a client that does not read is cut).
   ssize_t write(const char* ptr, size_t size) override {
     size_t done = 0;
     while (done < size) {
@@ -120,66 +169,17 @@ class ConnStream : public httplib::Stream {
     port = port_;
   }
   void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t l = sizeof a;
     ip.clear();
     port = -1;
-    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &l) != 0) return;
-    char host[INET6_ADDRSTRLEN] = {};
-    if (a.ss_family == AF_INET) {
-      auto* s = reinterpret_cast<sockaddr_in*>(&a);
-      inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
-      port = ntohs(s->sin_port);
-    } else if (a.ss_family == AF_INET6) {
-      auto* s = reinterpret_cast<sockaddr_in6*>(&a);
-      inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
-      port = ntohs(s->sin6_port);
-    }
-    ip = host;
   }
   socket_t socket() const override { return fd_; }
 
  private:
-  // Reads more bytes into the buffer within the deadline and the request's allowance.
-  bool Fill() {
-    *pos_ = *len_ = 0;
-    if (*allowance_ == 0) return false;
-    size_t want = std::min(cap_, *allowance_);
-    for (;;) {
-      if (MillisLeft(deadline_) == 0) return false;
-      ssize_t n;
-      if (ssl_) {
-        ERR_clear_error();
-        int r = SSL_read(ssl_, buf_, static_cast<int>(want));
-        if (r > 0) {
-          n = r;
-        } else {
-          int e = SSL_get_error(ssl_, r);
-          if (e == SSL_ERROR_WANT_READ && WaitFd(fd_, POLLIN, deadline_)) continue;
-          if (e == SSL_ERROR_WANT_WRITE && WaitFd(fd_, POLLOUT, deadline_)) continue;
-          return false;
-        }
-      } else {
-        n = ::recv(fd_, buf_, want, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-          if (WaitFd(fd_, POLLIN, deadline_)) continue;
-          return false;
-        }
-        if (n <= 0) return false;
-      }
-      *len_ = static_cast<size_t>(n);
-      *allowance_ -= static_cast<size_t>(n);
-      return true;
-    }
-  }
-
   int fd_;
   SSL* ssl_;
-  char* buf_;
-  size_t cap_;
-  size_t *pos_, *len_;
+  std::string* in_;
+  size_t* pos_;
   Clock::time_point deadline_;
-  size_t* allowance_;
   std::string ip_;
   int port_;
 };
@@ -191,6 +191,23 @@ class InlineQueue : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override { fn(); }
   void shutdown() override {}
 };
+
+void PeerOf(int fd, std::string* ip, int* port) {
+  sockaddr_storage a{};
+  socklen_t l = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &l) != 0) return;
+  char host[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+    *port = ntohs(s->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+    *port = ntohs(s->sin6_port);
+  }
+  *ip = host;
+}
 
 }  // namespace
 
@@ -234,6 +251,18 @@ void GuardedServer::Shutdown() {
   ::close(wake_fd_);
 }
 
+bool GuardedServer::bind_to_port(const std::string& host, int port, int socket_flags) {
+  if (!httplib::Server::bind_to_port(host, port, socket_flags)) return false;
+  ::listen(svr_sock_, SOMAXCONN);  // on a listening socket: only updates the backlog
+  return true;
+}
+
+int GuardedServer::bind_to_any_port(const std::string& host, int socket_flags) {
+  int port = httplib::Server::bind_to_any_port(host, socket_flags);
+  if (port > 0) ::listen(svr_sock_, SOMAXCONN);
+  return port;
+}
+
 size_t GuardedServer::open_connections() const {
   std::lock_guard<std::mutex> l(mu_);
   return conns_.size();
@@ -250,21 +279,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   auto c = std::make_unique<Conn>();
   c->fd = sock;
-  sockaddr_storage a{};
-  socklen_t l = sizeof a;
-  if (getpeername(sock, reinterpret_cast<sockaddr*>(&a), &l) == 0) {
-    char host[INET6_ADDRSTRLEN] = {};
-    if (a.ss_family == AF_INET) {
-      auto* s = reinterpret_cast<sockaddr_in*>(&a);
-      inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
-      c->peer_port = ntohs(s->sin_port);
-    } else if (a.ss_family == AF_INET6) {
-      auto* s = reinterpret_cast<sockaddr_in6*>(&a);
-      inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
-      c->peer_port = ntohs(s->sin6_port);
-    }
-    c->peer_ip = host;
-  }
+  PeerOf(sock, &c->peer_ip, &c->peer_port);
   if (tls_) {
     c->ssl = SSL_new(tls_);
     if (!c->ssl) {
@@ -274,63 +289,36 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     SSL_set_fd(c->ssl, sock);
     SSL_set_mode(c->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   }
-  c->idle_since = Clock::now();
-  // The first request (its TLS handshake included) gets request_timeout from the connection.
-  c->deadline = c->idle_since + limits_.request_timeout;
-  Conn* evict = nullptr;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (conns_.size() >= static_cast<size_t>(std::max(1, limits_.max_connections))) {
-      // Full: the longest-idle parked connection makes room (connections being served are not in
-      // epoll's interest set only while a worker holds them; those are never evicted here).
-      Conn* oldest = nullptr;
-      for (auto& [fd, cc] : conns_) {
-        if (cc->deadline != Clock::time_point::max() &&
-            (!oldest || cc->idle_since < oldest->idle_since)) {
-          oldest = cc.get();
-        }
-      }
-      evict = oldest;
+  c->accepted = c->idle_since = c->request_started = Clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (conns_.size() >= static_cast<size_t>(std::max(1, limits_.max_connections))) {
+    // Full: the longest-idle connection not being served makes room, so a new client always
+    // gets in (an attacker's idle connections cannot lock everyone out).
+    Conn* oldest = nullptr;
+    for (auto& [fd, cc] : conns_) {
+      if (!cc->busy && (!oldest || cc->idle_since < oldest->idle_since)) oldest = cc.get();
+    }
+    if (oldest) {
+      ++dropped_;
+      CloseLocked(oldest);
     }
   }
-  if (evict) {
-    ++dropped_;
-    Close(evict);
-  }
-  Conn* raw = c.get();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    conns_[sock] = std::move(c);
-  }
-  Park(raw);  // (only the poller, on this connection's deadline, can close it from here on)
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = sock;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
+  conns_[sock] = std::move(c);
   return true;
 }
 
-void GuardedServer::Park(Conn* c) {
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLONESHOT | EPOLLRDHUP;
-  ev.data.fd = c->fd;
-  // Under the lock together with the state change: once parked, the poller or an eviction may
-  // close `c` at any moment.
-  std::lock_guard<std::mutex> l(mu_);
-  if (c->served > 0) {
-    c->idle_since = Clock::now();
-    c->deadline = c->idle_since;  // not max(): parked, may be expired or evicted
-  }
-  if (epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev) != 0) epoll_ctl(epfd_, EPOLL_CTL_ADD, c->fd, &ev);
-}
-
-void GuardedServer::Close(Conn* c) {
-  std::unique_ptr<Conn> owned;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = conns_.find(c->fd);
-    if (it == conns_.end() || it->second.get() != c) return;
-    owned = std::move(it->second);
-    conns_.erase(it);
-    std::erase(ready_, c);
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
-  }
+void GuardedServer::CloseLocked(Conn* c) {
+  auto it = conns_.find(c->fd);
+  if (it == conns_.end() || it->second.get() != c) return;
+  std::unique_ptr<Conn> owned = std::move(it->second);
+  conns_.erase(it);
+  std::erase(ready_, c);
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, owned->fd, nullptr);
+  buffered_ -= owned->in.size();
   if (owned->ssl) {
     if (owned->handshaken) SSL_shutdown(owned->ssl);  // best effort, non-blocking
     SSL_free(owned->ssl);
@@ -338,31 +326,104 @@ void GuardedServer::Close(Conn* c) {
   ::close(owned->fd);
 }
 
+// A fixed answer straight from the poller, then close (the request is not worth a worker).
+void GuardedServer::RefuseLocked(Conn* c, int status, const char* reason) {
+  std::string out = absl::StrCat("HTTP/1.1 ", status, " ", reason,
+                                 "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  if (c->ssl) {
+    (void)SSL_write(c->ssl, out.data(), static_cast<int>(out.size()));
+  } else {
+    (void)!::send(c->fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  CloseLocked(c);
+}
+
+// Reads what is there (non-blocking), advances a TLS handshake, and queues the connection for a
+// worker once a whole request has arrived. Called by the poller with mu_ held.
+void GuardedServer::ReceiveLocked(Conn* c) {
+  if (c->ssl && !c->handshaken) {
+    ERR_clear_error();
+    int r = SSL_accept(c->ssl);
+    if (r != 1) {
+      int e = SSL_get_error(c->ssl, r);
+      if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) return CloseLocked(c);
+      return;  // more handshake bytes to come (the deadline sweep ends it otherwise)
+    }
+    c->handshaken = true;
+    if (!Authorized(c)) return CloseLocked(c);
+  }
+  const size_t allowance = limits_.max_header_bytes + limits_.max_body_bytes;
+  char buf[16384];
+  for (;;) {
+    if (c->in.size() - c->pos >= allowance) break;
+    size_t want = std::min(sizeof buf, allowance - (c->in.size() - c->pos));
+    ssize_t n;
+    if (c->ssl) {
+      ERR_clear_error();
+      int r = SSL_read(c->ssl, buf, static_cast<int>(want));
+      if (r <= 0) {
+        int e = SSL_get_error(c->ssl, r);
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) break;
+        return CloseLocked(c);
+      }
+      n = r;
+    } else {
+      n = ::recv(c->fd, buf, want, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n <= 0) return CloseLocked(c);
+    }
+    if (buffered_ + static_cast<size_t>(n) > kMaxBufferedBytes) {
+      ++dropped_;  // everyone together may not hold more than this in request bytes
+      return CloseLocked(c);
+    }
+    if (c->in.size() == c->pos && c->served > 0) c->request_started = Clock::now();
+    c->in.append(buf, static_cast<size_t>(n));
+    buffered_ += static_cast<size_t>(n);
+  }
+  switch (RequestIn(std::string_view(c->in).substr(c->pos), limits_)) {
+    case Completeness::kIncomplete:
+      return;
+    case Completeness::kComplete:
+      c->busy = true;
+      ready_.push_back(c);
+      work_cv_.notify_one();
+      return;
+    case Completeness::kTooLarge:
+      return RefuseLocked(c, 413, "Payload Too Large");
+    case Completeness::kHeadersTooLarge:
+      return RefuseLocked(c, 431, "Request Header Fields Too Large");
+    case Completeness::kNeedsLength:
+      return RefuseLocked(c, 411, "Length Required");
+  }
+}
+
 void GuardedServer::PollLoop() {
   std::vector<epoll_event> evs(256);
+  auto next_sweep = Clock::now();
   while (!stopping_) {
-    int n = epoll_wait(epfd_, evs.data(), static_cast<int>(evs.size()), 250);
-    std::vector<Conn*> expired;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (int i = 0; i < n; ++i) {
-        if (evs[i].data.fd == wake_fd_) continue;
-        auto it = conns_.find(evs[i].data.fd);
-        if (it == conns_.end()) continue;
-        ready_.push_back(it->second.get());
-      }
-      // Parked connections past their wait: the first request's deadline, or idle_timeout.
-      auto now = Clock::now();
-      for (auto& [fd, c] : conns_) {
-        if (std::find(ready_.begin(), ready_.end(), c.get()) != ready_.end()) continue;
-        if (c->deadline == Clock::time_point::max()) continue;  // held by a worker
-        Clock::time_point limit = c->served == 0 ? c->deadline : c->idle_since + limits_.idle_timeout;
-        if (now >= limit) expired.push_back(c.get());
-      }
-      for (Conn* c : ready_) c->deadline = Clock::time_point::max();  // claimed
+    int n = epoll_wait(epfd_, evs.data(), static_cast<int>(evs.size()), 100);
+    std::lock_guard<std::mutex> l(mu_);
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == wake_fd_) continue;
+      auto it = conns_.find(evs[i].data.fd);
+      if (it == conns_.end() || it->second->busy) continue;
+      ReceiveLocked(it->second.get());
     }
-    if (n > 0) work_cv_.notify_all();
-    for (Conn* c : expired) Close(c);
+    auto now = Clock::now();
+    if (now < next_sweep) continue;
+    next_sweep = now + std::chrono::milliseconds(100);
+    // Deadlines of connections the poller holds: a request (and a first handshake) must arrive
+    // within request_timeout of its first byte (of the accept); an idle one waits idle_timeout.
+    std::vector<Conn*> expired;
+    for (auto& [fd, c] : conns_) {
+      if (c->busy) continue;
+      bool idle = c->in.size() == c->pos && c->served > 0;
+      Clock::time_point limit =
+          idle ? c->idle_since + limits_.idle_timeout
+               : (c->served == 0 ? c->accepted : c->request_started) + limits_.request_timeout;
+      if (now >= limit) expired.push_back(c.get());
+    }
+    for (Conn* c : expired) CloseLocked(c);
   }
 }
 
@@ -399,52 +460,32 @@ bool GuardedServer::Authorized(Conn* c) const {
   return ok;
 }
 
+// A worker: answers the complete request(s) in the buffer, then hands the connection back.
 void GuardedServer::Serve(Conn* c) {
-  bool first = c->served == 0;
-  Clock::time_point deadline =
-      first ? c->idle_since + limits_.request_timeout : Clock::now() + limits_.request_timeout;
-  if (c->ssl && !c->handshaken) {
-    for (;;) {
-      ERR_clear_error();
-      int r = SSL_accept(c->ssl);
-      if (r == 1) break;
-      int e = SSL_get_error(c->ssl, r);
-      bool again = (e == SSL_ERROR_WANT_READ && WaitFd(c->fd, POLLIN, deadline)) ||
-                   (e == SSL_ERROR_WANT_WRITE && WaitFd(c->fd, POLLOUT, deadline));
-      if (!again) {
-        Close(c);
-        return;
-      }
-    }
-    c->handshaken = true;
-    if (!Authorized(c)) {
-      Close(c);
-      return;
-    }
-    if (!c->buffered() && !WaitFd(c->fd, POLLIN, deadline)) {
-      Close(c);
-      return;
-    }
-  }
+  // `c` is ours while busy: the poller neither reads it nor expires it, no eviction picks it.
   for (;;) {
-    c->allowance = limits_.max_header_bytes + limits_.max_body_bytes;
-    ConnStream strm(c->fd, c->ssl, c->buf, sizeof c->buf, &c->pos, &c->len, deadline,
-                    &c->allowance, c->peer_ip, c->peer_port);
+    Clock::time_point deadline = Clock::now() + limits_.request_timeout;
+    BufferStream strm(c->fd, c->ssl, &c->in, &c->pos, deadline, c->peer_ip, c->peer_port);
     ++c->served;
     bool last = stopping_ || c->served >= limits_.max_requests_per_connection;
     bool closed = false;
     SSL* ssl = c->ssl;
     bool ok = process_request(strm, last, closed,
                               [ssl](httplib::Request& req) { req.ssl = ssl; });
-    if (!ok || closed || last) {
-      Close(c);
-      return;
-    }
-    // Pipelined bytes already here: serve them now (epoll would not report them).
-    if (!c->buffered()) break;
-    deadline = Clock::now() + limits_.request_timeout;
+    std::lock_guard<std::mutex> l(mu_);
+    // Drop what the request consumed.
+    buffered_ -= c->pos;
+    c->in.erase(0, c->pos);
+    c->pos = 0;
+    if (!ok || closed || last) return CloseLocked(c);
+    c->idle_since = c->request_started = Clock::now();
+    if (RequestIn(c->in, limits_) == Completeness::kComplete) continue;  // pipelined
+    c->busy = false;
+    // Bytes of the next request that came with this one: check them (and read more) now, since
+    // epoll reports only new arrivals.
+    if (!c->in.empty()) ReceiveLocked(c);
+    return;
   }
-  Park(c);
 }
 
 absl::StatusOr<SSL_CTX*> ServerTlsContext(const std::string& cert_pem, const std::string& key_pem,

@@ -5,13 +5,16 @@
 // cpp-httplib 0.11 (Debian's) gives every connection a worker thread from the moment it is
 // accepted until it closes, applies its read timeout per recv() (a client sending one byte every
 // few seconds holds a worker forever), and reads any number of header lines. Here instead:
-//   * connections wait for their next request in one epoll thread, not in a worker: idle and
+//   * one epoll thread receives: it does TLS handshakes and reads requests without blocking into
+//     the connection's buffer, and hands a connection to a worker only once a whole request (head
+//     and Content-Length body) is there, so slow clients hold buffers, never workers; idle and
 //     keep-alive connections cost a file descriptor, and at `max_connections` the longest-idle one
 //     is closed to admit the newest;
-//   * a worker takes a connection only when bytes are ready, and then the whole request (TLS
-//     handshake included) must arrive within `request_timeout` and within `max_header_bytes` +
-//     `max_body_bytes` bytes, or the connection is closed;
-//   * bodies above `max_body_bytes` are answered 413 (cpp-httplib's payload limit);
+//   * a request (the first one with its TLS handshake) must arrive within `request_timeout` of its
+//     first byte, its head within `max_header_bytes` (else 431); all connections together hold at
+//     most 64 MiB of request bytes;
+//   * a Content-Length above `max_body_bytes` is answered 413 before the body is read; chunked
+//     bodies are refused (411): they cannot be bounded before they are read;
 //   * TLS (when given a context) is TLS 1.2 or newer; a context with client verification makes the
 //     handshake demand a certificate, and `client_names` then also restricts its subject.
 // ParseUntrustedJson() is the other half: bodies are parsed only below a nesting depth and within
@@ -58,6 +61,10 @@ class GuardedServer : public httplib::Server {
   GuardedServer& operator=(const GuardedServer&) = delete;
 
   bool is_valid() const override { return true; }
+  // As httplib's, then a listen backlog of SOMAXCONN instead of the library's compiled-in 5 (a
+  // burst of connections would otherwise wait in SYN retries, seconds each).
+  bool bind_to_port(const std::string& host, int port, int socket_flags = 0);
+  int bind_to_any_port(const std::string& host, int socket_flags = 0);
   SSL_CTX* ssl_context() const { return tls_; }
   const ServerLimits& limits() const { return limits_; }
   // Stops the listener (as stop()) and closes every connection; handlers have returned after it.
@@ -69,12 +76,15 @@ class GuardedServer : public httplib::Server {
 
  private:
   struct Conn;
+  // Request bytes all connections together may hold in their buffers.
+  static constexpr size_t kMaxBufferedBytes = 64 << 20;
   bool process_and_close_socket(socket_t sock) override;
   void PollLoop();
   void WorkLoop();
   void Serve(Conn* c);
-  void Park(Conn* c);  // back to the poller, waiting for the next request
-  void Close(Conn* c);
+  void ReceiveLocked(Conn* c);
+  void RefuseLocked(Conn* c, int status, const char* reason);
+  void CloseLocked(Conn* c);
   bool Authorized(Conn* c) const;
 
   const ServerLimits limits_;
@@ -87,6 +97,7 @@ class GuardedServer : public httplib::Server {
   std::deque<Conn*> ready_;
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // by fd
   std::atomic<uint64_t> dropped_{0};
+  size_t buffered_ = 0;  // bytes in all connections' buffers (under mu_)
   std::thread poller_;
   std::vector<std::thread> workers_;
 };

@@ -98,7 +98,7 @@ std::string CertPem(X509* cert) {
 int NoPassphrase(char*, int, int, void*) { return -1; }
 
 absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
-                                              int valid_days) {
+                                              int valid_days, const std::string& usage) {
   if (names.empty()) return absl::InvalidArgumentError("certificate needs at least one name");
   PKey ca_key(EVP_EC_gen("P-256"));
   PKey key(EVP_EC_gen("P-256"));
@@ -121,7 +121,7 @@ absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& na
                     {{NID_subject_alt_name, san},
                      {NID_basic_constraints, "critical,CA:FALSE"},
                      {NID_key_usage, "critical,digitalSignature"},
-                     {NID_ext_key_usage, "serverAuth"},
+                     {NID_ext_key_usage, usage},
                      {NID_authority_key_identifier, "keyid:always"}});
   if (!leaf.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bad certificate name list: ", san));

@@ -25,8 +25,10 @@ struct PemPair {
 };
 
 // `names`: DNS names or IP literals ("localhost", "127.0.0.1", "gpulet.kube-system.svc").
+// `usage`: the leaf's extendedKeyUsage ("serverAuth"; "clientAuth" for a client certificate).
 absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
-                                              int valid_days = 365);
+                                              int valid_days = 365,
+                                              const std::string& usage = "serverAuth");
 
 // OpenSSL pem_password_cb that refuses: pass it to every PEM_read_*PrivateKey so that an
 // encrypted key fails instead of OpenSSL asking for its passphrase on the terminal.
