@@ -12,7 +12,7 @@
 //     is closed to admit the newest;
 //   * a request (the first one with its TLS handshake) must arrive within `request_timeout` of its
 //     first byte, its head within `max_header_bytes` (else 431); all connections together hold at
-//     most 64 MiB of request bytes;
+//     most 32 MiB of request bytes;
 //   * a Content-Length above `max_body_bytes` is answered 413 before the body is read; chunked
 //     bodies are refused (411): they cannot be bounded before they are read;
 //   * TLS (when given a context) is TLS 1.2 or newer; a context with client verification makes the
@@ -40,11 +40,11 @@
 namespace gpulet::k8s {
 
 struct ServerLimits {
-  size_t max_body_bytes = 2 << 20;
+  size_t max_body_bytes = 1 << 20;
   size_t max_header_bytes = 64 << 10;  // request line and headers
   std::chrono::milliseconds request_timeout{5000};  // handshake + one request, first byte to last
   std::chrono::milliseconds idle_timeout{30000};    // keep-alive wait for the next request
-  int workers = 16;
+  int workers = 8;
   int max_connections = 1024;
   int max_requests_per_connection = 1000;
   // TLS client certificates: when non-empty, the certificate's subject CN (or a DNS SAN) must be
@@ -77,7 +77,7 @@ class GuardedServer : public httplib::Server {
  private:
   struct Conn;
   // Request bytes all connections together may hold in their buffers.
-  static constexpr size_t kMaxBufferedBytes = 64 << 20;
+  static constexpr size_t kMaxBufferedBytes = 32 << 20;
   bool process_and_close_socket(socket_t sock) override;
   void PollLoop();
   void WorkLoop();
@@ -117,9 +117,10 @@ struct UntrustedJson {
 // Parses `text` as JSON when it nests no deeper than `max_depth` arrays/objects, waiting up to
 // `wait` for the process-wide parse budget. InvalidArgument names the problem (depth, syntax);
 // ResourceExhausted when the budget stays taken.
+// Bodies under 64 KiB do not count against (or wait for) the budget.
 absl::StatusOr<UntrustedJson> ParseUntrustedJson(
     std::string_view text, int max_depth = 64,
-    std::chrono::milliseconds wait = std::chrono::seconds(2));
+    std::chrono::milliseconds wait = std::chrono::milliseconds(250));
 // Bytes of request text that may be in parsed form at once, process-wide (default 8 MiB; one
 // body larger than the budget is still parsed when nothing else is).
 void SetUntrustedJsonBudget(size_t bytes);
