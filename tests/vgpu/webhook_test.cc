@@ -216,7 +216,9 @@ TEST_F(WebhookHttps, DeepJsonIs400) {
   std::string out;
   EXPECT_EQ(PostRaw("/validate", std::string(100000, '['), &out), 400);
   EXPECT_THAT(out, HasSubstr("deeper than 64"));
-  EXPECT_EQ(PostRaw("/validate", std::string(3 << 20, '[')), 413);
+  // Over the body limit: 413 (or the connection closed while the client was still sending).
+  int big = PostRaw("/validate", std::string(3 << 20, '['));
+  EXPECT_TRUE(big == 413 || big == 0) << big;
   EXPECT_TRUE(Post("/validate", Review({{"cpu", "1"}}))["response"]["allowed"].get<bool>());
 }
 
