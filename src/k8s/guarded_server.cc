@@ -384,11 +384,17 @@ void GuardedServer::ReceiveLocked(Conn* c) {
   switch (RequestIn(std::string_view(c->in).substr(c->pos), limits_)) {
     case Completeness::kIncomplete:
       return;
-    case Completeness::kComplete:
+    case Completeness::kComplete: {
       c->busy = true;
+      // Level-triggered: while a worker holds it, a half-closed or pipelining client would
+      // otherwise wake the poller in a loop.
+      epoll_event ev{};
+      ev.data.fd = c->fd;
+      epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
       ready_.push_back(c);
       work_cv_.notify_one();
       return;
+    }
     case Completeness::kTooLarge:
       return RefuseLocked(c, 413, "Payload Too Large");
     case Completeness::kHeadersTooLarge:
@@ -482,6 +488,10 @@ void GuardedServer::Serve(Conn* c) {
     c->idle_since = c->request_started = Clock::now();
     if (RequestIn(c->in, limits_) == Completeness::kComplete) continue;  // pipelined
     c->busy = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = c->fd;
+    epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
     // Bytes of the next request that came with this one: check them (and read more) now, since
     // epoll reports only new arrivals.
     if (!c->in.empty()) ReceiveLocked(c);
