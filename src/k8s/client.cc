@@ -250,13 +250,15 @@ absl::StatusOr<json> Client::GetPod(const std::string& ns, const std::string& na
 }
 
 absl::StatusOr<json> Client::ListPods(const std::string& ns, const ListOptions& opts) {
-  std::string base = ns.empty() ? "/api/v1/pods" : absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods");
+  std::string base =
+      ns.empty() ? "/api/v1/pods" : absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods");
   return Call("GET", base + QueryString(opts, false));
 }
 
 absl::StatusOr<json> Client::PatchPod(const std::string& ns, const std::string& name,
                                       PatchType type, const json& patch) {
-  return Call("PATCH", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name)), &patch,
+  return Call("PATCH", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name)),
+              &patch,
               ContentType(type));
 }
 
@@ -267,7 +269,9 @@ absl::Status Client::CreateBinding(const std::string& ns, const std::string& nam
             {"metadata", {{"name", name}, {"namespace", ns}}},
             {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
   if (!uid.empty()) b["metadata"]["uid"] = uid;
-  return Call("POST", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name), "/binding"), &b)
+  return Call("POST",
+              absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name), "/binding"),
+              &b)
       .status();
 }
 

@@ -768,7 +768,8 @@ json Extender::Bind(const json& args) {
   auto req = RequestOf(*pod);
   if (!req.ok()) return error(std::string(req.status().message()));
   if (req->first.containers.empty()) {
-    return error(absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
+    return error(
+        absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
   }
   if (auto n = api_->GetNode(node); !n.ok()) {
     return error(absl::StrCat("bind: node ", node, ": ", n.status().message()));

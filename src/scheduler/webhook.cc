@@ -71,7 +71,8 @@ std::string DisableRequestIn(const json& pod, const vgpu::PodRequest& req) {
   }
   const json& containers = Member(Member(pod, "spec"), "containers");
   for (const auto& c : req.containers) {
-    if (!c.fractional() || !containers.is_array() || c.index >= static_cast<int>(containers.size())) {
+    if (!c.fractional() || !containers.is_array() ||
+        c.index >= static_cast<int>(containers.size())) {
       continue;
     }
     const json& env = Member(containers[c.index], "env");
@@ -89,7 +90,8 @@ std::string DisableRequestIn(const json& pod, const vgpu::PodRequest& req) {
 
 int64_t NodeMaxGpuUnits(const json& node, const vgpu::ResourceNames& names) {
   int64_t best = 0;
-  const json& inv = Member(Member(Member(node, "metadata"), "annotations"), vgpu::kAnnotationNodeGpus);
+  const json& inv =
+      Member(Member(Member(node, "metadata"), "annotations"), vgpu::kAnnotationNodeGpus);
   if (inv.is_string()) {
     auto gpus = ParseNodeGpuAnnotation(inv.get_ref<const std::string&>());
     if (gpus.ok()) {

@@ -236,7 +236,8 @@ int RunScheduler(const SchedulerFlags& f) {
   // The serving certificate (webhook, and the extender when it serves HTTPS).
   bool need_cert = !f.webhook_listen.empty() || !client_ca.empty();
   std::optional<k8s::PemPair> pem;
-  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;  // outlive the servers (declared first)
+  // Declared before the servers, so they outlive them (installed as their certificate callback).
+  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;
   bool self_issued = false;
   std::string tls_dir, cert_file = f.tls_cert_file, key_file = f.tls_key_file;
   if (need_cert) {
@@ -343,12 +344,14 @@ int RunScheduler(const SchedulerFlags& f) {
       return 1;
     }
     hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
-    PublishCaBundle(api, f.webhook_configuration, pem->ca_pem.empty() ? pem->cert_pem : pem->ca_pem);
+    PublishCaBundle(api, f.webhook_configuration,
+                    pem->ca_pem.empty() ? pem->cert_pem : pem->ca_pem);
   }
   if (self_issued && !reloaders.empty()) {
     // Renewal: the API server is told to trust the new and the old CA before the new pair is
     // served, so no handshake in between fails.
-    renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
+    renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file,
+                                key_file]() mutable {
       while (!renew_stop.WaitForNotificationWithTimeout(absl::Milliseconds(f.tls_renew_check_ms))) {
         auto next = ServingCertificate(f, &api, &current);
         if (!next.ok()) {
