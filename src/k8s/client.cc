@@ -15,6 +15,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "httplib.h"
+#include "k8s/tls.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::k8s {
@@ -126,6 +127,8 @@ const char* ContentType(PatchType t) {
   return "application/merge-patch+json";
 }
 
+// Percent-encodes everything but RFC 3986's unreserved characters: used for query values and
+// for every name put into an API path, so that no name ("../", "x?y", "a/b") changes the path.
 std::string Encode(const std::string& in) {
   std::string out;
   for (unsigned char c : in) {
@@ -184,7 +187,7 @@ Client::Client(Config config, Clock* clock)
     tls_->cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
     BIO_free(b);
     b = BIO_new_mem_buf(config_.client_key_pem.data(), -1);
-    tls_->key = PEM_read_bio_PrivateKey(b, nullptr, nullptr, nullptr);
+    tls_->key = PEM_read_bio_PrivateKey(b, nullptr, &NoPassphrase, nullptr);
     BIO_free(b);
     if (!tls_->cert || !tls_->key) spdlog::warn("kubeconfig client certificate/key unreadable");
   }
@@ -243,17 +246,19 @@ absl::StatusOr<json> Client::Call(const std::string& method, const std::string& 
 }
 
 absl::StatusOr<json> Client::GetPod(const std::string& ns, const std::string& name) {
-  return Call("GET", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name));
+  return Call("GET", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name)));
 }
 
 absl::StatusOr<json> Client::ListPods(const std::string& ns, const ListOptions& opts) {
-  std::string base = ns.empty() ? "/api/v1/pods" : absl::StrCat("/api/v1/namespaces/", ns, "/pods");
+  std::string base =
+      ns.empty() ? "/api/v1/pods" : absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods");
   return Call("GET", base + QueryString(opts, false));
 }
 
 absl::StatusOr<json> Client::PatchPod(const std::string& ns, const std::string& name,
                                       PatchType type, const json& patch) {
-  return Call("PATCH", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name), &patch,
+  return Call("PATCH", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name)),
+              &patch,
               ContentType(type));
 }
 
@@ -264,12 +269,14 @@ absl::Status Client::CreateBinding(const std::string& ns, const std::string& nam
             {"metadata", {{"name", name}, {"namespace", ns}}},
             {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
   if (!uid.empty()) b["metadata"]["uid"] = uid;
-  return Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name, "/binding"), &b)
+  return Call("POST",
+              absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name), "/binding"),
+              &b)
       .status();
 }
 
 absl::StatusOr<json> Client::GetNode(const std::string& name) {
-  return Call("GET", "/api/v1/nodes/" + name);
+  return Call("GET", "/api/v1/nodes/" + Encode(name));
 }
 
 absl::StatusOr<json> Client::ListNodes(const ListOptions& opts) {
@@ -278,16 +285,16 @@ absl::StatusOr<json> Client::ListNodes(const ListOptions& opts) {
 
 absl::StatusOr<json> Client::PatchNode(const std::string& name, PatchType type,
                                        const json& patch) {
-  return Call("PATCH", "/api/v1/nodes/" + name, &patch, ContentType(type));
+  return Call("PATCH", "/api/v1/nodes/" + Encode(name), &patch, ContentType(type));
 }
 
 absl::StatusOr<json> Client::PatchNodeStatus(const std::string& name, PatchType type,
                                              const json& patch) {
-  return Call("PATCH", "/api/v1/nodes/" + name + "/status", &patch, ContentType(type));
+  return Call("PATCH", "/api/v1/nodes/" + Encode(name) + "/status", &patch, ContentType(type));
 }
 
 absl::StatusOr<json> Client::CreateEvent(const std::string& ns, const json& event) {
-  return Call("POST", absl::StrCat("/api/v1/namespaces/", ns, "/events"), &event);
+  return Call("POST", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/events"), &event);
 }
 
 json MakeEvent(const json& involved, const std::string& type, const std::string& reason,

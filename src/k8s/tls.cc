@@ -49,11 +49,13 @@ struct CertReloader::Pair {
   PKey key;
 };
 
-absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& names,
-                                              int valid_days) {
-  if (names.empty()) return absl::InvalidArgumentError("certificate needs at least one name");
-  PKey key(EVP_EC_gen("P-256"));
-  if (!key) return absl::InternalError("OpenSSL: cannot generate an EC key");
+namespace {
+
+// A new certificate for `key`, issued by `issuer` (signed with `issuer_key`; both null: self-
+// signed), with the given extensions.
+absl::StatusOr<Cert> Issue(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_PKEY* issuer_key,
+                           int valid_days,
+                           const std::vector<std::pair<int, std::string>>& extensions) {
   Cert cert(X509_new());
   X509_set_version(cert.get(), 2);
   unsigned char serial[16];
@@ -64,36 +66,69 @@ absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& na
   BN_free(bn);
   X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), static_cast<long>(valid_days) * 86400);
-  X509_set_pubkey(cert.get(), key.get());
+  X509_set_pubkey(cert.get(), key);
   X509_NAME* subject = X509_get_subject_name(cert.get());
   X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(names[0].c_str()), -1, -1, 0);
-  X509_set_issuer_name(cert.get(), subject);
+                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  X509* signer = issuer ? issuer : cert.get();
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, signer, cert.get(), nullptr, nullptr, 0);
+  for (const auto& [nid, value] : extensions) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+    if (!ext) return absl::InvalidArgumentError(absl::StrCat("bad certificate extension: ", value));
+    X509_add_ext(cert.get(), ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  if (X509_sign(cert.get(), issuer_key ? issuer_key : key, EVP_sha256()) == 0) {
+    return absl::InternalError("OpenSSL: cannot sign the certificate");
+  }
+  return cert;
+}
+
+std::string CertPem(X509* cert) {
+  Bio b(BIO_new(BIO_s_mem()));
+  PEM_write_bio_X509(b.get(), cert);
+  return BioString(b.get());
+}
+
+}  // namespace
+
+int NoPassphrase(char*, int, int, void*) { return -1; }
+
+absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
+                                              int valid_days, const std::string& usage) {
+  if (names.empty()) return absl::InvalidArgumentError("certificate needs at least one name");
+  PKey ca_key(EVP_EC_gen("P-256"));
+  PKey key(EVP_EC_gen("P-256"));
+  if (!ca_key || !key) return absl::InternalError("OpenSSL: cannot generate an EC key");
   std::string san;
   for (const std::string& n : names) {
     unsigned char buf[16];
     bool ip = inet_pton(AF_INET, n.c_str(), buf) == 1 || inet_pton(AF_INET6, n.c_str(), buf) == 1;
     absl::StrAppend(&san, san.empty() ? "" : ",", ip ? "IP:" : "DNS:", n);
   }
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, cert.get(), cert.get(), nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair<int, std::string>{NID_subject_alt_name, san},
-                            {NID_basic_constraints, "critical,CA:TRUE"},
-                            {NID_key_usage, "critical,digitalSignature,keyCertSign"},
-                            {NID_ext_key_usage, "serverAuth"}}) {
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
-    if (!ext) return absl::InvalidArgumentError(absl::StrCat("bad certificate name list: ", san));
-    X509_add_ext(cert.get(), ext, -1);
-    X509_EXTENSION_free(ext);
-  }
-  if (X509_sign(cert.get(), key.get(), EVP_sha256()) == 0) {
-    return absl::InternalError("OpenSSL: cannot sign the certificate");
+  // The CA only signs this one leaf (pathlen 0) and its key is dropped right after; the leaf may
+  // not sign anything (CA:FALSE), so a stolen serving key cannot mint certificates the API server
+  // would trust.
+  ASSIGN_OR_RETURN(Cert ca, Issue(ca_key.get(), "gpulet self-issued CA", nullptr, nullptr,
+                                  valid_days + 1,
+                                  {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+                                   {NID_key_usage, "critical,keyCertSign,cRLSign"},
+                                   {NID_subject_key_identifier, "hash"}}));
+  auto leaf = Issue(key.get(), names[0], ca.get(), ca_key.get(), valid_days,
+                    {{NID_subject_alt_name, san},
+                     {NID_basic_constraints, "critical,CA:FALSE"},
+                     {NID_key_usage, "critical,digitalSignature"},
+                     {NID_ext_key_usage, usage},
+                     {NID_authority_key_identifier, "keyid:always"}});
+  if (!leaf.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad certificate name list: ", san));
   }
   PemPair out;
-  Bio cb(BIO_new(BIO_s_mem()));
-  PEM_write_bio_X509(cb.get(), cert.get());
-  out.cert_pem = BioString(cb.get());
+  out.cert_pem = CertPem(leaf->get());
+  out.ca_pem = CertPem(ca.get());
   Bio kb(BIO_new(BIO_s_mem()));
   PEM_write_bio_PrivateKey(kb.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr);
   out.key_pem = BioString(kb.get());
@@ -109,8 +144,13 @@ absl::StatusOr<std::shared_ptr<const CertReloader::Pair>> CertReloader::Parse(
   pair->cert.reset(PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr));
   if (!pair->cert) return absl::InvalidArgumentError(cert_file + ": no PEM certificate");
   Bio kb(BIO_new_mem_buf(pair->key_pem.data(), static_cast<int>(pair->key_pem.size())));
-  pair->key.reset(PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr));
-  if (!pair->key) return absl::InvalidArgumentError(key_file + ": no PEM private key");
+  pair->key.reset(PEM_read_bio_PrivateKey(kb.get(), nullptr, &NoPassphrase, nullptr));
+  if (!pair->key) {
+    return absl::InvalidArgumentError(
+        pair->key_pem.find("ENCRYPTED") != std::string::npos
+            ? key_file + ": the key is passphrase-protected; give an unencrypted key"
+            : key_file + ": no PEM private key");
+  }
   if (X509_check_private_key(pair->cert.get(), pair->key.get()) != 1)
     return absl::InvalidArgumentError(
         absl::StrCat(key_file, " does not hold the private key of ", cert_file));

@@ -1,7 +1,8 @@
 // Self-issued TLS certificates for gpulet's HTTPS endpoints (the admission webhook) when no
-// certificate files are given: an EC P-256 key and a self-signed X.509 certificate whose subject
-// alternative names are the given DNS names / IP addresses. The PEM certificate doubles as the CA
-// bundle (caBundle of a webhook configuration). Thread-safe (no shared state).
+// certificate files are given: a one-off CA (CA:TRUE, pathlen 0, its key discarded) and a leaf
+// (CA:FALSE, serverAuth) it signs, EC P-256, whose subject alternative names are the given DNS
+// names / IP addresses. The CA is what clients trust (caBundle of a webhook configuration).
+// Private keys are read without ever prompting for a passphrase. Thread-safe (no shared state).
 #pragma once
 
 #include <chrono>
@@ -20,11 +21,18 @@ namespace gpulet::k8s {
 struct PemPair {
   std::string cert_pem;
   std::string key_pem;
+  std::string ca_pem;  // the issuing CA (self-issued pairs; empty when unknown)
 };
 
 // `names`: DNS names or IP literals ("localhost", "127.0.0.1", "gpulet.kube-system.svc").
-absl::StatusOr<PemPair> SelfSignedCertificate(const std::vector<std::string>& names,
-                                              int valid_days = 365);
+// `usage`: the leaf's extendedKeyUsage ("serverAuth"; "clientAuth" for a client certificate).
+absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
+                                              int valid_days = 365,
+                                              const std::string& usage = "serverAuth");
+
+// OpenSSL pem_password_cb that refuses: pass it to every PEM_read_*PrivateKey so that an
+// encrypted key fails instead of OpenSSL asking for its passphrase on the terminal.
+int NoPassphrase(char* buf, int size, int rwflag, void* userdata);
 
 // True when the PEM certificate's notAfter is less than `within` from now, or it does not parse
 // (either way: issue a new one).

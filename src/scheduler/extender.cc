@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "httplib.h"
+#include "k8s/guarded_server.h"
 #include "spdlog/spdlog.h"
 #include "vgpu/policy.h"
 
@@ -124,7 +126,75 @@ std::string FilterResult(const json& args, const std::vector<const std::string*>
   return out;
 }
 
+bool IsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
+
+// A GPU UUID as NVML prints it ("GPU-8c5b...", "MIG-...") or our "<node>-gpu<i>": short, and
+// nothing that could break the comma-separated annotation or a log line.
+bool IsUuidToken(std::string_view s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char c : s) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+          c == ':')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool IsDns1123Label(std::string_view s) {
+  if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+  return std::all_of(s.begin(), s.end(), IsLabelChar);
+}
+
+bool IsDns1123Subdomain(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (absl::string_view part : absl::StrSplit(absl::string_view(s.data(), s.size()), '.')) {
+    if (!IsDns1123Label(std::string_view(part.data(), part.size()))) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<NodeGpu>> ParseNodeGpuAnnotation(std::string_view text) {
+  const std::string what = absl::StrCat("annotation ", vgpu::kAnnotationNodeGpus);
+  if (k8s::JsonDepth(text, 4) > 2) {
+    return absl::InvalidArgumentError(what + ": nests deeper than a list of objects");
+  }
+  json list = json::parse(text.begin(), text.end(), nullptr, false);
+  if (!list.is_array()) return absl::InvalidArgumentError(what + ": not a JSON list");
+  if (static_cast<int64_t>(list.size()) > kMaxNodeGpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", list.size(), " GPUs (at most ", kMaxNodeGpus, ")"));
+  }
+  std::vector<NodeGpu> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& g = list[i];
+    std::string where = absl::StrCat(what, "[", i, "]");
+    if (!g.is_object()) return absl::InvalidArgumentError(where + ": not an object");
+    NodeGpu gpu;
+    if (auto u = g.find("uuid"); u != g.end()) {
+      if (!u->is_string() || !IsUuidToken(u->get_ref<const std::string&>())) {
+        return absl::InvalidArgumentError(where + ".uuid: not a GPU UUID string");
+      }
+      gpu.uuid = u->get<std::string>();
+    }
+    if (auto m = g.find("memoryUnits"); m != g.end()) {
+      if (!m->is_number_integer() || m->get<int64_t>() < 0 ||
+          m->get<int64_t>() > vgpu::kMaxMemoryUnitsPerGpu) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".memoryUnits: not an integer in 0..", vgpu::kMaxMemoryUnitsPerGpu));
+      }
+      gpu.memory_units = m->get<int64_t>();
+    }
+    if (auto h = g.find("healthy"); h != g.end()) {
+      if (!h->is_boolean()) return absl::InvalidArgumentError(where + ".healthy: not a boolean");
+      gpu.healthy = h->get<bool>();
+    }
+    out.push_back(std::move(gpu));
+  }
+  return out;
+}
 
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
     : api_(api), options_(std::move(options)) {
@@ -200,30 +270,63 @@ void Extender::ReleaseLocked(const std::string& uid) {
 }
 
 void Extender::UpsertNode(const json& node) {
+  try {
+    UpsertNodeUnguarded(node);
+  } catch (const std::exception& e) {  // the watch-callback boundary (see Guarded below)
+    spdlog::error("node {}: skipped: {}", Str(node, "metadata", "name"), e.what());
+  }
+}
+
+void Extender::UpsertPod(const json& pod) {
+  try {
+    UpsertPodUnguarded(pod);
+  } catch (const std::exception& e) {
+    spdlog::error("pod {}/{}: skipped: {}", Str(pod, "metadata", "namespace"),
+                  Str(pod, "metadata", "name"), e.what());
+  }
+}
+
+void Extender::UpsertNodeUnguarded(const json& node) {
   std::string name = Str(node, "metadata", "name");
   if (name.empty()) return;
   NodeState st;
   st.node.name = name;
   std::string inv = Annotation(node, vgpu::kAnnotationNodeGpus);
-  json list = inv.empty() ? json() : json::parse(inv, nullptr, false);
-  if (list.is_array() && !list.empty()) {
-    for (const auto& g : list) {
+  if (!inv.empty()) {
+    auto gpus = ParseNodeGpuAnnotation(inv);
+    if (!gpus.ok()) {
+      // The agent writes this annotation; a malformed one (a bug, or someone with node patch
+      // rights) must not take the scheduler down: the node offers no vGPU GPUs until fixed.
+      spdlog::warn("node {}: annotation {} ignored, node left out of vGPU scheduling: {}", name,
+                   vgpu::kAnnotationNodeGpus, std::string(gpus.status().message()));
+      RemoveNode(name);
+      return;
+    }
+    for (const NodeGpu& g : *gpus) {
       placement::Gpu gpu;
-      gpu.memory_total_bytes =
-          g.value("memoryUnits", int64_t{0}) * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_total_bytes = g.memory_units * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
       gpu.memory_free_bytes = gpu.memory_total_bytes;
-      gpu.healthy = g.value("healthy", true);
-      st.uuids.push_back(g.value("uuid", absl::StrCat(name, "-gpu", st.uuids.size())));
+      gpu.healthy = g.healthy;
+      st.uuids.push_back(g.uuid.empty() ? absl::StrCat(name, "-gpu", st.uuids.size()) : g.uuid);
       st.node.gpus.push_back(gpu);
     }
-  } else {
+  }
+  if (st.node.gpus.empty()) {
     // No inventory annotation: the node's vGPU capacity, split evenly (GPU Manager's model).
-    const json& status = node.contains("status") ? node["status"] : json::object();
-    const json& alloc = status.contains("allocatable") ? status["allocatable"]
-                        : status.contains("capacity") ? status["capacity"]
-                                                      : json::object();
-    int64_t gpus = vgpu::QuantityIn(alloc, options_.names.core) / vgpu::kCoresPerGpu;
-    int64_t units = vgpu::QuantityIn(alloc, options_.names.memory);
+    auto status = node.find("status");
+    const json* alloc = &EmptyObject();
+    if (status != node.end() && status->is_object()) {
+      for (const char* key : {"allocatable", "capacity"}) {
+        if (auto a = status->find(key); a != status->end() && a->is_object()) {
+          alloc = &*a;
+          break;
+        }
+      }
+    }
+    int64_t gpus = std::clamp<int64_t>(
+        vgpu::QuantityIn(*alloc, options_.names.core) / vgpu::kCoresPerGpu, 0, kMaxNodeGpus);
+    int64_t units = std::clamp<int64_t>(vgpu::QuantityIn(*alloc, options_.names.memory), 0,
+                                        kMaxNodeGpus * vgpu::kMaxMemoryUnitsPerGpu);
     for (int64_t i = 0; i < gpus; ++i) {
       placement::Gpu gpu;
       gpu.memory_total_bytes =
@@ -259,7 +362,7 @@ void Extender::UpsertNode(const json& node) {
   for (auto& [uid, b] : held) ApplyLocked(uid, std::move(b));
   std::vector<json> waiting;
   for (auto it = orphans_.begin(); it != orphans_.end();) {
-    if (nodes_.count(name) && it->second["spec"].value("nodeName", "") == name) {
+    if (nodes_.count(name) && Str(it->second, "spec", "nodeName") == name) {
       waiting.push_back(std::move(it->second));
       it = orphans_.erase(it);
     } else {
@@ -276,7 +379,7 @@ void Extender::RemoveNode(const std::string& name) {
   ++generation_;
 }
 
-void Extender::UpsertPod(const json& pod) {
+void Extender::UpsertPodUnguarded(const json& pod) {
   std::string uid = Str(pod, "metadata", "uid");
   if (uid.empty()) return;
   std::string phase = Str(pod, "status", "phase");
@@ -406,11 +509,28 @@ absl::Status Extender::Sync() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The watch-callback boundary: whatever an object from the API server holds, one bad object is
+// logged and skipped, never an exception out of the reflector thread (std::terminate).
+template <typename Fn>
+auto Guarded(const char* what, Fn fn) {
+  return [what, fn = std::move(fn)](const auto& arg) {
+    try {
+      fn(arg);
+    } catch (const std::exception& e) {
+      spdlog::error("{} watch: object skipped: {}", what, e.what());
+    }
+  };
+}
+
+}  // namespace
+
 void Extender::StartWatching() {
   if (!api_ || node_reflector_) return;
   node_reflector_ = std::make_unique<k8s::Reflector>(
       api_, "/api/v1/nodes", k8s::ListOptions{},
-      [this](const std::vector<json>& items) {
+      Guarded("node", [this](const std::vector<json>& items) {
         std::vector<std::string> gone;
         {
           std::shared_lock<std::shared_mutex> l(mu_);
@@ -421,17 +541,17 @@ void Extender::StartWatching() {
           UpsertNode(n);
         }
         for (const auto& g : gone) RemoveNode(g);
-      },
-      [this](const k8s::WatchEvent& ev) {
+      }),
+      Guarded("node", [this](const k8s::WatchEvent& ev) {
         if (ev.type == "DELETED") {
           RemoveNode(Str(ev.object, "metadata", "name"));
         } else {
           UpsertNode(ev.object);
         }
-      });
+      }));
   pod_reflector_ = std::make_unique<k8s::Reflector>(
       api_, "/api/v1/pods", k8s::ListOptions{},
-      [this](const std::vector<json>& items) {
+      Guarded("pod", [this](const std::vector<json>& items) {
         {
           std::unique_lock<std::shared_mutex> l(mu_);
           orphans_.clear();
@@ -444,14 +564,14 @@ void Extender::StartWatching() {
           for (const auto& uid : drop) ReleaseLocked(uid);
         }
         for (const auto& p : items) UpsertPod(p);
-      },
-      [this](const k8s::WatchEvent& ev) {
+      }),
+      Guarded("pod", [this](const k8s::WatchEvent& ev) {
         if (ev.type == "DELETED") {
           RemovePod(ev.object);
         } else {
           UpsertPod(ev.object);
         }
-      });
+      }));
   node_reflector_->Start();
   pod_reflector_->Start();
   node_reflector_->WaitSynced(std::chrono::seconds(10));
@@ -470,6 +590,16 @@ json Extender::Filter(const json& args) { return json::parse(FilterWire(args)); 
 std::string Extender::FilterWire(const json& args) {
   bool with_items = false;
   std::vector<const std::string*> names = CandidateNames(args, &with_items);
+  if (with_items && !options_.echo_node_objects) {
+    // Answering would mean re-serialising the request's Node objects (see ExtenderOptions).
+    std::string out = R"({"Nodes":null,"NodeNames":null,"FailedNodes":{},"Error":)";
+    AppendQuoted(out,
+                 "gpulet extender: kube-scheduler sent whole Node objects; set nodeCacheCapable: "
+                 "true in its extender configuration (or start gpulet scheduler with "
+                 "--extender-echo-node-objects)");
+    out += '}';
+    return out;
+  }
   std::vector<std::pair<size_t, std::string>> failed, unresolvable;
   auto pod_it = args.find("Pod");
   auto req = RequestOf(pod_it != args.end() ? *pod_it : EmptyObject());
@@ -591,20 +721,58 @@ std::mutex& Extender::NodeLock(const std::string& node) {
 
 json Extender::Bind(const json& args) {
   auto error = [](const std::string& e) { return json{{"Error", e}}; };
-  std::string name = args.value("PodName", ""), ns = args.value("PodNamespace", "");
-  std::string uid = args.value("PodUID", ""), node = args.value("Node", "");
+  auto field = [&args](const char* key) {
+    auto it = args.find(key);
+    return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  std::string name = field("PodName"), ns = field("PodNamespace");
+  std::string uid = field("PodUID"), node = field("Node");
   if (name.empty() || ns.empty() || node.empty()) {
     return error("bind: PodName, PodNamespace and Node are required");
   }
+  // Names go into API paths: only what Kubernetes itself would accept.
+  if (!IsDns1123Label(ns)) {
+    return error("bind: PodNamespace is not a DNS-1123 label (lower-case alphanumerics and '-')");
+  }
+  if (!IsDns1123Subdomain(name)) return error("bind: PodName is not a DNS-1123 subdomain");
+  if (!IsDns1123Subdomain(node)) return error("bind: Node is not a DNS-1123 subdomain");
   if (!api_) return error("bind: no API server client");
   auto pod = api_->GetPod(ns, name);
   if (!pod.ok()) return error(std::string(pod.status().message()));
-  if (uid.empty()) uid = Str(*pod, "metadata", "uid");
+  const std::string who = absl::StrCat("bind: pod ", ns, "/", name);
+  std::string pod_uid = Str(*pod, "metadata", "uid");
+  if (!uid.empty() && uid != pod_uid) {
+    return error(absl::StrCat(who, " is not the pod asked for (uid ", pod_uid, ", not ", uid, ")"));
+  }
+  uid = pod_uid;
+  // Only what kube-scheduler would legitimately ask: a pending, unbound vGPU pod of a scheduler
+  // profile that calls this extender.
+  if (std::string bound = Str(*pod, "spec", "nodeName"); !bound.empty()) {
+    return error(absl::StrCat(who, " is already bound to ", bound));
+  }
+  if (std::string phase = Str(*pod, "status", "phase"); phase != "Pending") {
+    return error(absl::StrCat(who, " is not Pending (phase \"", phase, "\")"));
+  }
+  if (auto md = pod->find("metadata"); md != pod->end() && md->is_object() &&
+                                       md->contains("deletionTimestamp")) {
+    return error(absl::StrCat(who, " is being deleted"));
+  }
+  std::string scheduler = Str(*pod, "spec", "schedulerName");
+  if (scheduler.empty()) scheduler = "default-scheduler";
+  if (std::find(options_.scheduler_names.begin(), options_.scheduler_names.end(), scheduler) ==
+      options_.scheduler_names.end()) {
+    return error(absl::StrCat(who, " belongs to scheduler \"", scheduler,
+                              "\", not one this extender serves (",
+                              absl::StrJoin(options_.scheduler_names, ", "), ")"));
+  }
   auto req = RequestOf(*pod);
   if (!req.ok()) return error(std::string(req.status().message()));
-  if (req->first.containers.empty()) {  // not ours to place: bind as the default binder would
-    absl::Status s = api_->CreateBinding(ns, name, uid, node);
-    return error(s.ok() ? "" : std::string(s.message()));
+  if (req->first.containers.empty()) {
+    return error(
+        absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
+  }
+  if (auto n = api_->GetNode(node); !n.ok()) {
+    return error(absl::StrCat("bind: node ", node, ": ", n.status().message()));
   }
   auto policy = PolicyFor(*pod);
   if (!policy.ok()) return error(std::string(policy.status().message()));
@@ -663,13 +831,25 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
   auto verb = [&server, &prefix](const std::string& path,
                                  std::function<std::string(const json&)> fn) {
     server.Post(prefix + path, [fn](const httplib::Request& req, httplib::Response& res) {
-      json args = json::parse(req.body, nullptr, false);
-      if (!args.is_object()) {
-        res.status = 400;
-        res.set_content(R"({"Error":"request body is not a JSON object"})", "application/json");
-        return;
+      auto answer_error = [&res](int status, std::string_view why) {
+        std::string out = R"({"Error":)";
+        AppendQuoted(out, why);
+        out += '}';
+        res.status = status;
+        res.set_content(out, "application/json");
+      };
+      auto args = k8s::ParseUntrustedJson(req.body);
+      if (!args.ok()) {
+        return answer_error(absl::IsResourceExhausted(args.status()) ? 503 : 400,
+                            absl::StrCat("request body: ", args.status().message()));
       }
-      res.set_content(fn(args), "application/json");
+      if (!args->value.is_object()) return answer_error(400, "request body is not a JSON object");
+      try {
+        res.set_content(fn(args->value), "application/json");
+      } catch (const std::exception& e) {  // a shape no check foresaw: this request fails alone
+        spdlog::error("extender {}: {}", req.path, e.what());
+        answer_error(500, "internal error");
+      }
     });
   };
   verb("/filter", [this](const json& a) { return FilterWire(a); });
@@ -678,6 +858,9 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
   server.Get(prefix + "/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
   });
+  // The cluster's GPU layout and workload mix: only when asked for (--extender-debug-endpoints),
+  // and then only on the authenticated (or loopback) extender listener.
+  if (!options_.debug_endpoints) return;
   server.Get(prefix + "/state", [this](const httplib::Request&, httplib::Response& res) {
     placement::Cluster c = Snapshot();
     auto uuids = GpuUuids();

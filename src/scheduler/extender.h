@@ -45,8 +45,36 @@ namespace gpulet::scheduler {
 
 using nlohmann::json;
 
+// Most GPUs one node may declare (annotation or capacity): bounds the state a node can create.
+inline constexpr int64_t kMaxNodeGpus = 256;
+
+// One GPU of the node annotation gpulet.io/vgpu-gpus (written by the agent).
+struct NodeGpu {
+  std::string uuid;  // empty: not given
+  int64_t memory_units = 0;
+  bool healthy = true;
+};
+
+// Parses the node annotation gpulet.io/vgpu-gpus: a JSON list of {"uuid","index","memoryUnits",
+// "healthy"}. Every field is type- and bounds-checked (at most kMaxNodeGpus GPUs, memoryUnits in
+// 0..vgpu::kMaxMemoryUnitsPerGpu, uuid a short token); errors say which GPU and field.
+absl::StatusOr<std::vector<NodeGpu>> ParseNodeGpuAnnotation(std::string_view text);
+
+// The Kubernetes name rules the extender checks before it uses a name in an API path.
+bool IsDns1123Label(std::string_view s);      // namespaces: [a-z0-9]([-a-z0-9]*[a-z0-9])?, <= 63
+bool IsDns1123Subdomain(std::string_view s);  // pods, nodes: dot-separated labels, <= 253
+
 struct ExtenderOptions {
   vgpu::ResourceNames names;
+  // spec.schedulerName values whose pods Bind accepts (the kube-scheduler profiles that call
+  // this extender); pods of any other scheduler are refused.
+  std::vector<std::string> scheduler_names = {"default-scheduler"};
+  // kube-scheduler configured with nodeCacheCapable: false sends whole Node objects and expects
+  // them back. Echoing attacker-shaped objects is refused by default (the filter answers an
+  // error asking for nodeCacheCapable: true); true echoes them (depth-limited on parse).
+  bool echo_node_objects = false;
+  // Serve GET <prefix>/state and /workload (the cluster's GPU layout): off by default.
+  bool debug_endpoints = false;
   // "binpack" (placement "best-fit"), "spread", or any placement registry name. A pod may choose
   // with the annotation gpulet.io/vgpu-policy.
   std::string default_policy = "binpack";
@@ -113,6 +141,8 @@ class Extender {
     std::vector<std::string> uuids;  // per GPU
     std::unordered_map<std::string, int> index_of;  // uuid -> position
   };
+  void UpsertNodeUnguarded(const json& node);
+  void UpsertPodUnguarded(const json& pod);
   absl::StatusOr<const placement::Policy*> PolicyFor(const json& pod) const;
   // Request of `pod` in placement units; containers without vGPU requests are left out.
   absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> RequestOf(

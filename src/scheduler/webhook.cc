@@ -4,54 +4,125 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "httplib.h"
+#include "k8s/guarded_server.h"
+#include "scheduler/extender.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::scheduler {
 namespace {
 
+const json& Member(const json& obj, const char* key) {
+  static const json kNull;
+  if (!obj.is_object()) return kNull;
+  auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
+}
+
+std::string StringMember(const json& obj, const char* key) {
+  const json& v = Member(obj, key);
+  return v.is_string() ? v.get<std::string>() : "";
+}
+
 // The parts of an AdmissionReview request we need, checked.
 absl::StatusOr<std::pair<std::string, const json*>> Request(const json& review) {
-  if (!review.is_object() || review.value("kind", "") != "AdmissionReview") {
+  if (!review.is_object() || StringMember(review, "kind") != "AdmissionReview") {
     return absl::InvalidArgumentError("body is not an AdmissionReview");
   }
-  auto req = review.find("request");
-  if (req == review.end() || !req->is_object() || !(*req)["uid"].is_string()) {
+  const json& req = Member(review, "request");
+  if (!req.is_object() || !Member(req, "uid").is_string()) {
     return absl::InvalidArgumentError("AdmissionReview has no request.uid");
   }
-  auto obj = req->find("object");
-  return std::make_pair((*req)["uid"].get<std::string>(),
-                        obj != req->end() && obj->is_object() ? &*obj : nullptr);
+  const json& obj = Member(req, "object");
+  return std::make_pair(req["uid"].get<std::string>(), obj.is_object() ? &obj : nullptr);
 }
 
 json Response(const json& review, const std::string& uid) {
-  return {{"apiVersion", review.value("apiVersion", "admission.k8s.io/v1")},
+  std::string version = StringMember(review, "apiVersion");
+  return {{"apiVersion", version.empty() ? "admission.k8s.io/v1" : version},
           {"kind", "AdmissionReview"},
           {"response", {{"uid", uid}, {"allowed", true}}}};
+}
+
+void Deny(json& out, const std::string& message) {
+  out["response"]["allowed"] = false;
+  out["response"]["status"] = {{"code", 422}, {"reason", "Invalid"}, {"message", message}};
+}
+
+// Pod annotations only gpulet's own components write (the extender at bind, the agent after
+// Allocate): a pod created with them could pick its GPUs or its core ceiling.
+std::string TrustedAnnotationIn(const json& annotations) {
+  if (!annotations.is_object()) return "";
+  for (const auto& [key, value] : annotations.items()) {
+    if (key == vgpu::kAnnotationNode || key == vgpu::kAnnotationBindTime ||
+        key == vgpu::kAnnotationAssigned || key == vgpu::kAnnotationCoreLimit ||
+        key.starts_with(vgpu::kAnnotationGpusPrefix)) {
+      return key;
+    }
+  }
+  return "";
+}
+
+// Where `pod` asks to switch the vGPU limits off: the annotation, or the env variable on a
+// fractional container (any value and any valueFrom: the webhook cannot see what it resolves to).
+std::string DisableRequestIn(const json& pod, const vgpu::PodRequest& req) {
+  const json& annotations = Member(Member(pod, "metadata"), "annotations");
+  if (!Member(annotations, kAnnotationVgpuDisable).is_null()) {
+    return absl::StrCat("annotation ", kAnnotationVgpuDisable);
+  }
+  const json& containers = Member(Member(pod, "spec"), "containers");
+  for (const auto& c : req.containers) {
+    if (!c.fractional() || !containers.is_array() ||
+        c.index >= static_cast<int>(containers.size())) {
+      continue;
+    }
+    const json& env = Member(containers[c.index], "env");
+    if (!env.is_array()) continue;
+    for (const json& e : env) {
+      if (StringMember(e, "name") == kEnvVgpuDisable) {
+        return absl::StrCat("env ", kEnvVgpuDisable, " of container \"", c.name, "\"");
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace
 
 int64_t NodeMaxGpuUnits(const json& node, const vgpu::ResourceNames& names) {
   int64_t best = 0;
-  const json& md = node.contains("metadata") ? node["metadata"] : json::object();
-  if (md.contains("annotations") && md["annotations"].contains(vgpu::kAnnotationNodeGpus)) {
-    json list = json::parse(md["annotations"][vgpu::kAnnotationNodeGpus].get<std::string>(),
-                            nullptr, false);
-    if (list.is_array()) {
-      for (const auto& g : list) best = std::max(best, g.value("memoryUnits", int64_t{0}));
+  const json& inv =
+      Member(Member(Member(node, "metadata"), "annotations"), vgpu::kAnnotationNodeGpus);
+  if (inv.is_string()) {
+    auto gpus = ParseNodeGpuAnnotation(inv.get_ref<const std::string&>());
+    if (gpus.ok()) {
+      for (const NodeGpu& g : *gpus) best = std::max(best, g.memory_units);
       if (best > 0) return best;
     }
   }
-  const json& st = node.contains("status") ? node["status"] : json::object();
-  const json& alloc = st.contains("allocatable") ? st["allocatable"]
-                      : st.contains("capacity")  ? st["capacity"]
-                                                 : json::object();
-  int64_t gpus = vgpu::QuantityIn(alloc, names.core) / vgpu::kCoresPerGpu;
-  return gpus > 0 ? vgpu::QuantityIn(alloc, names.memory) / gpus : 0;
+  const json& st = Member(node, "status");
+  const json* alloc = &Member(st, "allocatable");
+  if (!alloc->is_object()) alloc = &Member(st, "capacity");
+  if (!alloc->is_object()) return 0;
+  int64_t gpus = std::clamp<int64_t>(vgpu::QuantityIn(*alloc, names.core) / vgpu::kCoresPerGpu, 0,
+                                     kMaxNodeGpus);
+  if (gpus == 0) return 0;
+  return std::clamp<int64_t>(vgpu::QuantityIn(*alloc, names.memory) / gpus, 0,
+                             vgpu::kMaxMemoryUnitsPerGpu);
 }
 
 AdmissionWebhook::AdmissionWebhook(WebhookOptions options, k8s::Client* api)
     : options_(std::move(options)), api_(api) {}
+
+bool AdmissionWebhook::NamespaceAllowsDisable(const std::string& ns) {
+  if (!api_ || !IsDns1123Label(ns)) return false;
+  auto obj = api_->Call("GET", "/api/v1/namespaces/" + ns);
+  if (!obj.ok()) {
+    spdlog::warn("webhook: cannot read namespace {} for {}: {}", ns, kLabelAllowVgpuDisable,
+                 obj.status().ToString());
+    return false;
+  }
+  return StringMember(Member(Member(*obj, "metadata"), "labels"), kLabelAllowVgpuDisable) == "true";
+}
 
 int64_t AdmissionWebhook::MaxMemoryUnits() {
   if (options_.max_memory_units > 0 || !api_) return options_.max_memory_units;
@@ -75,15 +146,37 @@ absl::StatusOr<json> AdmissionWebhook::Validate(const json& review) {
   ASSIGN_OR_RETURN(auto req, Request(review));
   json out = Response(review, req.first);
   if (!req.second) return out;  // e.g. DELETE: nothing to judge
-  auto pod = vgpu::ParsePod(*req.second, options_.names, MaxMemoryUnits());
+  const json& pod_json = *req.second;
+  const json& md = Member(pod_json, "metadata");
+  std::string who = StringMember(md, "name");
+  if (who.empty()) who = StringMember(md, "generateName");
+  const std::string prefix = absl::StrCat("gpulet vGPU: pod \"", who, "\": ");
+  const json& request = Member(review, "request");
+  if (StringMember(request, "operation") == "CREATE") {
+    if (std::string key = TrustedAnnotationIn(Member(md, "annotations")); !key.empty()) {
+      Deny(out, absl::StrCat(prefix, "annotation ", key,
+                             " is written by gpulet (scheduler extender or node agent) and may "
+                             "not be set by the pod's author; remove it"));
+      return out;
+    }
+  }
+  auto pod = vgpu::ParsePod(pod_json, options_.names, MaxMemoryUnits());
   if (!pod.ok()) {
-    const json& md = (*req.second).contains("metadata") ? (*req.second)["metadata"] : json::object();
-    std::string who = md.value("name", md.value("generateName", ""));
-    out["response"]["allowed"] = false;
-    out["response"]["status"] = {
-        {"code", 422},
-        {"reason", "Invalid"},
-        {"message", absl::StrCat("gpulet vGPU: pod \"", who, "\": ", pod.status().message())}};
+    Deny(out, absl::StrCat(prefix, pod.status().message()));
+    return out;
+  }
+  if (std::any_of(pod->containers.begin(), pod->containers.end(),
+                  [](const vgpu::ContainerRequest& c) { return c.fractional(); })) {
+    if (std::string where = DisableRequestIn(pod_json, *pod); !where.empty()) {
+      std::string ns = StringMember(request, "namespace");
+      if (ns.empty()) ns = StringMember(md, "namespace");
+      if (!NamespaceAllowsDisable(ns)) {
+        Deny(out, absl::StrCat(prefix, where,
+                               " would switch off the vGPU limits of a pod that shares a GPU; "
+                               "only namespaces an administrator labels ",
+                               kLabelAllowVgpuDisable, "=true may do that"));
+      }
+    }
   }
   return out;
 }
@@ -108,14 +201,27 @@ void AdmissionWebhook::Register(httplib::Server& server) {
   auto route = [&server](const std::string& path,
                          std::function<absl::StatusOr<json>(const json&)> fn) {
     server.Post(path, [fn](const httplib::Request& req, httplib::Response& res) {
-      json review = json::parse(req.body, nullptr, false);
-      auto out = fn(review);
-      if (!out.ok()) {
-        res.status = 400;
-        res.set_content(std::string(out.status().message()), "text/plain");
+      // Every failure is an HTTP error, which the API server treats per failurePolicy (Fail in
+      // deploy/: the pod is refused), never an accidental "allowed".
+      auto review = k8s::ParseUntrustedJson(req.body);
+      if (!review.ok()) {
+        res.status = absl::IsResourceExhausted(review.status()) ? 503 : 400;
+        res.set_content(absl::StrCat("request body: ", review.status().message()), "text/plain");
         return;
       }
-      res.set_content(out->dump(), "application/json");
+      try {
+        auto out = fn(review->value);
+        if (!out.ok()) {
+          res.status = 400;
+          res.set_content(std::string(out.status().message()), "text/plain");
+          return;
+        }
+        res.set_content(out->dump(), "application/json");
+      } catch (const std::exception& e) {
+        spdlog::error("webhook {}: {}", req.path, e.what());
+        res.status = 500;
+        res.set_content("internal error", "text/plain");
+      }
     });
   };
   route("/validate", [this](const json& r) { return Validate(r); });

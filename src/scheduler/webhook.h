@@ -22,6 +22,12 @@ namespace gpulet::scheduler {
 
 using nlohmann::json;
 
+// The vGPU opt-out a pod may ask for (see docs/vgpu.md), and the namespace label with which an
+// administrator allows it for pods that share a GPU.
+inline constexpr char kAnnotationVgpuDisable[] = "gpulet.io/vgpu-disable";
+inline constexpr char kEnvVgpuDisable[] = "GPULET_VGPU_DISABLE";
+inline constexpr char kLabelAllowVgpuDisable[] = "gpulet.io/vgpu-disable-allowed";
+
 struct WebhookOptions {
   vgpu::ResourceNames names;
   int64_t max_memory_units = 0;  // largest GPU, in 256 MiB units; 0 = learn from nodes
@@ -38,13 +44,16 @@ class AdmissionWebhook {
   absl::StatusOr<json> Validate(const json& review);
   absl::StatusOr<json> Mutate(const json& review);
 
-  // POST /validate and /mutate.
+  // POST /validate and /mutate, GET /healthz.
   void Register(httplib::Server& server);
 
   // Largest GPU memory among the cluster's nodes, in units (annotation or capacity); 0 if none.
   int64_t MaxMemoryUnits();
 
  private:
+  // True when namespace `ns` carries kLabelAllowVgpuDisable=true (read from the API server).
+  bool NamespaceAllowsDisable(const std::string& ns);
+
   WebhookOptions options_;
   k8s::Client* api_;
   std::mutex mu_;

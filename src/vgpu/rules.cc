@@ -31,6 +31,13 @@ absl::StatusOr<int64_t> ReadResource(const json& resources, const char* section,
   return *v;
 }
 
+// `c.name` when it is a string (pods reach us unvalidated: webhook, extender), else `fallback`.
+std::string NameOf(const json& c, std::string fallback) {
+  if (!c.is_object()) return fallback;
+  auto it = c.find("name");
+  return it != c.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
 }  // namespace
 
 int64_t MemoryUnitsOf(uint64_t bytes) { return static_cast<int64_t>(bytes / kMemoryUnitBytes); }
@@ -66,6 +73,15 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
   if (c.cores < 0 || c.memory_units < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative vGPU request; ", allowed));
   }
+  if (c.cores > kMaxGpusPerContainer * kCoresPerGpu ||
+      c.memory_units > kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": vGPU request too large (at most ", kMaxGpusPerContainer * kCoresPerGpu, " ",
+        names.core, " and ", kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu, " ", names.memory,
+        ")"));
+  }
+  // A bound from a node inventory is trusted no further than the same limit.
+  max_units_per_gpu = std::min(max_units_per_gpu, kMaxMemoryUnitsPerGpu);
   if (c.cores == 0) {
     if (c.memory_units > 0) {
       return absl::InvalidArgumentError(
@@ -110,13 +126,15 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
   // Init containers: any vGPU request is refused (see header).
   if (auto init = spec->find("initContainers"); init != spec->end() && init->is_array()) {
     for (const json& c : *init) {
-      const json& res = c.contains("resources") ? c["resources"] : json::object();
-      if (!res.is_object()) continue;
+      if (!c.is_object()) continue;
+      auto res = c.find("resources");
+      if (res == c.end() || !res->is_object()) continue;
       for (const char* sec : {"limits", "requests"}) {
-        if (!res.contains(sec) || !res[sec].is_object()) continue;
-        if (res[sec].contains(names.core) || res[sec].contains(names.memory)) {
+        auto list = res->find(sec);
+        if (list == res->end() || !list->is_object()) continue;
+        if (list->contains(names.core) || list->contains(names.memory)) {
           return absl::InvalidArgumentError(
-              absl::StrCat("init container \"", c.value("name", ""), "\": ", names.core, "/",
+              absl::StrCat("init container \"", NameOf(c, ""), "\": ", names.core, "/",
                            names.memory, " are not supported on init containers"));
         }
       }
@@ -128,8 +146,9 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
     const json& c = (*containers)[i];
     ContainerRequest req;
     req.index = static_cast<int>(i);
-    req.name = c.value("name", absl::StrCat("#", i));
+    req.name = NameOf(c, absl::StrCat("#", i));
     std::string where = absl::StrCat("container \"", req.name, "\"");
+    if (!c.is_object()) continue;
     auto res = c.find("resources");
     if (res == c.end() || !res->is_object()) continue;
     int64_t got[2][2];  // [core|memory][limit|request]

@@ -23,6 +23,10 @@ namespace gpulet::vgpu {
 
 inline constexpr uint64_t kMemoryUnitBytes = 256ull << 20;  // one vcuda-memory unit
 inline constexpr int64_t kCoresPerGpu = 100;
+// Bounds on what a pod or a node inventory may say (a GPU of 256 TiB, 128 GPUs for one
+// container). Larger values are refused, so no product of them below overflows.
+inline constexpr int64_t kMaxMemoryUnitsPerGpu = int64_t{1} << 20;
+inline constexpr int64_t kMaxGpusPerContainer = 128;
 
 // Resource names, configurable; TKEStack GPU Manager's by default so existing pods keep working.
 struct ResourceNames {

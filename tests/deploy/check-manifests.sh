@@ -11,7 +11,7 @@ if [[ ! -d $work/node_modules/kubernetes-models || ! -d $work/node_modules/@kube
      @kubernetes-models/prometheus-operator@6 @kubernetes-models/cert-manager@4 yaml@2 >/dev/null 2>&1) ||
     { echo "SKIP: npm could not install kubernetes-models"; exit 77; }
 fi
-cp "$src/tests/deploy/validate-objects.mjs" "$work/"
+cp "$src/tests/deploy/validate-objects.mjs" "$src/tests/deploy/check-policy.mjs" "$work/"
 rc=0
 for k in "$src/deploy" "$src"/deploy/overlays/*/; do
   name=${k#"$src/"}
@@ -24,4 +24,10 @@ for k in "$src/deploy" "$src"/deploy/overlays/*/; do
     echo "FAIL $name:"; echo "$res"; rc=1
   fi
 done
+# The default install's security properties (docs/security.md).
+if res=$(kubectl kustomize "$src/deploy" | node "$work/check-policy.mjs" 2>&1); then
+  echo "ok   deploy security properties: $res"
+else
+  echo "FAIL deploy security properties:"; echo "$res"; rc=1
+fi
 exit $rc

@@ -29,12 +29,12 @@ class TlsReloadTest : public ::testing::Test {
     std::string t = (fs::temp_directory_path() / "gpulet-tls-XXXXXX").string();
     ASSERT_NE(::mkdtemp(t.data()), nullptr);
     dir_ = t;
-    auto a = SelfSignedCertificate({"localhost", "127.0.0.1"});
-    auto b = SelfSignedCertificate({"localhost", "127.0.0.1"});
+    auto a = SelfIssuedCertificate({"localhost", "127.0.0.1"});
+    auto b = SelfIssuedCertificate({"localhost", "127.0.0.1"});
     ASSERT_TRUE(a.ok() && b.ok());
     a_ = *a;
     b_ = *b;
-    for (auto [name, pem] : {std::pair{"a.crt", a_.cert_pem}, {"b.crt", b_.cert_pem}})
+    for (auto [name, pem] : {std::pair{"a.crt", a_.ca_pem}, {"b.crt", b_.ca_pem}})
       Write(dir_ + "/" + name, pem);
     cert_ = dir_ + "/tls.crt";
     key_ = dir_ + "/tls.key";
@@ -166,8 +166,8 @@ TEST_F(TlsReloadTest, LoadErrorsAndCheckInterval) {
 
 // Renewal decision for self-issued certificates: near expiry or unreadable means renew.
 TEST(CertificateExpiry, NearExpiryOrUnreadableMeansRenew) {
-  auto short_lived = SelfSignedCertificate({"localhost"}, 10);
-  auto long_lived = SelfSignedCertificate({"localhost"}, 365);
+  auto short_lived = SelfIssuedCertificate({"localhost"}, 10);
+  auto long_lived = SelfIssuedCertificate({"localhost"}, 365);
   ASSERT_TRUE(short_lived.ok() && long_lived.ok());
   const auto month = std::chrono::hours(24 * 30);
   EXPECT_TRUE(CertificateExpiresWithin(short_lived->cert_pem, month));

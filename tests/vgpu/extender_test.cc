@@ -54,9 +54,22 @@ TEST(Extender, FilterReasons) {
   EXPECT_EQ(out["Error"], "");
 }
 
-// With full Node objects (nodeCacheCapable: false) the answer carries the kept Node objects.
-TEST(Extender, FilterWithNodeObjects) {
+// Full Node objects (nodeCacheCapable: false) are not echoed by default: the answer is an error
+// that says how to configure kube-scheduler, and nothing of the request is re-serialised.
+TEST(Extender, FilterRefusesNodeObjectsByDefault) {
   Extender e(nullptr, {});
+  e.UpsertNode(Node("a", 1, 64));
+  json args = {{"Pod", Pod("p", 30, 8)}, {"Nodes", {{"items", json::array({Node("a", 1, 64)})}}}};
+  json out = e.Filter(args);
+  EXPECT_THAT(out["Error"].get<std::string>(), HasSubstr("nodeCacheCapable: true"));
+  EXPECT_TRUE(out["Nodes"].is_null());
+}
+
+// With the opt-out (--extender-echo-node-objects) the answer carries the kept Node objects.
+TEST(Extender, FilterWithNodeObjects) {
+  ExtenderOptions o;
+  o.echo_node_objects = true;
+  Extender e(nullptr, o);
   e.UpsertNode(Node("a", 1, 64));
   e.UpsertNode(Node("b", 1, 64));
   e.UpsertPod(Bound(Pod("x", 80, 8), "a", "a-GPU-0"));
@@ -203,6 +216,90 @@ TEST(Extender, NodeFromCapacity) {
   ASSERT_EQ(c.nodes.size(), 1u);
   ASSERT_EQ(c.nodes[0].gpus.size(), 8u);
   EXPECT_EQ(c.nodes[0].gpus[0].memory_total_bytes, 320ll * 256 * 1024 * 1024);
+}
+
+// The agent's node annotation is untrusted input: wrong types, huge values, deep nesting and
+// endless lists are refused with a reason (the node then offers no vGPU GPUs) instead of an
+// exception out of the watch callback (which aborted `gpulet scheduler`: exit 134).
+TEST(Extender, MalformedNodeAnnotationIsSkipped) {
+  Extender e(nullptr, {});
+  auto node = [](const std::string& name, const std::string& annotation) {
+    return json{{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", annotation}}}}}};
+  };
+  for (const std::string& bad :
+       {std::string(R"([1, {"uuid":"GPU-a","memoryUnits":64}])"),
+        std::string(R"([{"uuid":"GPU-a","memoryUnits":"64"}])"),
+        std::string(R"([{"uuid":7,"memoryUnits":64}])"),
+        std::string(R"([{"uuid":"GPU-a","memoryUnits":64,"healthy":"yes"}])"),
+        std::string(R"([{"uuid":"GPU-a","memoryUnits":18446744073709551615}])"),
+        std::string(R"([{"uuid":"GPU,b","memoryUnits":64}])"),
+        std::string(R"({"uuid":"GPU-a"})"), std::string(100000, '[')}) {
+    e.UpsertNode(node("bad", bad));
+    EXPECT_TRUE(e.Snapshot().nodes.empty()) << bad.substr(0, 80);
+  }
+  json many = json::array();
+  for (int i = 0; i < 1000; ++i) many.push_back({{"memoryUnits", 1}});
+  e.UpsertNode(node("bad", many.dump()));
+  EXPECT_TRUE(e.Snapshot().nodes.empty());
+  // Capacity is bounded too: 10^18 cores is not 10^16 GPUs.
+  e.UpsertNode({{"metadata", {{"name", "cap"}}},
+                {"status", {{"capacity", {{"tencent.com/vcuda-core", "1000000000000000000"},
+                                          {"tencent.com/vcuda-memory", "9000000000000000000"}}}}}});
+  auto c = e.Snapshot();
+  ASSERT_EQ(c.nodes.size(), 1u);
+  EXPECT_EQ(c.nodes[0].gpus.size(), static_cast<size_t>(kMaxNodeGpus));
+  // A good annotation still works after all that.
+  e.UpsertNode(Node("good", 2, 64));
+  EXPECT_EQ(e.Snapshot().nodes.size(), 2u);
+}
+
+TEST(Extender, NodeGpuAnnotationErrorsSayWhere) {
+  auto r = ParseNodeGpuAnnotation(R"([{"memoryUnits":1},{"memoryUnits":-3}])");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("gpulet.io/vgpu-gpus[1].memoryUnits"));
+}
+
+// vcuda values that would overflow (memory units * 256 MiB in uint64, whole GPUs in int32) are
+// refused by the shared rules before any arithmetic.
+TEST(Extender, HugeRequestsAreRefusedNotWrapped) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("a", 1, 64));
+  for (auto [cores, mem] : {std::pair<int64_t, int64_t>{30, int64_t{1} << 40},
+                            {int64_t{100} << 34, 0}, {100LL * 3000000000LL, 0}}) {
+    json pod = Pod("p", 1, 1);
+    pod["spec"]["containers"][0]["resources"]["limits"] = {{"tencent.com/vcuda-core", cores}};
+    if (mem) pod["spec"]["containers"][0]["resources"]["limits"]["tencent.com/vcuda-memory"] = mem;
+    json out = e.Filter(Args(pod, {"a"}));
+    EXPECT_EQ(out["NodeNames"], json::array()) << cores << " " << mem;
+    EXPECT_THAT(out["FailedAndUnresolvableNodes"]["a"].get<std::string>(), HasSubstr("too large"));
+  }
+}
+
+TEST(Extender, Dns1123Names) {
+  EXPECT_TRUE(IsDns1123Label("default"));
+  EXPECT_TRUE(IsDns1123Subdomain("gpu-node-1.example.com"));
+  for (const char* bad : {"", "-a", "a-", "A", "a_b", "a/b", "..", "a..b", "a%2Fb"}) {
+    EXPECT_FALSE(IsDns1123Subdomain(bad)) << bad;
+  }
+  EXPECT_FALSE(IsDns1123Label("a.b"));
+  EXPECT_FALSE(IsDns1123Label(std::string(64, 'a')));
+}
+
+// Bind validates the names before anything reaches an API path.
+TEST(Extender, BindRefusesNamesThatAreNotKubernetesNames) {
+  Extender e(nullptr, {});
+  EXPECT_THAT(e.Bind({{"PodName", "p"}, {"PodNamespace", "../kube-system"}, {"Node", "n"}})["Error"]
+                  .get<std::string>(),
+              HasSubstr("DNS-1123"));
+  EXPECT_THAT(e.Bind({{"PodName", "p/binding"}, {"PodNamespace", "d"}, {"Node", "n"}})["Error"]
+                  .get<std::string>(),
+              HasSubstr("DNS-1123"));
+  EXPECT_THAT(e.Bind({{"PodName", "p"}, {"PodNamespace", "d"}, {"Node", "n?x=1"}})["Error"]
+                  .get<std::string>(),
+              HasSubstr("DNS-1123"));
+  EXPECT_THAT(e.Bind({{"PodName", 5}, {"PodNamespace", "d"}, {"Node", "n"}})["Error"]
+                  .get<std::string>(),
+              HasSubstr("required"));
 }
 
 // Bind without an API client reports an error in the wire shape instead of crashing.

@@ -272,7 +272,7 @@ class TempDir {
 // HTTPS with a kubeconfig carrying the CA and a token: verified TLS to the fake server.
 TEST(ClientTls, KubeconfigOverHttps) {
   TempDir dir;
-  auto pem = SelfSignedCertificate({"localhost", "127.0.0.1"});
+  auto pem = SelfIssuedCertificate({"localhost", "127.0.0.1"});
   ASSERT_TRUE(pem.ok()) << pem.status();
   testing::FakeApiServer::Options o;
   o.cert_file = dir.Write("tls.crt", pem->cert_pem);
@@ -290,7 +290,7 @@ clusters:
 - name: c
   cluster:
     server: )" + server.url() + R"(
-    certificate-authority-data: )" + absl::Base64Escape(pem->cert_pem) + R"(
+    certificate-authority-data: )" + absl::Base64Escape(pem->ca_pem) + R"(
 users:
 - name: u
   user: {token: abc}

@@ -139,6 +139,30 @@ TEST(Rules, InitContainersAndPlainPods) {
   EXPECT_THAT(init.status().message(), HasSubstr("init container \"init\""));
 }
 
+// Huge values are refused before any arithmetic: memory_units * 256 and whole_gpus * units per
+// GPU overflowed int64 (UB; caught by UBSan) for values the webhook accepted.
+TEST(Rules, HugeValuesAreRefusedWithoutOverflow) {
+  ResourceNames names;
+  for (auto [cores, mem, max_units] :
+       {std::tuple<int64_t, int64_t, int64_t>{50, int64_t{1} << 60, 318},
+        {int64_t{100} << 40, int64_t{1} << 62, int64_t{1} << 40},
+        {100, int64_t{1} << 58, int64_t{1} << 62}}) {
+    ContainerRequest c{0, "c", cores, mem};
+    absl::Status s = ValidateContainer(c, max_units, names);
+    EXPECT_FALSE(s.ok()) << cores << " " << mem;
+    EXPECT_THAT(s.message(), HasSubstr("too large")) << cores << " " << mem;
+  }
+  // Wrong-typed containers and names are skipped or named, never an exception.
+  json pod = Pod({{"tencent.com/vcuda-core", 30}, {"tencent.com/vcuda-memory", 2}});
+  pod["spec"]["containers"].push_back(1);
+  pod["spec"]["containers"][0]["name"] = 7;
+  pod["spec"]["initContainers"] = {1, {{"name", 3}}};
+  auto p = ParsePod(pod, names, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->containers.size(), 1u);
+  EXPECT_EQ(p->containers[0].name, "#0");
+}
+
 // Memory units are floor(bytes / 256 MiB): an H100 as NVML reports it has 318.
 TEST(Rules, MemoryUnits) {
   EXPECT_EQ(MemoryUnitsOf(81559ull << 20), 318);

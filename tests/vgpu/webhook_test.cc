@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "httplib.h"
+#include "k8s/guarded_server.h"
 #include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
 
@@ -35,19 +36,13 @@ json Review(json limits, json requests = nullptr) {
 class WebhookHttps : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pem = k8s::SelfSignedCertificate({"localhost", "127.0.0.1"});
+    auto pem = k8s::SelfIssuedCertificate({"localhost", "127.0.0.1"});
     ASSERT_TRUE(pem.ok()) << pem.status();
-    ca_ = pem->cert_pem;
-    BIO* cb = BIO_new_mem_buf(pem->cert_pem.data(), -1);
-    BIO* kb = BIO_new_mem_buf(pem->key_pem.data(), -1);
-    X509* cert = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
-    EVP_PKEY* key = PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr);
-    server_ = std::make_unique<httplib::SSLServer>(cert, key);
-    X509_free(cert);
-    EVP_PKEY_free(key);
-    BIO_free(cb);
-    BIO_free(kb);
-    ASSERT_TRUE(server_->is_valid());
+    ca_ = pem->ca_pem;
+    // The server `gpulet scheduler` runs the webhook on.
+    auto ctx = k8s::ServerTlsContext(pem->cert_pem, pem->key_pem);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    server_ = std::make_unique<k8s::GuardedServer>(k8s::ServerLimits{}, *ctx);
     ASSERT_TRUE(api_.Start());
     // One H100 node as the agent annotates it: 318 memory units per GPU.
     api_.CreateNode({{"metadata",
@@ -94,8 +89,18 @@ class WebhookHttps : public ::testing::Test {
     return out["response"]["status"].value("message", "");
   }
 
+  // POSTs raw bytes; returns the HTTP status (0: no answer).
+  int PostRaw(const std::string& path, const std::string& body, std::string* out = nullptr) {
+    httplib::SSLClient cli("127.0.0.1", port_);
+    cli.enable_server_certificate_verification(false);
+    auto r = cli.Post(path, body, "application/json");
+    if (!r) return 0;
+    if (out) *out = r->body;
+    return r->status;
+  }
+
   std::string ca_;
-  std::unique_ptr<httplib::SSLServer> server_;
+  std::unique_ptr<k8s::GuardedServer> server_;
   std::thread thread_;
   int port_ = 0;
   testing::FakeApiServer api_;
@@ -163,6 +168,118 @@ TEST_F(WebhookHttps, MalformedReviewIs400) {
   int status = 0;
   Post("/validate", json{{"kind", "Pod"}}, &status);
   EXPECT_EQ(status, 400);
+}
+
+// Wrong-typed fields anywhere in a review are a 400 or a judgement, never a 500 (which the API
+// server treats per failurePolicy) and never a crash: value() on a wrong type used to throw.
+TEST_F(WebhookHttps, WrongTypedReviewsAreNeverServerErrors) {
+  json good = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+  std::vector<json> bodies = {json{{"kind", 5}}, json{{"kind", "AdmissionReview"}, {"request", 5}},
+                              json{{"kind", "AdmissionReview"}, {"request", {{"uid", 5}}}},
+                              json::array(), json("x")};
+  for (auto mutate : std::vector<std::function<void(json&)>>{
+           [](json& r) { r["apiVersion"] = 7; },
+           [](json& r) { r["request"]["operation"] = json::array(); },
+           [](json& r) { r["request"]["namespace"] = 3; },
+           [](json& r) { r["request"]["object"]["metadata"] = "m"; },
+           [](json& r) { r["request"]["object"]["metadata"]["name"] = 5; },
+           [](json& r) { r["request"]["object"]["metadata"]["annotations"] = json::array(); },
+           [](json& r) { r["request"]["object"]["spec"]["containers"] = {1, "x", nullptr}; },
+           [](json& r) { r["request"]["object"]["spec"]["containers"][0]["name"] = 5; },
+           [](json& r) { r["request"]["object"]["spec"]["initContainers"] = {1, {{"name", 2}}}; },
+           [](json& r) { r["request"]["object"]["spec"]["containers"][0]["env"] = {1, {{"name", 2}}}; },
+           [](json& r) { r["request"]["object"]["spec"]["containers"][0]["resources"] = "x"; }}) {
+    json r = good;
+    mutate(r);
+    bodies.push_back(r);
+  }
+  for (const json& body : bodies) {
+    std::string out;
+    int status = PostRaw("/validate", body.dump(), &out);
+    EXPECT_TRUE(status == 200 || status == 400) << status << " for " << body.dump() << ": " << out;
+  }
+}
+
+// A malformed node annotation (someone with node patch rights, or a bug) does not turn the
+// memory bound into an exception: the review is judged as usual.
+TEST_F(WebhookHttps, MalformedNodeAnnotationDoesNotBreakValidation) {
+  api_.CreateNode({{"metadata",
+                    {{"name", "odd-node"},
+                     {"annotations", {{"gpulet.io/vgpu-gpus", R"([1, {"memoryUnits": "9"}])"}}}}}});
+  std::string m = Denial(Review({{"tencent.com/vcuda-core", "50"},
+                                 {"tencent.com/vcuda-memory", "400"}}));
+  EXPECT_THAT(m, HasSubstr("larger than one GPU (318 units"));
+}
+
+// 100000 nested arrays: refused on sight (no DOM built, no recursive dump), server still up.
+TEST_F(WebhookHttps, DeepJsonIs400) {
+  std::string out;
+  EXPECT_EQ(PostRaw("/validate", std::string(100000, '['), &out), 400);
+  EXPECT_THAT(out, HasSubstr("deeper than 64"));
+  // Over the body limit: 413 (or the connection closed while the client was still sending).
+  int big = PostRaw("/validate", std::string(3 << 20, '['));
+  EXPECT_TRUE(big == 413 || big == 0) << big;
+  EXPECT_TRUE(Post("/validate", Review({{"cpu", "1"}}))["response"]["allowed"].get<bool>());
+}
+
+// Annotations gpulet writes (extender: node, GPUs, bind time, assigned; TKEStack's core limit
+// the agent honours) may not come with the pod at creation.
+TEST_F(WebhookHttps, DeniesGpuletAnnotationsOnCreate) {
+  for (const char* key : {"gpulet.io/vgpu-node", "gpulet.io/vgpu-gpus-0", "gpulet.io/vgpu-bind-time",
+                          "gpulet.io/vgpu-assigned", "tencent.com/vcuda-core-limit"}) {
+    json r = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+    r["request"]["object"]["metadata"]["annotations"] = {{key, "x"}};
+    EXPECT_THAT(Denial(r), HasSubstr(std::string("annotation ") + key + " is written by gpulet"));
+  }
+  // Other annotations pass.
+  json r = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+  r["request"]["object"]["metadata"]["annotations"] = {{"gpulet.io/vgpu-policy", "spread"}};
+  EXPECT_TRUE(Post("/validate", r)["response"]["allowed"].get<bool>());
+}
+
+// The vGPU opt-out (annotation or env) on a pod that shares a GPU is refused unless its namespace
+// carries the administrator's label; whole-GPU pods may use it anywhere.
+TEST(WebhookOptOut, FractionalPodsNeedTheNamespaceLabel) {
+  httplib::Server fake;  // just the namespaces the webhook reads
+  fake.Get(R"(/api/v1/namespaces/([a-z0-9-]+))", [](const httplib::Request& req, httplib::Response& res) {
+    json ns = {{"metadata", {{"name", req.matches[1].str()}}}};
+    if (req.matches[1] == "lab") ns["metadata"]["labels"] = {{"gpulet.io/vgpu-disable-allowed", "true"}};
+    res.set_content(ns.dump(), "application/json");
+  });
+  int port = fake.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { fake.listen_after_bind(); });
+  k8s::Config c;
+  c.server = "http://127.0.0.1:" + std::to_string(port);
+  c.max_attempts = 1;
+  k8s::Client client(c);
+  AdmissionWebhook webhook(WebhookOptions{{}, 318, ""}, &client);
+  auto judge = [&](json review, const std::string& ns) {
+    review["request"]["namespace"] = ns;
+    auto out = webhook.Validate(review);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? (*out)["response"] : json();
+  };
+  json annotated = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+  annotated["request"]["object"]["metadata"]["annotations"] = {{"gpulet.io/vgpu-disable", "true"}};
+  json env = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+  env["request"]["object"]["spec"]["containers"][0]["env"] = {
+      {{"name", "GPULET_VGPU_DISABLE"}, {"valueFrom", {{"configMapKeyRef", {{"name", "x"}}}}}}};
+  json whole = Review({{"tencent.com/vcuda-core", "100"}});
+  whole["request"]["object"]["spec"]["containers"][0]["env"] = {
+      {{"name", "GPULET_VGPU_DISABLE"}, {"value", "1"}}};
+  json r = judge(annotated, "team-a");
+  EXPECT_FALSE(r["allowed"].get<bool>());
+  EXPECT_THAT(r["status"]["message"].get<std::string>(),
+              HasSubstr("annotation gpulet.io/vgpu-disable would switch off the vGPU limits"));
+  r = judge(env, "team-a");
+  EXPECT_FALSE(r["allowed"].get<bool>());
+  EXPECT_THAT(r["status"]["message"].get<std::string>(),
+              HasSubstr("env GPULET_VGPU_DISABLE of container \"cuda\""));
+  EXPECT_TRUE(judge(annotated, "lab")["allowed"].get<bool>());
+  EXPECT_TRUE(judge(env, "lab")["allowed"].get<bool>());
+  EXPECT_TRUE(judge(whole, "team-a")["allowed"].get<bool>());
+  fake.stop();
+  t.join();
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
-// `gpulet scheduler`: the vGPU scheduler extender (HTTP, kube-scheduler extender v1) and the
-// admission webhook (HTTPS, AdmissionReview v1) in one process. Only flag parsing and wiring here.
-#include <openssl/pem.h>
+// `gpulet scheduler`: the vGPU scheduler extender (kube-scheduler extender v1: loopback HTTP, or
+// HTTPS with client certificates) and the admission webhook (HTTPS, AdmissionReview v1) in one
+// process, each on a k8s::GuardedServer. Only flag parsing and wiring here.
+#include <malloc.h>
 #include <signal.h>
 
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -18,6 +20,7 @@
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/client.h"
+#include "k8s/guarded_server.h"
 #include "k8s/tls.h"
 #include "scheduler/extender.h"
 #include "scheduler/webhook.h"
@@ -29,8 +32,19 @@ namespace {
 
 struct SchedulerFlags {
   std::string kubeconfig;
-  std::string extender_listen = ":12345";
+  // Loopback by default: beside kube-scheduler. Any other address needs client certificates
+  // (--extender-client-ca-file) or the explicit --extender-insecure.
+  std::string extender_listen = "127.0.0.1:12345";
   std::string extender_prefix = "/scheduler";
+  std::string extender_client_ca_file;
+  std::string extender_client_names = "system:kube-scheduler";
+  bool extender_insecure = false;
+  bool extender_echo_node_objects = false;
+  bool extender_debug_endpoints = false;
+  std::string extender_scheduler_names = "default-scheduler";
+  std::string health_listen;
+  int64_t max_request_bytes = 1 << 20;
+  int64_t workers = 8;
   std::string webhook_listen = ":8443";
   std::string tls_cert_file, tls_key_file, tls_secret, webhook_configuration;
   std::string tls_names = "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc";
@@ -69,30 +83,46 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
   std::vector<std::string> names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
   if (f.tls_secret.empty()) {
     if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before)) return *current;
-    return k8s::SelfSignedCertificate(names);
+    return k8s::SelfIssuedCertificate(names);
   }
   std::vector<std::string> ns_name = absl::StrSplit(f.tls_secret, '/');
   if (ns_name.size() != 2 || !api) {
     return absl::InvalidArgumentError("--tls-secret wants NAMESPACE/NAME and an API server");
   }
+  if (!scheduler::IsDns1123Label(ns_name[0]) || !scheduler::IsDns1123Subdomain(ns_name[1])) {
+    return absl::InvalidArgumentError("--tls-secret: NAMESPACE/NAME are not Kubernetes names");
+  }
   std::string path = "/api/v1/namespaces/" + ns_name[0] + "/secrets/" + ns_name[1];
   auto secret = api->Call("GET", path);
   k8s::PemPair p;
-  if (secret.ok() && (*secret)["data"].contains("tls.crt") && (*secret)["data"].contains("tls.key")) {
-    absl::Base64Unescape((*secret)["data"]["tls.crt"].get<std::string>(), &p.cert_pem);
-    absl::Base64Unescape((*secret)["data"]["tls.key"].get<std::string>(), &p.key_pem);
-    // Near expiry (or unreadable) the self-issued pair is replaced: the new one goes into the
-    // Secret (PUT below) and, with --webhook-configuration, into caBundle.
-    if (!k8s::CertificateExpiresWithin(p.cert_pem, renew_before)) return p;
+  auto data_field = [&secret](const char* key) {
+    std::string out;
+    if (!secret.ok()) return out;
+    auto data = secret->find("data");
+    if (data == secret->end() || !data->is_object()) return out;
+    auto it = data->find(key);
+    if (it != data->end() && it->is_string()) absl::Base64Unescape(it->get<std::string>(), &out);
+    return out;
+  };
+  p.cert_pem = data_field("tls.crt");
+  p.key_pem = data_field("tls.key");
+  p.ca_pem = data_field("ca.crt");
+  // Near expiry (or unreadable, or an older Secret without its CA: a CA:TRUE leaf of earlier
+  // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
+  // and, with --webhook-configuration, into caBundle.
+  if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
+      !k8s::CertificateExpiresWithin(p.cert_pem, renew_before)) {
+    return p;
   }
-  ASSIGN_OR_RETURN(p, k8s::SelfSignedCertificate(names));
+  ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(names));
   nlohmann::json body = {{"apiVersion", "v1"},
                          {"kind", "Secret"},
                          {"type", "kubernetes.io/tls"},
                          {"metadata", {{"name", ns_name[1]}, {"namespace", ns_name[0]}}},
                          {"data",
                           {{"tls.crt", absl::Base64Escape(p.cert_pem)},
-                           {"tls.key", absl::Base64Escape(p.key_pem)}}}};
+                           {"tls.key", absl::Base64Escape(p.key_pem)},
+                           {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
   auto created = api->Call(secret.ok() ? "PUT" : "POST",
                            secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets",
                            &body);
@@ -119,6 +149,27 @@ void PublishCaBundle(k8s::Client& api, const std::string& configuration, const s
   }
 }
 
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
+}
+
+int Fail(const std::string& why) {
+  std::cerr << "gpulet scheduler: " << why << "\n";
+  return 2;
+}
+
+// The serving side of every listener: one GuardedServer per address; `tls` (owned) or plain.
+struct Listener {
+  std::unique_ptr<k8s::GuardedServer> server;
+  std::thread thread;
+  void Stop() {
+    if (!server) return;
+    server->stop();
+    if (thread.joinable()) thread.join();
+    server->Shutdown();
+  }
+};
+
 int RunScheduler(const SchedulerFlags& f) {
   sigset_t stop;
   sigemptyset(&stop);
@@ -126,18 +177,44 @@ int RunScheduler(const SchedulerFlags& f) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before any thread, so sigwait receives them
 
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
-    std::cerr << "gpulet scheduler: --policy \"" << f.policy << "\" is not a policy (known: "
-              << absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") << ")\n";
-    return 2;
+    return Fail("--policy \"" + f.policy + "\" is not a policy (known: " +
+                absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
+  }
+  std::string ext_host, hook_host, health_host;
+  int ext_port = 0, hook_port = 0, health_port = 0;
+  if (!SplitHostPort(f.extender_listen, &ext_host, &ext_port)) {
+    return Fail("--extender-listen \"" + f.extender_listen + "\" is not HOST:PORT");
+  }
+  if (!f.webhook_listen.empty() && !SplitHostPort(f.webhook_listen, &hook_host, &hook_port)) {
+    return Fail("--webhook-listen \"" + f.webhook_listen + "\" is not HOST:PORT");
+  }
+  if (!f.health_listen.empty() && !SplitHostPort(f.health_listen, &health_host, &health_port)) {
+    return Fail("--health-listen \"" + f.health_listen + "\" is not HOST:PORT");
+  }
+  // The extender binds pods: reachable from the network only with kube-scheduler's certificate.
+  if (!IsLoopback(ext_host) && f.extender_client_ca_file.empty() && !f.extender_insecure) {
+    return Fail("--extender-listen " + f.extender_listen +
+                " is not a loopback address: give --extender-client-ca-file (HTTPS with "
+                "kube-scheduler's client certificate) or, knowingly, --extender-insecure");
+  }
+  std::string client_ca;
+  if (!f.extender_client_ca_file.empty()) {
+    auto ca = ReadFileToString(f.extender_client_ca_file);
+    if (!ca.ok()) return Fail("--extender-client-ca-file: " + std::string(ca.status().message()));
+    client_ca = *ca;
   }
   auto config = k8s::ResolveConfig(f.kubeconfig);
-  if (!config.ok()) {
-    std::cerr << "gpulet scheduler: " << config.status().message() << "\n";
-    return 2;
-  }
+  if (!config.ok()) return Fail(std::string(config.status().message()));
   k8s::Client api(*config);
-  scheduler::Extender extender(
-      &api, {f.names, f.policy, std::chrono::milliseconds(f.workload_refresh_ms)});
+  scheduler::ExtenderOptions eo;
+  eo.names = f.names;
+  eo.default_policy = f.policy;
+  eo.workload_refresh = std::chrono::milliseconds(f.workload_refresh_ms);
+  eo.scheduler_names = absl::StrSplit(f.extender_scheduler_names, ',', absl::SkipEmpty());
+  if (!f.scheduler_name.empty()) eo.scheduler_names.push_back(f.scheduler_name);
+  eo.echo_node_objects = f.extender_echo_node_objects;
+  eo.debug_endpoints = f.extender_debug_endpoints;
+  scheduler::Extender extender(&api, eo);
   if (auto s = extender.Sync(); !s.ok()) {
     std::cerr << "gpulet scheduler: initial sync with the API server failed: " << s.message()
               << "\n";
@@ -145,54 +222,36 @@ int RunScheduler(const SchedulerFlags& f) {
   }
   extender.StartWatching();
 
-  std::string host;
-  int port = 0;
-  httplib::Server ext_server;
-  if (!SplitHostPort(f.extender_listen, &host, &port)) {
-    std::cerr << "gpulet scheduler: --extender-listen \"" << f.extender_listen
-              << "\" is not HOST:PORT\n";
-    return 2;
-  }
-  extender.Register(ext_server, f.extender_prefix);
-  ext_server.Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
-    r.set_content("ok", "text/plain");
-  });
-  if (!ext_server.bind_to_port(host, port)) {
-    std::cerr << "gpulet scheduler: cannot listen on " << f.extender_listen << "\n";
-    return 1;
-  }
-  std::thread ext_thread([&] { ext_server.listen_after_bind(); });
+  k8s::ServerLimits limits;
+  limits.max_body_bytes = static_cast<size_t>(f.max_request_bytes);
+  limits.workers = static_cast<int>(f.workers);
+  // One largest body at a time in parsed form: its DOM costs up to ~40x the text (2 MiB of
+  // "{}," is ~80 MiB), and the Deployment's limit is 256 MiB.
+  k8s::SetUntrustedJsonBudget(limits.max_body_bytes);
+  // glibc gives every thread that allocates its own arena and keeps freed memory there: a large
+  // DOM freed on each of 50 worker threads adds up to GiBs of RSS (measured: 1.2 GiB after 24
+  // concurrent 2 MiB bodies). Two arenas make freed memory reusable by every thread.
+  mallopt(M_ARENA_MAX, 2);
 
-  std::unique_ptr<k8s::CertReloader> cert_reloader;  // outlives hook_server, which calls it
+  // The serving certificate (webhook, and the extender when it serves HTTPS).
+  bool need_cert = !f.webhook_listen.empty() || !client_ca.empty();
+  std::optional<k8s::PemPair> pem;
+  // Declared before the servers, so they outlive them (installed as their certificate callback).
+  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;
   bool self_issued = false;
-  std::string tls_dir;  // self-issued pair's files; removed at exit
-  absl::Notification renew_stop;
-  std::thread renew_thread;
-  std::unique_ptr<httplib::SSLServer> hook_server;
-  std::thread hook_thread;
-  scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
-  if (!f.webhook_listen.empty()) {
-    auto pem = ServingCertificate(f, &api);
-    if (!pem.ok()) {
-      std::cerr << "gpulet scheduler: webhook certificate: " << pem.status().message() << "\n";
-      ext_server.stop();
-      ext_thread.join();
+  std::string tls_dir, cert_file = f.tls_cert_file, key_file = f.tls_key_file;
+  if (need_cert) {
+    auto p = ServingCertificate(f, &api);
+    if (!p.ok()) {
+      extender.StopWatching();
+      std::cerr << "gpulet scheduler: serving certificate: " << p.status().message() << "\n";
       return 1;
     }
-    BIO* cb = BIO_new_mem_buf(pem->cert_pem.data(), static_cast<int>(pem->cert_pem.size()));
-    BIO* kb = BIO_new_mem_buf(pem->key_pem.data(), static_cast<int>(pem->key_pem.size()));
-    X509* cert = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
-    EVP_PKEY* key = PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr);
-    BIO_free(cb);
-    BIO_free(kb);
-    if (cert && key) hook_server = std::make_unique<httplib::SSLServer>(cert, key);
-    if (cert) X509_free(cert);
-    if (key) EVP_PKEY_free(key);
+    pem = *std::move(p);
     // Certificate files (cert-manager, a mounted Secret) are taken again when they change; a
     // self-issued pair is written to a private directory so that its renewals are served the
     // same way.
     self_issued = f.tls_cert_file.empty();
-    std::string cert_file = f.tls_cert_file, key_file = f.tls_key_file;
     if (self_issued) {
       char dir[] = "/tmp/gpulet-webhook-tls-XXXXXX";
       if (mkdtemp(dir) != nullptr) tls_dir = dir;
@@ -203,62 +262,124 @@ int RunScheduler(const SchedulerFlags& f) {
         spdlog::warn("cannot keep the self-issued certificate in {}; it will not be renewed",
                      tls_dir.empty() ? std::string("/tmp") : tls_dir);
         self_issued = false;
+        cert_file.clear();
       }
     }
-    if (hook_server && hook_server->is_valid() && (self_issued || !f.tls_cert_file.empty())) {
+  }
+  // A TLS listener with the serving pair (reloaded from its files when they change).
+  auto make_tls = [&](const std::string& ca) -> absl::StatusOr<SSL_CTX*> {
+    ASSIGN_OR_RETURN(SSL_CTX * ctx, k8s::ServerTlsContext(pem->cert_pem, pem->key_pem, ca));
+    if (!cert_file.empty()) {
       auto r = k8s::CertReloader::Load(cert_file, key_file);
-      if (r.ok()) (cert_reloader = *std::move(r))->Install(hook_server->ssl_context());
-      else spdlog::warn("webhook certificate will not be reloaded: {}", r.status().ToString());
+      if (r.ok()) {
+        (*r)->Install(ctx);
+        reloaders.push_back(*std::move(r));
+      } else {
+        spdlog::warn("serving certificate will not be reloaded: {}", r.status().ToString());
+      }
     }
-    if (!hook_server || !hook_server->is_valid() ||
-        !SplitHostPort(f.webhook_listen, &host, &port) || !hook_server->bind_to_port(host, port)) {
-      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \""
-                << f.webhook_listen << "\" (bad address or certificate)\n";
-      ext_server.stop();
-      ext_thread.join();
+    return ctx;
+  };
+
+  Listener ext, hook, health;
+  auto stop_all = [&] {
+    extender.StopWatching();
+    ext.Stop();
+    hook.Stop();
+    health.Stop();
+  };
+  {
+    k8s::ServerLimits el = limits;
+    SSL_CTX* ctx = nullptr;
+    if (!client_ca.empty()) {
+      auto c = make_tls(client_ca);
+      if (!c.ok()) {
+        stop_all();
+        return Fail("extender TLS: " + std::string(c.status().message()));
+      }
+      ctx = *c;
+      el.client_names = absl::StrSplit(f.extender_client_names, ',', absl::SkipEmpty());
+    }
+    ext.server = std::make_unique<k8s::GuardedServer>(el, ctx);
+    extender.Register(*ext.server, f.extender_prefix);
+    ext.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content("ok", "text/plain");
+    });
+    if (!ext.server->bind_to_port(ext_host, ext_port)) {
+      stop_all();
+      std::cerr << "gpulet scheduler: cannot listen on " << f.extender_listen << "\n";
       return 1;
     }
-    webhook.Register(*hook_server);
-    hook_thread = std::thread([&] { hook_server->listen_after_bind(); });
-    PublishCaBundle(api, f.webhook_configuration, pem->cert_pem);
-    if (self_issued && cert_reloader) {
-      // Renewal: the API server is told to trust the new and the old certificate before the new
-      // one is served, so no handshake in between fails.
-      renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
-        while (!renew_stop.WaitForNotificationWithTimeout(absl::Milliseconds(f.tls_renew_check_ms))) {
-          auto next = ServingCertificate(f, &api, &current);
-          if (!next.ok()) {
-            spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
-            continue;
-          }
-          if (next->cert_pem == current.cert_pem) continue;
-          PublishCaBundle(api, f.webhook_configuration, next->cert_pem + current.cert_pem);
-          absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
-          if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
-          if (!st.ok()) {
-            spdlog::warn("webhook certificate renewal: {}", st.ToString());
-            continue;
-          }
-          current = *std::move(next);
-          spdlog::info("webhook certificate renewed");
-        }
-      });
-    }
+    ext.thread = std::thread([&ext] { ext.server->listen_after_bind(); });
   }
-  spdlog::info("gpulet scheduler: extender on {}{}, webhook on {}", f.extender_listen,
-               f.extender_prefix, f.webhook_listen.empty() ? "(off)" : f.webhook_listen);
+  if (!f.health_listen.empty()) {
+    health.server = std::make_unique<k8s::GuardedServer>(limits);
+    health.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content("ok", "text/plain");
+    });
+    if (!health.server->bind_to_port(health_host, health_port)) {
+      stop_all();
+      std::cerr << "gpulet scheduler: cannot listen on --health-listen " << f.health_listen << "\n";
+      return 1;
+    }
+    health.thread = std::thread([&health] { health.server->listen_after_bind(); });
+  }
+
+  absl::Notification renew_stop;
+  std::thread renew_thread;
+  scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
+  if (!f.webhook_listen.empty()) {
+    auto ctx = make_tls("");
+    if (!ctx.ok()) {
+      stop_all();
+      std::cerr << "gpulet scheduler: webhook TLS: " << ctx.status().message() << "\n";
+      return 1;
+    }
+    hook.server = std::make_unique<k8s::GuardedServer>(limits, *ctx);
+    webhook.Register(*hook.server);
+    if (!hook.server->bind_to_port(hook_host, hook_port)) {
+      stop_all();
+      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \""
+                << f.webhook_listen << "\"\n";
+      return 1;
+    }
+    hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
+    PublishCaBundle(api, f.webhook_configuration,
+                    pem->ca_pem.empty() ? pem->cert_pem : pem->ca_pem);
+  }
+  if (self_issued && !reloaders.empty()) {
+    // Renewal: the API server is told to trust the new and the old CA before the new pair is
+    // served, so no handshake in between fails.
+    renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file,
+                                key_file]() mutable {
+      while (!renew_stop.WaitForNotificationWithTimeout(absl::Milliseconds(f.tls_renew_check_ms))) {
+        auto next = ServingCertificate(f, &api, &current);
+        if (!next.ok()) {
+          spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
+          continue;
+        }
+        if (next->cert_pem == current.cert_pem) continue;
+        PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
+        absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
+        if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
+        if (!st.ok()) {
+          spdlog::warn("webhook certificate renewal: {}", st.ToString());
+          continue;
+        }
+        current = *std::move(next);
+        spdlog::info("webhook certificate renewed");
+      }
+    });
+  }
+  spdlog::info("gpulet scheduler: extender on {}{} ({}), webhook on {}", f.extender_listen,
+               f.extender_prefix, client_ca.empty() ? "HTTP" : "HTTPS, client certificates",
+               f.webhook_listen.empty() ? "(off)" : f.webhook_listen);
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("gpulet scheduler: signal {}, stopping", sig);
-  extender.StopWatching();
-  ext_server.stop();
-  ext_thread.join();
   renew_stop.Notify();
   if (renew_thread.joinable()) renew_thread.join();
-  if (hook_server) {
-    hook_server->stop();
-    hook_thread.join();
-  }
+  stop_all();
   if (!tls_dir.empty()) std::filesystem::remove_all(tls_dir);
   return 0;
 }
@@ -270,7 +391,36 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
                  "~/.kube/config")
       ->type_name("FILE");
   sub.add_option("--extender-listen", f->extender_listen,
-                 "HOST:PORT of the scheduler extender (plain HTTP; kube-scheduler's urlPrefix)")
+                 "HOST:PORT of the scheduler extender (kube-scheduler's urlPrefix). A non-loopback "
+                 "address needs --extender-client-ca-file (or --extender-insecure)")
+      ->capture_default_str();
+  sub.add_option("--extender-client-ca-file", f->extender_client_ca_file,
+                 "Serve the extender over HTTPS (the webhook's serving certificate) and require "
+                 "client certificates signed by this CA bundle (PEM), e.g. the cluster CA")
+      ->type_name("FILE");
+  sub.add_option("--extender-client-names", f->extender_client_names,
+                 "Comma-separated subject CNs (or DNS SANs) a client certificate must carry")
+      ->capture_default_str();
+  sub.add_flag("--extender-insecure", f->extender_insecure,
+               "Allow a plain-HTTP extender on a non-loopback address (anyone who reaches it can "
+               "bind vGPU pods; see docs/security.md)");
+  sub.add_flag("--extender-echo-node-objects", f->extender_echo_node_objects,
+               "Answer kube-scheduler configured with nodeCacheCapable: false (echo the Node "
+               "objects it sent) instead of asking for nodeCacheCapable: true");
+  sub.add_flag("--extender-debug-endpoints", f->extender_debug_endpoints,
+               "Serve GET <prefix>/state and /workload (the cluster's GPU layout) on the extender");
+  sub.add_option("--extender-scheduler-names", f->extender_scheduler_names,
+                 "Comma-separated spec.schedulerName values whose pods bind accepts "
+                 "(--scheduler-name is added)")
+      ->capture_default_str();
+  sub.add_option("--health-listen", f->health_listen,
+                 "HOST:PORT of a plain-HTTP GET /healthz for kubelet probes (empty: off)");
+  sub.add_option("--max-request-bytes", f->max_request_bytes,
+                 "Largest request body the extender and the webhook accept (413 above)")
+      ->check(CLI::Range(int64_t{64 << 10}, int64_t{64 << 20}))
+      ->capture_default_str();
+  sub.add_option("--workers", f->workers, "Request threads per listener")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}))
       ->capture_default_str();
   sub.add_option("--extender-prefix", f->extender_prefix,
                  "URL prefix of the extender verbs: <prefix>/filter, /prioritize, /bind")

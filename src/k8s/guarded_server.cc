@@ -1,0 +1,642 @@
+#include "k8s/guarded_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpulet::k8s {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int MillisLeft(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+// Waits for `events` on `fd` until `deadline`; false on timeout or error.
+bool WaitFd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    int ms = MillisLeft(deadline);
+    if (ms == 0) return false;
+    pollfd p{fd, events, 0};
+    int r = poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// Never prompts: an encrypted key is an error, not a question on the terminal.
+int NoPassphrase(char*, int, int, void*) { return -1; }
+
+}  // namespace
+
+// One client connection: its socket, TLS state, and the bytes received but not yet consumed. A
+// request is read completely (head and Content-Length body) by the poller, without blocking,
+// before a worker sees it: a slow client holds a buffer, never a worker.
+struct GuardedServer::Conn {
+  int fd = -1;
+  SSL* ssl = nullptr;
+  bool handshaken = false;
+  std::string peer_ip;
+  int peer_port = -1;
+  Clock::time_point accepted;
+  Clock::time_point idle_since;       // last request answered (keep-alive wait)
+  Clock::time_point request_started;  // first byte of the request being received
+  bool busy = false;                  // queued for or held by a worker
+  int served = 0;
+  std::string in;   // received bytes; a worker consumes from `pos`
+  size_t pos = 0;
+};
+
+namespace {
+
+// Case-insensitive search for a header's value in a request head; npos when absent.
+std::string_view HeaderValue(std::string_view head, std::string_view name) {
+  size_t at = head.find("\r\n");
+  while (at != std::string_view::npos && at + 2 < head.size()) {
+    size_t line = at + 2;
+    size_t end = head.find("\r\n", line);
+    if (end == std::string_view::npos) end = head.size();
+    std::string_view l = head.substr(line, end - line);
+    if (l.size() > name.size() && l[name.size()] == ':' &&
+        std::equal(name.begin(), name.end(), l.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+      std::string_view v = l.substr(name.size() + 1);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+      return v;
+    }
+    at = end;
+  }
+  return std::string_view(nullptr, 0);
+}
+
+enum class Completeness { kIncomplete, kComplete, kTooLarge, kHeadersTooLarge, kNeedsLength };
+
+// Whether `in` holds one whole request (head plus Content-Length body).
+Completeness RequestIn(std::string_view in, const ServerLimits& l) {
+  size_t head_end = in.substr(0, l.max_header_bytes + 4).find("\r\n\r\n");
+  if (head_end == std::string_view::npos) {
+    return in.size() > l.max_header_bytes ? Completeness::kHeadersTooLarge
+                                          : Completeness::kIncomplete;
+  }
+  std::string_view head = in.substr(0, head_end + 2);
+  // Chunked bodies cannot be bounded before they are read; API servers and kube-scheduler send
+  // Content-Length.
+  if (HeaderValue(head, "transfer-encoding").data() != nullptr) return Completeness::kNeedsLength;
+  size_t length = 0;
+  std::string_view cl = HeaderValue(head, "content-length");
+  if (cl.data() != nullptr) {
+    if (cl.empty() || cl.size() > 12 ||
+        !std::all_of(cl.begin(), cl.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return Completeness::kNeedsLength;
+    }
+    length = std::stoull(std::string(cl));
+    if (length > l.max_body_bytes) return Completeness::kTooLarge;
+  }
+  return in.size() >= head_end + 4 + length ? Completeness::kComplete : Completeness::kIncomplete;
+}
+
+// Reads from the connection's buffer only: the poller has received the whole request.
+class BufferStream : public httplib::Stream {
+ public:
+  BufferStream(int fd, SSL* ssl, std::string* in, size_t* pos, Clock::time_point deadline,
+               const std::string& ip, int port)
+      : fd_(fd), ssl_(ssl), in_(in), pos_(pos), deadline_(deadline), ip_(ip), port_(port) {}
+
+  bool is_readable() const override { return *pos_ < in_->size(); }
+  bool is_writable() const override { return WaitFd(fd_, POLLOUT, deadline_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (*pos_ >= in_->size()) return -1;
+    size_t n = std::min(size, in_->size() - *pos_);
+    memcpy(ptr, in_->data() + *pos_, n);
+    *pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  // Responses are written within the deadline (a client that does not read is cut).
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t done = 0;
+    while (done < size) {
+      if (MillisLeft(deadline_) == 0) return -1;
+      size_t chunk = std::min<size_t>(size - done, 1 << 20);
+      if (ssl_) {
+        ERR_clear_error();
+        int n = SSL_write(ssl_, ptr + done, static_cast<int>(chunk));
+        if (n > 0) {
+          done += static_cast<size_t>(n);
+          continue;
+        }
+        int e = SSL_get_error(ssl_, n);
+        if (e == SSL_ERROR_WANT_WRITE ? !WaitFd(fd_, POLLOUT, deadline_)
+            : e == SSL_ERROR_WANT_READ ? !WaitFd(fd_, POLLIN, deadline_)
+                                       : true) {
+          return -1;
+        }
+      } else {
+        ssize_t n = ::send(fd_, ptr + done, chunk, MSG_NOSIGNAL);
+        if (n > 0) {
+          done += static_cast<size_t>(n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+          if (!WaitFd(fd_, POLLOUT, deadline_)) return -1;
+        } else {
+          return -1;
+        }
+      }
+    }
+    return static_cast<ssize_t>(size);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = ip_;
+    port = port_;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip.clear();
+    port = -1;
+  }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  int fd_;
+  SSL* ssl_;
+  std::string* in_;
+  size_t* pos_;
+  Clock::time_point deadline_;
+  std::string ip_;
+  int port_;
+};
+
+// Runs the accept loop's per-connection task at once on the accepting thread: the task only
+// hands the socket to the poller.
+class InlineQueue : public httplib::TaskQueue {
+ public:
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {}
+};
+
+void PeerOf(int fd, std::string* ip, int* port) {
+  sockaddr_storage a{};
+  socklen_t l = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &l) != 0) return;
+  char host[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+    *port = ntohs(s->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+    *port = ntohs(s->sin6_port);
+  }
+  *ip = host;
+}
+
+}  // namespace
+
+GuardedServer::GuardedServer(ServerLimits limits, SSL_CTX* tls)
+    : limits_(std::move(limits)), tls_(tls) {
+  set_payload_max_length(limits_.max_body_bytes);
+  new_task_queue = [] { return new InlineQueue; };
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  poller_ = std::thread([this] { PollLoop(); });
+  for (int i = 0; i < std::max(1, limits_.workers); ++i) {
+    workers_.emplace_back([this] { WorkLoop(); });
+  }
+}
+
+GuardedServer::~GuardedServer() {
+  Shutdown();
+  if (tls_) SSL_CTX_free(tls_);
+}
+
+void GuardedServer::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  stop();
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  work_cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
+  for (auto& t : workers_) t.join();
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& [fd, c] : conns_) {
+    if (c->ssl) SSL_free(c->ssl);
+    ::close(fd);
+  }
+  conns_.clear();
+  ready_.clear();
+  ::close(epfd_);
+  ::close(wake_fd_);
+}
+
+bool GuardedServer::bind_to_port(const std::string& host, int port, int socket_flags) {
+  if (!httplib::Server::bind_to_port(host, port, socket_flags)) return false;
+  ::listen(svr_sock_, SOMAXCONN);  // on a listening socket: only updates the backlog
+  return true;
+}
+
+int GuardedServer::bind_to_any_port(const std::string& host, int socket_flags) {
+  int port = httplib::Server::bind_to_any_port(host, socket_flags);
+  if (port > 0) ::listen(svr_sock_, SOMAXCONN);
+  return port;
+}
+
+size_t GuardedServer::open_connections() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return conns_.size();
+}
+
+bool GuardedServer::process_and_close_socket(socket_t sock) {
+  if (stopping_) {
+    ::close(sock);
+    return false;
+  }
+  int flags = fcntl(sock, F_GETFL);
+  fcntl(sock, F_SETFL, flags | O_NONBLOCK);
+  int one = 1;
+  setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto c = std::make_unique<Conn>();
+  c->fd = sock;
+  PeerOf(sock, &c->peer_ip, &c->peer_port);
+  if (tls_) {
+    c->ssl = SSL_new(tls_);
+    if (!c->ssl) {
+      ::close(sock);
+      return false;
+    }
+    SSL_set_fd(c->ssl, sock);
+    SSL_set_mode(c->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  }
+  c->accepted = c->idle_since = c->request_started = Clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (conns_.size() >= static_cast<size_t>(std::max(1, limits_.max_connections))) {
+    // Full: the longest-idle connection not being served makes room, so a new client always
+    // gets in (an attacker's idle connections cannot lock everyone out).
+    Conn* oldest = nullptr;
+    for (auto& [fd, cc] : conns_) {
+      if (!cc->busy && (!oldest || cc->idle_since < oldest->idle_since)) oldest = cc.get();
+    }
+    if (oldest) {
+      ++dropped_;
+      CloseLocked(oldest);
+    }
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = sock;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
+  conns_[sock] = std::move(c);
+  return true;
+}
+
+void GuardedServer::CloseLocked(Conn* c) {
+  auto it = conns_.find(c->fd);
+  if (it == conns_.end() || it->second.get() != c) return;
+  std::unique_ptr<Conn> owned = std::move(it->second);
+  conns_.erase(it);
+  std::erase(ready_, c);
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, owned->fd, nullptr);
+  buffered_ -= owned->in.size();
+  if (owned->ssl) {
+    if (owned->handshaken) SSL_shutdown(owned->ssl);  // best effort, non-blocking
+    SSL_free(owned->ssl);
+  }
+  ::close(owned->fd);
+}
+
+// A fixed answer straight from the poller, then close (the request is not worth a worker).
+void GuardedServer::RefuseLocked(Conn* c, int status, const char* reason) {
+  std::string out = absl::StrCat("HTTP/1.1 ", status, " ", reason,
+                                 "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  if (c->ssl) {
+    (void)SSL_write(c->ssl, out.data(), static_cast<int>(out.size()));
+  } else {
+    (void)!::send(c->fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  CloseLocked(c);
+}
+
+// Reads what is there (non-blocking), advances a TLS handshake, and queues the connection for a
+// worker once a whole request has arrived. Called by the poller with mu_ held.
+void GuardedServer::ReceiveLocked(Conn* c) {
+  if (c->ssl && !c->handshaken) {
+    ERR_clear_error();
+    int r = SSL_accept(c->ssl);
+    if (r != 1) {
+      int e = SSL_get_error(c->ssl, r);
+      if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) return CloseLocked(c);
+      return;  // more handshake bytes to come (the deadline sweep ends it otherwise)
+    }
+    c->handshaken = true;
+    if (!Authorized(c)) return CloseLocked(c);
+  }
+  const size_t allowance = limits_.max_header_bytes + limits_.max_body_bytes;
+  char buf[16384];
+  for (;;) {
+    if (c->in.size() - c->pos >= allowance) break;
+    size_t want = std::min(sizeof buf, allowance - (c->in.size() - c->pos));
+    ssize_t n;
+    if (c->ssl) {
+      ERR_clear_error();
+      int r = SSL_read(c->ssl, buf, static_cast<int>(want));
+      if (r <= 0) {
+        int e = SSL_get_error(c->ssl, r);
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) break;
+        return CloseLocked(c);
+      }
+      n = r;
+    } else {
+      n = ::recv(c->fd, buf, want, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n <= 0) return CloseLocked(c);
+    }
+    if (buffered_ + static_cast<size_t>(n) > kMaxBufferedBytes) {
+      ++dropped_;  // everyone together may not hold more than this in request bytes
+      return CloseLocked(c);
+    }
+    if (c->in.size() == c->pos && c->served > 0) c->request_started = Clock::now();
+    c->in.append(buf, static_cast<size_t>(n));
+    buffered_ += static_cast<size_t>(n);
+  }
+  switch (RequestIn(std::string_view(c->in).substr(c->pos), limits_)) {
+    case Completeness::kIncomplete:
+      return;
+    case Completeness::kComplete: {
+      c->busy = true;
+      // Level-triggered: while a worker holds it, a half-closed or pipelining client would
+      // otherwise wake the poller in a loop.
+      epoll_event ev{};
+      ev.data.fd = c->fd;
+      epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+      ready_.push_back(c);
+      work_cv_.notify_one();
+      return;
+    }
+    case Completeness::kTooLarge:
+      return RefuseLocked(c, 413, "Payload Too Large");
+    case Completeness::kHeadersTooLarge:
+      return RefuseLocked(c, 431, "Request Header Fields Too Large");
+    case Completeness::kNeedsLength:
+      return RefuseLocked(c, 411, "Length Required");
+  }
+}
+
+void GuardedServer::PollLoop() {
+  std::vector<epoll_event> evs(256);
+  auto next_sweep = Clock::now();
+  while (!stopping_) {
+    int n = epoll_wait(epfd_, evs.data(), static_cast<int>(evs.size()), 100);
+    std::lock_guard<std::mutex> l(mu_);
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == wake_fd_) continue;
+      auto it = conns_.find(evs[i].data.fd);
+      if (it == conns_.end() || it->second->busy) continue;
+      ReceiveLocked(it->second.get());
+    }
+    auto now = Clock::now();
+    if (now < next_sweep) continue;
+    next_sweep = now + std::chrono::milliseconds(100);
+    // Deadlines of connections the poller holds: a request (and a first handshake) must arrive
+    // within request_timeout of its first byte (of the accept); an idle one waits idle_timeout.
+    std::vector<Conn*> expired;
+    for (auto& [fd, c] : conns_) {
+      if (c->busy) continue;
+      bool idle = c->in.size() == c->pos && c->served > 0;
+      Clock::time_point limit =
+          idle ? c->idle_since + limits_.idle_timeout
+               : (c->served == 0 ? c->accepted : c->request_started) + limits_.request_timeout;
+      if (now >= limit) expired.push_back(c.get());
+    }
+    for (Conn* c : expired) CloseLocked(c);
+  }
+}
+
+void GuardedServer::WorkLoop() {
+  for (;;) {
+    Conn* c = nullptr;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      work_cv_.wait(l, [this] { return stopping_ || !ready_.empty(); });
+      if (stopping_) return;
+      c = ready_.front();
+      ready_.pop_front();
+    }
+    Serve(c);
+  }
+}
+
+bool GuardedServer::Authorized(Conn* c) const {
+  if (limits_.client_names.empty()) return true;
+  X509* peer = SSL_get1_peer_certificate(c->ssl);
+  if (!peer) return false;
+  bool ok = false;
+  for (const std::string& name : limits_.client_names) {
+    char cn[256] = {};
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, cn, sizeof cn) > 0 &&
+        name == cn) {
+      ok = true;
+    } else if (X509_check_host(peer, name.data(), name.size(), 0, nullptr) == 1) {
+      ok = true;
+    }
+    if (ok) break;
+  }
+  X509_free(peer);
+  return ok;
+}
+
+// A worker: answers the complete request(s) in the buffer, then hands the connection back.
+void GuardedServer::Serve(Conn* c) {
+  // `c` is ours while busy: the poller neither reads it nor expires it, no eviction picks it.
+  for (;;) {
+    Clock::time_point deadline = Clock::now() + limits_.request_timeout;
+    BufferStream strm(c->fd, c->ssl, &c->in, &c->pos, deadline, c->peer_ip, c->peer_port);
+    ++c->served;
+    bool last = stopping_ || c->served >= limits_.max_requests_per_connection;
+    bool closed = false;
+    SSL* ssl = c->ssl;
+    bool ok = process_request(strm, last, closed,
+                              [ssl](httplib::Request& req) { req.ssl = ssl; });
+    std::lock_guard<std::mutex> l(mu_);
+    // Drop what the request consumed.
+    buffered_ -= c->pos;
+    c->in.erase(0, c->pos);
+    c->pos = 0;
+    if (!ok || closed || last) return CloseLocked(c);
+    c->idle_since = c->request_started = Clock::now();
+    if (RequestIn(c->in, limits_) == Completeness::kComplete) continue;  // pipelined
+    c->busy = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = c->fd;
+    epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+    // Bytes of the next request that came with this one: check them (and read more) now, since
+    // epoll reports only new arrivals.
+    if (!c->in.empty()) ReceiveLocked(c);
+    return;
+  }
+}
+
+absl::StatusOr<SSL_CTX*> ServerTlsContext(const std::string& cert_pem, const std::string& key_pem,
+                                          const std::string& client_ca_pem) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (!ctx) return absl::InternalError("OpenSSL: cannot create a TLS context");
+  auto fail = [ctx](std::string why) {
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError(std::move(why));
+  };
+  // Explicitly, whatever the system's OpenSSL defaults: no TLS 1.0/1.1 (item of the hardening).
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+  BIO* cb = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  X509* cert = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
+  bool ok = cert && SSL_CTX_use_certificate(ctx, cert) == 1;
+  if (cert) X509_free(cert);
+  // The rest of the PEM is the chain.
+  while (ok) {
+    X509* extra = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
+    if (!extra) break;
+    if (SSL_CTX_add0_chain_cert(ctx, extra) != 1) X509_free(extra);
+  }
+  BIO_free(cb);
+  ERR_clear_error();
+  if (!ok) return fail("TLS: the serving certificate is not PEM");
+  BIO* kb = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(kb, nullptr, &NoPassphrase, nullptr);
+  BIO_free(kb);
+  if (!key) {
+    return fail(key_pem.find("ENCRYPTED") != std::string::npos
+                    ? "TLS: the serving key is passphrase-protected; give an unencrypted key"
+                    : "TLS: the serving key is not a PEM private key");
+  }
+  ok = SSL_CTX_use_PrivateKey(ctx, key) == 1 && SSL_CTX_check_private_key(ctx) == 1;
+  EVP_PKEY_free(key);
+  if (!ok) return fail("TLS: the serving key does not belong to the certificate");
+  if (!client_ca_pem.empty()) {
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    BIO* ab = BIO_new_mem_buf(client_ca_pem.data(), static_cast<int>(client_ca_pem.size()));
+    int n = 0;
+    while (X509* ca = PEM_read_bio_X509(ab, nullptr, nullptr, nullptr)) {
+      X509_STORE_add_cert(store, ca);
+      X509_free(ca);
+      ++n;
+    }
+    BIO_free(ab);
+    ERR_clear_error();
+    if (n == 0) return fail("TLS: the client CA bundle holds no PEM certificate");
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
+  return ctx;
+}
+
+// --- untrusted JSON -------------------------------------------------------------------------
+
+int JsonDepth(std::string_view text, int stop_above) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > stop_above) return deepest;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+namespace {
+
+constexpr size_t kSmallJson = 64 << 10;
+
+struct ParseBudget {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t limit = 8 << 20;
+  size_t used = 0;
+};
+
+ParseBudget& Budget() {
+  static ParseBudget* b = new ParseBudget;  // never destroyed: leases may outlive main()
+  return *b;
+}
+
+}  // namespace
+
+void SetUntrustedJsonBudget(size_t bytes) {
+  std::lock_guard<std::mutex> l(Budget().mu);
+  Budget().limit = bytes;
+}
+
+absl::StatusOr<UntrustedJson> ParseUntrustedJson(std::string_view text, int max_depth,
+                                                 std::chrono::milliseconds wait) {
+  if (int d = JsonDepth(text, max_depth); d > max_depth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON nests deeper than ", max_depth, " levels"));
+  }
+  ParseBudget& b = Budget();
+  // Small bodies (every real extender and webhook request) parse at once: their DOMs are a few
+  // MiB even for every worker together, and they must not queue behind an attacker's large ones.
+  size_t n = text.size() < kSmallJson ? 0 : text.size();
+  if (n) {
+    std::unique_lock<std::mutex> l(b.mu);
+    // One body alone may exceed the budget (it passed the size limit); otherwise wait for room.
+    if (!b.cv.wait_for(l, wait, [&] { return b.used == 0 || b.used + n <= b.limit; })) {
+      return absl::ResourceExhaustedError("busy: too many large requests being parsed");
+    }
+    b.used += n;
+  }
+  std::shared_ptr<void> lease(nullptr, [n](void*) {
+    if (n == 0) return;
+    ParseBudget& b = Budget();
+    {
+      std::lock_guard<std::mutex> l(b.mu);
+      b.used -= n;
+    }
+    b.cv.notify_all();
+    // A large DOM leaves tens of MiB free inside malloc's arenas; hand them back to the system
+    // so that the peak, not the sum over threads, is what the process holds.
+    if (n >= (256 << 10)) malloc_trim(0);
+  });
+  UntrustedJson out;
+  out.value = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (out.value.is_discarded()) return absl::InvalidArgumentError("body is not valid JSON");
+  out.lease = std::move(lease);
+  return out;
+}
+
+}  // namespace gpulet::k8s
