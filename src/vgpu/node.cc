@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -24,6 +25,90 @@ std::string Ann(const json& pod, const std::string& key) {
   if (!md.contains("annotations") || !md["annotations"].is_object()) return "";
   auto it = md["annotations"].find(key);
   return it != md["annotations"].end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Device IDs "<uuid>::vc<n>" / "<uuid>::vm<n>" counted per GPU: uuid -> {core units, memory units}.
+std::map<std::string, std::pair<int64_t, int64_t>> CountByGpu(const std::vector<std::string>& ids) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& id : ids) {
+    size_t sep = id.rfind("::");
+    auto& n = out[sep == std::string::npos ? id : id.substr(0, sep)];
+    (sep != std::string::npos && id.compare(sep + 2, 2, "vm") == 0 ? n.second : n.first)++;
+  }
+  return out;
+}
+
+// "GPU-a: 60 core + 20 memory, GPU-b: 40 core": what the kubelet booked, for error messages.
+std::string IdSummary(const std::vector<std::string>& ids) {
+  std::vector<std::string> parts;
+  for (const auto& [uuid, n] : CountByGpu(ids)) {
+    std::string p = uuid + ":";
+    if (n.first) absl::StrAppend(&p, " ", n.first, " core");
+    if (n.first && n.second) absl::StrAppend(&p, " +");
+    if (n.second) absl::StrAppend(&p, " ", n.second, " memory");
+    parts.push_back(p);
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
+}
+
+std::string Who(const std::string& ns, const std::string& pod, const std::string& container) {
+  if (pod.empty()) return "a container (its pod is not known without API access)";
+  return absl::StrCat("pod ", ns, "/", pod, " container ", container);
+}
+
+// The GPUs the kubelet's device IDs book for a container asking `pr` (one container), if this
+// node's grants leave them free: k whole GPUs = all 100 core units of each of k GPUs (memory units
+// of whole GPUs are not enforced, so where they lie does not matter); a share = every unit on one
+// GPU. Empty with `reason` set otherwise.
+std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
+                                    const std::map<std::string, int>& index_of,
+                                    const placement::Node& node, const placement::PodRequest& pr,
+                                    const std::string& core_name, std::string* reason) {
+  const placement::ContainerRequest& cr = pr.containers[0];
+  auto by_gpu = CountByGpu(ids);
+  placement::Assignment a;
+  a.containers.resize(1);
+  std::vector<std::string> gpus;
+  for (const auto& [uuid, n] : by_gpu) {
+    if (!index_of.count(uuid)) {
+      *reason = absl::StrCat(uuid, " is not a vGPU GPU of this node");
+      return {};
+    }
+  }
+  if (cr.whole_gpus > 0) {
+    bool all_units = true;
+    for (const auto& [uuid, n] : by_gpu) {
+      if (n.first == 0) continue;
+      gpus.push_back(uuid);
+      all_units = all_units && n.first == kCoresPerGpu;
+    }
+    if (!all_units || static_cast<int32_t>(gpus.size()) != cr.whole_gpus) {
+      *reason = absl::StrCat("a whole GPU needs all ", kCoresPerGpu, " ", core_name,
+                             " units of one GPU; the kubelet booked ", IdSummary(ids),
+                             " (no GPU of this node had all its units free?)");
+      return {};
+    }
+    for (const auto& u : gpus) a.containers[0].gpus.push_back(index_of.at(u));
+    a.containers[0].milli = placement::kMilliPerGpu;
+    a.containers[0].memory_bytes = node.gpus[a.containers[0].gpus[0]].memory_total_bytes;
+  } else {
+    if (by_gpu.size() != 1) {
+      *reason = absl::StrCat("a share must lie on one GPU; the kubelet booked ", IdSummary(ids));
+      return {};
+    }
+    gpus = {by_gpu.begin()->first};
+    a.containers[0].gpus = {index_of.at(gpus[0])};
+    a.containers[0].milli = cr.milli;
+    a.containers[0].memory_bytes = cr.memory_bytes;
+  }
+  placement::Node trial = node;
+  if (absl::Status s = placement::Apply(trial, pr, a); !s.ok()) {
+    *reason = absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ",
+                           absl::StrJoin(gpus, ","), " is not free in this node's grants (",
+                           s.message(), ")");
+    return {};
+  }
+  return gpus;
 }
 
 json GrantToJson(const Grant& g) {
@@ -203,6 +288,22 @@ absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLoc
 
 absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_units,
                                                 std::vector<std::string> ids) {
+  // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
+  // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
+  {
+    ContainerRequest asked;
+    asked.cores = cores;
+    asked.memory_units = memory_units;
+    int64_t max_units = 0;
+    for (const auto& p : pool_) max_units = std::max(max_units, p.memory_units);
+    if (absl::Status s = ValidateContainer(asked, max_units, options_.names); !s.ok()) {
+      absl::string_view why = s.message();
+      absl::ConsumePrefix(&why, "container \"\": ");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vGPU Allocate refused (", options_.names.core, " ", cores, ", ", options_.names.memory,
+          " ", memory_units, ", device IDs ", IdSummary(ids), "): ", why));
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
   if (!api_) {
     // No API server (a bare simulated node): the kubelet's counts are the request; the pod is
@@ -284,31 +385,18 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                    c.pod, absl::StrJoin(c.annotated_gpus, ","));
     }
   }
-  if (gpus.empty() && cr.whole_gpus == 0 && !ids.empty()) {
-    // No extender choice: follow the kubelet's (GetPreferredAllocation put a container's units on
-    // one GPU), so its per-device books match where the container really runs.
-    std::string on = ids[0].substr(0, ids[0].rfind("::"));
-    bool one_gpu = std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
-      return id.substr(0, id.rfind("::")) == on;
-    });
-    if (one_gpu && index_of.count(on)) {
-      placement::Assignment a;
-      a.containers.push_back({{index_of[on]}, cr.milli, cr.memory_bytes});
-      placement::Node trial = node;
-      if (placement::Apply(trial, pr, a).ok()) gpus = {on};
+  if (gpus.empty() && !ids.empty()) {
+    // Follow the kubelet's booking: GetPreferredAllocation put a container's units on the GPU(s) it
+    // will get, and PodResources-based attribution (metrics, Correct()) reads the GPU from these
+    // IDs, so the container must run where they lie. Without an extender choice there is nothing
+    // else to go by: a booking that cannot be honoured is refused, not moved to another GPU.
+    std::string reason;
+    gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
+    if (gpus.empty() && c.annotated_gpus.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ", cores,
+                       ", but the kubelet's device IDs cannot be honoured: ", reason));
     }
-  }
-  if (gpus.empty()) {
-    ASSIGN_OR_RETURN(auto policy, MakeVgpuPolicy(options_.policy));
-    auto score = policy->Score(node, pr);
-    if (!score) {
-      std::string reason;
-      placement::Fits(node, pr, &reason);
-      return absl::ResourceExhaustedError(absl::StrCat("vGPU Allocate: pod ", c.ns, "/", c.pod,
-                                                       " container ", c.container,
-                                                       " does not fit on this node: ", reason));
-    }
-    for (int32_t g : score->assignment.containers[0].gpus) gpus.push_back(pool_[g].uuid);
   }
   Grant g;
   g.pod_uid = c.uid;
@@ -448,6 +536,12 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
 
 std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
   std::lock_guard<std::mutex> l(mu_);
+  // The kubelet asks for a container's resources one after the other (preference, then Allocate,
+  // per resource): when the other half of the pair is pending, its GPU is where this half goes.
+  if (pending_ && !pending_->ids.empty() && pending_->is_core == (memory_units > 0)) {
+    auto by_gpu = CountByGpu(pending_->ids);
+    if (by_gpu.size() == 1) return by_gpu.begin()->first;
+  }
   auto cands = CandidatesLocked();
   if (!cands.ok()) return "";
   for (const auto& c : *cands) {

@@ -164,7 +164,7 @@ TEST_F(NodeTest, WholeGpuIsExclusive) {
   api_.CreatePod(PodObj("whole2", 100, 0, 3));
   auto w2 = assigner_->Allocate(true, Ids("GPU-0", "::vc", 100));
   ASSERT_FALSE(w2.ok());
-  EXPECT_THAT(w2.status().message(), HasSubstr("does not fit"));
+  EXPECT_THAT(w2.status().message(), HasSubstr("is not free in this node's grants"));
 }
 
 // The opt-out GPULET_VGPU_DISABLE=1 on the container keeps limits in env but injects nothing;
@@ -272,6 +272,72 @@ TEST_F(NodeTest, WithoutApiServer) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_NE(w->envs().at("NVIDIA_VISIBLE_DEVICES"), r.envs().at("NVIDIA_VISIBLE_DEVICES"));
   EXPECT_EQ(a.grants().size(), 2u);
+}
+
+// Without extender annotations (no API server, or a pod the extender did not place) whole GPUs are
+// the ones whose units the kubelet booked: two vcuda-core 100 pods booked on GPU-1 then GPU-0 get
+// exactly those (issue 22: they used to be swapped by the node's own policy).
+TEST_F(NodeTest, WholeGpusFollowTheKubeletsBooking) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto first = a.Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  auto second = a.Allocate(true, Ids("GPU-0", "::vc", 100));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
+  // With an API server and no extender annotation, the same.
+  api_.CreatePod(PodObj("w", 100, 0, 1));
+  auto w = assigner_->Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+}
+
+// What the rules refuse is refused by Allocate too, naming the rule, even without a pod to parse:
+// vcuda-core 150 (used to run on an unbooked GPU with no limits); a whole GPU booked across two
+// GPUs and a share booked across two GPUs are refused rather than moved elsewhere.
+TEST_F(NodeTest, RefusesWhatTheRulesRefuse) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto ids = Ids("GPU-0", "::vc", 100);
+  auto more = Ids("GPU-1", "::vc", 50);
+  ids.insert(ids.end(), more.begin(), more.end());
+  auto r = a.Allocate(true, ids);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("tencent.com/vcuda-core 150 is more than one GPU but not a multiple of 100"));
+  EXPECT_THAT(r.status().message(), HasSubstr("GPU-0: 100 core, GPU-1: 50 core"));
+  auto split = Ids("GPU-0", "::vc", 50);
+  more = Ids("GPU-1", "::vc", 50);
+  split.insert(split.end(), more.begin(), more.end());
+  r = a.Allocate(true, split);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("a whole GPU needs all 100"));
+  ASSERT_TRUE(a.Allocate(true, Ids("GPU-0", "::vc", 30)).ok());  // pending for its memory
+  r = a.Allocate(false, Ids("GPU-1", "::vm", 4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("a share must lie on one GPU"));
+  EXPECT_TRUE(a.grants().empty());
+}
+
+// The second resource of a pair is preferred on the GPU of the first (pending) one, so the
+// kubelet books a share's cores and memory on one GPU even where another GPU has more units free.
+TEST_F(NodeTest, PreferredFollowsThePendingHalf) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto res = MakeVcudaResources(std::shared_ptr<NodeAssigner>(&a, [](NodeAssigner*) {}));
+  ASSERT_TRUE(a.Allocate(false, Ids("GPU-1", "::vm", 8)).ok());  // memory first, on GPU-1
+  std::vector<std::string> avail = Ids("GPU-0", "::vc", 100);
+  auto more = Ids("GPU-1", "::vc", 80, 20);  // GPU-1 has fewer core units free
+  avail.insert(avail.end(), more.begin(), more.end());
+  auto pref = res[0]->Preferred(avail, {}, 30);
+  ASSERT_TRUE(pref.ok());
+  ASSERT_EQ(pref->size(), 30u);
+  for (const auto& id : *pref) EXPECT_EQ(id.rfind("GPU-1::", 0), 0u) << id;
+  auto r = a.Allocate(true, *pref);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
 }
 
 // With an API server the pool is published on the node (what the extender and webhook read):
