@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -109,6 +112,26 @@ std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
     return {};
   }
   return gpus;
+}
+
+// The user and group a container runs as, from its securityContext or the pod's; -1 unknown.
+std::pair<int64_t, int64_t> RunAs(const json& pod, int index) {
+  int64_t uid = -1, gid = -1;
+  auto take = [&](const json* sc) {
+    if (!sc || !sc->is_object()) return;
+    auto u = sc->find("runAsUser"), g = sc->find("runAsGroup");
+    if (uid < 0 && u != sc->end() && u->is_number_unsigned() && *u <= 0x7fffffffu) uid = *u;
+    if (gid < 0 && g != sc->end() && g->is_number_unsigned() && *g <= 0x7fffffffu) gid = *g;
+  };
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return {-1, -1};
+  auto cs = spec->find("containers");
+  if (cs != spec->end() && cs->is_array() && index >= 0 && static_cast<size_t>(index) < cs->size()) {
+    const json& c = (*cs)[index];
+    if (c.is_object() && c.contains("securityContext")) take(&c["securityContext"]);
+  }
+  if (auto sc = spec->find("securityContext"); sc != spec->end()) take(&*sc);
+  return {uid, gid};
 }
 
 json GrantToJson(const Grant& g) {
@@ -414,12 +437,24 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
   if (cores < kCoresPerGpu) {
-    g.accounting_dir = absl::StrCat(options_.state_dir, "/", c.uid, "/", c.container);
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir));
+    // The file is bind-mounted read-write into the container, whose user is known only when the
+    // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
+    // in the container must (0666). The directories are the agent's (0700), so no host user
+    // reaches the file either way.
+    std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
+    g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    ::chmod(pod_dir.c_str(), 0700);
     std::string file = g.accounting_dir + "/accounting";
     if (!RealFilesystem().Exists(file)) {
+      auto [uid, gid] = RunAs(c.pod_json, c.index);
+      mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
       // A zero-filled file is a valid empty region (vgpu/accounting.h).
-      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), 0666));
+      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), mode));
+      if (uid >= 0 && ::chown(file.c_str(), static_cast<uid_t>(uid),
+                              gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(gid)) != 0) {
+        ::chmod(file.c_str(), 0666);  // not root (tests, a sim): let the container open it
+      }
     }
   }
   WritePodFile(g);

@@ -8,6 +8,9 @@
 
 #include <filesystem>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "vgpu/accounting.h"
@@ -338,6 +341,32 @@ TEST_F(NodeTest, PreferredFollowsThePendingHalf) {
   auto r = a.Allocate(true, *pref);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+}
+
+// The accounting file is the container's only: owned by the pod's runAsUser/runAsGroup with mode
+// 0660 when the pod names them (0666 only when its user is unknown), under directories only the
+// agent may enter (0700), so no host user and no other container's user can open it.
+TEST_F(NodeTest, AccountingFileBelongsToTheContainer) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown needs root";
+  json pod = PodObj("owned", 20, 4, 1);
+  pod["spec"]["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 2000}};
+  api_.CreatePod(pod);
+  auto r = AllocPair(*assigner_, "GPU-0", 20, 4);
+  std::string file = r.mounts(0).host_path();
+  struct stat st;
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1000u);
+  EXPECT_EQ(st.st_gid, 2000u);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  std::string dir = std::filesystem::path(file).parent_path();
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  ASSERT_EQ(stat(std::filesystem::path(dir).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  api_.CreatePod(PodObj("anyone", 20, 4, 2));
+  auto a = AllocPair(*assigner_, "GPU-0", 20, 4, false, 20);
+  ASSERT_EQ(stat(a.mounts(0).host_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
 }
 
 // With an API server the pool is published on the node (what the extender and webhook read):
