@@ -150,21 +150,60 @@ json GrantToJson(const Grant& g) {
           {"time", g.time_ns}};
 }
 
-Grant GrantFromJson(const json& j) {
+// One checkpointed grant, every field type-checked and bounded: the file is ours, but a
+// hand edit or a bad disk must give a message naming the grant and field, never an exception
+// that aborts the agent at every start.
+absl::StatusOr<Grant> GrantFromJson(const json& j, size_t n) {
+  auto bad = [&](const char* field, const char* want) {
+    return absl::DataLossError(
+        absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
+  };
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat("grant #", n, " is not an object"));
   Grant g;
-  g.pod_uid = j.value("podUID", "");
-  g.ns = j.value("namespace", "");
-  g.pod = j.value("pod", "");
-  g.container = j.value("container", "");
-  g.container_index = j.value("index", 0);
-  g.gpus = j.value("gpus", std::vector<std::string>{});
-  g.cores = j.value("cores", int64_t{0});
-  g.memory_units = j.value("memoryUnits", int64_t{0});
-  g.ceiling = j.value("ceiling", int64_t{0});
-  g.device_ids = j.value("deviceIDs", std::vector<std::string>{});
-  g.accounting_dir = j.value("accountingDir", "");
-  g.inject = j.value("inject", true);
-  g.time_ns = j.value("time", int64_t{0});
+  auto str = [&](const char* key, std::string* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_string()) return bad(key, "a string");
+    *out = it->get<std::string>();
+    return absl::OkStatus();
+  };
+  auto num = [&](const char* key, int64_t max, int64_t* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
+      return bad(key, absl::StrCat("an integer 0..", max).c_str());
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  auto strings = [&](const char* key, size_t max, std::vector<std::string>* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_array() || it->size() > max) return bad(key, "a short list of strings");
+    for (const auto& v : *it) {
+      if (!v.is_string()) return bad(key, "a list of strings");
+      out->push_back(v.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(str("podUID", &g.pod_uid));
+  RETURN_IF_ERROR(str("namespace", &g.ns));
+  RETURN_IF_ERROR(str("pod", &g.pod));
+  RETURN_IF_ERROR(str("container", &g.container));
+  RETURN_IF_ERROR(str("accountingDir", &g.accounting_dir));
+  int64_t index = 0;
+  RETURN_IF_ERROR(num("index", 1 << 16, &index));
+  g.container_index = static_cast<int>(index);
+  // A node has at most a few dozen GPUs: 100 cores each, memory units of the largest GPUs.
+  RETURN_IF_ERROR(num("cores", 100 * 1024, &g.cores));
+  RETURN_IF_ERROR(num("memoryUnits", int64_t{1} << 32, &g.memory_units));
+  RETURN_IF_ERROR(num("ceiling", 100, &g.ceiling));
+  RETURN_IF_ERROR(num("time", INT64_MAX, &g.time_ns));
+  RETURN_IF_ERROR(strings("gpus", 1024, &g.gpus));
+  RETURN_IF_ERROR(strings("deviceIDs", 1 << 20, &g.device_ids));
+  if (auto it = j.find("inject"); it != j.end()) {
+    if (!it->is_boolean()) return bad("inject", "true or false");
+    g.inject = it->get<bool>();
+  }
   return g;
 }
 
@@ -221,12 +260,22 @@ absl::Status NodeAssigner::Load() {
     if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
     return text.status();
   }
-  json j = json::parse(*text, nullptr, false);
-  if (!j.is_object() || !j["grants"].is_array()) {
+  json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
+  auto list = j.is_object() ? j.find("grants") : j.end();
+  if (!j.is_object() || list == j.end() || !list->is_array()) {
     return absl::DataLossError(absl::StrCat(path, ": not a gpulet vGPU checkpoint"));
   }
-  grants_.clear();
-  for (const auto& g : j["grants"]) grants_.push_back(GrantFromJson(g));
+  std::vector<Grant> loaded;
+  try {
+    for (size_t i = 0; i < list->size(); ++i) {
+      absl::StatusOr<Grant> g = GrantFromJson((*list)[i], i);
+      if (!g.ok()) return absl::DataLossError(absl::StrCat(path, ": ", g.status().message()));
+      loaded.push_back(*std::move(g));
+    }
+  } catch (const json::exception& e) {  // belt and braces: nothing above should throw
+    return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+  }
+  grants_ = std::move(loaded);
   return absl::OkStatus();
 }
 

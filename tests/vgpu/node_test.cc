@@ -214,6 +214,30 @@ TEST_F(NodeTest, CorruptCheckpoint) {
   EXPECT_THAT(s.message(), HasSubstr("assignments.json"));
 }
 
+// A checkpoint with wrong-typed or out-of-range fields is an error naming the file, the grant and
+// the field; it used to throw from json::value() and abort the agent at every start.
+TEST_F(NodeTest, CheckpointWithWrongTypes) {
+  std::filesystem::create_directories(opts_.state_dir);
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"grants":[{"podUID":5}]})", "grant #0: \"podUID\" must be a string"},
+      {R"({"grants":[{"cores":1e999}]})", ""},
+      {R"({"grants":[{"cores":-1}]})", "\"cores\" must be an integer"},
+      {R"({"grants":[{"gpus":"GPU-0"}]})", "\"gpus\" must be a short list of strings"},
+      {R"({"grants":[{"podUID":"a"}, 7]})", "grant #1 is not an object"},
+      {R"({"grants":[{"inject":"yes"}]})", "\"inject\" must be true or false"},
+      {R"({"grants":{}})", "not a gpulet vGPU checkpoint"},
+      {R"([1,2])", "not a gpulet vGPU checkpoint"},
+  };
+  for (const auto& [text, want] : cases) {
+    ASSERT_TRUE(WriteFileAtomic(opts_.state_dir + "/assignments.json", text).ok());
+    NodeAssigner a(opts_, pool_, client_.get());
+    absl::Status st = a.Load();
+    ASSERT_FALSE(st.ok()) << text;
+    EXPECT_THAT(st.message(), HasSubstr("assignments.json")) << text;
+    EXPECT_THAT(st.message(), HasSubstr(want)) << text;
+  }
+}
+
 // Identical pods admitted in the other order: the kubelet's record (PodResources) shows whose
 // devices are whose; the grants and the pods' annotations are corrected.
 TEST_F(NodeTest, CorrectionFromKubeletRecord) {
