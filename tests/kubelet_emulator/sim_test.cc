@@ -65,6 +65,22 @@ class SimTest : public ::testing::Test {
   std::string root_;
 };
 
+// A sim root holds one machine: `gpulet info --simulate pcie-t4` on a dgx-h100 node's root is
+// refused, naming both, and leaves that node's state as it was (it used to rewrite it silently,
+// after which fault commands refused the running node's GPU numbers); the same machine is fine.
+TEST_F(SimTest, SecondSimulateOnARootIsRefused) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  std::string info = kBin + "gpulet info --sim-root " + root_ + " --simulate ";
+  ASSERT_EQ(Shell(info + "dgx-h100").code, 0);
+  Result r = Shell(info + "pcie-t4");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("holds the simulated node of machine dgx-h100"));
+  std::ifstream node(root_ + "/control/node");
+  std::string text((std::istreambuf_iterator<char>(node)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("machine dgx-h100"));
+  EXPECT_EQ(Shell(info + "dgx-h100").code, 0);
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
