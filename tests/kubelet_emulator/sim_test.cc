@@ -81,6 +81,26 @@ TEST_F(SimTest, SecondSimulateOnARootIsRefused) {
   EXPECT_EQ(Shell(info + "dgx-h100").code, 0);
 }
 
+// `gpulet labels` inputs it used to accept silently: --replicas 0 is refused; MIG_STRATEGY in the
+// environment is honoured (as `gpulet device-plugin` honours it) and checked.
+TEST_F(SimTest, LabelsInputs) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  std::string out = root_ + "/labels";
+  std::string base = kBin + "gpulet labels --oneshot --no-timestamp --simulate a100-mig --sim-root " +
+                     root_ + " --output " + out;
+  Result r = Shell(base + " --replicas 0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--replicas"));
+  r = Shell("MIG_STRATEGY=mixed " + base);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("nvidia.com/mig.strategy=mixed"));
+  r = Shell("MIG_STRATEGY=bogus " + base);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--mig-strategy"));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
