@@ -101,6 +101,28 @@ TEST_F(SimTest, LabelsInputs) {
   EXPECT_THAT(r.out, HasSubstr("--mig-strategy"));
 }
 
+// A DaemonSet written for NVIDIA's device plugin starts: its flags (and their environment
+// variables) are accepted, each with a warning saying what gpulet does instead; a discovery
+// strategy gpulet cannot honour (tegra) stops the start with a message. They used to exit 109.
+TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  fs::create_directories(root_ + "/dp");
+  std::string base = kBin + "gpulet device-plugin --simulate pcie-t4 --sim-root " + root_ +
+                     "/sim --device-plugin-dir " + root_ + "/dp --kubelet-socket '' ";
+  Result r = Shell("MPS_ROOT=/run/nvidia/mps timeout -s INT 3 " + base +
+                   "--container-driver-root /driver-root --device-discovery-strategy auto "
+                   "--imex-channel-ids 0 --nvidia-ctk-path /usr/bin/nvidia-ctk");
+  EXPECT_THAT(r.out, Not(HasSubstr("The following argument")));
+  for (const char* flag : {"--container-driver-root=/driver-root", "--mps-root=/run/nvidia/mps",
+                           "--device-discovery-strategy=auto", "--imex-channel-ids=0",
+                           "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
+    EXPECT_THAT(r.out, HasSubstr(std::string(flag) + " (NVIDIA device-plugin flag) is accepted "
+                                                     "and ignored"));
+  r = Shell(base + "--device-discovery-strategy tegra");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
