@@ -317,10 +317,13 @@ void PluginManager::Tick() {
     absl::Time now = absl::Now();
     if (kubelet_wait_since_ == absl::InfiniteFuture()) kubelet_wait_since_ = now;
     if (now >= next_wait_log_) {
-      spdlog::info("waiting for the kubelet: {} does not exist yet (waited {}; serving {} "
-                   "resource(s) meanwhile, registering as soon as it appears)",
-                   kubelet_sock, absl::FormatDuration(absl::Trunc(now - kubelet_wait_since_,
-                                                                  absl::Seconds(1))),
+      absl::Duration waited = absl::Trunc(now - kubelet_wait_since_, absl::Seconds(1));
+      spdlog::info("waiting for the kubelet: {} does not exist yet ({}serving {} resource(s) "
+                   "meanwhile, registering as soon as it appears)",
+                   kubelet_sock,
+                   waited > absl::ZeroDuration()
+                       ? absl::StrCat("waited ", absl::FormatDuration(waited), "; ")
+                       : "",
                    entries.size());
       next_wait_log_ = now + wait_log_step_;
       wait_log_step_ = std::min(wait_log_step_ * 2, absl::Minutes(1));

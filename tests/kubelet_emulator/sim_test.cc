@@ -123,6 +123,20 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
   EXPECT_THAT(r.out, HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
 }
 
+// Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
+// start it says where its metrics and labels are.
+TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  fs::create_directories(root_ + "/dp");
+  Result r = Shell("timeout -s INT 3 " + kBin + "gpulet agent --simulate pcie-t4 --sim-root " +
+                   root_ + "/sim --device-plugin-dir " + root_ + "/dp --metrics-address "
+                   "127.0.0.1:0 --labels-output " + root_ + "/features");
+  EXPECT_THAT(r.out, HasSubstr("waiting for the kubelet: " + root_ + "/dp/kubelet.sock"));
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("labels: " + root_ + "/features"));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
