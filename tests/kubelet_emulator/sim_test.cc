@@ -266,12 +266,27 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
     return n;
   };
   EXPECT_EQ(healthy_gpus(), 8);
-  Result f = Shell(kBin + "gpulet-sim fault xid --gpu 3 --code 79 --sim-root " + root_);
+  // The banner's fault hint works as printed (it used to put --sim-root before the kind, which
+  // the fault command refused), and the banner says where the metrics are.
+  std::smatch hint;
+  std::string banner = read_log();
+  ASSERT_TRUE(std::regex_search(banner, hint, std::regex("faults: +gpulet sim (fault [^\n]*)")))
+      << banner;
+  EXPECT_TRUE(std::regex_search(banner, std::regex("metrics: +http://127\\.0\\.0\\.1:[0-9]+/metrics")))
+      << banner;
+  Result f = Shell(kBin + "gpulet-sim " + hint[1].str());
   EXPECT_EQ(f.code, 0) << f.out;
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (healthy_gpus() != 7 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(healthy_gpus(), 7) << read_log();
+  // --sim-root before the kind is understood too.
+  f = Shell(kBin + "gpulet-sim fault --sim-root " + root_ + " xid --gpu 4 --code 79");
+  EXPECT_EQ(f.code, 0) << f.out;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (healthy_gpus() != 6 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(healthy_gpus(), 6) << read_log();
   kill(pid, SIGTERM);
   int st = 0;
   waitpid(pid, &st, 0);
