@@ -137,6 +137,18 @@ TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
   EXPECT_THAT(r.out, HasSubstr("labels: " + root_ + "/features"));
 }
 
+// `gpulet info --json` gives scripts the same facts as the table: GPUs, MIG devices, topology.
+TEST_F(SimTest, InfoJson) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  Result r = Shell(kBin + "gpulet info --json --simulate a100-mig --sim-root " + root_ + " 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"driverVersion\""));
+  EXPECT_THAT(r.out, HasSubstr("\"uuid\": \"GPU-"));
+  EXPECT_THAT(r.out, HasSubstr("\"profile\": \""));
+  EXPECT_THAT(r.out, HasSubstr("\"topology\": ["));
+  EXPECT_THAT(r.out, Not(HasSubstr("Legend")));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
