@@ -110,8 +110,9 @@ class GuardedServer final : public httplib::Server {
     // worker while idle (it waits in the poller), so reconnecting every few requests buys nothing.
     set_keep_alive_max_count(kMaxRequestsPerConnection);
     set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-      bool body = req.has_header("Transfer-Encoding") ||
-                  (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+      bool body =
+          req.has_header("Transfer-Encoding") ||
+          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
       if (req.method != "GET" && req.method != "HEAD") {
         res.status = 405;
         res.set_header("Allow", "GET, HEAD");

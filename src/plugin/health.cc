@@ -242,7 +242,8 @@ std::vector<std::string> HealthMonitor::UnmatchedIsolationEntries() const {
   }
   for (const std::string& u : isolation_.uuids) {
     bool ok = std::any_of(gpus_.begin(), gpus_.end(), [&](const GpuState& g) {
-      return g.uuid == u || std::find(g.mig_uuids.begin(), g.mig_uuids.end(), u) != g.mig_uuids.end();
+      return g.uuid == u ||
+             std::find(g.mig_uuids.begin(), g.mig_uuids.end(), u) != g.mig_uuids.end();
     });
     if (!ok) out.push_back("uuid " + u);
   }

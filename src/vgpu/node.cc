@@ -126,7 +126,8 @@ std::pair<int64_t, int64_t> RunAs(const json& pod, int index) {
   auto spec = pod.find("spec");
   if (spec == pod.end() || !spec->is_object()) return {-1, -1};
   auto cs = spec->find("containers");
-  if (cs != spec->end() && cs->is_array() && index >= 0 && static_cast<size_t>(index) < cs->size()) {
+  if (cs != spec->end() && cs->is_array() && index >= 0 &&
+      static_cast<size_t>(index) < cs->size()) {
     const json& c = (*cs)[index];
     if (c.is_object() && c.contains("securityContext")) take(&c["securityContext"]);
   }
@@ -466,7 +467,8 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
     if (gpus.empty() && c.annotated_gpus.empty()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ", cores,
+          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ",
+                       options_.names.core, " ", cores,
                        ", but the kubelet's device IDs cannot be honoured: ", reason));
     }
   }

@@ -296,7 +296,8 @@ void SimNode::PrintPods() {
 }
 
 void SimNode::Serve() {
-  // The agent logs its metrics URL once at start (the port is ephemeral unless --agent-arg sets it).
+  // The agent logs its metrics URL once at start (the port is ephemeral unless an --agent-arg
+  // sets it).
   std::string metrics = "see the agent log";
   for (int i = 0; i < 20; ++i) {
     std::ifstream log(paths_.agent_log);

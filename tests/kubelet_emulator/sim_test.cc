@@ -86,7 +86,8 @@ TEST_F(SimTest, SecondSimulateOnARootIsRefused) {
 TEST_F(SimTest, LabelsInputs) {
   if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
   std::string out = root_ + "/labels";
-  std::string base = kBin + "gpulet labels --oneshot --no-timestamp --simulate a100-mig --sim-root " +
+  std::string base = kBin +
+                     "gpulet labels --oneshot --no-timestamp --simulate a100-mig --sim-root " +
                      root_ + " --output " + out;
   Result r = Shell(base + " --replicas 0");
   EXPECT_NE(r.code, 0) << r.out;
@@ -120,7 +121,8 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
                                                      "and ignored"));
   r = Shell(base + "--device-discovery-strategy tegra");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
+  EXPECT_THAT(r.out,
+              HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
 }
 
 // Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
@@ -132,7 +134,8 @@ TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
                    root_ + "/sim --device-plugin-dir " + root_ + "/dp --metrics-address "
                    "127.0.0.1:0 --labels-output " + root_ + "/features");
   EXPECT_THAT(r.out, HasSubstr("waiting for the kubelet: " + root_ + "/dp/kubelet.sock"));
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
       << r.out;
   EXPECT_THAT(r.out, HasSubstr("labels: " + root_ + "/features"));
 }
@@ -140,7 +143,8 @@ TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
 // `gpulet info --json` gives scripts the same facts as the table: GPUs, MIG devices, topology.
 TEST_F(SimTest, InfoJson) {
   if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
-  Result r = Shell(kBin + "gpulet info --json --simulate a100-mig --sim-root " + root_ + " 2>/dev/null");
+  Result r =
+      Shell(kBin + "gpulet info --json --simulate a100-mig --sim-root " + root_ + " 2>/dev/null");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\"driverVersion\""));
   EXPECT_THAT(r.out, HasSubstr("\"uuid\": \"GPU-"));
@@ -284,7 +288,8 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
   std::string banner = read_log();
   ASSERT_TRUE(std::regex_search(banner, hint, std::regex("faults: +gpulet sim (fault [^\n]*)")))
       << banner;
-  EXPECT_TRUE(std::regex_search(banner, std::regex("metrics: +http://127\\.0\\.0\\.1:[0-9]+/metrics")))
+  EXPECT_TRUE(
+      std::regex_search(banner, std::regex("metrics: +http://127\\.0\\.0\\.1:[0-9]+/metrics")))
       << banner;
   Result f = Shell(kBin + "gpulet-sim " + hint[1].str());
   EXPECT_EQ(f.code, 0) << f.out;

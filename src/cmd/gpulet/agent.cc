@@ -106,7 +106,8 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       spdlog::info("metrics: http://{}:{}/metrics (and /health){}; labels: {} every {}",
                    hp.ok() ? hp->first : std::string("?"), exporter->port(),
                    exporter->gpu_manager_port() > 0
-                       ? absl::StrCat("; GPU Manager /metric on port ", exporter->gpu_manager_port())
+                       ? absl::StrCat("; GPU Manager /metric on port ",
+                                      exporter->gpu_manager_port())
                        : "",
                    label_flags->output, label_flags->interval);
       if (readiness) readiness->Start();

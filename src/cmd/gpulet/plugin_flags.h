@@ -53,11 +53,13 @@ inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
   static const std::vector<NvidiaOnlyFlag> k = {
       {"container-driver-root", "CONTAINER_DRIVER_ROOT",
        "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
-      {"mps-root", "MPS_ROOT", "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
+      {"mps-root", "MPS_ROOT",
+       "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
       {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
        "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
       {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
-      {"nvidia-ctk-path", "NVIDIA_CTK_PATH", "gpulet writes its CDI specs itself, without nvidia-ctk"},
+      {"nvidia-ctk-path", "NVIDIA_CTK_PATH",
+       "gpulet writes its CDI specs itself, without nvidia-ctk"},
   };
   return k;
 }
@@ -99,7 +101,8 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   for (const auto& n : NvidiaOnlyFlags()) {
     std::string flag = n.flag;
     sub.add_option_function<std::string>(
-           std::string("--") + n.flag, [&f, flag](const std::string& v) { f.nvidia_only[flag] = v; },
+           std::string("--") + n.flag,
+           [&f, flag](const std::string& v) { f.nvidia_only[flag] = v; },
            std::string("NVIDIA device-plugin flag, accepted for compatibility: ") + n.why)
         ->envname(n.env)
         ->type_name("VALUE");
