@@ -313,6 +313,29 @@ void PluginManager::Tick() {
   const std::string kubelet_sock =
       options_.kubelet_socket.empty() ? "" : options_.plugin_dir + "/" + options_.kubelet_socket;
   const uint64_t kubelet_inode = kubelet_sock.empty() ? 0 : InodeOf(kubelet_sock);
+  if (!kubelet_sock.empty() && kubelet_inode == 0) {
+    absl::Time now = absl::Now();
+    if (kubelet_wait_since_ == absl::InfiniteFuture()) kubelet_wait_since_ = now;
+    if (now >= next_wait_log_) {
+      absl::Duration waited = absl::Trunc(now - kubelet_wait_since_, absl::Seconds(1));
+      spdlog::info("waiting for the kubelet: {} does not exist yet ({}serving {} resource(s) "
+                   "meanwhile, registering as soon as it appears)",
+                   kubelet_sock,
+                   waited > absl::ZeroDuration()
+                       ? absl::StrCat("waited ", absl::FormatDuration(waited), "; ")
+                       : "",
+                   entries.size());
+      next_wait_log_ = now + wait_log_step_;
+      wait_log_step_ = std::min(wait_log_step_ * 2, absl::Minutes(1));
+    }
+  } else if (kubelet_wait_since_ != absl::InfiniteFuture()) {
+    spdlog::info("the kubelet appeared at {} after {}", kubelet_sock,
+                 absl::FormatDuration(absl::Trunc(absl::Now() - kubelet_wait_since_,
+                                                  absl::Milliseconds(1))));
+    kubelet_wait_since_ = absl::InfiniteFuture();
+    next_wait_log_ = absl::InfinitePast();
+    wait_log_step_ = absl::Seconds(1);
+  }
   for (auto& e : entries) {
     {
       absl::MutexLock l(&mu_);

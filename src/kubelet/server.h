@@ -75,6 +75,11 @@ class PluginManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int inotify_fd_ = -1;
   std::thread thread_;
+  // Waiting for kubelet.sock (Tick() runs on one thread only): said once when the wait starts and
+  // then at doubling intervals (capped at a minute), so a node without a kubelet is not silent.
+  absl::Time kubelet_wait_since_ = absl::InfiniteFuture();
+  absl::Time next_wait_log_ = absl::InfinitePast();
+  absl::Duration wait_log_step_ = absl::Seconds(1);
 };
 
 }  // namespace gpulet::kubelet

@@ -8,7 +8,7 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "spdlog/spdlog.h"
-#include "vgpu/accounting.h"
+#include "vgpu/accounting_read.h"
 
 namespace gpulet::metrics {
 namespace {
@@ -45,9 +45,15 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
     }
     for (const std::string& c : *containers) {
       std::string path = absl::StrCat(pod_dir, "/", c, "/accounting");
-      vgpu::AccountingSnapshot a;
-      const char* error = "";
-      if (!fs.Exists(path) || !vgpu::ReadAccounting(path.c_str(), &a, &error)) continue;
+      // Never mapped: the file is the container's to truncate (see vgpu/accounting_read.h).
+      bool cut = false;
+      absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
+      if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);
+      if (!read.ok()) {
+        if (!absl::IsNotFound(read.status())) spdlog::debug("vGPU: {}", read.status().ToString());
+        continue;
+      }
+      const vgpu::AccountingSnapshot& a = *read;
       VgpuContainerUsage u;
       u.namespace_ = ns;
       u.pod = pod;

@@ -1,9 +1,23 @@
 #include "metrics/server.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <httplib.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,9 +52,357 @@ absl::StatusOr<std::pair<std::string, int>> ParseListenAddress(std::string_view 
   return std::make_pair(host.empty() ? std::string("0.0.0.0") : std::string(host), p);
 }
 
+using Clk = std::chrono::steady_clock;
+
 namespace {
 
-using Clk = std::chrono::steady_clock;
+// Set by the pre-routing check on the worker thread that serves the request: close the
+// connection after this response (its body, if any, was never read).
+thread_local bool t_close_after = false;
+
+bool WaitFd(int fd, short events, Clk::time_point deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clk::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, events, 0};
+    int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r > 0) return (p.revents & events) != 0;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+void AddressOf(int fd, bool peer, std::string& ip, int& port) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  int r = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+               : getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  char buf[INET6_ADDRSTRLEN] = "";
+  port = 0;
+  if (r == 0 && ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+    port = ntohs(a->sin_port);
+  } else if (r == 0 && ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    port = ntohs(a->sin6_port);
+  }
+  ip = buf;
+}
+
+}  // namespace
+
+// See server.h for the limits and why. cpp-httplib's accept loop hands each new socket to
+// process_and_close_socket(), which here only parks it with the poller; the poller reads request
+// heads into the connection's buffer and queues complete ones to the workers, which run
+// cpp-httplib's own request processing over a Stream that reads from that buffer.
+class GuardedServer final : public httplib::Server {
+ public:
+  explicit GuardedServer(const ServerOptions& o) : opt_(o) {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    // The accept loop's own pool only parks sockets.
+    new_task_queue = [] { return new httplib::ThreadPool(1); };
+    set_keep_alive_timeout(std::max<time_t>(1, std::chrono::duration_cast<std::chrono::seconds>(
+                                                   opt_.idle_timeout)
+                                                   .count()));
+    set_payload_max_length(0);
+    // Announced in the Keep-Alive header and enforced in Work(). A kept-alive connection costs no
+    // worker while idle (it waits in the poller), so reconnecting every few requests buys nothing.
+    set_keep_alive_max_count(kMaxRequestsPerConnection);
+    set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+      bool body =
+          req.has_header("Transfer-Encoding") ||
+          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+      if (req.method != "GET" && req.method != "HEAD") {
+        res.status = 405;
+        res.set_header("Allow", "GET, HEAD");
+      } else if (body) {
+        res.status = 413;
+      } else {
+        return HandlerResponse::Unhandled;
+      }
+      res.set_header("Connection", "close");
+      res.set_content(res.status == 405 ? "only GET and HEAD are served\n"
+                                        : "request bodies are not accepted\n",
+                      "text/plain; charset=utf-8");
+      t_close_after = true;
+      return HandlerResponse::Handled;
+    });
+    for (int i = 0; i < std::max(1, opt_.threads); ++i) workers_.emplace_back([this] { Work(); });
+    poller_ = std::thread([this] { Poll(); });
+  }
+  ~GuardedServer() override { Shutdown(); }
+
+  // cpp-httplib listens with a backlog of 5: a burst of connections (a flood, or many scrapers at
+  // once) would have the kernel drop SYNs, and a probe would wait for a retransmit (1 s, 3 s, ..).
+  void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
+
+  // After stop(): closes every connection and joins the threads. Idempotent.
+  void Shutdown() {
+    if (shut_down_) return;
+    shut_down_ = true;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    Wake();
+    cv_.notify_all();
+    if (poller_.joinable()) poller_.join();
+    for (auto& w : workers_)
+      if (w.joinable()) w.join();
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& c : incoming_) Close(*c);
+    for (auto& c : jobs_) Close(*c);
+    incoming_.clear();
+    jobs_.clear();
+    if (wake_fd_ >= 0) close(wake_fd_);
+    wake_fd_ = -1;
+  }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string buf;  // bytes received and not yet consumed, from `off`
+    size_t off = 0;
+    Clk::time_point since;       // parked at (idle timeout)
+    Clk::time_point first_byte;  // of the pending request head (head deadline)
+    size_t requests = 0;         // served on this connection
+  };
+  static constexpr size_t kMaxRequestsPerConnection = 1000;
+
+  // The worker's view of a connection: reads come from the head the poller buffered (a body is
+  // never read: it is refused before routing), writes go out within the response deadline.
+  class ConnStream final : public httplib::Stream {
+   public:
+    ConnStream(Conn& c, const ServerOptions& o)
+        : c_(c),
+          o_(o),
+          read_deadline_(Clk::now() + o.head_deadline),
+          write_deadline_(Clk::now() + o.write_deadline) {}
+    bool is_readable() const override {
+      return c_.off < c_.buf.size() || WaitFd(c_.fd, POLLIN, read_deadline_);
+    }
+    bool is_writable() const override { return WaitFd(c_.fd, POLLOUT, write_deadline_); }
+    ssize_t read(char* ptr, size_t size) override {
+      if (c_.off >= c_.buf.size()) {
+        // Past the buffered head: bounded by the same size and deadline as a head.
+        if (socket_bytes_ >= o_.max_request_head_bytes) return -1;
+        if (!WaitFd(c_.fd, POLLIN, read_deadline_)) return -1;
+        char tmp[4096];
+        ssize_t n = recv(c_.fd, tmp,
+                         std::min(sizeof tmp, o_.max_request_head_bytes - socket_bytes_), 0);
+        if (n <= 0) return n < 0 ? -1 : 0;
+        socket_bytes_ += static_cast<size_t>(n);
+        c_.buf.assign(tmp, static_cast<size_t>(n));
+        c_.off = 0;
+      }
+      size_t k = std::min(size, c_.buf.size() - c_.off);
+      memcpy(ptr, c_.buf.data() + c_.off, k);
+      c_.off += k;
+      return static_cast<ssize_t>(k);
+    }
+    ssize_t write(const char* ptr, size_t size) override {
+      size_t done = 0;
+      while (done < size) {
+        ssize_t n = send(c_.fd, ptr + done, size - done, MSG_NOSIGNAL);
+        if (n > 0) {
+          done += static_cast<size_t>(n);
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          return -1;
+        } else if (!WaitFd(c_.fd, POLLOUT, write_deadline_)) {
+          return -1;
+        }
+      }
+      return static_cast<ssize_t>(size);
+    }
+    void get_remote_ip_and_port(std::string& ip, int& port) const override {
+      AddressOf(c_.fd, true, ip, port);
+    }
+    void get_local_ip_and_port(std::string& ip, int& port) const override {
+      AddressOf(c_.fd, false, ip, port);
+    }
+    socket_t socket() const override { return c_.fd; }
+
+   private:
+    Conn& c_;
+    const ServerOptions& o_;
+    Clk::time_point read_deadline_, write_deadline_;
+    size_t socket_bytes_ = 0;
+  };
+
+  bool process_and_close_socket(socket_t sock) override {
+    int flags = fcntl(sock, F_GETFL);
+    fcntl(sock, F_SETFL, flags | O_NONBLOCK);
+    int yes = 1;
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+    auto c = std::make_unique<Conn>();
+    c->fd = sock;
+    Park(std::move(c));
+    return true;
+  }
+
+  void Park(std::unique_ptr<Conn> c) {
+    c->since = Clk::now();
+    c->first_byte = c->since;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!stopping_) {
+        incoming_.push_back(std::move(c));
+        c = nullptr;
+      }
+    }
+    if (c) Close(*c);
+    Wake();
+  }
+
+  static bool HeadComplete(const Conn& c) {
+    return c.buf.find("\r\n\r\n", c.off) != std::string::npos;
+  }
+
+  void Close(Conn& c) {
+    if (c.fd >= 0) {
+      shutdown(c.fd, SHUT_RDWR);
+      close(c.fd);
+    }
+    c.fd = -1;
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);
+  }
+
+  // Reads what arrived; false when the connection is finished (closed by the peer, an error, or a
+  // head over the limit, answered 431).
+  bool ReadHead(Conn& c) {
+    for (;;) {
+      size_t pending = c.buf.size() - c.off;
+      if (pending >= opt_.max_request_head_bytes) {
+        static constexpr char k431[] =
+            "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+            "Content-Length: 0\r\n\r\n";
+        (void)!send(c.fd, k431, sizeof k431 - 1, MSG_NOSIGNAL);
+        return false;
+      }
+      char tmp[4096];
+      ssize_t n =
+          recv(c.fd, tmp, std::min(sizeof tmp, opt_.max_request_head_bytes - pending), 0);
+      if (n == 0) return false;
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+      if (pending == 0) {
+        c.buf.erase(0, c.off);
+        c.off = 0;
+        c.first_byte = Clk::now();
+      }
+      c.buf.append(tmp, static_cast<size_t>(n));
+      if (HeadComplete(c)) return true;
+    }
+  }
+
+  void Poll() {
+    std::vector<std::unique_ptr<Conn>> parked;
+    std::vector<pollfd> fds;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (stopping_) break;
+        for (auto& c : incoming_) parked.push_back(std::move(c));
+        incoming_.clear();
+      }
+      Clk::time_point now = Clk::now();
+      // Pipelined requests already buffered go straight back to the workers.
+      for (auto& c : parked)
+        if (HeadComplete(*c)) Dispatch(std::move(c));
+      std::erase(parked, nullptr);
+      // Deadlines: a started head must complete in time, an idle connection closes.
+      for (auto& c : parked) {
+        bool started = c->off < c->buf.size();
+        if (now >= (started ? c->first_byte + opt_.head_deadline : c->since + opt_.idle_timeout)) {
+          Close(*c);
+          c = nullptr;
+        }
+      }
+      std::erase(parked, nullptr);
+      // Too many waiting: the oldest go first (a flood of idle connections must not starve the
+      // kubelet's probe, which always arrives on a new connection).
+      if (parked.size() > static_cast<size_t>(std::max(1, opt_.max_connections))) {
+        std::sort(parked.begin(), parked.end(),
+                  [](const auto& a, const auto& b) { return a->since > b->since; });
+        for (size_t i = opt_.max_connections; i < parked.size(); ++i) Close(*parked[i]);
+        parked.resize(opt_.max_connections);
+      }
+      fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+      for (auto& c : parked) fds.push_back({c->fd, POLLIN, 0});
+      int r = poll(fds.data(), fds.size(), 100);
+      if (r <= 0) continue;
+      if (fds[0].revents) {
+        uint64_t v;
+        (void)!::read(wake_fd_, &v, sizeof v);
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        auto& c = parked[i - 1];
+        if (!ReadHead(*c)) {
+          Close(*c);
+          c = nullptr;
+        } else if (HeadComplete(*c)) {
+          Dispatch(std::move(c));
+        }
+      }
+      std::erase(parked, nullptr);
+    }
+    for (auto& c : parked) Close(*c);
+  }
+
+  void Dispatch(std::unique_ptr<Conn> c) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(std::move(c));
+    }
+    cv_.notify_one();
+  }
+
+  void Work() {
+    for (;;) {
+      std::unique_ptr<Conn> c;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) return;
+        c = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      t_close_after = false;
+      bool closed = false, ok = false;
+      {
+        ConnStream strm(*c, opt_);
+        bool last = ++c->requests >= kMaxRequestsPerConnection;
+        ok = process_request(strm, last, closed, nullptr);
+        closed = closed || last;
+      }
+      if (!ok || closed || t_close_after) {
+        Close(*c);
+        continue;
+      }
+      c->buf.erase(0, c->off);
+      c->off = 0;
+      Park(std::move(c));
+    }
+  }
+
+  const ServerOptions opt_;
+  int wake_fd_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool shut_down_ = false;  // Shutdown() ran (called from the owner's thread only)
+  std::vector<std::unique_ptr<Conn>> incoming_;
+  std::deque<std::unique_ptr<Conn>> jobs_;
+  std::vector<std::thread> workers_;
+  std::thread poller_;
+};
+
+namespace {
 
 // Serves `body` plus a small per-request `tail` without copying the body; `body` usually points
 // into a snapshot and shares its ownership, so the snapshot stays alive until the last byte is
@@ -49,6 +411,13 @@ void ServeSnapshot(httplib::Response& res, std::shared_ptr<const std::string> bo
                    std::string tail, std::string_view content_type,
                    std::atomic<double>* duration_out, Clk::time_point start) {
   size_t body_size = body->size();
+  if (body_size + tail.size() == 0) {
+    // A length provider of 0 bytes would make cpp-httplib stream without a Content-Length and
+    // never end the response (GPU Manager's /metric when no pod holds a GPU).
+    res.set_content("", std::string(content_type));
+    duration_out->store(std::chrono::duration<double>(Clk::now() - start).count());
+    return;
+  }
   auto tail_ptr = std::make_shared<std::string>(std::move(tail));
   size_t total = body_size + tail_ptr->size();
   res.set_content_provider(
@@ -81,17 +450,9 @@ std::string Tail(Format format, double last_scrape_seconds) {
   return out;
 }
 
-std::unique_ptr<httplib::Server> NewServer(int threads) {
-  auto s = std::make_unique<httplib::Server>();
-  s->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // A stuck or slow client must not pin a worker forever.
-  s->set_read_timeout(5, 0);
-  s->set_write_timeout(10, 0);
-  // cpp-httplib holds one worker per open keep-alive connection (polling it) until it idles out,
-  // and /health (the kubelet's probes) shares those workers. Prometheus scrapes every 15-60 s, so
-  // a longer idle time only keeps workers pinned between scrapes; reconnecting costs ~0.1 ms.
-  s->set_keep_alive_timeout(5);
-  s->set_tcp_nodelay(true);
+std::unique_ptr<GuardedServer> NewServer(ServerOptions o, int threads) {
+  o.threads = threads;
+  auto s = std::make_unique<GuardedServer>(o);
   // httplib's default also sets SO_REUSEPORT, which lets a second exporter bind the same port and
   // silently take half the scrapes; keep only SO_REUSEADDR so a busy port is an error.
   s->set_socket_options([](socket_t sock) {
@@ -101,19 +462,21 @@ std::unique_ptr<httplib::Server> NewServer(int threads) {
   return s;
 }
 
-absl::StatusOr<int> Bind(httplib::Server& s, const std::string& address) {
+absl::StatusOr<int> Bind(GuardedServer& s, const std::string& address) {
   auto hp = ParseListenAddress(address);
   if (!hp.ok()) return hp.status();
   auto [host, port] = *hp;
   if (port == 0) {
     int p = s.bind_to_any_port(host);
     if (p <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    s.WidenBacklog();
     return p;
   }
   if (!s.bind_to_port(host, port)) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, " (address in use or not permitted)"));
   }
+  s.WidenBacklog();
   return port;
 }
 
@@ -133,7 +496,7 @@ MetricsServer::MetricsServer(Sampler* sampler, ServerOptions options)
 MetricsServer::~MetricsServer() { Stop(); }
 
 absl::Status MetricsServer::Start() {
-  http_ = NewServer(options_.threads);
+  http_ = NewServer(options_, options_.threads);
   http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     Clk::time_point start = Clk::now();
     std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
@@ -182,7 +545,7 @@ absl::Status MetricsServer::Start() {
   WaitRunning(*http_);
 
   if (!options_.gpu_manager_address.empty()) {
-    gpu_manager_http_ = NewServer(2);
+    gpu_manager_http_ = NewServer(options_, 2);
     gpu_manager_http_->Get("/metric", [this](const httplib::Request&, httplib::Response& res) {
       std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
       ServeSnapshot(res, std::shared_ptr<const std::string>(snap, &snap->gpu_manager), "",
@@ -205,6 +568,8 @@ void MetricsServer::Stop() {
   if (gpu_manager_http_) gpu_manager_http_->stop();
   if (thread_.joinable()) thread_.join();
   if (gpu_manager_thread_.joinable()) gpu_manager_thread_.join();
+  if (http_) http_->Shutdown();
+  if (gpu_manager_http_) gpu_manager_http_->Shutdown();
 }
 
 }  // namespace gpulet::metrics

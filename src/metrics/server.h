@@ -4,10 +4,26 @@
 // written straight from the shared immutable buffer (no copy, no rendering, no lock held while
 // writing), followed by one per-scrape line: the previous scrape's duration.
 //
+// The port is reachable from every pod of the node, so a client must not be able to take the
+// agent down (it also serves the device plugin) or keep /health from its liveness probe:
+//  - connections wait for their request in ONE poller thread, not in a worker: idle keep-alive
+//    connections and clients that dribble their request head cost a socket and a buffer, never a
+//    worker; a worker only runs complete request heads;
+//  - a request head is at most `max_request_head_bytes` (this also bounds the header count, which
+//    cpp-httplib 0.11 does not limit) and must arrive within `head_deadline` of its first byte;
+//    else 431 / the connection is closed; idle keep-alive connections close after `idle_timeout`;
+//  - methods other than GET/HEAD get 405 and any request body (Content-Length > 0, or
+//    Transfer-Encoding) gets 413, both before a byte of the body is read, then the connection is
+//    closed;
+//  - a response must be written within `write_deadline`; at most `max_connections` are open per
+//    listener (beyond that the oldest waiting connections are closed).
+// Memory is therefore bounded by about max_connections x max_request_head_bytes.
+//
 // Thread-safe. Owns its listener threads; the sampler must outlive it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,16 +34,19 @@
 #include "absl/status/statusor.h"
 #include "metrics/sampler.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace gpulet::metrics {
+
+class GuardedServer;  // cpp-httplib server with the limits above (server.cc)
 
 struct ServerOptions {
   std::string address = ":9400";     // [host]:port; ":9400" = every IPv4 address; port 0 = any
   std::string gpu_manager_address;   // GPU Manager's /metric listener; empty = off
-  int threads = 4;                   // worker threads per listener
+  int threads = 4;                   // worker threads per listener (complete requests only)
+  size_t max_request_head_bytes = 16 << 10;  // request line + headers
+  std::chrono::milliseconds head_deadline{5000};    // first byte of a request to its blank line
+  std::chrono::milliseconds idle_timeout{5000};     // keep-alive connection without a request
+  std::chrono::milliseconds write_deadline{10000};  // one whole response
+  int max_connections = 128;                        // open connections per listener
 };
 
 // "host:port", ":port" or "[v6]:port" -> (host, port). InvalidArgument naming the flag value.
@@ -48,7 +67,7 @@ class MetricsServer {
  private:
   Sampler* sampler_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_, gpu_manager_http_;
+  std::unique_ptr<GuardedServer> http_, gpu_manager_http_;
   std::thread thread_, gpu_manager_thread_;
   int port_ = 0, gpu_manager_port_ = 0;
   std::atomic<double> last_scrape_seconds_{0}, last_gpu_manager_scrape_seconds_{0};

@@ -1,6 +1,7 @@
 #include "plugin/config.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/fs.h"
 #include "common/status.h"
 
 namespace gpulet::plugin {
@@ -464,11 +466,18 @@ absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& f
 absl::StatusOr<Config> LoadConfig(const ConfigSources& src) {
   Config c;
   if (!src.file.empty()) {
-    std::ifstream in(src.file);
-    if (!in) return absl::NotFoundError(absl::StrCat("config file ", src.file, ": cannot read"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ASSIGN_OR_RETURN(c, ParseConfig(ss.str(), src.file));
+    // Not an ifstream: it opens a directory and reads it as empty, i.e. runs with defaults.
+    std::error_code ec;
+    if (std::filesystem::is_directory(src.file, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file ", src.file, ": is a directory, not a config file"));
+    }
+    absl::StatusOr<std::string> text = ReadFileToString(src.file);
+    if (!text.ok()) {
+      return absl::NotFoundError(
+          absl::StrCat("config file ", src.file, ": cannot read: ", text.status().message()));
+    }
+    ASSIGN_OR_RETURN(c, ParseConfig(*text, src.file));
   }
   for (const auto& s : kSettings) {
     for (const char* e : s.envs) {

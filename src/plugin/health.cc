@@ -5,7 +5,12 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/fs.h"
 
 namespace gpulet::plugin {
@@ -79,8 +84,10 @@ absl::StatusOr<Isolation> ParseIsolation(const std::string& text, const std::str
       if (text[i] == '\n') ++line, col = 0;
     return absl::InvalidArgumentError(
         absl::StrCat(where, ":", line, ":", col, ": not valid JSON"));
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range: 1e999
-    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax the library still refuses, e.g. a number too large for a double (1e999 is
+    // out_of_range, not parse_error): an error like any other, never an abort of the agent.
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not usable JSON: ", e.what()));
   }
   if (!j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(where, ": must be an object {\"index\": [...], "
@@ -183,6 +190,11 @@ bool HealthMonitor::nvml_down() const {
   return nvml_down_;
 }
 
+std::vector<std::string> HealthMonitor::isolation_unmatched() const {
+  absl::MutexLock l(&mu_);
+  return UnmatchedIsolationEntries();
+}
+
 absl::Status HealthMonitor::isolation_status() const {
   absl::MutexLock l(&mu_);
   return isolation_status_;
@@ -218,6 +230,26 @@ void HealthMonitor::OnEvent(const gpu::Event& e) {
   changes_.Notify();
 }
 
+std::vector<std::string> HealthMonitor::UnmatchedIsolationEntries() const {
+  std::vector<std::string> out;
+  for (const std::string& e : isolation_.indices) {
+    std::pair<std::string, std::string> parts = absl::StrSplit(e, absl::MaxSplits(':', 1));
+    uint32_t gpu = 0, mig = 0;
+    bool ok = absl::SimpleAtoi(parts.first, &gpu) && gpu < gpus_.size();
+    if (ok && e.find(':') != std::string::npos)
+      ok = absl::SimpleAtoi(parts.second, &mig) && mig < gpus_[gpu].mig_uuids.size();
+    if (!ok) out.push_back("index " + e);
+  }
+  for (const std::string& u : isolation_.uuids) {
+    bool ok = std::any_of(gpus_.begin(), gpus_.end(), [&](const GpuState& g) {
+      return g.uuid == u ||
+             std::find(g.mig_uuids.begin(), g.mig_uuids.end(), u) != g.mig_uuids.end();
+    });
+    if (!ok) out.push_back("uuid " + u);
+  }
+  return out;
+}
+
 void HealthMonitor::CheckIsolationFile() {
   const std::string& path = cfg_.unhealthy_devices_file;
   if (path.empty()) return;
@@ -243,8 +275,15 @@ void HealthMonitor::CheckIsolationFile() {
   isolation_status_ = absl::OkStatus();
   if (parsed->indices != isolation_.indices || parsed->uuids != isolation_.uuids) {
     isolation_ = std::move(*parsed);
-    spdlog::info("{}: {} index and {} uuid entries isolated", path, isolation_.indices.size(),
-                 isolation_.uuids.size());
+    std::vector<std::string> unmatched = UnmatchedIsolationEntries();
+    spdlog::info("{}: {} index and {} uuid entries isolated", path,
+                 isolation_.indices.size(), isolation_.uuids.size());
+    if (!unmatched.empty()) {
+      // Said plainly: an entry naming no device isolates nothing (a typo would otherwise read as
+      // "isolated" while the GPU meant stays in service).
+      spdlog::warn("{}: {} match no device of this node and isolate nothing", path,
+                   absl::StrJoin(unmatched, ", "));
+    }
     changes_.Notify();
   }
 }

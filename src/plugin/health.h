@@ -60,6 +60,8 @@ class HealthMonitor {
   std::string Reason(uint32_t index, int mig = -1) const;
   bool nvml_down() const;
   // The manual-isolation file's last problem (OK when it parsed or is absent).
+  // Entries of the current isolation list that match no device of this node (logged as such).
+  std::vector<std::string> isolation_unmatched() const;
   absl::Status isolation_status() const;
   const kubelet::ChangeNotifier* changes() const { return &changes_; }
 
@@ -80,6 +82,8 @@ class HealthMonitor {
     std::optional<Clock::TimePoint> ok_since;  // probes answering normally since
   };
   void CheckIsolationFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Entries of the isolation list that name no GPU or MIG device here ("index 9", "uuid GPU-x").
+  std::vector<std::string> UnmatchedIsolationEntries() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   gpu::GpuLayer* const gpu_;
   Clock* const clock_;

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -26,6 +30,111 @@ std::string Ann(const json& pod, const std::string& key) {
   return it != md["annotations"].end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+// Device IDs "<uuid>::vc<n>" / "<uuid>::vm<n>" counted per GPU: uuid -> {core units, memory units}.
+std::map<std::string, std::pair<int64_t, int64_t>> CountByGpu(const std::vector<std::string>& ids) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& id : ids) {
+    size_t sep = id.rfind("::");
+    auto& n = out[sep == std::string::npos ? id : id.substr(0, sep)];
+    (sep != std::string::npos && id.compare(sep + 2, 2, "vm") == 0 ? n.second : n.first)++;
+  }
+  return out;
+}
+
+// "GPU-a: 60 core + 20 memory, GPU-b: 40 core": what the kubelet booked, for error messages.
+std::string IdSummary(const std::vector<std::string>& ids) {
+  std::vector<std::string> parts;
+  for (const auto& [uuid, n] : CountByGpu(ids)) {
+    std::string p = uuid + ":";
+    if (n.first) absl::StrAppend(&p, " ", n.first, " core");
+    if (n.first && n.second) absl::StrAppend(&p, " +");
+    if (n.second) absl::StrAppend(&p, " ", n.second, " memory");
+    parts.push_back(p);
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
+}
+
+std::string Who(const std::string& ns, const std::string& pod, const std::string& container) {
+  if (pod.empty()) return "a container (its pod is not known without API access)";
+  return absl::StrCat("pod ", ns, "/", pod, " container ", container);
+}
+
+// The GPUs the kubelet's device IDs book for a container asking `pr` (one container), if this
+// node's grants leave them free: k whole GPUs = all 100 core units of each of k GPUs (memory units
+// of whole GPUs are not enforced, so where they lie does not matter); a share = every unit on one
+// GPU. Empty with `reason` set otherwise.
+std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
+                                    const std::map<std::string, int>& index_of,
+                                    const placement::Node& node, const placement::PodRequest& pr,
+                                    const std::string& core_name, std::string* reason) {
+  const placement::ContainerRequest& cr = pr.containers[0];
+  auto by_gpu = CountByGpu(ids);
+  placement::Assignment a;
+  a.containers.resize(1);
+  std::vector<std::string> gpus;
+  for (const auto& [uuid, n] : by_gpu) {
+    if (!index_of.count(uuid)) {
+      *reason = absl::StrCat(uuid, " is not a vGPU GPU of this node");
+      return {};
+    }
+  }
+  if (cr.whole_gpus > 0) {
+    bool all_units = true;
+    for (const auto& [uuid, n] : by_gpu) {
+      if (n.first == 0) continue;
+      gpus.push_back(uuid);
+      all_units = all_units && n.first == kCoresPerGpu;
+    }
+    if (!all_units || static_cast<int32_t>(gpus.size()) != cr.whole_gpus) {
+      *reason = absl::StrCat("a whole GPU needs all ", kCoresPerGpu, " ", core_name,
+                             " units of one GPU; the kubelet booked ", IdSummary(ids),
+                             " (no GPU of this node had all its units free?)");
+      return {};
+    }
+    for (const auto& u : gpus) a.containers[0].gpus.push_back(index_of.at(u));
+    a.containers[0].milli = placement::kMilliPerGpu;
+    a.containers[0].memory_bytes = node.gpus[a.containers[0].gpus[0]].memory_total_bytes;
+  } else {
+    if (by_gpu.size() != 1) {
+      *reason = absl::StrCat("a share must lie on one GPU; the kubelet booked ", IdSummary(ids));
+      return {};
+    }
+    gpus = {by_gpu.begin()->first};
+    a.containers[0].gpus = {index_of.at(gpus[0])};
+    a.containers[0].milli = cr.milli;
+    a.containers[0].memory_bytes = cr.memory_bytes;
+  }
+  placement::Node trial = node;
+  if (absl::Status s = placement::Apply(trial, pr, a); !s.ok()) {
+    *reason = absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ",
+                           absl::StrJoin(gpus, ","), " is not free in this node's grants (",
+                           s.message(), ")");
+    return {};
+  }
+  return gpus;
+}
+
+// The user and group a container runs as, from its securityContext or the pod's; -1 unknown.
+std::pair<int64_t, int64_t> RunAs(const json& pod, int index) {
+  int64_t uid = -1, gid = -1;
+  auto take = [&](const json* sc) {
+    if (!sc || !sc->is_object()) return;
+    auto u = sc->find("runAsUser"), g = sc->find("runAsGroup");
+    if (uid < 0 && u != sc->end() && u->is_number_unsigned() && *u <= 0x7fffffffu) uid = *u;
+    if (gid < 0 && g != sc->end() && g->is_number_unsigned() && *g <= 0x7fffffffu) gid = *g;
+  };
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return {-1, -1};
+  auto cs = spec->find("containers");
+  if (cs != spec->end() && cs->is_array() && index >= 0 &&
+      static_cast<size_t>(index) < cs->size()) {
+    const json& c = (*cs)[index];
+    if (c.is_object() && c.contains("securityContext")) take(&c["securityContext"]);
+  }
+  if (auto sc = spec->find("securityContext"); sc != spec->end()) take(&*sc);
+  return {uid, gid};
+}
+
 json GrantToJson(const Grant& g) {
   return {{"podUID", g.pod_uid},
           {"namespace", g.ns},
@@ -42,21 +151,60 @@ json GrantToJson(const Grant& g) {
           {"time", g.time_ns}};
 }
 
-Grant GrantFromJson(const json& j) {
+// One checkpointed grant, every field type-checked and bounded: the file is ours, but a
+// hand edit or a bad disk must give a message naming the grant and field, never an exception
+// that aborts the agent at every start.
+absl::StatusOr<Grant> GrantFromJson(const json& j, size_t n) {
+  auto bad = [&](const char* field, const char* want) {
+    return absl::DataLossError(
+        absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
+  };
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat("grant #", n, " is not an object"));
   Grant g;
-  g.pod_uid = j.value("podUID", "");
-  g.ns = j.value("namespace", "");
-  g.pod = j.value("pod", "");
-  g.container = j.value("container", "");
-  g.container_index = j.value("index", 0);
-  g.gpus = j.value("gpus", std::vector<std::string>{});
-  g.cores = j.value("cores", int64_t{0});
-  g.memory_units = j.value("memoryUnits", int64_t{0});
-  g.ceiling = j.value("ceiling", int64_t{0});
-  g.device_ids = j.value("deviceIDs", std::vector<std::string>{});
-  g.accounting_dir = j.value("accountingDir", "");
-  g.inject = j.value("inject", true);
-  g.time_ns = j.value("time", int64_t{0});
+  auto str = [&](const char* key, std::string* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_string()) return bad(key, "a string");
+    *out = it->get<std::string>();
+    return absl::OkStatus();
+  };
+  auto num = [&](const char* key, int64_t max, int64_t* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
+      return bad(key, absl::StrCat("an integer 0..", max).c_str());
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  auto strings = [&](const char* key, size_t max, std::vector<std::string>* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_array() || it->size() > max) return bad(key, "a short list of strings");
+    for (const auto& v : *it) {
+      if (!v.is_string()) return bad(key, "a list of strings");
+      out->push_back(v.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(str("podUID", &g.pod_uid));
+  RETURN_IF_ERROR(str("namespace", &g.ns));
+  RETURN_IF_ERROR(str("pod", &g.pod));
+  RETURN_IF_ERROR(str("container", &g.container));
+  RETURN_IF_ERROR(str("accountingDir", &g.accounting_dir));
+  int64_t index = 0;
+  RETURN_IF_ERROR(num("index", 1 << 16, &index));
+  g.container_index = static_cast<int>(index);
+  // A node has at most a few dozen GPUs: 100 cores each, memory units of the largest GPUs.
+  RETURN_IF_ERROR(num("cores", 100 * 1024, &g.cores));
+  RETURN_IF_ERROR(num("memoryUnits", int64_t{1} << 32, &g.memory_units));
+  RETURN_IF_ERROR(num("ceiling", 100, &g.ceiling));
+  RETURN_IF_ERROR(num("time", INT64_MAX, &g.time_ns));
+  RETURN_IF_ERROR(strings("gpus", 1024, &g.gpus));
+  RETURN_IF_ERROR(strings("deviceIDs", 1 << 20, &g.device_ids));
+  if (auto it = j.find("inject"); it != j.end()) {
+    if (!it->is_boolean()) return bad("inject", "true or false");
+    g.inject = it->get<bool>();
+  }
   return g;
 }
 
@@ -113,12 +261,22 @@ absl::Status NodeAssigner::Load() {
     if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
     return text.status();
   }
-  json j = json::parse(*text, nullptr, false);
-  if (!j.is_object() || !j["grants"].is_array()) {
+  json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
+  auto list = j.is_object() ? j.find("grants") : j.end();
+  if (!j.is_object() || list == j.end() || !list->is_array()) {
     return absl::DataLossError(absl::StrCat(path, ": not a gpulet vGPU checkpoint"));
   }
-  grants_.clear();
-  for (const auto& g : j["grants"]) grants_.push_back(GrantFromJson(g));
+  std::vector<Grant> loaded;
+  try {
+    for (size_t i = 0; i < list->size(); ++i) {
+      absl::StatusOr<Grant> g = GrantFromJson((*list)[i], i);
+      if (!g.ok()) return absl::DataLossError(absl::StrCat(path, ": ", g.status().message()));
+      loaded.push_back(*std::move(g));
+    }
+  } catch (const json::exception& e) {  // belt and braces: nothing above should throw
+    return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+  }
+  grants_ = std::move(loaded);
   return absl::OkStatus();
 }
 
@@ -203,6 +361,22 @@ absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLoc
 
 absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_units,
                                                 std::vector<std::string> ids) {
+  // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
+  // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
+  {
+    ContainerRequest asked;
+    asked.cores = cores;
+    asked.memory_units = memory_units;
+    int64_t max_units = 0;
+    for (const auto& p : pool_) max_units = std::max(max_units, p.memory_units);
+    if (absl::Status s = ValidateContainer(asked, max_units, options_.names); !s.ok()) {
+      absl::string_view why = s.message();
+      absl::ConsumePrefix(&why, "container \"\": ");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vGPU Allocate refused (", options_.names.core, " ", cores, ", ", options_.names.memory,
+          " ", memory_units, ", device IDs ", IdSummary(ids), "): ", why));
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
   if (!api_) {
     // No API server (a bare simulated node): the kubelet's counts are the request; the pod is
@@ -284,31 +458,19 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                    c.pod, absl::StrJoin(c.annotated_gpus, ","));
     }
   }
-  if (gpus.empty() && cr.whole_gpus == 0 && !ids.empty()) {
-    // No extender choice: follow the kubelet's (GetPreferredAllocation put a container's units on
-    // one GPU), so its per-device books match where the container really runs.
-    std::string on = ids[0].substr(0, ids[0].rfind("::"));
-    bool one_gpu = std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
-      return id.substr(0, id.rfind("::")) == on;
-    });
-    if (one_gpu && index_of.count(on)) {
-      placement::Assignment a;
-      a.containers.push_back({{index_of[on]}, cr.milli, cr.memory_bytes});
-      placement::Node trial = node;
-      if (placement::Apply(trial, pr, a).ok()) gpus = {on};
+  if (gpus.empty() && !ids.empty()) {
+    // Follow the kubelet's booking: GetPreferredAllocation put a container's units on the GPU(s) it
+    // will get, and PodResources-based attribution (metrics, Correct()) reads the GPU from these
+    // IDs, so the container must run where they lie. Without an extender choice there is nothing
+    // else to go by: a booking that cannot be honoured is refused, not moved to another GPU.
+    std::string reason;
+    gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
+    if (gpus.empty() && c.annotated_gpus.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ",
+                       options_.names.core, " ", cores,
+                       ", but the kubelet's device IDs cannot be honoured: ", reason));
     }
-  }
-  if (gpus.empty()) {
-    ASSIGN_OR_RETURN(auto policy, MakeVgpuPolicy(options_.policy));
-    auto score = policy->Score(node, pr);
-    if (!score) {
-      std::string reason;
-      placement::Fits(node, pr, &reason);
-      return absl::ResourceExhaustedError(absl::StrCat("vGPU Allocate: pod ", c.ns, "/", c.pod,
-                                                       " container ", c.container,
-                                                       " does not fit on this node: ", reason));
-    }
-    for (int32_t g : score->assignment.containers[0].gpus) gpus.push_back(pool_[g].uuid);
   }
   Grant g;
   g.pod_uid = c.uid;
@@ -326,12 +488,24 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
   if (cores < kCoresPerGpu) {
-    g.accounting_dir = absl::StrCat(options_.state_dir, "/", c.uid, "/", c.container);
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir));
+    // The file is bind-mounted read-write into the container, whose user is known only when the
+    // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
+    // in the container must (0666). The directories are the agent's (0700), so no host user
+    // reaches the file either way.
+    std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
+    g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    ::chmod(pod_dir.c_str(), 0700);
     std::string file = g.accounting_dir + "/accounting";
     if (!RealFilesystem().Exists(file)) {
+      auto [uid, gid] = RunAs(c.pod_json, c.index);
+      mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
       // A zero-filled file is a valid empty region (vgpu/accounting.h).
-      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), 0666));
+      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), mode));
+      if (uid >= 0 && ::chown(file.c_str(), static_cast<uid_t>(uid),
+                              gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(gid)) != 0) {
+        ::chmod(file.c_str(), 0666);  // not root (tests, a sim): let the container open it
+      }
     }
   }
   WritePodFile(g);
@@ -448,6 +622,12 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
 
 std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
   std::lock_guard<std::mutex> l(mu_);
+  // The kubelet asks for a container's resources one after the other (preference, then Allocate,
+  // per resource): when the other half of the pair is pending, its GPU is where this half goes.
+  if (pending_ && !pending_->ids.empty() && pending_->is_core == (memory_units > 0)) {
+    auto by_gpu = CountByGpu(pending_->ids);
+    if (by_gpu.size() == 1) return by_gpu.begin()->first;
+  }
   auto cands = CandidatesLocked();
   if (!cands.ok()) return "";
   for (const auto& c : *cands) {

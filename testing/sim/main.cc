@@ -2,7 +2,10 @@
 // links no fake code). Parses flags and wires SimNode / the fault-injection control log.
 #include <signal.h>
 
+#include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "fake_nvml/fault_cli.h"
@@ -39,7 +42,38 @@ int RunNode(gpulet::sim::SimOptions opt, bool serve) {
 
 }  // namespace
 
+// `gpulet sim fault --sim-root D xid ...` and `gpulet sim --sim-root D fault xid ...` (the flag
+// before the fault kind, as the node commands take it) mean `gpulet sim fault xid ... --sim-root
+// D`: the fault kinds own the flag, so it is moved behind the kind.
+static std::vector<std::string> NormalizeFaultArgs(int argc, char** argv) {
+  std::vector<std::string> a(argv, argv + argc);
+  size_t f = std::find(a.begin(), a.end(), "fault") - a.begin();
+  if (f == a.size()) return a;
+  size_t kind = f + 1;  // the first word after `fault` that is not --sim-root or its value
+  while (kind < a.size() && (a[kind] == "--sim-root" || a[kind].rfind("--sim-root=", 0) == 0))
+    kind += a[kind] == "--sim-root" ? 2 : 1;
+  if (kind >= a.size()) return a;
+  std::vector<std::string> kept, moved;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i < kind && a[i] == "--sim-root" && i + 1 < kind) {
+      moved = {a[i], a[i + 1]};
+      ++i;
+    } else if (i < kind && a[i].rfind("--sim-root=", 0) == 0) {
+      moved = {a[i]};
+    } else {
+      kept.push_back(a[i]);
+    }
+  }
+  kept.insert(kept.end(), moved.begin(), moved.end());
+  return kept;
+}
+
 int main(int argc, char** argv) {
+  std::vector<std::string> args = NormalizeFaultArgs(argc, argv);
+  std::vector<char*> argp;
+  for (auto& s : args) argp.push_back(s.data());
+  argc = static_cast<int>(argp.size());
+  argv = argp.data();
   CLI::App app{"Simulated GPU node: the kubelet emulator, the real agent on the fake NVML, and pods "
                "from YAML. Prints the node's resources and each pod's status and allocation.",
                "gpulet sim"};

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -295,14 +296,31 @@ void SimNode::PrintPods() {
 }
 
 void SimNode::Serve() {
-  out_ << "\nServing the simulated node until SIGINT/SIGTERM:\n"
+  // The agent logs its metrics URL once at start (the port is ephemeral unless an --agent-arg
+  // sets it).
+  std::string metrics = "see the agent log";
+  for (int i = 0; i < 20; ++i) {
+    std::ifstream log(paths_.agent_log);
+    std::string line;
+    while (std::getline(log, line)) {
+      size_t at = line.find("metrics: http://");
+      if (at == std::string::npos) continue;
+      metrics = line.substr(at + 9);
+      metrics = metrics.substr(0, metrics.find(' '));
+    }
+    if (metrics != "see the agent log") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  out_ << "\nServing the simulated node until SIGINT/SIGTERM (Ctrl-C, or kill %1 when started "
+          "with &):\n"
        << "  sim root:               " << paths_.root << "\n"
        << "  device-plugin dir:      " << paths_.device_plugin_dir << "\n"
        << "  kubelet registration:   " << emu_->kubelet_socket() << "\n"
        << "  PodResources v1:        " << emu_->pod_resources_socket() << "\n"
+       << "  metrics:                " << metrics << "\n"
        << "  agent:                  pid " << agent_pid_ << ", log " << paths_.agent_log << "\n"
-       << "  faults:                 gpulet sim fault --sim-root " << paths_.root
-       << " xid --gpu 3 --code 79\n\nEvents:\n";
+       << "  faults:                 gpulet sim fault xid --gpu 3 --code 79 --sim-root "
+       << paths_.root << "\n\nEvents:\n";
   out_.flush();
   sigset_t set;
   sigemptyset(&set);

@@ -65,6 +65,94 @@ class SimTest : public ::testing::Test {
   std::string root_;
 };
 
+// A sim root holds one machine: `gpulet info --simulate pcie-t4` on a dgx-h100 node's root is
+// refused, naming both, and leaves that node's state as it was (it used to rewrite it silently,
+// after which fault commands refused the running node's GPU numbers); the same machine is fine.
+TEST_F(SimTest, SecondSimulateOnARootIsRefused) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  std::string info = kBin + "gpulet info --sim-root " + root_ + " --simulate ";
+  ASSERT_EQ(Shell(info + "dgx-h100").code, 0);
+  Result r = Shell(info + "pcie-t4");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("holds the simulated node of machine dgx-h100"));
+  std::ifstream node(root_ + "/control/node");
+  std::string text((std::istreambuf_iterator<char>(node)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("machine dgx-h100"));
+  EXPECT_EQ(Shell(info + "dgx-h100").code, 0);
+}
+
+// `gpulet labels` inputs it used to accept silently: --replicas 0 is refused; MIG_STRATEGY in the
+// environment is honoured (as `gpulet device-plugin` honours it) and checked.
+TEST_F(SimTest, LabelsInputs) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  std::string out = root_ + "/labels";
+  std::string base = kBin +
+                     "gpulet labels --oneshot --no-timestamp --simulate a100-mig --sim-root " +
+                     root_ + " --output " + out;
+  Result r = Shell(base + " --replicas 0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--replicas"));
+  r = Shell("MIG_STRATEGY=mixed " + base);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(out);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("nvidia.com/mig.strategy=mixed"));
+  r = Shell("MIG_STRATEGY=bogus " + base);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--mig-strategy"));
+}
+
+// A DaemonSet written for NVIDIA's device plugin starts: its flags (and their environment
+// variables) are accepted, each with a warning saying what gpulet does instead; a discovery
+// strategy gpulet cannot honour (tegra) stops the start with a message. They used to exit 109.
+TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  fs::create_directories(root_ + "/dp");
+  std::string base = kBin + "gpulet device-plugin --simulate pcie-t4 --sim-root " + root_ +
+                     "/sim --device-plugin-dir " + root_ + "/dp --kubelet-socket '' ";
+  Result r = Shell("MPS_ROOT=/run/nvidia/mps timeout -s INT 3 " + base +
+                   "--container-driver-root /driver-root --device-discovery-strategy auto "
+                   "--imex-channel-ids 0 --nvidia-ctk-path /usr/bin/nvidia-ctk");
+  EXPECT_THAT(r.out, Not(HasSubstr("The following argument")));
+  for (const char* flag : {"--container-driver-root=/driver-root", "--mps-root=/run/nvidia/mps",
+                           "--device-discovery-strategy=auto", "--imex-channel-ids=0",
+                           "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
+    EXPECT_THAT(r.out, HasSubstr(std::string(flag) + " (NVIDIA device-plugin flag) is accepted "
+                                                     "and ignored"));
+  r = Shell(base + "--device-discovery-strategy tegra");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out,
+              HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
+}
+
+// Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
+// start it says where its metrics and labels are.
+TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  fs::create_directories(root_ + "/dp");
+  Result r = Shell("timeout -s INT 3 " + kBin + "gpulet agent --simulate pcie-t4 --sim-root " +
+                   root_ + "/sim --device-plugin-dir " + root_ + "/dp --metrics-address "
+                   "127.0.0.1:0 --labels-output " + root_ + "/features");
+  EXPECT_THAT(r.out, HasSubstr("waiting for the kubelet: " + root_ + "/dp/kubelet.sock"));
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("labels: " + root_ + "/features"));
+}
+
+// `gpulet info --json` gives scripts the same facts as the table: GPUs, MIG devices, topology.
+TEST_F(SimTest, InfoJson) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  Result r =
+      Shell(kBin + "gpulet info --json --simulate a100-mig --sim-root " + root_ + " 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"driverVersion\""));
+  EXPECT_THAT(r.out, HasSubstr("\"uuid\": \"GPU-"));
+  EXPECT_THAT(r.out, HasSubstr("\"profile\": \""));
+  EXPECT_THAT(r.out, HasSubstr("\"topology\": ["));
+  EXPECT_THAT(r.out, Not(HasSubstr("Legend")));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
@@ -194,12 +282,28 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
     return n;
   };
   EXPECT_EQ(healthy_gpus(), 8);
-  Result f = Shell(kBin + "gpulet-sim fault xid --gpu 3 --code 79 --sim-root " + root_);
+  // The banner's fault hint works as printed (it used to put --sim-root before the kind, which
+  // the fault command refused), and the banner says where the metrics are.
+  std::smatch hint;
+  std::string banner = read_log();
+  ASSERT_TRUE(std::regex_search(banner, hint, std::regex("faults: +gpulet sim (fault [^\n]*)")))
+      << banner;
+  EXPECT_TRUE(
+      std::regex_search(banner, std::regex("metrics: +http://127\\.0\\.0\\.1:[0-9]+/metrics")))
+      << banner;
+  Result f = Shell(kBin + "gpulet-sim " + hint[1].str());
   EXPECT_EQ(f.code, 0) << f.out;
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (healthy_gpus() != 7 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(healthy_gpus(), 7) << read_log();
+  // --sim-root before the kind is understood too.
+  f = Shell(kBin + "gpulet-sim fault --sim-root " + root_ + " xid --gpu 4 --code 79");
+  EXPECT_EQ(f.code, 0) << f.out;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (healthy_gpus() != 6 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(healthy_gpus(), 6) << read_log();
   kill(pid, SIGTERM);
   int st = 0;
   waitpid(pid, &st, 0);

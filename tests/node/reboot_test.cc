@@ -119,8 +119,12 @@ TEST(RebootScenario, RejectedPodIsRecreatedAndRunsAndTaintIsCleared) {
   EXPECT_FALSE(node["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
 
   // The agent comes up and registers.
+  // Hermetic: labels into the test's directory, metrics on an ephemeral loopback port (the
+  // defaults are the host's NFD directory and 0.0.0.0:9400).
   pid_t pid = Spawn({agent, "agent", "--simulate", "dgx-h100", "--sim-root", sim,
-                     "--device-plugin-dir", dp, "--pod-resources-socket", podres});
+                     "--device-plugin-dir", dp, "--pod-resources-socket", podres,
+                     "--metrics-address", "127.0.0.1:0", "--labels-output",
+                     dir + "/features.d/gpulet", "--vgpu-state-dir", dir + "/vgpu"});
   ASSERT_GT(pid, 0);
   absl::Status up = kubelet.WaitForAllocatable("nvidia.com/gpu", 8, std::chrono::seconds(20));
   bool running = false;

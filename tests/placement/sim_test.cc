@@ -195,5 +195,28 @@ TEST(Cli, BadInputAndOutput) {
   std::filesystem::remove_all(dir);
 }
 
+// Numbers the CLI used to accept silently (issue 22): a negative seed wrapped to 2^64-5, a seed
+// past 2^64-1 clamped, --jobs 0 and -3 ran. Each is refused naming the flag.
+TEST(Cli, BadNumbersAreRefused) {
+  const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
+  const std::string base = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
+                           SampleDir() + "/sample_pods.csv --policy best-fit ";
+  for (const char* bad : {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5",
+                          "--jobs 0", "--jobs -3"}) {
+    std::string cmd = base + bad + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int rc = pclose(p);
+    EXPECT_NE(WEXITSTATUS(rc), 0) << bad << ": " << out;
+    std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
+    EXPECT_THAT(out, HasSubstr(flag)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace gpulet::placement

@@ -110,6 +110,11 @@ TEST(ConfigTest, BadEnvAndFlagNameTheirSource) {
   src.flags.clear();
   src.file = "/nonexistent/gpulet.yaml";
   EXPECT_THAT(LoadConfig(src).status().message(), HasSubstr("/nonexistent/gpulet.yaml"));
+  // A directory named as the config file is an error, not a run with defaults (issue 22).
+  src.file = ::testing::TempDir();
+  c = LoadConfig(src);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("is a directory"));
 }
 
 // DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS and the gpulet health keys.

@@ -163,6 +163,28 @@ TEST_F(Fixture, IsolationFile) {
   EXPECT_TRUE(mon->Healthy(0));
 }
 
+// Hostile or mistyped isolation files: a number too large for a double (1e999) is an error naming
+// the file, not an abort of the agent (nlohmann throws out_of_range there, not parse_error); wrong
+// types are errors; entries naming no device of the node are reported, not silently "isolated".
+TEST_F(Fixture, IsolationFileHostileInput) {
+  auto huge = ParseIsolation(R"({"index":[1e999]})", "iso.json");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_THAT(huge.status().message(), HasSubstr("iso.json: not usable JSON"));
+  EXPECT_FALSE(ParseIsolation(R"({"index":[-1]})", "iso.json").ok());
+  EXPECT_FALSE(ParseIsolation(R"({"index":[1.5]})", "iso.json").ok());
+  EXPECT_FALSE(ParseIsolation(R"({"uuid":[{}]})", "iso.json").ok());
+  mon = Make();
+  std::ofstream(cfg.unhealthy_devices_file) << R"({"index":[1e999]})";
+  Tick();
+  EXPECT_FALSE(mon->isolation_status().ok());
+  std::ofstream(cfg.unhealthy_devices_file) << R"({"index":[0, 99, "0:7"], "uuid":["GPU-nope"]})";
+  Tick();
+  EXPECT_TRUE(mon->isolation_status().ok());
+  EXPECT_FALSE(mon->Healthy(0));
+  EXPECT_THAT(mon->isolation_unmatched(),
+              ::testing::UnorderedElementsAre("index 99", "index 0:7", "uuid GPU-nope"));
+}
+
 // DP_DISABLE_HEALTHCHECKS=all: no XID or probe marks anything.
 TEST_F(Fixture, DisabledChecks) {
   cfg.disabled = true;

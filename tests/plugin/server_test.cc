@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "testing/kubelet/emulator.h"
 
 namespace gpulet::kubelet {
@@ -109,8 +112,17 @@ spec:
 }
 
 // No kubelet yet: registration is retried with backoff and succeeds once it appears; the plugin
-// neither crashes nor gives up.
+// neither crashes nor gives up, and says that it waits and when the kubelet appeared (it used to
+// wait silently).
 TEST_F(ServerTest, RetriesUntilKubeletAppears) {
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> l;
+    ~Restore() { spdlog::set_default_logger(l); }
+  } restore{previous};
   PluginManager m(Options());
   ASSERT_TRUE(m.SetResources({std::make_shared<TestResource>("example.com/widget", 2)}).ok());
   std::this_thread::sleep_for(500ms);
@@ -120,6 +132,10 @@ TEST_F(ServerTest, RetriesUntilKubeletAppears) {
   emu::KubeletEmulator kubelet({.device_plugin_dir = dir});
   ASSERT_TRUE(kubelet.Start().ok());
   EXPECT_TRUE(kubelet.WaitForAllocatable("example.com/widget", 2, 5000ms).ok());
+  m.Stop();
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("waiting for the kubelet: " + dir +
+                                              "/kubelet.sock does not exist yet"));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("the kubelet appeared at " + dir + "/kubelet.sock"));
 }
 
 // A kubelet restart (its directory cleaned, kubelet.sock recreated) is followed by a new

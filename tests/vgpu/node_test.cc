@@ -8,6 +8,9 @@
 
 #include <filesystem>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "vgpu/accounting.h"
@@ -164,7 +167,7 @@ TEST_F(NodeTest, WholeGpuIsExclusive) {
   api_.CreatePod(PodObj("whole2", 100, 0, 3));
   auto w2 = assigner_->Allocate(true, Ids("GPU-0", "::vc", 100));
   ASSERT_FALSE(w2.ok());
-  EXPECT_THAT(w2.status().message(), HasSubstr("does not fit"));
+  EXPECT_THAT(w2.status().message(), HasSubstr("is not free in this node's grants"));
 }
 
 // The opt-out GPULET_VGPU_DISABLE=1 on the container keeps limits in env but injects nothing;
@@ -209,6 +212,30 @@ TEST_F(NodeTest, CorruptCheckpoint) {
   absl::Status s = a.Load();
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr("assignments.json"));
+}
+
+// A checkpoint with wrong-typed or out-of-range fields is an error naming the file, the grant and
+// the field; it used to throw from json::value() and abort the agent at every start.
+TEST_F(NodeTest, CheckpointWithWrongTypes) {
+  std::filesystem::create_directories(opts_.state_dir);
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"grants":[{"podUID":5}]})", "grant #0: \"podUID\" must be a string"},
+      {R"({"grants":[{"cores":1e999}]})", ""},
+      {R"({"grants":[{"cores":-1}]})", "\"cores\" must be an integer"},
+      {R"({"grants":[{"gpus":"GPU-0"}]})", "\"gpus\" must be a short list of strings"},
+      {R"({"grants":[{"podUID":"a"}, 7]})", "grant #1 is not an object"},
+      {R"({"grants":[{"inject":"yes"}]})", "\"inject\" must be true or false"},
+      {R"({"grants":{}})", "not a gpulet vGPU checkpoint"},
+      {R"([1,2])", "not a gpulet vGPU checkpoint"},
+  };
+  for (const auto& [text, want] : cases) {
+    ASSERT_TRUE(WriteFileAtomic(opts_.state_dir + "/assignments.json", text).ok());
+    NodeAssigner a(opts_, pool_, client_.get());
+    absl::Status st = a.Load();
+    ASSERT_FALSE(st.ok()) << text;
+    EXPECT_THAT(st.message(), HasSubstr("assignments.json")) << text;
+    EXPECT_THAT(st.message(), HasSubstr(want)) << text;
+  }
 }
 
 // Identical pods admitted in the other order: the kubelet's record (PodResources) shows whose
@@ -272,6 +299,98 @@ TEST_F(NodeTest, WithoutApiServer) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_NE(w->envs().at("NVIDIA_VISIBLE_DEVICES"), r.envs().at("NVIDIA_VISIBLE_DEVICES"));
   EXPECT_EQ(a.grants().size(), 2u);
+}
+
+// Without extender annotations (no API server, or a pod the extender did not place) whole GPUs are
+// the ones whose units the kubelet booked: two vcuda-core 100 pods booked on GPU-1 then GPU-0 get
+// exactly those (issue 22: they used to be swapped by the node's own policy).
+TEST_F(NodeTest, WholeGpusFollowTheKubeletsBooking) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto first = a.Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  auto second = a.Allocate(true, Ids("GPU-0", "::vc", 100));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
+  // With an API server and no extender annotation, the same.
+  api_.CreatePod(PodObj("w", 100, 0, 1));
+  auto w = assigner_->Allocate(true, Ids("GPU-1", "::vc", 100));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+}
+
+// What the rules refuse is refused by Allocate too, naming the rule, even without a pod to parse:
+// vcuda-core 150 (used to run on an unbooked GPU with no limits); a whole GPU booked across two
+// GPUs and a share booked across two GPUs are refused rather than moved elsewhere.
+TEST_F(NodeTest, RefusesWhatTheRulesRefuse) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto ids = Ids("GPU-0", "::vc", 100);
+  auto more = Ids("GPU-1", "::vc", 50);
+  ids.insert(ids.end(), more.begin(), more.end());
+  auto r = a.Allocate(true, ids);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("tencent.com/vcuda-core 150 is more than one GPU but not a multiple of 100"));
+  EXPECT_THAT(r.status().message(), HasSubstr("GPU-0: 100 core, GPU-1: 50 core"));
+  auto split = Ids("GPU-0", "::vc", 50);
+  more = Ids("GPU-1", "::vc", 50);
+  split.insert(split.end(), more.begin(), more.end());
+  r = a.Allocate(true, split);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("a whole GPU needs all 100"));
+  ASSERT_TRUE(a.Allocate(true, Ids("GPU-0", "::vc", 30)).ok());  // pending for its memory
+  r = a.Allocate(false, Ids("GPU-1", "::vm", 4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("a share must lie on one GPU"));
+  EXPECT_TRUE(a.grants().empty());
+}
+
+// The second resource of a pair is preferred on the GPU of the first (pending) one, so the
+// kubelet books a share's cores and memory on one GPU even where another GPU has more units free.
+TEST_F(NodeTest, PreferredFollowsThePendingHalf) {
+  NodeAssigner a(opts_, pool_, nullptr);
+  ASSERT_TRUE(a.Load().ok());
+  auto res = MakeVcudaResources(std::shared_ptr<NodeAssigner>(&a, [](NodeAssigner*) {}));
+  ASSERT_TRUE(a.Allocate(false, Ids("GPU-1", "::vm", 8)).ok());  // memory first, on GPU-1
+  std::vector<std::string> avail = Ids("GPU-0", "::vc", 100);
+  auto more = Ids("GPU-1", "::vc", 80, 20);  // GPU-1 has fewer core units free
+  avail.insert(avail.end(), more.begin(), more.end());
+  auto pref = res[0]->Preferred(avail, {}, 30);
+  ASSERT_TRUE(pref.ok());
+  ASSERT_EQ(pref->size(), 30u);
+  for (const auto& id : *pref) EXPECT_EQ(id.rfind("GPU-1::", 0), 0u) << id;
+  auto r = a.Allocate(true, *pref);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+}
+
+// The accounting file is the container's only: owned by the pod's runAsUser/runAsGroup with mode
+// 0660 when the pod names them (0666 only when its user is unknown), under directories only the
+// agent may enter (0700), so no host user and no other container's user can open it.
+TEST_F(NodeTest, AccountingFileBelongsToTheContainer) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown needs root";
+  json pod = PodObj("owned", 20, 4, 1);
+  pod["spec"]["securityContext"] = {{"runAsUser", 1000}, {"runAsGroup", 2000}};
+  api_.CreatePod(pod);
+  auto r = AllocPair(*assigner_, "GPU-0", 20, 4);
+  std::string file = r.mounts(0).host_path();
+  struct stat st;
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1000u);
+  EXPECT_EQ(st.st_gid, 2000u);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  std::string dir = std::filesystem::path(file).parent_path();
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  ASSERT_EQ(stat(std::filesystem::path(dir).parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  api_.CreatePod(PodObj("anyone", 20, 4, 2));
+  auto a = AllocPair(*assigner_, "GPU-0", 20, 4, false, 20);
+  ASSERT_EQ(stat(a.mounts(0).host_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
 }
 
 // With an API server the pool is published on the node (what the extender and webhook read):

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/placement/placement.h"
@@ -149,7 +150,18 @@ int main(int argc, char** argv) {
   sim->add_option("--policy", f.policies,
                   "comma-separated policies: random,best-fit,gpu-packing,dot-product,fgd,gpulet")
       ->capture_default_str();
-  sim->add_option("--seed", f.seed, "first seed")->capture_default_str();
+  // CLI11 wraps "-5" into 2^64-5 and clamps values past 2^64-1 for an unsigned option: the text
+  // itself is checked.
+  const CLI::Validator whole_u64(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos ||
+            !absl::SimpleAtoi(s, &v))
+          return "must be a whole number 0.." + std::to_string(UINT64_MAX) + ", not \"" + s + "\"";
+        return "";
+      },
+      "UINT64");
+  sim->add_option("--seed", f.seed, "first seed")->check(whole_u64)->capture_default_str();
   sim->add_option("--seeds", f.seeds, "number of seeds (seed, seed+1, ...)")->capture_default_str();
   sim->add_option("--arrivals", f.arrivals, "stop when requested GPU reaches this x capacity")
       ->capture_default_str();
@@ -158,7 +170,8 @@ int main(int argc, char** argv) {
                   "equal scores: first (in per-seed shuffled node order, as the FGD paper's simulator) or random")
       ->check(CLI::IsMember({"random", "first"}))
       ->capture_default_str();
-  sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)");
+  sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)")
+      ->check(CLI::Range(1, 4096));
   sim->callback([&] { std::exit(RunSimulate(f)); });
   CLI11_PARSE(app, argc, argv);
   return 0;

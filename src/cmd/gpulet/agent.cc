@@ -1,10 +1,12 @@
 // `gpulet agent`: the node agent. One GPU layer and one inventory serve every node-side part; the
 // device plugin runs here, and the other parts start in the hook below once it serves.
+#include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
 #include "k8s/client.h"
+#include "metrics/server.h"
 #include "node/readiness.h"
 #include "node/validate.h"
 #include "spdlog/spdlog.h"
@@ -99,6 +101,15 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();
+      // Where to look, said once at start (the port is the bound one when :0 was asked for).
+      auto hp = metrics::ParseListenAddress(metrics_flags->address);
+      spdlog::info("metrics: http://{}:{}/metrics (and /health){}; labels: {} every {}",
+                   hp.ok() ? hp->first : std::string("?"), exporter->port(),
+                   exporter->gpu_manager_port() > 0
+                       ? absl::StrCat("; GPU Manager /metric on port ",
+                                      exporter->gpu_manager_port())
+                       : "",
+                   label_flags->output, label_flags->interval);
       if (readiness) readiness->Start();
       auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
       if (!c.ok()) return c.status();

@@ -6,10 +6,51 @@
 //   return [opts] { auto layer = gpu::OpenGpuLayer(*opts); ... };
 #pragma once
 
+#include <fstream>
+#include <string>
+
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gpu/open.h"
 
 namespace gpulet::cmd {
+
+// The machine a --simulate argument stands for: a built-in profile's own name, or the top-level
+// `name:` of a machine file; empty when it cannot be told.
+inline std::string SimulatedMachineName(const std::string& simulate) {
+  if (simulate.find('/') == std::string::npos && !absl::EndsWith(simulate, ".yaml"))
+    return simulate;
+  std::ifstream f(simulate);
+  std::string line;
+  while (std::getline(f, line)) {
+    absl::string_view v(line);
+    if (!absl::ConsumePrefix(&v, "name:")) continue;
+    v = absl::StripAsciiWhitespace(v.substr(0, v.find('#')));
+    return std::string(absl::StripSuffix(absl::StripPrefix(v, "\""), "\""));
+  }
+  return "";
+}
+
+// A sim root belongs to one simulated machine (its fake /sys, /proc, /dev and fault log): opening
+// it as another machine would silently rewrite a running node's state, after which fault commands
+// refuse that node's GPU numbers. Refused, naming both machines.
+inline absl::Status CheckSimRoot(const gpu::GpuOptions& o) {
+  if (o.simulate.empty() || o.sim_root.empty()) return absl::OkStatus();
+  std::ifstream node(o.sim_root + "/control/node");
+  std::string line, have;
+  while (std::getline(node, line))
+    if (absl::StartsWith(line, "machine ")) have = line.substr(8);
+  std::string want = SimulatedMachineName(o.simulate);
+  if (have.empty() || want.empty() || have == want) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--sim-root ", o.sim_root, " holds the simulated node of machine ", have, " (",
+      o.sim_root, "/control/node); --simulate ", o.simulate,
+      " would rewrite its state. Use --simulate ", have,
+      " to look at that node, or another --sim-root for a new one"));
+}
 
 inline void AddGpuFlags(CLI::App& sub, gpu::GpuOptions& opts) {
   sub.add_option("--simulate", opts.simulate,
@@ -26,6 +67,10 @@ inline void AddGpuFlags(CLI::App& sub, gpu::GpuOptions& opts) {
                  "NVML library to dlopen (name or path) when not simulating")
       ->capture_default_str()
       ->type_name("LIB");
+  sub.parse_complete_callback([&opts] {
+    if (absl::Status s = CheckSimRoot(opts); !s.ok())
+      throw CLI::ValidationError(std::string(s.message()));
+  });
 }
 
 }  // namespace gpulet::cmd

@@ -3,7 +3,9 @@
 #include <iostream>
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
@@ -47,10 +49,42 @@ void Print(const gpu::Inventory& inv, std::ostream& out) {
          "  SYS  = PCIe, across the interconnect between NUMA nodes\n";
 }
 
+// The same facts for scripts: one JSON object (field names are stable).
+nlohmann::json ToJson(const gpu::Inventory& inv) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (size_t i = 0; i < inv.devices.size(); ++i) {
+    const gpu::Device& d = inv.devices[i];
+    nlohmann::json mig = nlohmann::json::array();
+    for (const gpu::MigDevice& m : d.mig_devices)
+      mig.push_back({{"index", m.index}, {"profile", m.profile}, {"uuid", m.uuid}});
+    nlohmann::json links = nlohmann::json::array();
+    for (size_t j = 0; j < inv.devices.size(); ++j)
+      links.push_back(std::string(absl::StripAsciiWhitespace(Cell(inv, i, j))));
+    gpus.push_back({{"index", d.index},
+                    {"name", d.name},
+                    {"uuid", d.uuid},
+                    {"pciBusId", d.pci_bus_id},
+                    {"memoryBytes", d.memory_bytes},
+                    {"numaNode", d.numa_node},
+                    {"cpuAffinity", d.cpu_affinity},
+                    {"migEnabled", d.mig_enabled},
+                    {"mig", mig},
+                    {"topology", links}});
+  }
+  return {{"driverVersion", inv.driver_version},
+          {"cudaVersion", absl::StrFormat("%d.%d", inv.cuda_driver_version / 1000,
+                                          inv.cuda_driver_version % 1000 / 10)},
+          {"gpus", gpus}};
+}
+
 std::function<int()> SetupInfo(CLI::App& sub) {
   auto opts = std::make_shared<gpu::GpuOptions>();
+  auto json = std::make_shared<bool>(false);
   AddGpuFlags(sub, *opts);
-  return [opts] {
+  sub.add_flag("--json", *json,
+               "Print one JSON object (driverVersion, cudaVersion, gpus[] with index, name, uuid, "
+               "pciBusId, memoryBytes, numaNode, cpuAffinity, migEnabled, mig[], topology[])");
+  return [opts, json] {
     auto layer = gpu::OpenGpuLayer(*opts);
     if (!layer.ok()) {
       std::cerr << "gpulet info: " << layer.status().message() << "\n";
@@ -61,7 +95,10 @@ std::function<int()> SetupInfo(CLI::App& sub) {
       std::cerr << "gpulet info: " << inv.status().message() << "\n";
       return 1;
     }
-    Print(*inv, std::cout);
+    if (*json)
+      std::cout << ToJson(*inv).dump(2) << "\n";
+    else
+      Print(*inv, std::cout);
     return 0;
   };
 }

@@ -101,10 +101,15 @@ inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefi
                  "Rewrite the labels this often (GFD's --sleep-interval)")
       ->capture_default_str()->type_name("DURATION");
   if (with_sharing_flags) {
+    // MIG_STRATEGY as `gpulet device-plugin` (and NVIDIA's GFD) read it, so one DaemonSet env
+    // gives both the same strategy.
     sub.add_option("--mig-strategy", f.mig_strategy, "MIG strategy: none, single or mixed")
+        ->check(CLI::IsMember({"none", "single", "mixed"}))
+        ->envname("MIG_STRATEGY")
         ->capture_default_str();
     sub.add_option("--replicas", f.replicas,
                    "GPU sharing replicas (gpu.replicas; > 1 marks the product -SHARED)")
+        ->check(CLI::Range(1, 1 << 16))
         ->capture_default_str();
     sub.add_option("--sharing-strategy", f.sharing_strategy,
                    "none, time-slicing or mps (gpu.sharing-strategy)")

@@ -12,8 +12,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
 #include "plugin/plugin.h"
@@ -35,7 +37,50 @@ struct PluginFlags {
   // Set by `gpulet agent` when it has a node name: vGPU Allocate finds its pod through the API.
   k8s::Client* api = nullptr;
   std::string node_name;
+  // NVIDIA device-plugin flags gpulet has no use for, accepted so a DaemonSet written for NVIDIA's
+  // plugin starts (flag name -> value of those given; see NvidiaOnlyFlagNotes()).
+  std::map<std::string, std::string> nvidia_only;
 };
+
+// What gpulet does with each NVIDIA-only flag: nothing (said once at start, with why), except a
+// discovery strategy it cannot honour, which stops the start.
+struct NvidiaOnlyFlag {
+  const char* flag;
+  const char* env;
+  const char* why;
+};
+inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
+  static const std::vector<NvidiaOnlyFlag> k = {
+      {"container-driver-root", "CONTAINER_DRIVER_ROOT",
+       "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
+      {"mps-root", "MPS_ROOT",
+       "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
+      {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
+       "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
+      {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
+      {"nvidia-ctk-path", "NVIDIA_CTK_PATH",
+       "gpulet writes its CDI specs itself, without nvidia-ctk"},
+  };
+  return k;
+}
+
+// One line per NVIDIA-only flag given ("--mps-root=/x is accepted and ignored: ..."), or an error
+// for a discovery strategy other than auto/nvml.
+inline absl::StatusOr<std::vector<std::string>> NvidiaOnlyFlagNotes(const PluginFlags& f) {
+  std::vector<std::string> notes;
+  for (const auto& n : NvidiaOnlyFlags()) {
+    auto it = f.nvidia_only.find(n.flag);
+    if (it == f.nvidia_only.end()) continue;
+    if (std::string(n.flag) == "device-discovery-strategy" && it->second != "auto" &&
+        it->second != "nvml") {
+      return absl::InvalidArgumentError(std::string("--device-discovery-strategy ") + it->second +
+                                        ": " + n.why);
+    }
+    notes.push_back(std::string("--") + n.flag + "=" + it->second +
+                    " (NVIDIA device-plugin flag) is accepted and ignored: " + n.why);
+  }
+  return notes;
+}
 
 inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   AddGpuFlags(sub, f.gpu);
@@ -53,6 +98,15 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
                  "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
                  "reloaded on SIGHUP and when its content changes")
       ->envname("CONFIG_FILE")->type_name("FILE");
+  for (const auto& n : NvidiaOnlyFlags()) {
+    std::string flag = n.flag;
+    sub.add_option_function<std::string>(
+           std::string("--") + n.flag,
+           [&f, flag](const std::string& v) { f.nvidia_only[flag] = v; },
+           std::string("NVIDIA device-plugin flag, accepted for compatibility: ") + n.why)
+        ->envname(n.env)
+        ->type_name("VALUE");
+  }
   for (const auto& s : plugin::Settings()) {
     std::string key = s.key;
     std::string help = std::string(s.help) + " [env " + s.envs.front() + "; file " + s.key + "]";
@@ -77,6 +131,12 @@ inline int RunDevicePlugin(
     std::cerr << "gpulet " << cmd << ": " << config.status().message() << "\n";
     return 2;
   }
+  auto notes = NvidiaOnlyFlagNotes(f);
+  if (!notes.ok()) {
+    std::cerr << "gpulet " << cmd << ": " << notes.status().message() << "\n";
+    return 2;
+  }
+  for (const std::string& n : *notes) std::cerr << "gpulet " << cmd << ": warning: " << n << "\n";
   // A simulated node without --sim-root: make the directory here so the plugin can find the
   // node's /proc and /dev under it; removed on exit.
   std::string owned_root;
