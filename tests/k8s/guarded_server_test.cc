@@ -20,25 +20,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "k8s/tls.h"
+#include "testing/net/loopback.h"
 
 namespace gpulet::k8s {
 namespace {
+using testing_net::Connect;
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
-
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // True when the peer closed `fd` within `within`.
 bool ClosedWithin(int fd, std::chrono::milliseconds within) {

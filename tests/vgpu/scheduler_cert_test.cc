@@ -21,23 +21,13 @@
 #include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "tests/vgpu/spawn.h"
+#include "testing/net/loopback.h"
 
 namespace gpulet {
 namespace {
+using testing_net::FreePort;
 
 using std::chrono::milliseconds;
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), len);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The PEM certificate the server presents in a fresh handshake; empty when none completes.
 std::string ServedCertificate(int port) {
