@@ -17,7 +17,8 @@ nsenter -t "$(cat "$D/pids/holder")" -m -- nice -n 19 "$GPULET" exporter --simul
 exporter=$!
 trap 'kill $exporter 2>/dev/null; wait $exporter 2>/dev/null' EXIT
 scrape() { curl -sf "http://127.0.0.1:$PORT/metrics"; }
-check "exporter serves /metrics" wait_until 20 bash -c "curl -sf http://127.0.0.1:$PORT/metrics | grep -q ."
+serving() { [ -n "$(scrape)" ]; }
+check "exporter serves /metrics" wait_until 20 serving
 scrape > "$D/scrape-before"
 check "before the pod: no metric names pod exp-2" bash -c '! grep -q "pod=\"exp-2\"" "$1"' _ "$D/scrape-before"
 
@@ -38,7 +39,8 @@ n=$(grep -c 'pod="exp-2"' "$D/scrape-first")
 echo "figure: $n series carry pod=\"exp-2\" in the first scrape"
 
 clean_pods exp-2
-gone() { ! scrape | grep -q 'pod="exp-2"'; }
+# (grep -c, not -q: under pipefail, grep -q quitting early fails curl with SIGPIPE.)
+gone() { local body; body=$(scrape) && [ -n "$body" ] && [ "$(grep -c 'pod="exp-2"' <<< "$body")" = 0 ]; }
 wait_until 30 gone
 check "pod deleted: no metric names pod exp-2 any more" gone
 finish

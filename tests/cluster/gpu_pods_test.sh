@@ -2,8 +2,9 @@
 # On the real one-node cluster: the real kubelet's device manager takes the 8 fake H100s gpulet's
 # device plugin registers; a pod asking for 2 runs and, through `kubectl exec`, sees exactly its 2
 # device nodes (containerd 1.6 made them from the plugin's device specs: nodes made with mknod under
-# the fake driver root) and the matching 2 UUIDs in NVIDIA_VISIBLE_DEVICES; a pod asking for 9
-# stays Pending with the real scheduler's reason.
+# the fake driver root) and the matching 2 UUIDs in NVIDIA_VISIBLE_DEVICES (on containerd 2 the
+# nodes come through CDI and the variable is void), both the GPUs the kubelet's checkpoint allocated
+# to the pod; a pod asking for 9 stays Pending with the real scheduler's reason.
 # Usage: gpu_pods_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 need_cluster
@@ -21,11 +22,26 @@ check "pod asking for 2 GPUs is Running (phase: $(phase gpu-2))" running gpu-2
 running gpu-2 && echo "figure: kubectl apply -> pod Running (2 GPUs): $(elapsed "$t0" "$t1") s"
 running gpu-2 || kc describe pod gpu-2 | tail -n 15
 
+# The GPUs the kubelet allocated to the pod: its device-manager checkpoint (inside the namespace,
+# /var/lib/kubelet is $D/fixed/var/lib/kubelet).
+uid=$(kc get pod gpu-2 -o 'jsonpath={.metadata.uid}')
+allocated=$(python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))["Data"]["PodDeviceEntries"]
+print(" ".join(sorted(i for e in d if e["PodUID"] == sys.argv[2] and e["ResourceName"] == "nvidia.com/gpu"
+                      for ids in e["DeviceIDs"].values() for i in ids)))' \
+  "$D/fixed/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint" "$uid" 2>&1)
+check "the kubelet's checkpoint: 2 GPUs allocated to the pod ($allocated)" \
+  bash -c '[ "$(wc -w <<< "$1")" = 2 ]' _ "$allocated"
 visible=$(kc exec gpu-2 -- sh -c 'echo $NVIDIA_VISIBLE_DEVICES' 2>&1)
-check "kubectl exec: NVIDIA_VISIBLE_DEVICES holds 2 distinct GPU UUIDs ($visible)" bash -c '
-  IFS=, read -ra ids <<< "$1"
-  [ "${#ids[@]}" = 2 ] && [ "${ids[0]}" != "${ids[1]}" ] &&
-  [[ "${ids[0]}" == GPU-* ]] && [[ "${ids[1]}" == GPU-* ]]' _ "$visible"
+runtime=$(cat "$D/runtime" 2>/dev/null)
+if [ "$runtime" = containerd2 ]; then
+  # CDI: the devices come by name through CRI; the plugin sets the variable to void (as NVIDIA's
+  # does) so that no NVIDIA runtime hook injects GPUs a second time.
+  check "kubectl exec: NVIDIA_VISIBLE_DEVICES is void under CDI ($visible)" [ "$visible" = void ]
+else
+  check "kubectl exec: NVIDIA_VISIBLE_DEVICES holds the 2 allocated GPU UUIDs ($visible)" \
+    [ "$(tr ',' '\n' <<< "$visible" | sort | tr '\n' ' ')" = "$allocated " ]
+fi
 # The device nodes in the container: `ls -l` prints "195, MINOR ... /dev/nvidiaN".
 nodes=$(kc exec gpu-2 -- sh -c 'ls -l /dev/ | grep " nvidia[0-9]*$"' 2>&1)
 names=$(printf '%s\n' "$nodes" | awk '{print $NF}' | sort | tr '\n' ' ')
@@ -34,9 +50,8 @@ check "kubectl exec: exactly 2 GPU device nodes in /dev ($names)" [ "$(printf '%
 want=$(for m in $(printf '%s\n' "$nodes" | awk '{gsub(",", "", $5); print $6}'); do
   "$GPULET" info --simulate dgx-h100 --sim-root "$D/sim" | sed -n "s/^GPU $m: .*(UUID: \(GPU-[^)]*\)).*/\1/p"
 done | sort | tr '\n' ' ')
-got=$(tr ',' '\n' <<< "$visible" | sort | tr '\n' ' ')
-check "the device nodes' minors are the GPUs in NVIDIA_VISIBLE_DEVICES ($want= $got)" \
-  bash -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$want" "$got"
+check "the device nodes' minors are the allocated GPUs ($want= $allocated)" \
+  bash -c '[ -n "$1" ] && [ "$1" = "$2 " ]' _ "$want" "$allocated"
 check "Node still shows nvidia.com/gpu: 8 allocatable with the pod running" [ "$(allocatable nvidia.com/gpu)" = 8 ]
 
 pod gpu-9 nvidia.com/gpu 9 | kc apply -f - >/dev/null
