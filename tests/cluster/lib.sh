@@ -1,0 +1,75 @@
+# Shared by the tests on the real one-node cluster (tests/cluster/*_test.sh); sourced, not run.
+# Each test script takes SOURCE_DIR BUILD_DIR and skips (77) unless GPULET_E2E_CLUSTER=1. ctest runs
+# them in one fixture: cluster.up starts the cluster (unless `make cluster` left one running), the
+# scenarios share it, cluster.down stops it (only when cluster.up started it) and checks leftovers.
+set -uo pipefail
+src=$1 build=$2
+[ "${GPULET_E2E_CLUSTER:-}" = 1 ] || { echo "skipped: set GPULET_E2E_CLUSTER=1 (make e2e-cluster) to run on a real cluster"; exit 77; }
+[ "$(id -u)" = 0 ] || { echo "skipped: needs root (kubelet, containerd)"; exit 77; }
+cluster=$src/testing/k8s/cluster
+D=$build/cluster
+K=$build/k8s/bin
+# The gpulet the cluster runs (as testing/k8s/cluster picks it).
+GPULET=${GPULET:-$build/bin/gpulet}
+# Written by cluster.up when it started the cluster (cluster.down then stops it): outside $D, which
+# `cluster down` removes.
+STATE=$build/cluster-test
+NODE=gpulet-node
+kc() { "$K/kubectl" --kubeconfig "$D/admin.kubeconfig" "$@"; }
+failures=0
+check() {  # check DESCRIPTION CMD...
+  if "${@:2}"; then echo "ok:   $1"; else echo "FAIL: $1"; failures=$((failures + 1)); fi
+}
+now() { date +%s.%N; }
+elapsed() { awk "BEGIN{printf \"%.2f\", $2 - $1}"; }
+finish() {
+  [ "$failures" = 0 ] && echo "all checks passed" || echo "$failures check(s) failed"
+  [ "$failures" = 0 ]
+  exit
+}
+# The scenarios need the cluster cluster.up left (or `make cluster`): without it, one clear failure.
+need_cluster() {
+  [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1 \
+    || { echo "FAIL: no cluster running in $D (cluster.up failed, or run make cluster)"; exit 1; }
+}
+# allocatable RESOURCE: the Node's allocatable count of RESOURCE ("" when absent).
+allocatable() { kc get node "$NODE" -o "jsonpath={.status.allocatable.${1//./\\.}}"; }
+capacity() { kc get node "$NODE" -o "jsonpath={.status.capacity.${1//./\\.}}"; }
+# wait_until SECONDS CMD...: polls CMD every 0.1 s; returns its last status.
+wait_until() {
+  local end; end=$(awk "BEGIN{printf \"%.3f\", $(now) + $1}"); shift
+  until "$@"; do
+    awk "BEGIN{exit !($(now) > $end)}" && return 1
+    sleep 0.1
+  done
+}
+# restart_plugin PROFILE [ARGS...]: the device plugin again, on PROFILE with ARGS (cluster plugin).
+restart_plugin() { "$cluster" plugin "$build" "$@" >/dev/null; }
+
+# pod NAME RESOURCE COUNT: a hostNetwork busybox pod asking for COUNT of RESOURCE.
+pod() {
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: gpulet.test/busybox:1
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    resources:
+      limits: {$2: $3}
+YAML
+}
+phase() { kc get pod "$1" -o 'jsonpath={.status.phase}' 2>/dev/null; }
+running() { [ "$(phase "$1")" = Running ]; }
+# Pods need the namespace's default ServiceAccount (made by the controller-manager).
+default_sa() { wait_until 30 kc get serviceaccount default >/dev/null 2>&1; }
+delete_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --wait=false >/dev/null 2>&1; }
+# Before a scenario re-creates a pod of the same name: gone for good, not merely terminating.
+clean_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --timeout=60s >/dev/null 2>&1; }
