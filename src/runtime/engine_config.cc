@@ -127,7 +127,24 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   if (!runtimes) return absl::FailedPreconditionError(absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
   toml::table entry;
   if (auto* runc = (*runtimes)["runc"].as_table()) entry = *runc;  // keep the operator's runc options
-  DropCdiPassThrough(entry, {"pod_annotations", "container_annotations"}, cfg, notes);
+  DropCdiPassThrough(entry, {"pod_annotations"}, cfg, notes);
+  // Container annotations, unlike pod annotations, are written by the kubelet (a device plugin's
+  // Allocate answer among them), never by the pod author: containerd 1.6 passes only those listed
+  // here to the OCI spec, so the device plugin's cdi-annotations strategy needs cdi.k8s.io/*.
+  {
+    toml::array* list = entry["container_annotations"].as_array();
+    bool passes = false;
+    if (list)
+      for (const auto& e : *list)
+        if (auto s = e.value<std::string>(); s && PassesCdiAnnotations(*s)) passes = true;
+    if (!passes) {
+      if (!list) {
+        entry.insert_or_assign("container_annotations", toml::array{});
+        list = entry["container_annotations"].as_array();
+      }
+      list->push_back("cdi.k8s.io/*");
+    }
+  }
   entry.insert_or_assign("runtime_type", "io.containerd.runc.v2");
   toml::table* opts = Path(entry, {"options"});
   if (!opts) return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));

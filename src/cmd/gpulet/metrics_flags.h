@@ -103,8 +103,8 @@ inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefi
   if (with_sharing_flags) {
     // MIG_STRATEGY as `gpulet device-plugin` (and NVIDIA's GFD) read it, so one DaemonSet env
     // gives both the same strategy.
+    // The value is checked where the labels options are built (exit 2, naming the value).
     sub.add_option("--mig-strategy", f.mig_strategy, "MIG strategy: none, single or mixed")
-        ->check(CLI::IsMember({"none", "single", "mixed"}))
         ->envname("MIG_STRATEGY")
         ->capture_default_str();
     sub.add_option("--replicas", f.replicas,
