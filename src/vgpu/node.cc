@@ -614,6 +614,10 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
     lib->set_container_path(kContainerLibrary);
     lib->set_read_only(true);
     env["LD_PRELOAD"] = kContainerLibrary;
+    // Said explicitly so an image's ENV GPULET_VGPU_DISABLE=1 cannot switch the limits off: the
+    // kubelet's device-plugin env overrides the image's (the pod spec's own is refused by the
+    // webhook for fractional pods; issue 14.5).
+    env["GPULET_VGPU_DISABLE"] = "0";
   } else {
     env["GPULET_VGPU_DISABLE"] = "1";
   }

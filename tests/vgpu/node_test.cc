@@ -103,6 +103,8 @@ TEST_F(NodeTest, SeedPodContract) {
   EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_CEILING"), "30");
   EXPECT_EQ(r.envs().at("GPULET_VGPU_ACCOUNTING"), "/var/run/gpulet/vgpu/accounting");
   EXPECT_EQ(r.envs().at("LD_PRELOAD"), "/usr/lib/gpulet/libgpulet-vcuda.so");
+  // An image's ENV GPULET_VGPU_DISABLE=1 is overridden by the Allocate env (issue 14.5).
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_DISABLE"), "0");
   ASSERT_EQ(r.mounts_size(), 2);
   json pod;
   ASSERT_TRUE(api_.GetPod("default", "seed", &pod));
