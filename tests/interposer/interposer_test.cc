@@ -33,7 +33,7 @@ using vgpu::AccountingRegion;
 constexpr uint64_t kMiB = 1 << 20;
 
 std::string TempFile(const char* tag) {
-  std::string dir = ::testing::TempDir();
+  std::string dir = ProcessTempDir();
   return dir + "/vcuda-" + tag + "-" + std::to_string(getpid()) + "-" +
          ::testing::UnitTest::GetInstance()->current_test_info()->name();
 }
@@ -371,7 +371,7 @@ class Shim : public ::testing::Test {
     // The library initialises once per process: every test of this fixture in one process shares
     // its accounting file (and frees what it allocates).
     static const std::string path = [] {
-      std::string p = ::testing::TempDir() + "/vcuda-shim-" + std::to_string(getpid());
+      std::string p = ProcessTempDir() + "/vcuda-shim-" + std::to_string(getpid());
       unlink(p.c_str());
       return p;
     }();
@@ -849,6 +849,7 @@ TEST(PacingLaunches, FrontEndAllowanceKeepsBusyKernelsAtTheirShare) {
     double share = VirtualGpu::Shares(start, end, end - start)[0];
     EXPECT_GE(share, 27.0) << blocks << " us kernels";
     EXPECT_LE(share, 33.0) << blocks << " us kernels";
+    RecordProperty("share_" + std::to_string(blocks) + "us", std::to_string(share));
   }
 }
 

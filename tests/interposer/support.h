@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,30 @@
 #include "vgpu/interposer/cuda_abi.h"
 
 namespace gpulet::testing_interposer {
+
+// This process's own temporary directory (accounting files, fake-driver state, logs), created on
+// first use under $TMPDIR and removed with everything in it when the process that created it
+// exits normally; forked children (which share it) leave it alone. Tests used to leave their
+// /tmp/vcuda-* files behind.
+inline const std::string& ProcessTempDir() {
+  struct Dir {
+    std::string path;
+    pid_t owner = getpid();
+    Dir() {
+      const char* tmp = getenv("TMPDIR");
+      std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/vcuda-test-XXXXXX";
+      if (mkdtemp(templ.data()) != nullptr) path = templ;
+      else path = tmp && *tmp ? tmp : "/tmp";  // still usable: the files carry the pid
+    }
+    ~Dir() {
+      if (getpid() != owner || path.find("/vcuda-test-") == std::string::npos) return;
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Dir dir;
+  return dir.path;
+}
 
 inline std::string FakeCudaDir() { return std::string(GPULET_BINARY_DIR) + "/lib/fake_cuda"; }
 inline std::string FakeCudaPath() { return FakeCudaDir() + "/libcuda.so.1"; }
