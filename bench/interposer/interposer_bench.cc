@@ -27,7 +27,7 @@ struct Env {
   CUfunction fn = nullptr;
   CUstream stream = nullptr;
   Env() {
-    std::string acct = "/tmp/vcuda-bench-" + std::to_string(getpid());
+    std::string acct = ProcessTempDir() + "/vcuda-bench-" + std::to_string(getpid());
     unlink(acct.c_str());
     setenv("GPULET_VGPU_REAL_LIBCUDA", FakeCudaPath().c_str(), 1);
     setenv("GPULET_VGPU_ACCOUNTING", acct.c_str(), 1);

@@ -122,6 +122,11 @@ struct Driver {
   // Host time a launch / an event record takes (a real driver: ~4 us / ~1 us); spent on the
   // test's virtual clock, before the work reaches the device timeline. 0 without a test clock.
   int64_t launch_ns = 0, event_ns = 0;
+  // GPU time between a launch reaching an idle stream and its kernel starting on the SMs (a real
+  // GPU's front end: ~2-3 us on an H200). Queued launches hide it behind the work ahead of them.
+  // Not busy time: the device timeline (and fakecuda_busy_between) holds only the kernel itself.
+  int64_t gpu_launch_ns = 0;
+  std::vector<std::pair<int64_t, int64_t>> active;     // the same, from their front end on
   int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
   std::vector<int> visible;  // ordinal -> physical index
   SharedState local{};
@@ -286,14 +291,19 @@ struct Driver {
     SharedDevice& d = shared->dev[dev];
     int64_t now = Now();
     int64_t busy = d.busy_until.load();
-    int64_t start, end;
+    int64_t start, end, st_tail_before = st->tail;
     do {
-      start = std::max({now, st->tail, busy});
+      start = std::max({now + gpu_launch_ns, st->tail, busy});
       end = start + duration;
     } while (!d.busy_until.compare_exchange_weak(busy, end));
     st->tail = end;
     d.busy_total.fetch_add(duration);
     intervals.emplace_back(start, end);
+    // NVML counts the front end as the kernel's activity (as a real GPU's per-process samples
+    // do: they did not keep empty kernels from being charged on an H200).
+    active.emplace_back(std::max({start - gpu_launch_ns, now, st_tail_before,
+                                  active.empty() ? int64_t{0} : active.back().second}),
+                        end);
     return CUDA_SUCCESS;
   }
 };
@@ -354,12 +364,15 @@ __attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t laun
   D().launch_ns = launch_ns;
   D().event_ns = event_ns;
 }
-// This process's kernel busy time overlapping [t0, t1).
-__attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
+// GPU-side front-end time of each launch onto an idle stream (see Driver::gpu_launch_ns).
+__attribute__((visibility("default"))) void fakecuda_set_gpu_launch_cost(int64_t ns) {
   LOCK;
-  // Kernels of one process run in order on the device timeline: starts and ends never decrease,
-  // so the first interval that ends after t0 is found by bisection.
-  auto& v = D().intervals;
+  D().gpu_launch_ns = ns;
+}
+namespace {
+// Time covered by `v` (ordered, non-overlapping intervals: kernels of one process run in order on
+// the device timeline, so starts and ends never decrease) within [t0, t1), by bisection.
+int64_t CoveredBetween(const std::vector<std::pair<int64_t, int64_t>>& v, int64_t t0, int64_t t1) {
   auto it = std::lower_bound(v.begin(), v.end(), t0,
                              [](const std::pair<int64_t, int64_t>& i, int64_t t) {
                                return i.second <= t;
@@ -368,6 +381,12 @@ __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0,
   for (; it != v.end() && it->first < t1; ++it)
     sum += std::max<int64_t>(0, std::min(it->second, t1) - std::max(it->first, t0));
   return sum;
+}
+}  // namespace
+// This process's kernel busy time overlapping [t0, t1).
+__attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
+  LOCK;
+  return CoveredBetween(D().intervals, t0, t1);
 }
 __attribute__((visibility("default"))) uint64_t fakecuda_allocated_bytes() {
   LOCK;
@@ -920,7 +939,11 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
   }
   int64_t now = Now(), from = static_cast<int64_t>(last_seen_us) * 1000;
   if (from <= 0 || from >= now || now - from > 10'000'000'000) from = now - 1'000'000'000;
-  int64_t busy = fakecuda_busy_between(from, now);
+  int64_t busy;
+  {
+    LOCK;
+    busy = CoveredBetween(D().active, from, now);
+  }
   out[0] = nvmlProcessUtilizationSample_t{
       static_cast<unsigned>(getpid() +
                             static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),

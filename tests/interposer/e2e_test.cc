@@ -108,7 +108,7 @@ class E2E : public ::testing::Test {
  protected:
   void SetUp() override {
     if (access(ShimPath().c_str(), R_OK) != 0) GTEST_SKIP() << "libgpulet-vcuda.so not built";
-    std::string base = ::testing::TempDir() + "/vcuda-e2e-" + std::to_string(getpid()) + "-" +
+    std::string base = ProcessTempDir() + "/vcuda-e2e-" + std::to_string(getpid()) + "-" +
                        ::testing::UnitTest::GetInstance()->current_test_info()->name();
     accounting_ = base + ".acct";
     state_ = base + ".gpu";

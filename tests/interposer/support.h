@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,30 @@
 #include "vgpu/interposer/cuda_abi.h"
 
 namespace gpulet::testing_interposer {
+
+// This process's own temporary directory (accounting files, fake-driver state, logs), created on
+// first use under $TMPDIR and removed with everything in it when the process that created it
+// exits normally; forked children (which share it) leave it alone. Tests used to leave their
+// /tmp/vcuda-* files behind.
+inline const std::string& ProcessTempDir() {
+  struct Dir {
+    std::string path;
+    pid_t owner = getpid();
+    Dir() {
+      const char* tmp = getenv("TMPDIR");
+      std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/vcuda-test-XXXXXX";
+      if (mkdtemp(templ.data()) != nullptr) path = templ;
+      else path = tmp && *tmp ? tmp : "/tmp";  // still usable: the files carry the pid
+    }
+    ~Dir() {
+      if (getpid() != owner || path.find("/vcuda-test-") == std::string::npos) return;
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Dir dir;
+  return dir.path;
+}
 
 inline std::string FakeCudaDir() { return std::string(GPULET_BINARY_DIR) + "/lib/fake_cuda"; }
 inline std::string FakeCudaPath() { return FakeCudaDir() + "/libcuda.so.1"; }
@@ -81,6 +106,7 @@ struct VirtualGpu {
   }
   ~VirtualGpu() {
     FakeSym<void (*)(int64_t, int64_t)>("fakecuda_set_host_costs")(0, 0);
+    FakeSym<void (*)(int64_t)>("fakecuda_set_gpu_launch_cost")(0);
     set_clock(nullptr, nullptr);
   }
   CUresult Launch(unsigned blocks) {
@@ -124,15 +150,18 @@ inline std::vector<double> RunGreedy(uint32_t limit, uint32_t ceiling, int64_t t
 
 // `launches` kernels of `blocks` us each, `host_ns` of the program's own host work between
 // launches, a sync every `sync_every` launches (0: only at the end), with a driver whose launch
-// costs 4 us and event record 1 us of host time. Returns host ns per launch and the GPU share.
+// costs 4 us and event record 1 us of host time, and `gpu_launch_ns` of GPU-side front-end time
+// before a kernel sent to an idle stream starts. Returns host ns per launch and the GPU share.
 struct LoopResult {
   double ns_per_launch = 0, gpu_share = 0;
 };
 inline LoopResult RunLaunchLoop(uint32_t limit, unsigned blocks, int64_t host_ns, int launches,
-                                int sync_every, vgpu::AccountingRegion* region) {
+                                int sync_every, vgpu::AccountingRegion* region,
+                                int64_t gpu_launch_ns = 0) {
   VirtualGpu gpu(limit, limit, region);
   if (!gpu.ok) return {};
   FakeSym<void (*)(int64_t, int64_t)>("fakecuda_set_host_costs")(4000, 1000);
+  FakeSym<void (*)(int64_t)>("fakecuda_set_gpu_launch_cost")(gpu_launch_ns);
   int64_t start = VirtualNow();
   for (int n = 1; n <= launches; ++n) {
     gpu.Launch(blocks);

@@ -726,6 +726,16 @@ void Core::Harvest(bool wait_oldest) {
       // launch call has submitted it: that wait is host time, not GPU time used.
       int64_t d = static_cast<int64_t>(static_cast<double>(ms) * 1e6) - p.gap;
       if (d < 0) d = 0;
+      // On an idle stream the GPU's front end also spends time before the kernel reaches the
+      // SMs (~2-3 us on an H200, no SM work): not GPU time used. Its estimate is the running mean
+      // (1/16) of such measurements under kFrontEndCapNs (a mean, not the minimum: one odd short
+      // reading must not undo it); a process whose launches all run longer (any real work) never
+      // learns one and is charged in full. Queued launches hide the front end: charged in full.
+      if (p.gap > 0) {
+        if (d < kFrontEndCapNs)
+          front_end_ns_ = front_end_ns_ < 0 ? d : front_end_ns_ + (d - front_end_ns_) / 16;
+        if (front_end_ns_ > 0) d -= front_end_ns_ < d ? front_end_ns_ : d;
+      }
       int64_t avg = avg_launch_ns_.load(std::memory_order_relaxed);
       avg_launch_ns_.store(avg + (d - avg) / 8, std::memory_order_relaxed);
       measured_window_.fetch_add(static_cast<uint64_t>(d) * p.weight, std::memory_order_relaxed);

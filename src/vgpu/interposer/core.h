@@ -331,6 +331,10 @@ class Core {
   std::atomic<int64_t> next_factor_update_{0};
   static constexpr int64_t kFactorWindowNs = 1'000'000'000;
   unsigned long long util_seen_us_ = 0;
+  // GPU front-end time of a launch onto an idle stream (see Harvest): the running mean of the
+  // start-to-end times measured there under the cap; -1 until one is seen (guarded by ring_lock_).
+  static constexpr int64_t kFrontEndCapNs = 5'000;
+  int64_t front_end_ns_ = -1;
   Pending ring_[kRing] = {};
   int ring_head_ = 0, ring_count_ = 0;
   struct Entry {
