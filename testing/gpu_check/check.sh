@@ -262,20 +262,17 @@ if [[ $HAVE_TORCH == yes && -f $VC ]]; then
   res=PASS; [[ $total != 4096 || $(kv oom "$T/tmem") != yes || ! $used =~ ^[0-9]+$ ]] && res=FAIL
   [[ $used =~ ^[0-9]+$ ]] && ((used > 4096)) && res=FAIL
   row "PyTorch, 4 GiB limit" $res "sees total ${total:-?} MiB, held ${held:-?} MiB then OOM=$(kv oom "$T/tmem"); nvidia-smi shows ${used:-?} MiB for it"
-  # With each run: nvidia-smi's utilization (the share of time a kernel ran) and SM clock, read
-  # mid-run. A loop that keeps the GPU busy less than its share is not meant to be slowed; a GPU
-  # that runs cooler under a share may clock higher than under full load.
-  smi_mid() { sleep 3; nvidia-smi --query-gpu=utilization.gpu,clocks.sm --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+  # With each run: nvidia-smi's utilization (the share of time a kernel ran), SM clock and power,
+  # read halfway through by the probe. A loop that keeps the GPU busy less than its share is not
+  # meant to be slowed; a GPU that runs cooler under a share may clock higher than under full load.
   for n in 8192 1024; do
-    smi_mid >"$T/u0" & timeout 60 "$PY" "$here/torch_probe.py" matmul $n 6 >"$T/mm0" 2>&1; wait $!
-    smi_mid >"$T/u30" &
+    timeout 60 "$PY" "$here/torch_probe.py" matmul $n 6 >"$T/mm0" 2>&1
     env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=30 NVIDIA_VISIBLE_DEVICES="$UUID" \
       GPULET_VGPU_ACCOUNTING="$T/acct.mm$n" timeout 60 "$PY" "$here/torch_probe.py" matmul $n 6 >"$T/mm30" 2>&1
-    wait $!
     a=$(kv tflops "$T/mm0"); b=$(kv tflops "$T/mm30")
     pct=$(awk -v a="$a" -v b="$b" 'BEGIN { if (a > 0) printf "%.1f", 100 * b / a; else print "?" }')
     res=PASS; [[ $pct == "?" ]] || (( $(awk -v p="$pct" 'BEGIN { print (p < 27 || p > 33) }') )) && res=FAIL
-    row "compute 30 %, ${n}^3 bf16" $res "$b of $a TFLOP/s = $pct % (target 27-33); util,SM MHz unlimited $(cat "$T/u0"), limited $(cat "$T/u30")"
+    row "compute 30 %, ${n}^3 bf16" $res "$b of $a TFLOP/s = $pct % (target 27-33); util %,SM MHz,W unlimited $(kv smi "$T/mm0"), limited $(kv smi "$T/mm30")"
   done
   timeout 60 "$PY" "$here/torch_probe.py" launch 20000 >"$T/l0" 2>&1
   env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=50 NVIDIA_VISIBLE_DEVICES="$UUID" \

@@ -6,7 +6,8 @@
                                   this process. Prints `total_mib T`, `held_mib H`, `oom yes|no`,
                                   `smi_used_mib U`.
   torch_probe.py matmul N SECONDS bf16 NxNxN products back to back for about SECONDS after a
-                                  warm-up. Prints `tflops F`.
+                                  warm-up. Prints `tflops F`, and `smi UTIL,SM_MHZ,POWER_W` read
+                                  by nvidia-smi halfway through (from a thread, while it runs).
   torch_probe.py launch COUNT     COUNT one-element in-place adds (launch-bound kernels), then one
                                   synchronize. Prints `us_per_launch U`.
 One `key value` line each, so the check script can read them with awk.
@@ -14,6 +15,7 @@ One `key value` line each, so the check script can read them with awk.
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -53,6 +55,14 @@ def matmul(n, seconds):
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
+    smi = []
+    def sample():
+        smi.append(subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,clocks.sm,power.draw",
+             "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True, text=True, check=False).stdout.strip().replace(" ", ""))
+    timer = threading.Timer(seconds / 2, sample)
+    timer.start()
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(4):
@@ -60,7 +70,9 @@ def matmul(n, seconds):
         count += 4
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    timer.join()
     print(f"tflops {2 * n ** 3 * count / elapsed / 1e12:.1f}")
+    print(f"smi {smi[0] if smi and smi[0] else 'none'}")
 
 
 def launch(count):
