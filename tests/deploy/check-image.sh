@@ -13,11 +13,17 @@ printf '[containers]\ndefault_ulimits = []\n' >"$tmp/containers.conf"
 p=(env CONTAINERS_CONF="$tmp/containers.conf" podman --root "$tmp/storage" --runroot "$tmp/run")
 "$src/deploy/image/stage-rootfs.sh" "$build" "$tmp/ctx" || exit 1
 "${p[@]}" build -q -f "$src/Containerfile" -t gpulet-test:latest "$tmp/ctx" >/dev/null || exit 1
-out=$("${p[@]}" run --rm --network none --entrypoint sh gpulet-test:latest -c \
-  'gpulet --help && gpulet-container-runtime --version; runc --version; gpulet-container-hook; ls /usr/lib/libgpulet-vcuda.so; ls /bin/sh /bin/chroot /bin/timeout' 2>&1)
+# Read-only image with a /tmp of its own, as the DaemonSet's agent runs it: the validation probe's
+# bundle (`runc spec`) goes to /tmp, nothing else needs a writable image.
+out=$("${p[@]}" run --rm --network none --read-only --read-only-tmpfs=false --tmpfs /tmp \
+  --entrypoint sh gpulet-test:latest -c \
+  'gpulet --help && gpulet-container-runtime --version; runc --version; gpulet-container-hook; ls /usr/lib/libgpulet-vcuda.so; ls /bin/sh /bin/chroot /bin/timeout
+   mkdir /tmp/bundle && runc spec --bundle /tmp/bundle && echo "bundle in /tmp: ok"
+   touch /usr/x 2>/dev/null || echo "image is read-only"' 2>&1)
 rc=0
 for want in "Subcommands:" "validate" "install" "runc version" \
-            "/usr/lib/libgpulet-vcuda.so" "/bin/chroot" "/bin/timeout"; do
+            "/usr/lib/libgpulet-vcuda.so" "/bin/chroot" "/bin/timeout" "bundle in /tmp: ok" \
+            "image is read-only"; do
   grep -qF -- "$want" <<<"$out" || { echo "FAIL: the image's output lacks \"$want\""; rc=1; }
 done
 grep -q "error while loading shared libraries" <<<"$out" && { echo "FAIL: missing library"; rc=1; }

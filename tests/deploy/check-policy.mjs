@@ -54,9 +54,50 @@ check(JSON.stringify(vap ?? {}).includes("authentication.kubernetes.io/node-name
 check(find("ValidatingAdmissionPolicy", "gpulet-trusted-pod-annotations") !== undefined,
       "gpulet-trusted pod annotations guarded on update");
 const ds = find("DaemonSet", "gpulet-node");
-const agent = ds?.spec?.template?.spec?.containers?.find((x) => x.name === "agent");
-const hostRoot = agent?.volumeMounts?.find((m) => m.mountPath === "/host");
-check(!hostRoot || hostRoot.readOnly === true, "agent mounts the host root read-only");
+const pod = ds?.spec?.template?.spec ?? {};
+const agent = pod.containers?.find((x) => x.name === "agent");
+check(agent !== undefined, "DaemonSet gpulet-node has an agent container");
+
+// Node agent: only the host paths it needs (docs/security.md, "Node agent privileges"). The
+// install init container alone mounts the host's root; the agent writes only the host directories
+// it owns and reads the rest through read-only mounts; its own image is read-only.
+const hostPathOf = (mount) => pod.volumes?.find((v) => v.name === mount.name)?.hostPath?.path;
+const clean = (p) => (p ?? "").replace(/\/+$/, "") || "/";
+const agentHostMounts = (agent?.volumeMounts ?? []).filter((m) => hostPathOf(m) !== undefined)
+  .map((m) => ({ ...m, host: clean(hostPathOf(m)) }));
+const agentWritable = ["/var/lib/kubelet/device-plugins", "/var/lib/gpulet",
+                       "/etc/kubernetes/node-feature-discovery/features.d"];
+for (const m of agentHostMounts) {
+  check(m.host !== "/", `agent does not mount the host root (volume ${m.name} at ${m.mountPath})`);
+  check(m.readOnly === true || agentWritable.includes(m.host),
+        `agent mounts host ${m.host} read-only (only ${agentWritable.join(", ")} writable)`);
+  // Broad trees hold other pods' volumes and secrets, the kubelet's credentials, engine sockets.
+  check(!["/etc", "/var", "/run", "/var/run", "/var/lib", "/var/lib/kubelet", "/root", "/home"].includes(m.host),
+        `agent does not mount the whole host ${m.host}`);
+  check(!/\.sock$|^\/(var\/)?run\/(containerd|crio|docker)/.test(m.host),
+        `agent does not mount a container engine socket (${m.host})`);
+  check(!m.mountPropagation || m.mountPropagation === "None" || m.mountPropagation === "HostToContainer",
+        `agent mount ${m.mountPath} does not propagate mounts to the host`);
+}
+check((agent?.args ?? []).includes("--host-root=/host") === agentHostMounts.some((m) => m.mountPath.startsWith("/host/")),
+      "agent --host-root=/host comes with read-only host mounts under /host");
+check(agent?.securityContext?.readOnlyRootFilesystem === true, "agent has readOnlyRootFilesystem");
+// Privileged only where docs/security.md says why; then the capability and seccomp settings are
+// void, so an unprivileged agent must drop every capability, keep seccomp and forbid escalation.
+const asc = agent?.securityContext ?? {};
+if (!asc.privileged) {
+  check((asc.capabilities?.drop ?? []).includes("ALL"), "unprivileged agent drops ALL capabilities");
+  check(asc.allowPrivilegeEscalation === false, "unprivileged agent sets allowPrivilegeEscalation: false");
+  check((asc.seccompProfile ?? pod.securityContext?.seccompProfile)?.type === "RuntimeDefault",
+        "unprivileged agent uses the RuntimeDefault seccomp profile");
+}
+for (const c of [...(pod.containers ?? []), ...(pod.initContainers ?? [])]) {
+  const hostRoot = (c.volumeMounts ?? []).some((m) => hostPathOf(m) !== undefined && clean(hostPathOf(m)) === "/");
+  check(!hostRoot || (c.name === "install" && pod.initContainers.includes(c)),
+        `only the install init container mounts the host root (not ${c.name})`);
+}
+check(pod.hostPID !== true && pod.hostIPC !== true && pod.hostNetwork !== true,
+      "node agent shares no host PID, IPC or network namespace");
 
 if (failures.length) {
   for (const f of failures) console.error(`policy: ${f}: does not hold`);
