@@ -9,7 +9,18 @@
 #include <cstdio>
 #include <string>
 
+#include "spdlog/spdlog.h"
+
 namespace gpulet::fuzz {
+
+// Parsers that log what they reject would print a line per input: once, at the first input.
+inline void QuietLogs() {
+  static const bool once = [] {
+    spdlog::set_level(spdlog::level::off);
+    return true;
+  }();
+  (void)once;
+}
 
 inline std::string Input(const uint8_t* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(data), size);
