@@ -53,6 +53,12 @@ class FakeApiServer {
   void Stop();
   int port() const { return port_; }
   std::string url() const;  // "http://127.0.0.1:PORT"
+  // A kubeconfig whose only context points at this server (for binaries under test).
+  std::string Kubeconfig() const {
+    return "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+           "contexts:\n- name: t\n  context: {cluster: c}\n"
+           "clusters:\n- name: c\n  cluster: {server: \"" + url() + "\"}\n";
+  }
 
   // Direct access (as an admin would through kubectl). Objects get uid, resourceVersion,
   // creationTimestamp; pods default status.phase to Pending.

@@ -235,10 +235,7 @@ TEST_F(Handover, WithApiServerFindsThePod) {
          {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
        {"status", {{"phase", "Pending"}}}});
   std::string uid = pod["metadata"]["uid"];
-  std::ofstream(dir_ + "/kubeconfig")
-      << "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-      << "contexts:\n- name: t\n  context: {cluster: c}\n"
-      << "clusters:\n- name: c\n  cluster: {server: \"" << api.url() << "\"}\n";
+  std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"});
   std::optional<emu::PodStatus> st;
   ASSERT_NO_FATAL_FAILURE(RunSharePod(&st));

@@ -66,10 +66,7 @@ struct SchedulerCert : ::testing::Test {
     char tmpl[] = "/tmp/gpulet-sched-cert-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    std::ofstream(dir_ + "/kubeconfig")
-        << "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-        << "contexts:\n- name: t\n  context: {cluster: c}\n"
-        << "clusters:\n- name: c\n  cluster: {server: \"" << api_.url() << "\"}\n";
+    std::ofstream(dir_ + "/kubeconfig") << api_.Kubeconfig();
   }
   void TearDown() override {
     if (pid_ > 0) {
