@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "spdlog/spdlog.h"
@@ -26,13 +27,23 @@ inline std::string Input(const uint8_t* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(data), size);
 }
 
-// Writes `text` to <dir>/<name> (dir: a private directory made on first use) and returns the path.
+// A private directory under $TMPDIR made on first use and removed when the process exits.
+struct ScratchDir {
+  std::string path;
+  ScratchDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "gpulet-fuzz.XXXXXX").string();
+    if (::mkdtemp(t.data())) path = t;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Writes `text` to <scratch dir>/<name> and returns the path.
 inline std::string ScratchFile(const std::string& name, const std::string& text) {
-  static const std::string dir = [] {
-    char tmpl[] = "/tmp/gpulet-fuzz.XXXXXX";
-    const char* d = ::mkdtemp(tmpl);
-    return std::string(d ? d : "/tmp");
-  }();
+  static const ScratchDir scratch;
+  const std::string& dir = scratch.path;
   std::string path = dir + "/" + name;
   std::string parent = path.substr(0, path.rfind('/'));
   for (size_t i = dir.size() + 1; i <= parent.size(); ++i)
