@@ -202,6 +202,22 @@ int HookMain(int argc, char** argv) {
   for (const auto& kv : CleanEnvironment()) ::putenv(const_cast<char*>(kv.c_str()));
   if (argc < 2) return Fail("usage: gpulet-container-hook prestart|update-ldcache|poststart|poststop");
   std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "-v") {
+    std::printf("gpulet-container-hook %s\n", GPULET_VERSION);
+    return 0;
+  }
+  if (cmd == "--help" || cmd == "-h") {
+    std::printf(
+        "gpulet-container-hook %s: OCI hook that runc runs with the container state on stdin\n"
+        "usage: gpulet-container-hook prestart [--config FILE]\n"
+        "         legacy mode: device nodes, driver mounts and the ld cache for the request\n"
+        "       gpulet-container-hook update-ldcache [--config FILE] [--folder DIR ...]\n"
+        "         CDI mode: the host's ldconfig, chrooted into the rootfs, for DIRs\n"
+        "       gpulet-container-hook poststart|poststop   (nothing to do)\n"
+        "Config: --config FILE, else /etc/gpulet/container-runtime.json (docs/runtime.md).\n",
+        GPULET_VERSION);
+    return 0;
+  }
   if (cmd == "poststart" || cmd == "poststop") return 0;
   if (cmd != "prestart" && cmd != "update-ldcache") return Fail("unknown command \"" + cmd + "\"");
   std::vector<std::string> folders;

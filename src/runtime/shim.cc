@@ -162,6 +162,16 @@ absl::StatusOr<std::string> FindRuntime(const RuntimeConfig& config, const std::
 
 int ShimMain(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // `--version` / `--help` alone: say what this is first (a shim in front of runc), then pass the
+  // flag on, so tools that parse runc's version or help still find it after our line.
+  bool identify = argc == 2 && (args[0] == "--version" || args[0] == "-v" || args[0] == "--help" ||
+                                args[0] == "-h");
+  if (identify) {
+    std::printf("gpulet-container-runtime %s: OCI runtime shim; edits GPU containers' bundles on "
+                "create/run, then runs the runtime below (docs/runtime.md)\n",
+                GPULET_VERSION);
+    std::fflush(stdout);
+  }
   RuncArgs runc = ParseRuncArgs(args);
   auto config = LoadDefaultRuntimeConfig();
   if (!config.ok()) {

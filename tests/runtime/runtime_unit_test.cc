@@ -584,6 +584,28 @@ TEST_F(BundleTest, ShimBinaryFailsClosed) {
   EXPECT_THAT(out, HasSubstr("mode \"fast\" is not auto, cdi or legacy"));
 }
 
+// Issue 22: the shim and the hook say what they are on --version / --help; the shim then passes the
+// flag on to the runtime it fronts (tools that parse runc's version still find it).
+TEST_F(BundleTest, ShimAndHookIdentifyThemselves) {
+  WriteFile(dir_ + "/fake-runc", "#!/bin/sh\necho \"runc said $@\"\n", 0755);
+  WriteFile(dir_ + "/config.json", Json({{"runtimes", {dir_ + "/fake-runc"}}}).dump());
+  std::string env = "GPULET_RUNTIME_CONFIG=" + dir_ + "/config.json ";
+  std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/";
+  std::string out;
+  EXPECT_EQ(Sh(env + bin + "gpulet-container-runtime --version", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("gpulet-container-runtime 0."));
+  EXPECT_THAT(out, HasSubstr("runc said --version"));
+  EXPECT_EQ(Sh(env + bin + "gpulet-container-runtime --help", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("OCI runtime shim"));
+  EXPECT_THAT(out, HasSubstr("runc said --help"));
+  EXPECT_EQ(Sh(bin + "gpulet-container-hook --version", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("gpulet-container-hook 0."));
+  EXPECT_EQ(Sh(bin + "gpulet-container-hook --help", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("update-ldcache"));
+  EXPECT_NE(Sh(bin + "gpulet-container-hook frobnicate", &out), 0);
+  EXPECT_THAT(out, HasSubstr("unknown command"));
+}
+
 // Creation inside a rootfs never leaves it, whatever symlinks the image holds (CVE-2024-0132 class).
 TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
   std::string rootfs = dir_ + "/rootfs", host = dir_ + "/host-target";
