@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 
@@ -147,6 +148,27 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
       if (f == host_path) return;
     record["files"].push_back(host_path);
   };
+  // Directories this install is about to create (the parents of `host_path` that do not exist
+  // yet), so uninstall removes them again when they are empty (issue 22.3).
+  if (!record.contains("dirs") || !record["dirs"].is_array()) record["dirs"] = json::array();
+  auto remember_dirs = [&](const std::string& host_path) {
+    for (std::string d = host_path.substr(0, host_path.rfind('/')); d.size() > 1;
+         d = d.substr(0, d.rfind('/'))) {
+      struct stat st;
+      if (::stat(UnderRoot(o.host_root, d).c_str(), &st) == 0) break;
+      bool known = false;
+      for (const auto& k : record["dirs"]) known |= k == d;
+      if (!known) record["dirs"].push_back(d);
+    }
+  };
+  for (const auto& p : {o.prefix + "/bin/x", o.prefix + "/lib/x", o.cdi_dir + "/x",
+                        std::string(kRecord)})
+    remember_dirs(p);
+  for (const auto& c : changes) {
+    std::string host_path = c.path.substr(co.root.size());
+    remember_dirs(host_path);
+    if (c.existed && c.changed()) remember_dirs(std::string(kBackupDir) + host_path);
+  }
 
   // 1. Runtime pieces onto the host.
   std::string bin = o.artifacts_dir.empty() ? SelfDir() : o.artifacts_dir + "/bin";
@@ -238,7 +260,10 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
     std::string path = c.value("path", "");
     if (c.value("existed", false)) {
       ASSIGN_OR_RETURN(std::string before, ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
-      RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, 0644));
+      // The file keeps its mode (install kept it too): a 0600 config may hold credentials.
+      struct stat st;
+      mode_t mode = ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
+      RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, mode));
       r.actions.push_back("restored " + path);
     } else {
       RETURN_IF_ERROR(fs.Remove(path));
@@ -255,6 +280,16 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   }
   RETURN_IF_ERROR(fs.Remove(kRecord));
   r.actions.push_back(absl::StrCat("removed ", kRecord));
+  // The directories install created, deepest first, each only when empty (something else may
+  // have put files there since).
+  std::vector<std::string> dirs;
+  if (record.contains("dirs") && record["dirs"].is_array())
+    for (const auto& d : record["dirs"])
+      if (d.is_string() && absl::StartsWith(d.get<std::string>(), "/")) dirs.push_back(d);
+  std::sort(dirs.begin(), dirs.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  for (const auto& d : dirs)
+    if (::rmdir(UnderRoot(host_root, d).c_str()) == 0) r.actions.push_back("removed " + d + "/");
   return r;
 }
 

@@ -86,10 +86,26 @@ TEST_F(InstallTest, UninstallRestoresAndRemoves) {
                         "/var/run/cdi/gpulet-nvidia.yaml", "/var/lib/gpulet/install.json"})
     EXPECT_FALSE(fs::exists(host_ + f)) << f;
   EXPECT_EQ(Restarts(), 2);
+  // Issue 22.3: the directories install created are gone too; the ones that were there stay.
+  for (const char* d : {"/usr/local/gpulet", "/etc/containerd/conf.d", "/var/lib/gpulet"})
+    EXPECT_FALSE(fs::exists(host_ + d)) << d;
+  EXPECT_TRUE(fs::exists(host_ + "/etc/containerd"));
   // Nothing installed: a clear no-op.
   auto again = Uninstall(host_, "none");
   ASSERT_TRUE(again.ok());
   EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
+}
+
+// A 0600 engine configuration (it may hold registry credentials) stays 0600 through install and
+// uninstall (issue 22.3).
+TEST_F(InstallTest, EngineConfigKeepsItsMode) {
+  fs::permissions(host_ + "/etc/containerd/config.toml", fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(Install(opts_).ok());
+  auto mode = [&] { return fs::status(host_ + "/etc/containerd/config.toml").permissions(); };
+  EXPECT_EQ(mode(), fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(Uninstall(host_, "none").ok());
+  EXPECT_EQ(rt::ReadFile(host_ + "/etc/containerd/config.toml"), kContainerd);
+  EXPECT_EQ(mode(), fs::perms::owner_read | fs::perms::owner_write);
 }
 
 // An invalid engine configuration is reported with file:line and nothing is placed.
