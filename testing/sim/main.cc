@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cmd/common/cli.h"
 #include "fake_nvml/fault_cli.h"
 #include "testing/sim/sim_node.h"
 
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
                "init failure/recovery, ECC event, telemetry values)");
   std::function<int()> run_fault = gpulet::sim::SetupFaultCommand(*fault);
 
-  CLI11_PARSE(app, argc, argv);
+  if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
 
   if (fault->parsed()) return run_fault();
   return RunNode(std::move(opt), serve);

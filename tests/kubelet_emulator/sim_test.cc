@@ -125,6 +125,24 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
               HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
 }
 
+// One command-line convention (issue 22): every usage error exits 2 (CLI11's own codes were 105,
+// 106, 109) with a "did you mean" for a mistyped flag or command; help and version exit 0.
+TEST_F(SimTest, OneCliConvention) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  Result r = Shell(kBin + "gpulet exporter --adress :1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Did you mean --address?"));
+  r = Shell(kBin + "gpulet infoo");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Did you mean info?"));
+  r = Shell(kBin + "gpulet-sched simulate --nodes x --pods y --jobs 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = Shell(kBin + "gpulet-sim --simulate nope --bogus");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(Shell(kBin + "gpulet --help").code, 0);
+  EXPECT_EQ(Shell(kBin + "gpulet --version").code, 0);
+}
+
 // Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
 // start it says where its metrics and labels are.
 TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "cmd/common/cli.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -173,6 +174,6 @@ int main(int argc, char** argv) {
   sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)")
       ->check(CLI::Range(1, 4096));
   sim->callback([&] { std::exit(RunSimulate(f)); });
-  CLI11_PARSE(app, argc, argv);
+  if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include "cmd/common/cli.h"
 #include "cmd/gpulet/command.h"
 #include "metrics/exporter.h"
 
@@ -48,10 +49,6 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, entry.description);
     if (name == chosen) run = entry.setup(*sub);
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  return run ? run() : 2;
+  if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
+  return run ? run() : gpulet::cmd::kUsageError;
 }
