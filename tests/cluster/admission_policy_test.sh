@@ -26,9 +26,8 @@ docs() {
     END { flush() }' "$file"
 }
 policies() {
-  cat "$src/deploy/base/namespace.yaml" "$src/deploy/base/rbac-node.yaml"
-  echo ---
-  cat "$src/deploy/base/node-admission-policy.yaml"
+  local f
+  for f in namespace rbac-node node-admission-policy; do echo ---; cat "$src/deploy/base/$f.yaml"; done
   docs "$src/deploy/components/vgpu/scheduler.yaml" ServiceAccount/gpulet-scheduler \
     ClusterRole/gpulet-scheduler ClusterRoleBinding/gpulet-scheduler \
     ValidatingAdmissionPolicy/gpulet-trusted-pod-annotations \
