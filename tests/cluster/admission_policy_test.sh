@@ -83,6 +83,12 @@ cleanup() {
   policies | kc delete -f - --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
   rm -rf "$W"
 }
+# The test applies and removes deploy/'s objects: never on a cluster where gpulet was deployed.
+MARK=gpulet.test/admission-policy-test
+if kc get namespace "$NS" >/dev/null 2>&1 && [ -z "$(kc get namespace "$NS" -o jsonpath="{.metadata.labels.${MARK//./\\.}}")" ]; then
+  echo "FAIL: namespace $NS exists (gpulet deployed?); this test would replace and delete its policies and RBAC"
+  exit 1
+fi
 trap cleanup EXIT
 cleanup; mkdir -p "$W"
 default_sa
@@ -94,6 +100,7 @@ check "kubectl apply: namespace, node agent RBAC, both policies and bindings, gp
 kc patch clusterrole gpulet-node --type json \
   -p '[{"op":"add","path":"/rules/-","value":{"apiGroups":[""],"resources":["pods"],"verbs":["patch"]}}]' >/dev/null
 tenant_rbac | kc apply -f - >/dev/null
+kc label namespace "$NS" "$MARK=1" >/dev/null
 # The API server type-checks the CEL when it stores a policy; an error shows in status.typeChecking.
 checked() { [ -n "$(kc get validatingadmissionpolicy "$1" -o jsonpath='{.status.observedGeneration}')" ]; }
 for p in gpulet-node-own-node gpulet-trusted-pod-annotations; do
