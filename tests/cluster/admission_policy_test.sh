@@ -1,0 +1,233 @@
+#!/bin/bash
+# gpulet's two ValidatingAdmissionPolicies on the real API server: gpulet-node-own-node
+# (deploy/base/node-admission-policy.yaml) and gpulet-trusted-pod-annotations
+# (deploy/components/vgpu/scheduler.yaml), applied with the node agent's RBAC (plus the vGPU
+# component's pods: patch, so that a denial on a pod comes from the policy and not from RBAC).
+# The node agent writes with a token bound to a pod running on the cluster's node, so the token
+# carries the node-name claim; a second Node object, other-node, exists in the API only.
+# Everything the test creates is removed when it exits (the cluster is shared with other scenarios).
+# Usage: admission_policy_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
+. "$(dirname "$0")/lib.sh"
+need_cluster
+OTHER=other-node
+NS=gpulet-system
+W=$D/admission
+mkdir -p "$W"
+
+# docs FILE KIND/NAME...: the YAML documents of FILE with those kinds and metadata names.
+docs() {
+  local file=$1; shift
+  awk -v want=" $* " '
+    function flush() { if (doc != "" && index(want, " " kind "/" name " ")) printf "---\n%s", doc; doc = kind = name = "" }
+    /^---/ { flush(); next }
+    { doc = doc $0 "\n" }
+    /^kind:/ { kind = $2 }
+    /^  name:/ && name == "" { name = $2 }
+    END { flush() }' "$file"
+}
+policies() {
+  local f
+  for f in namespace rbac-node node-admission-policy; do echo ---; cat "$src/deploy/base/$f.yaml"; done
+  docs "$src/deploy/components/vgpu/scheduler.yaml" ServiceAccount/gpulet-scheduler \
+    ClusterRole/gpulet-scheduler ClusterRoleBinding/gpulet-scheduler \
+    ValidatingAdmissionPolicy/gpulet-trusted-pod-annotations \
+    ValidatingAdmissionPolicyBinding/gpulet-trusted-pod-annotations
+}
+# A tenant: the service account tenant in default, allowed to patch and update pods there.
+tenant_rbac() {
+  cat <<YAML
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: vap-tenant, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: vap-tenant, namespace: default}
+rules: [{apiGroups: [""], resources: [pods], verbs: [get, list, patch, update]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: vap-tenant, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: vap-tenant}
+subjects: [{kind: ServiceAccount, name: vap-tenant, namespace: default}]
+YAML
+}
+# apod NAME NAMESPACE NODE [SERVICEACCOUNT]: a busybox pod bound to NODE (no scheduler involved),
+# with gpulet's assignment annotations as the extender would have written them.
+apod() {
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: $2
+  labels: {app: vap}
+  annotations: {gpulet.io/vgpu-node: $3, gpulet.io/vgpu-assigned: "false", team: a}
+spec:
+  nodeName: $3
+  serviceAccountName: ${4:-default}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  restartPolicy: Never
+  containers: [{name: main, image: gpulet.test/busybox:1, imagePullPolicy: Never, command: [sleep, "3600"]}]
+YAML
+}
+cleanup() {
+  kc delete pod -n default vap-tenant-pod vap-other-pod --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+  kc delete pod -n "$NS" vap-agent --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+  kc delete node "$OTHER" --ignore-not-found >/dev/null 2>&1
+  kc label node "$NODE" gpulet.io/vap-test- >/dev/null 2>&1
+  kc annotate node "$NODE" gpulet.io/vap-test- >/dev/null 2>&1
+  tenant_rbac | kc delete -f - --ignore-not-found >/dev/null 2>&1
+  policies | kc delete -f - --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
+  rm -rf "$W"
+}
+# The test applies and removes deploy/'s objects: never on a cluster where gpulet was deployed.
+MARK=gpulet.test/admission-policy-test
+if kc get namespace "$NS" >/dev/null 2>&1 && [ -z "$(kc get namespace "$NS" -o jsonpath="{.metadata.labels.${MARK//./\\.}}")" ]; then
+  echo "FAIL: namespace $NS exists (gpulet deployed?); this test would replace and delete its policies and RBAC"
+  exit 1
+fi
+trap cleanup EXIT
+cleanup; mkdir -p "$W"
+default_sa
+
+# --- apply what deploy/ ships ---------------------------------------------------------------------
+apply_policies() { policies | kc apply -f - > "$W/apply.out" 2>&1 || { cat "$W/apply.out"; false; }; }
+check "kubectl apply: namespace, node agent RBAC, both policies and bindings, gpulet-scheduler RBAC" apply_policies
+# The vGPU component (deploy/components/vgpu/kustomization.yaml) lets the agent patch pods.
+kc patch clusterrole gpulet-node --type json \
+  -p '[{"op":"add","path":"/rules/-","value":{"apiGroups":[""],"resources":["pods"],"verbs":["patch"]}}]' >/dev/null
+tenant_rbac | kc apply -f - >/dev/null
+kc label namespace "$NS" "$MARK=1" >/dev/null
+# The API server type-checks the CEL when it stores a policy; an error shows in status.typeChecking.
+checked() { [ -n "$(kc get validatingadmissionpolicy "$1" -o jsonpath='{.status.observedGeneration}')" ]; }
+for p in gpulet-node-own-node gpulet-trusted-pod-annotations; do
+  wait_until 20 checked "$p"
+  tc=$(kc get validatingadmissionpolicy "$p" -o jsonpath='{.status.typeChecking.expressionWarnings}')
+  check "policy $p: type-checked, no CEL warnings (${tc:-none})" bash -c '[ -z "$1" ] && [ -z "$2" ]' _ "$tc" "$(checked "$p" || echo unchecked)"
+done
+
+# --- a second Node, in the API only ----------------------------------------------------------------
+kc apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata: {name: $OTHER, labels: {kubernetes.io/hostname: $OTHER}}
+YAML
+check "Node $OTHER exists" kc get node "$OTHER" -o name
+
+# --- tokens -----------------------------------------------------------------------------------------
+apod vap-agent "$NS" "$NODE" gpulet-node | kc apply -f - >/dev/null
+agent_running() { [ "$(kc get pod -n "$NS" vap-agent -o jsonpath='{.status.phase}')" = Running ]; }
+wait_until 60 agent_running
+check "pod $NS/vap-agent (service account gpulet-node) is Running on $NODE" \
+  [ "$(kc get pod -n "$NS" vap-agent -o jsonpath='{.status.phase}/{.spec.nodeName}')" = "Running/$NODE" ]
+uid=$(kc get pod -n "$NS" vap-agent -o jsonpath='{.metadata.uid}')
+agent_token=$(kc create token gpulet-node -n "$NS" --bound-object-kind Pod --bound-object-name vap-agent \
+  --bound-object-uid "$uid")
+claims() { cut -d. -f2 <<< "$1" | tr '_-' '/+' | base64 -d 2>/dev/null; }  # (jq tolerates the missing padding's error)
+claims "$agent_token" > "$W/agent-claims.json" || true
+echo "agent token claims: $(jq -c '{sub, "kubernetes.io"}' "$W/agent-claims.json")"
+check "the agent token's node claim names $NODE" \
+  [ "$(jq -r '."kubernetes.io".node.name' "$W/agent-claims.json")" = "$NODE" ]
+scheduler_token=$(kc create token gpulet-scheduler -n "$NS")
+tenant_token=$(kc create token vap-tenant -n default)
+server=$(kc config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+# as TOKEN ARGS...: kubectl authenticated by TOKEN alone (no client certificate).
+as() {
+  local tok=$1; shift
+  "$K/kubectl" --kubeconfig /dev/null --server "$server" --certificate-authority "$D/pki/ca.crt" --token "$tok" "$@"
+}
+whoami=$(as "$agent_token" auth whoami -o json)
+echo "agent as the API server sees it: $(jq -c .status.userInfo <<< "$whoami")"
+check "the API server puts the node name in userInfo.extra[authentication.kubernetes.io/node-name]" \
+  [ "$(jq -r '.status.userInfo.extra["authentication.kubernetes.io/node-name"][0]' <<< "$whoami")" = "$NODE" ]
+
+# allowed DESCRIPTION TOKEN KUBECTL-ARGS...: the request succeeds.
+allowed() {
+  local d=$1 tok=$2; shift 2
+  local out; out=$(as "$tok" "$@" 2>&1); local rc=$?
+  check "allowed: $d" [ "$rc" = 0 ]
+  [ "$rc" = 0 ] || echo "      $out"
+}
+# denied DESCRIPTION POLICY MESSAGE TOKEN KUBECTL-ARGS...: refused by POLICY with MESSAGE.
+denied() {
+  local d=$1 policy=$2 msg=$3 tok=$4; shift 4
+  local out; out=$(as "$tok" "$@" 2>&1); local rc=$?
+  echo "      kubectl: $out"
+  check "denied by $policy: $d" bash -c '[ "$1" != 0 ] && [[ "$2" == *"ValidatingAdmissionPolicy '"'"'$3'"'"'"*"$4"* ]]' \
+    _ "$rc" "$out" "$policy" "$msg"
+}
+OWN="gpulet-node-own-node" TRUST="gpulet-trusted-pod-annotations"
+
+# A new policy takes effect once the API server's informer has it: wait for the first denial.
+other_refused() { ! as "$agent_token" label node "$OTHER" gpulet.io/vap-test=1 >/dev/null 2>&1; }
+wait_until 30 other_refused
+
+# --- gpulet-node-own-node: Nodes ----------------------------------------------------------------------
+allowed "the agent labels its own Node (gpulet.io/vap-test=1)" "$agent_token" label node "$NODE" gpulet.io/vap-test=1
+allowed "the agent annotates its own Node" "$agent_token" annotate node "$NODE" gpulet.io/vap-test=1
+allowed "the agent sets a gpulet.io taint on its own Node" "$agent_token" taint node "$NODE" gpulet.io/vap-test=1:PreferNoSchedule
+allowed "the agent removes that taint" "$agent_token" taint node "$NODE" gpulet.io/vap-test-
+check "its own Node carries the label" [ "$(kc get node "$NODE" -o jsonpath='{.metadata.labels.gpulet\.io/vap-test}')" = 1 ]
+denied "the agent labels $OTHER" "$OWN" "the gpulet node agent may write only its own Node" \
+  "$agent_token" label node "$OTHER" gpulet.io/vap-test=1
+denied "the agent annotates $OTHER" "$OWN" "the gpulet node agent may write only its own Node" \
+  "$agent_token" annotate node "$OTHER" gpulet.io/vap-test=1
+denied "the agent sets a kubernetes.io label on its own Node" "$OWN" \
+  "the gpulet node agent may change only labels, annotations and gpulet.io taints of its Node" \
+  "$agent_token" label node "$NODE" node-role.kubernetes.io/gpu=
+denied "the agent cordons its own Node" "$OWN" \
+  "the gpulet node agent may change only labels, annotations and gpulet.io taints of its Node" \
+  "$agent_token" patch node "$NODE" --type=merge -p '{"spec":{"unschedulable":true}}'
+denied "the agent sets a non-gpulet taint on its own Node" "$OWN" \
+  "the gpulet node agent may change only labels, annotations and gpulet.io taints of its Node" \
+  "$agent_token" taint node "$NODE" example.com/evil=1:NoSchedule
+
+# --- gpulet-node-own-node: Pods -------------------------------------------------------------------------
+apod vap-other-pod default "$OTHER" | kc apply -f - >/dev/null
+check "pod default/vap-other-pod is bound to $OTHER" \
+  [ "$(kc get pod vap-other-pod -o jsonpath='{.spec.nodeName}')" = "$OTHER" ]
+denied "the agent annotates a pod bound to $OTHER" "$OWN" "the gpulet node agent may write only pods bound to its own node" \
+  "$agent_token" annotate pod -n default vap-other-pod --overwrite gpulet.io/vgpu-assigned=true
+denied "the agent deletes a pod bound to $OTHER" "$OWN" "the gpulet node agent may write only pods bound to its own node" \
+  "$agent_token" delete pod -n default vap-other-pod --wait=false
+allowed "the agent sets gpulet.io/vgpu-assigned on a pod bound to its node" \
+  "$agent_token" annotate pod -n "$NS" vap-agent --overwrite gpulet.io/vgpu-assigned=true
+denied "the agent changes another annotation of a pod bound to its node" "$OWN" \
+  "the gpulet node agent may change only gpulet.io/vgpu-* annotations of pods" \
+  "$agent_token" annotate pod -n "$NS" vap-agent --overwrite team=b
+denied "the agent changes a label of a pod bound to its node" "$OWN" \
+  "the gpulet node agent may change only gpulet.io/vgpu-* annotations of pods" \
+  "$agent_token" label pod -n "$NS" vap-agent --overwrite app=other
+denied "the agent changes the image of a pod bound to its node" "$OWN" \
+  "the gpulet node agent may change only gpulet.io/vgpu-* annotations of pods" \
+  "$agent_token" patch pod -n "$NS" vap-agent --type=json \
+  -p '[{"op":"replace","path":"/spec/containers/0/image","value":"gpulet.test/evil:1"}]'
+
+# --- gpulet-trusted-pod-annotations ---------------------------------------------------------------------
+apod vap-tenant-pod default "$OTHER" | kc apply -f - >/dev/null
+MSG="gpulet.io/vgpu-node, -gpus-<i>, -bind-time, -assigned and tencent.com/vcuda-core-limit are written by gpulet only"
+denied "a tenant changes gpulet.io/vgpu-assigned" "$TRUST" "$MSG" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=true
+denied "a tenant removes gpulet.io/vgpu-node" "$TRUST" "$MSG" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-node-
+denied "a tenant adds gpulet.io/vgpu-gpus-0" "$TRUST" "$MSG" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-gpus-0=GPU-0
+denied "a tenant adds tencent.com/vcuda-core-limit" "$TRUST" "$MSG" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod tencent.com/vcuda-core-limit=100
+allowed "a tenant changes an annotation of its own (team=b)" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod --overwrite team=b
+allowed "the gpulet-scheduler service account changes gpulet.io/vgpu-assigned" \
+  "$scheduler_token" annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=true
+allowed "the gpulet-scheduler service account adds gpulet.io/vgpu-gpus-0" \
+  "$scheduler_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-gpus-0=GPU-0
+check "the pod carries what the scheduler wrote" \
+  [ "$(kc get pod vap-tenant-pod -o jsonpath='{.metadata.annotations.gpulet\.io/vgpu-assigned}/{.metadata.annotations.gpulet\.io/vgpu-gpus-0}')" = "true/GPU-0" ]
+# The policy binds every user but gpulet's two, cluster administrators (system:masters) included.
+out=$(kc annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=false 2>&1); rc=$?
+echo "      kubectl (admin): $out"
+check "denied by $TRUST: the cluster admin changes gpulet.io/vgpu-assigned" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"$3"* ]]' _ "$rc" "$out" "$MSG"
+finish
