@@ -148,12 +148,11 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
       if (f == host_path) return;
     record["files"].push_back(host_path);
   };
-  // Directories this install is about to create (the parents of `host_path` that do not exist
-  // yet), so uninstall removes them again when they are empty (issue 22.3).
+  // Directories this install is about to create (`dir` and its parents that do not exist yet),
+  // so uninstall removes them again when they are empty (issue 22.3).
   if (!record.contains("dirs") || !record["dirs"].is_array()) record["dirs"] = json::array();
-  auto remember_dirs = [&](const std::string& host_path) {
-    for (std::string d = host_path.substr(0, host_path.rfind('/')); d.size() > 1;
-         d = d.substr(0, d.rfind('/'))) {
+  auto remember_dirs = [&](const std::string& dir) {
+    for (std::string d = dir; d.size() > 1; d = d.substr(0, d.rfind('/'))) {
       struct stat st;
       if (::stat(UnderRoot(o.host_root, d).c_str(), &st) == 0) break;
       bool known = false;
@@ -161,13 +160,13 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
       if (!known) record["dirs"].push_back(d);
     }
   };
-  for (const auto& p : {o.prefix + "/bin/x", o.prefix + "/lib/x", o.cdi_dir + "/x",
-                        std::string(kRecord)})
-    remember_dirs(p);
+  auto parent = [](const std::string& path) { return path.substr(0, path.rfind('/')); };
+  for (const auto& d : {o.prefix + "/bin", o.prefix + "/lib", o.cdi_dir, parent(kRecord)})
+    remember_dirs(d);
   for (const auto& c : changes) {
     std::string host_path = c.path.substr(co.root.size());
-    remember_dirs(host_path);
-    if (c.existed && c.changed()) remember_dirs(std::string(kBackupDir) + host_path);
+    remember_dirs(parent(host_path));
+    if (c.existed && c.changed()) remember_dirs(parent(std::string(kBackupDir) + host_path));
   }
 
   // 1. Runtime pieces onto the host.

@@ -40,10 +40,15 @@ struct ScratchDir {
   }
 };
 
+// This process's scratch directory.
+inline const std::string& ScratchRoot() {
+  static const ScratchDir scratch;
+  return scratch.path;
+}
+
 // Writes `text` to <scratch dir>/<name> and returns the path.
 inline std::string ScratchFile(const std::string& name, const std::string& text) {
-  static const ScratchDir scratch;
-  const std::string& dir = scratch.path;
+  const std::string& dir = ScratchRoot();
   std::string path = dir + "/" + name;
   std::string parent = path.substr(0, path.rfind('/'));
   for (size_t i = dir.size() + 1; i <= parent.size(); ++i)
@@ -53,11 +58,6 @@ inline std::string ScratchFile(const std::string& name, const std::string& text)
     std::fclose(f);
   }
   return path;
-}
-
-inline std::string ScratchRoot() {
-  std::string p = ScratchFile(".root", "");
-  return p.substr(0, p.rfind('/'));
 }
 
 }  // namespace gpulet::fuzz

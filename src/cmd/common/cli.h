@@ -46,10 +46,8 @@ inline void Names(const CLI::App& app, std::vector<std::string>* out) {
 
 }  // namespace internal
 
-// The closest known flag or command to `word` (empty when nothing is close).
-inline std::string DidYouMean(const CLI::App& app, const std::string& word) {
-  std::vector<std::string> names;
-  internal::Names(app, &names);
+// The closest of `names` (known flags and commands) to `word` (empty when nothing is close).
+inline std::string DidYouMean(const std::vector<std::string>& names, const std::string& word) {
   std::string best;
   size_t best_d = std::max<size_t>(2, word.size() / 4) + 1;
   for (const auto& n : names) {
@@ -76,7 +74,7 @@ inline std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
       bool command = i == 1 && !word.empty() && word[0] != '-' && !app.get_subcommands({}).empty();
       if (!flag && !command) continue;
       if (std::find(names.begin(), names.end(), word) != names.end()) continue;
-      std::string hint = DidYouMean(app, word);
+      std::string hint = DidYouMean(names, word);
       if (!hint.empty()) {
         std::fprintf(stderr, "Did you mean %s?\n", hint.c_str());
         break;
