@@ -14,15 +14,18 @@
 namespace gpulet::cmd {
 namespace {
 
-// Feature labels follow the device plugin's own MIG strategy and time-slicing of nvidia.com/gpu.
+// Feature labels follow the device plugin's own MIG strategy and the sharing (time-slicing or
+// MPS) of nvidia.com/gpu, as gpu-feature-discovery reads them from the same config.
 labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Config& cfg) {
   o.mig_strategy = cfg.mig_strategy == plugin::MigStrategy::kSingle  ? "single"
                    : cfg.mig_strategy == plugin::MigStrategy::kMixed ? "mixed"
                                                                      : "none";
-  for (const plugin::ReplicatedResource& r : cfg.time_slicing) {
+  o.replicas = 1;
+  o.sharing_strategy = "none";
+  for (const plugin::ReplicatedResource& r : cfg.Shared()) {
     if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
       o.replicas = r.replicas;
-      o.sharing_strategy = "time-slicing";
+      o.sharing_strategy = cfg.UsesMps() ? "mps" : "time-slicing";
     }
   }
   return o;
@@ -98,6 +101,11 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       if (!interval.ok()) return interval.status();
       labeler = std::make_unique<labels::LabelRefresher>(
           &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
+      // A reloaded config (file, ConfigMap, node label) relabels at once.
+      dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
+        l->SetOptions(SharingFromConfig(base, c));
+        if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+      });
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();

@@ -53,8 +53,6 @@ inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
   static const std::vector<NvidiaOnlyFlag> k = {
       {"container-driver-root", "CONTAINER_DRIVER_ROOT",
        "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
-      {"mps-root", "MPS_ROOT",
-       "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
       {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
        "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
       {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
