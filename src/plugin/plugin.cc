@@ -105,7 +105,8 @@ void BlockSignals() {
 }
 
 DevicePlugin::DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config)
-    : gpu_(gpu), options_(std::move(options)), config_(std::move(config)) {}
+    : gpu_(gpu), options_(std::move(options)), sources_(options_.sources),
+      config_(std::move(config)) {}
 
 DevicePlugin::~DevicePlugin() { Stop(); }
 
@@ -286,12 +287,29 @@ absl::Status DevicePlugin::ReconcileVgpu() {
 }
 
 absl::Status DevicePlugin::Reload() {
+  ConfigSources sources;
+  {
+    absl::MutexLock l(&mu_);
+    sources = sources_;
+  }
+  return ReloadFrom(sources.file);
+}
+
+absl::Status DevicePlugin::ReloadFrom(const std::string& file) {
   absl::Status s = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Config cfg, LoadConfig(options_.sources));
+    ConfigSources sources;
+    {
+      absl::MutexLock l(&mu_);
+      sources = sources_;
+    }
+    sources.file = file;
+    ASSIGN_OR_RETURN(Config cfg, LoadConfig(sources));
     absl::MutexLock l(&mu_);
     if (!manager_) return absl::FailedPreconditionError("not started");
+    if (stopping_) return absl::FailedPreconditionError("stopping");
     RETURN_IF_ERROR(Apply(cfg));
     config_ = std::move(cfg);
+    sources_.file = file;
     return absl::OkStatus();
   }();
   if (s.ok()) {
@@ -304,7 +322,7 @@ absl::Status DevicePlugin::Reload() {
 
 int DevicePlugin::Run() {
   const sigset_t set = HandledSignals();
-  const std::string& file = options_.sources.file;
+  const std::string file = options_.watch_file ? options_.sources.file : "";
   auto read = [&] {
     auto t = ReadFileToString(file);
     return t.ok() ? *t : std::string();

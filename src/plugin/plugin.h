@@ -48,6 +48,9 @@ class DevicePlugin {
     k8s::Client* api = nullptr;
     std::string node_name;
     std::shared_ptr<kubelet::PodResourcesLister> pod_resources;
+    // false: Run() does not poll the config file's content (a NodeConfigWatcher picks the file
+    // and calls ReloadFrom instead).
+    bool watch_file = true;
     // sharing.mps: how often each control daemon is probed (and restarted when it does not answer).
     absl::Duration mps_probe_interval = absl::Seconds(2);
   };
@@ -61,6 +64,8 @@ class DevicePlugin {
   // Loads the config again and rebuilds the resources. On any error the running config and
   // resources stay as they are and the error is returned (and logged).
   absl::Status Reload();
+  // Reload() from another config file (empty: none), which later reloads keep using.
+  absl::Status ReloadFrom(const std::string& file);
   // Until SIGINT / SIGTERM / SIGQUIT: SIGHUP and config-file content changes reload. Returns 0.
   int Run();
   void Stop();
@@ -84,6 +89,7 @@ class DevicePlugin {
   gpu::GpuLayer* const gpu_;
   const Options options_;
   mutable absl::Mutex mu_;
+  ConfigSources sources_ ABSL_GUARDED_BY(mu_);  // options_.sources, with the file ReloadFrom chose
   Config config_ ABSL_GUARDED_BY(mu_);
   gpu::Inventory inventory_;
   std::unique_ptr<HealthMonitor> health_;
