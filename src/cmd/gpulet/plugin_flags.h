@@ -21,7 +21,7 @@
 #include "k8s/client.h"
 #include "plugin/node_config.h"
 #include "plugin/plugin.h"
-#include "vgpu/rules.h"
+#include "vgpu/rules/rules.h"
 
 namespace gpulet::k8s {
 class Client;
