@@ -547,6 +547,19 @@ absl::StatusOr<Config> LoadConfig(const ConfigSources& src) {
   return c;
 }
 
+SharingLabels LabelsOf(const Config& c) {
+  SharingLabels l;
+  l.mig_strategy = c.mig_strategy == MigStrategy::kSingle  ? "single"
+                   : c.mig_strategy == MigStrategy::kMixed ? "mixed"
+                                                           : "none";
+  for (const ReplicatedResource& r : c.Shared())
+    if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
+      l.replicas = r.replicas;
+      l.sharing_strategy = c.UsesMps() ? "mps" : "time-slicing";
+    }
+  return l;
+}
+
 absl::Status Validate(const Config& c) {
   // NVIDIA's plugin adds CDI devices of its own vendor for these (k8s.device-plugin.nvidia.com/
   // gdrcopy=all, .../imex-channel=0); gpulet's CDI spec defines no such devices, so the

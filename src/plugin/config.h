@@ -127,6 +127,15 @@ absl::StatusOr<Config> LoadConfig(const ConfigSources& sources);
 absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& filename,
                                    Config base = {});
 
+// What gpu-feature-discovery labels from the same config: the MIG strategy ("none", "single",
+// "mixed") and the sharing of nvidia.com/gpu ("none", "time-slicing", "mps" with its replicas).
+struct SharingLabels {
+  std::string mig_strategy = "none";
+  std::string sharing_strategy = "none";
+  int replicas = 1;
+};
+SharingLabels LabelsOf(const Config& c);
+
 // The rules across keys and sources (sharing.mps with migStrategy mixed, gdrcopy/gds/mofed/IMEX
 // with CDI strategies are refused, each naming the key and why); part of LoadConfig.
 absl::Status Validate(const Config& c);

@@ -281,6 +281,23 @@ TEST_F(MpsFixture, ImexChannelOnlyWhenItsNodeExists) {
   EXPECT_TRUE(spec);
 }
 
+// The feature labels of the config (gpu-feature-discovery's): sharing-strategy mps with the
+// replicas of nvidia.com/gpu; time-slicing likewise; none without sharing.
+TEST(MpsLabelsTest, SharingStrategyAndReplicas) {
+  auto mps = ParseConfig("sharing:\n  mps:\n    resources: [{name: gpu, replicas: 4}]\n", "l.yaml");
+  ASSERT_TRUE(mps.ok());
+  EXPECT_EQ(LabelsOf(*mps).sharing_strategy, "mps");
+  EXPECT_EQ(LabelsOf(*mps).replicas, 4);
+  auto ts = ParseConfig("flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n"
+                        "    resources: [{name: gpu, replicas: 3}]\n", "l.yaml");
+  ASSERT_TRUE(ts.ok());
+  EXPECT_EQ(LabelsOf(*ts).sharing_strategy, "time-slicing");
+  EXPECT_EQ(LabelsOf(*ts).replicas, 3);
+  EXPECT_EQ(LabelsOf(*ts).mig_strategy, "mixed");
+  EXPECT_EQ(LabelsOf(Config{}).sharing_strategy, "none");
+  EXPECT_EQ(LabelsOf(Config{}).replicas, 1);
+}
+
 // NVIDIA's MPS refusals: migStrategy mixed, MIG devices, more replicas than the server takes.
 TEST_F(MpsFixture, RefusalsNameWhy) {
   auto mixed = ParseConfig("flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n"

@@ -14,20 +14,12 @@
 namespace gpulet::cmd {
 namespace {
 
-// Feature labels follow the device plugin's own MIG strategy and the sharing (time-slicing or
-// MPS) of nvidia.com/gpu, as gpu-feature-discovery reads them from the same config.
+// Feature labels follow the device plugin's own MIG strategy and sharing (plugin::LabelsOf).
 labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Config& cfg) {
-  o.mig_strategy = cfg.mig_strategy == plugin::MigStrategy::kSingle  ? "single"
-                   : cfg.mig_strategy == plugin::MigStrategy::kMixed ? "mixed"
-                                                                     : "none";
-  o.replicas = 1;
-  o.sharing_strategy = "none";
-  for (const plugin::ReplicatedResource& r : cfg.Shared()) {
-    if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
-      o.replicas = r.replicas;
-      o.sharing_strategy = cfg.UsesMps() ? "mps" : "time-slicing";
-    }
-  }
+  plugin::SharingLabels l = plugin::LabelsOf(cfg);
+  o.mig_strategy = l.mig_strategy;
+  o.replicas = l.replicas;
+  o.sharing_strategy = l.sharing_strategy;
   return o;
 }
 
