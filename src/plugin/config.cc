@@ -82,9 +82,8 @@ const std::vector<Setting> kSettings = {
      "How often vGPU grants of deleted pods are released (e.g. 5s)"},
 };
 
-// Keys NVIDIA defines that concern other programs (GFD, MPS daemon, CDI spec generation): accepted
-// and ignored so NVIDIA's files load unchanged.
-// Each with why, said once per load (Config::notes). The GFD keys are ignored by NVIDIA's device
+// Keys NVIDIA defines that concern other programs (GFD, CDI spec generation): accepted and ignored
+// so NVIDIA's files load unchanged. Each with why, said once per load (Config::notes). The GFD keys are ignored by NVIDIA's device
 // plugin too, so they load silently.
 const std::map<std::string, const char*> kIgnored = {
     {"flags.useNodeFeatureAPI", ""},
