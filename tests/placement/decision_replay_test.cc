@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "scheduler/placement/placement.h"
+#include "placement/placement.h"
 
 namespace gpulet::placement {
 namespace {
