@@ -54,6 +54,10 @@ Assignment ToAssignment(const PodRequest& pod, const Plan& plan);
 class PolicyImpl : public Policy {
  public:
   std::optional<NodeScore> Score(const Node& node, const PodRequest& pod) const final;
+  std::optional<double> ScoreValue(const Node& node, const PodRequest& pod) const final {
+    Plan plan;
+    return ScorePlan(node, pod, &plan);
+  }
   // Score() without building an Assignment; `plan` receives the chosen in-node placement.
   std::optional<double> ScorePlan(const Node& node, const PodRequest& pod, Plan* plan) const;
 
