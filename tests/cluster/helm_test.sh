@@ -94,7 +94,7 @@ kc label namespace "$NS" pod-security.kubernetes.io/enforce=privileged --overwri
 # Server-side dry run of the values matrix (the overlays' equivalents and the chart-only choices).
 matrix=()
 for f in "$src"/tests/helm/equivalents/*.yaml; do matrix+=("-f $f"); done
-matrix+=("--set config.map.default=version:\ v1 --set config.map.t4=version:\ v1 --set config.default=default"
+matrix+=("--set config.map.default=v1 --set config.map.t4=v1 --set config.default=default"
          "--set gfd.enabled=false --set exporter.enabled=false --set vgpu.enabled=false"
          "--set vgpu.gpus=all --set exporter.serviceMonitor.enabled=true --set exporter.prometheusRule.enabled=true"
          "--set nodeSelector.gpu=true --set imagePullSecrets={regcred} --set image.pullPolicy=Always --set runtime=docker")
