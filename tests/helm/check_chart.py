@@ -99,6 +99,11 @@ def matrix():
          and sorted(find(o, "ConfigMap", "gpulet-device-plugin-configs")["data"]) == ["a100", "default"]
          and not find(o, "ConfigMap", "gpulet-config")
          and has_rule(node_rules(o), "nodes", "watch") else "per-node config not wired"),
+        ("config.map as mappings", ["config.map.t4.version=v1", "config.map.t4.flags.migStrategy=mixed"],
+         lambda o: None if yaml.safe_load(find(o, "ConfigMap", "gpulet-device-plugin-configs")["data"]["t4"])
+         == {"version": "v1", "flags": {"migStrategy": "mixed"}}
+         and not any(a.startswith("--config-default") for a in agent_args(o))
+         else "a config given as a mapping is not its YAML text"),
         ("config.name", ["config.name=my-configs", "config.default=t4"],
          lambda o: None if {v["name"]: v for v in ds(o)["spec"]["template"]["spec"]["volumes"]}
          ["config"]["configMap"] == {"name": "my-configs"} and "--config-default=t4" in agent_args(o)
