@@ -28,13 +28,14 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
+{{/* imagePullSecrets, or nothing; callers: with (include ...) | nindent. */}}
 {{- define "gpulet.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
 {{- range . }}
   - name: {{ . }}
 {{- end }}
-{{- end }}
+{{- end -}}
 {{- end }}
 
 {{/* Per-node configs: named configs from a ConfigMap, picked by a node label. */}}
