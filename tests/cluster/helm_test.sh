@@ -119,6 +119,11 @@ rolled_to() {  # exactly one agent pod, not being deleted, whose init container 
   [ "$(agent_runtime)" = "$1 " ] &&
     kc -n "$NS" logs ds/gpulet-node -c install 2>/dev/null | grep -q -- "--runtime=$1"
 }
+# After a failed wait: where the agent's pods stand.
+diag() {
+  kc -n "$NS" get pods -o wide 2>&1 | head -n 5
+  kc -n "$NS" get events --sort-by=.lastTimestamp 2>&1 | tail -n 6
+}
 kc label node "$NODE" nvidia.com/gpu.present=true --overwrite >/dev/null
 default_sa
 for h in v4 v3; do
@@ -128,21 +133,34 @@ for h in v4 v3; do
           --set test.image=gpulet.test/busybox:1
           --set-json 'test.command=["sh","-c","set -- /dev/nvidia[0-9]*; echo GPU device nodes: $*; [ $# = 1 ] && [ -c $1 ]"]')
   out=$("$helm" install gpulet "$chart" -n "$NS" "${common[@]}" 2>&1)
-  check "helm $h install" [ $? = 0 ]
-  check "helm $h: agent pod on $NODE ran its install step (runtime auto)" wait_until 90 rolled_to auto
+  rc=$?
+  check "helm $h install" [ $rc = 0 ]
+  [ $rc = 0 ] || { echo "$out" | tail -n 5; continue; }
+  wait_until 90 rolled_to auto || diag
+  check "helm $h: agent pod on $NODE ran its install step (runtime auto)" rolled_to auto
   rev1=$(kc -n "$NS" get ds gpulet-node -o jsonpath='{.metadata.generation}')
   out=$("$helm" upgrade gpulet "$chart" -n "$NS" "${common[@]}" --set runtime=containerd 2>&1)
-  check "helm $h upgrade --set runtime=containerd" [ $? = 0 ]
+  rc=$?
+  check "helm $h upgrade --set runtime=containerd" [ $rc = 0 ]
+  [ $rc = 0 ] || echo "$out" | tail -n 5
+  wait_until 90 rolled_to containerd || diag
   check "helm $h upgrade: the DaemonSet rolled (generation $rev1 -> $(kc -n "$NS" get ds gpulet-node -o jsonpath='{.metadata.generation}')), its new pod has runtime containerd" \
-    wait_until 90 rolled_to containerd
+    rolled_to containerd
   out=$("$helm" rollback gpulet 1 -n "$NS" 2>&1)
-  check "helm $h rollback to revision 1" [ $? = 0 ]
-  check "helm $h rollback: the DaemonSet rolled back, its pod has runtime auto again" wait_until 90 rolled_to auto
+  rc=$?
+  check "helm $h rollback to revision 1" [ $rc = 0 ]
+  [ $rc = 0 ] || echo "$out" | tail -n 5
+  wait_until 90 rolled_to auto || diag
+  check "helm $h rollback: the DaemonSet rolled back, its pod has runtime auto again" rolled_to auto
   out=$("$helm" test gpulet -n "$NS" --logs 2>&1)
-  check "helm $h test: the test pod got one GPU and saw its device node" [ $? = 0 ]
+  rc=$?
+  check "helm $h test: the test pod got one GPU and saw its device node" [ $rc = 0 ]
   echo "$out" | grep -E "GPU device nodes|Phase|Error" | head -n 4
+  [ $rc = 0 ] || kc -n "$NS" describe pod gpulet-test-gpu 2>&1 | tail -n 8
   out=$("$helm" uninstall gpulet -n "$NS" --wait 2>&1)
-  check "helm $h uninstall" [ $? = 0 ]
+  rc=$?
+  check "helm $h uninstall" [ $rc = 0 ]
+  [ $rc = 0 ] || echo "$out" | tail -n 5
   left=$( { kc get clusterrole,clusterrolebinding,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding -o name
             kc -n "$NS" get all,configmap,serviceaccount,role,rolebinding,networkpolicy -o name; } 2>/dev/null |
           grep -E 'gpulet' | grep -v 'configmap/kube-root-ca.crt')

@@ -136,6 +136,9 @@ def matrix():
          and ds(o)["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
          and container(find(o, "Deployment", "gpulet-scheduler"), "scheduler")["image"]
          == "registry.example/gpu/gpulet:1.2.3" else "image fields"),
+        ("numeric image.tag", ["image.tag=2"],
+         lambda o: None if container(ds(o), "agent")["image"] == "ghcr.io/gpulet/gpulet:2"
+         else "a tag given as a number is not used as written"),
         ("placement", ["nodeSelector.gpu=true", "nodeSelector.zone=1", "priorityClassName=gpu-critical", "tolerations=null",
                        "resources.limits.memory=256Mi", "scheduler.nodeSelector.role=infra"],
          lambda o: None if ds(o)["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "true", "zone": "1"}

@@ -12,7 +12,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
 {{- define "gpulet.image" -}}
-{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- $tag := .Values.image.tag | toString | default .Chart.AppVersion -}}
 {{- if .Values.image.registry -}}
 {{ printf "%s/%s:%s" .Values.image.registry .Values.image.repository $tag }}
 {{- else -}}
