@@ -8,7 +8,8 @@
 #    by one with the new value), helm rollback rolls it back, helm test runs a pod that gets one
 #    nvidia.com/gpu from the cluster's device plugin and sees its device node, helm uninstall
 #    removes every object of the release.
-# The node agent's image is a stand-in (gpulet.test/gpulet-stub:1: busybox and a `gpulet` script
+# The agent and test pods run with hostNetwork=true: only host-network pods start on this cluster
+# (its CNI config is loopback-only). The node agent's image is a stand-in (gpulet.test/gpulet-stub:1: busybox and a `gpulet` script
 # whose install/uninstall print their arguments and whose other commands sleep), because the real
 # init container would configure this machine's own container engine. So this test does not show
 # the engine configuration restored by the uninstall hook (tests/cluster for the image path does),
@@ -28,8 +29,13 @@ STUB=gpulet.test/gpulet-stub:1
 # before: removed at the end if still empty (the kubelet's own paths live in the mount namespace).
 host_dirs=(/etc/crio /etc/docker /lib64 /var/lib/gpulet /etc/kubernetes/node-feature-discovery/features.d
            /var/run/cdi /etc/nvidia-device-plugin)
-created=()
-for d in "${host_dirs[@]}"; do [ -e "$d" ] || created+=("$d"); done
+created=()  # "DIR TOP": DIR is missing, TOP its highest missing ancestor (or DIR itself)
+for d in "${host_dirs[@]}"; do
+  [ -e "$d" ] && continue
+  top=$d
+  while [ ! -e "$(dirname "$top")" ]; do top=$(dirname "$top"); done
+  created+=("$d $top")
+done
 
 cleanup() {
   local h
@@ -39,8 +45,10 @@ cleanup() {
     issuers.cert-manager.io certificates.cert-manager.io --ignore-not-found >/dev/null 2>&1
   kc label node "$NODE" nvidia.com/gpu.present- >/dev/null 2>&1
   local d
+  local top
   for d in "${created[@]}"; do
-    while [ "$d" != / ] && rmdir "$d" 2>/dev/null; do d=$(dirname "$d"); done
+    read -r d top <<<"$d"
+    while rmdir "$d" 2>/dev/null && [ "$d" != "$top" ]; do d=$(dirname "$d"); done
   done
 }
 trap cleanup EXIT
@@ -129,7 +137,7 @@ default_sa
 for h in v4 v3; do
   helm=$helm_dir/$h/helm
   common=(--set image.registry=gpulet.test --set image.repository=gpulet-stub --set image.tag=1
-          --set image.pullPolicy=Never --set uninstall.enabled=false
+          --set image.pullPolicy=Never --set uninstall.enabled=false --set hostNetwork=true
           --set test.image=gpulet.test/busybox:1
           --set-json 'test.command=["sh","-c","set -- /dev/nvidia[0-9]*; echo GPU device nodes: $*; [ $# = 1 ] && [ -c $1 ]"]')
   out=$("$helm" install gpulet "$chart" -n "$NS" "${common[@]}" 2>&1)

@@ -147,6 +147,10 @@ def matrix():
          and container(ds(o), "agent")["resources"]["limits"]["memory"] == "256Mi"
          and find(o, "Deployment", "gpulet-scheduler")["spec"]["template"]["spec"]["nodeSelector"]
          == {"role": "infra"} else "placement fields"),
+        ("hostNetwork", ["hostNetwork=true"],
+         lambda o: None if ds(o)["spec"]["template"]["spec"]["hostNetwork"] is True
+         and ds(o)["spec"]["template"]["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+         and find(o, "Pod", "gpulet-test-gpu")["spec"]["hostNetwork"] is True else "hostNetwork not set"),
         ("uninstall off", ["uninstall.enabled=false"],
          lambda o: None if not find(o, "DaemonSet", "gpulet-uninstall") else "uninstall hook remains"),
     ]
