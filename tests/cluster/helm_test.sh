@@ -40,7 +40,8 @@ done
 cleanup() {
   local h
   for h in v4 v3; do "$helm_dir/$h/helm" uninstall gpulet -n "$NS" --no-hooks >/dev/null 2>&1; done
-  kc delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
+  # Pods gone first: until then the kubelet recreates their DirectoryOrCreate host paths.
+  kc delete namespace "$NS" --ignore-not-found --timeout=120s >/dev/null 2>&1
   kc delete crd servicemonitors.monitoring.coreos.com prometheusrules.monitoring.coreos.com \
     issuers.cert-manager.io certificates.cert-manager.io --ignore-not-found >/dev/null 2>&1
   kc label node "$NODE" nvidia.com/gpu.present- >/dev/null 2>&1
@@ -62,7 +63,7 @@ cat > "$stub/bin/gpulet" <<'EOF'
 #!/bin/sh
 case "$1" in
   install|uninstall) echo "gpulet-stub $*"; exit 0 ;;
-  *) exec busybox sleep 2147483647 ;;
+  *) trap 'exit 0' TERM; busybox sleep 2147483647 & wait ;;  # PID 1: stop on SIGTERM
 esac
 EOF
 chmod 0755 "$stub/bin/gpulet"
