@@ -46,10 +46,14 @@ cleanup() {
     issuers.cert-manager.io certificates.cert-manager.io --ignore-not-found >/dev/null 2>&1
   kc label node "$NODE" nvidia.com/gpu.present- >/dev/null 2>&1
   local d
-  local top
-  for d in "${created[@]}"; do
-    read -r d top <<<"$d"
-    while rmdir "$d" 2>/dev/null && [ "$d" != "$top" ]; do d=$(dirname "$d"); done
+  # The kubelet may still be tearing the pods' volumes down: a second pass a few seconds later.
+  local top pass
+  for pass in 1 2; do
+    [ $pass = 2 ] && sleep 5
+    for d in "${created[@]}"; do
+      read -r d top <<<"$d"
+      while rmdir "$d" 2>/dev/null && [ "$d" != "$top" ]; do d=$(dirname "$d"); done
+    done
   done
 }
 trap cleanup EXIT
