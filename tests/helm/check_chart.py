@@ -63,6 +63,39 @@ def container(ds, name):
     raise KeyError(name)
 
 
+def uninstall_hook(o):
+    """pre-delete hooks in order: RBAC, then the DaemonSet that uninstalls on the agent's nodes,
+    then the Job that waits for it; all deleted once they succeeded."""
+    hooks = {x["kind"] + "/" + x["metadata"]["name"]: x["metadata"]["annotations"] for x in o
+             if "helm.sh/hook" in x["metadata"].get("annotations", {})
+             and x["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"}
+    want = {"ServiceAccount/gpulet-uninstall": -10, "Role/gpulet-uninstall": -10,
+            "RoleBinding/gpulet-uninstall": -10, "DaemonSet/gpulet-uninstall": -5,
+            "Job/gpulet-uninstall-wait": 0}
+    if {k: int(v["helm.sh/hook-weight"]) for k, v in hooks.items()} != want:
+        return f"pre-delete hooks {sorted(hooks)} are not {want}"
+    if any("hook-succeeded" not in v["helm.sh/hook-delete-policy"] for v in hooks.values()):
+        return "a hook is not deleted after it succeeded"
+    agent = find(o, "DaemonSet", "gpulet-node")["spec"]["template"]["spec"]
+    un = find(o, "DaemonSet", "gpulet-uninstall")["spec"]["template"]["spec"]
+    for k in ("nodeSelector", "affinity", "tolerations", "priorityClassName"):
+        if agent.get(k) != un.get(k):
+            return f"the uninstall DaemonSet's {k} differs from the agent's"
+    init = un["initContainers"][0]
+    if init["command"] != ["gpulet", "uninstall", "--host-root=/host"] or \
+            init["volumeMounts"] != [{"name": "host-root", "mountPath": "/host"}]:
+        return f"uninstall init container: {init['command']}"
+    job = find(o, "Job", "gpulet-uninstall-wait")["spec"]["template"]["spec"]
+    if job["serviceAccountName"] != "gpulet-uninstall" or job["containers"][0]["command"][-2:] != \
+            ["daemonset/gpulet-uninstall", "--timeout=2m"]:
+        return f"wait Job: {job['containers'][0]['command']}"
+    rules = find(o, "Role", "gpulet-uninstall")["rules"]
+    if rules != [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                  "resourceNames": ["gpulet-uninstall"], "verbs": ["get", "list", "watch"]}]:
+        return f"the wait Job's Role grants more than reading its DaemonSet: {rules}"
+    return None
+
+
 # The values matrix: (case name, --set list, check(objs) -> error message or None).
 def matrix():
     def agent_args(o):
@@ -151,6 +184,7 @@ def matrix():
          lambda o: None if ds(o)["spec"]["template"]["spec"]["hostNetwork"] is True
          and ds(o)["spec"]["template"]["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
          and find(o, "Pod", "gpulet-test-gpu")["spec"]["hostNetwork"] is True else "hostNetwork not set"),
+        ("uninstall hook", ["nodeSelector.gpu=yes", "uninstall.timeout=2m"], uninstall_hook),
         ("uninstall off", ["uninstall.enabled=false"],
          lambda o: None if not find(o, "DaemonSet", "gpulet-uninstall") else "uninstall hook remains"),
     ]
