@@ -228,6 +228,7 @@ struct Driver {
   int64_t timeslice_ns = 2'000'000;
   std::vector<std::unique_ptr<Channel>> channels;  // every context's queue, any device
   std::vector<int> dev_channels[kMaxDevices];      // ... per physical device, round-robin order
+  std::vector<Queue*> dev_queues[kMaxDevices];     // their queues, in the same order
   SliceState slice[kMaxDevices];
   int foreign_channel[kMaxDevices];  // -1 until a neighbour's work arrives
   int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
@@ -394,6 +395,7 @@ struct Driver {
     channels.push_back(std::move(c));
     int id = static_cast<int>(channels.size()) - 1;
     dev_channels[physical].push_back(id);
+    dev_queues[physical].push_back(&channels[id]->queue);
     return id;
   }
   int CurrentChannel() {
@@ -405,11 +407,9 @@ struct Driver {
   void Advance(int physical, int64_t until) {
     SliceState& st = slice[physical];
     if (until <= st.t) return;
-    std::vector<Queue*> qs;
-    for (int id : dev_channels[physical]) qs.push_back(&channels[id]->queue);
     const std::vector<int>& ids = dev_channels[physical];
     Simulate(
-        st, qs, timeslice_ns, until, -1, 0,
+        st, dev_queues[physical], timeslice_ns, until, -1, 0,
         [&](int i, int64_t a, int64_t b) {
           Channel& c = *channels[ids[i]];
           AppendMerged(c.exec, a, b);
@@ -637,6 +637,16 @@ __attribute__((visibility("default"))) void fakecuda_foreign_work(int physical, 
   if (physical < 0 || physical >= kMaxDevices) return;
   if (D().foreign_channel[physical] < 0) D().foreign_channel[physical] = D().NewChannel(physical, true);
   D().Enqueue(D().foreign_channel[physical], duration, 0);
+}
+
+// Drops the neighbour's work still queued on a device (a test's neighbour must not outlive it).
+__attribute__((visibility("default"))) void fakecuda_drop_foreign_work(int physical) {
+  LOCK;
+  if (physical < 0 || physical >= kMaxDevices || D().foreign_channel[physical] < 0) return;
+  Channel& c = *D().channels[D().foreign_channel[physical]];
+  D().Advance(physical, Now());
+  if (!c.queue.q.empty()) c.queue.done_seq = c.queue.q.back().seq;
+  c.queue.q.clear();
 }
 
 // --- driver: init and devices ------------------------------------------------------------------

@@ -206,6 +206,11 @@ void Core::AfterFork() {
   for (auto& r : primary_refs_) r.store(0, std::memory_order_relaxed);
   ring_head_ = ring_count_ = 0;
   for (Pending& p : ring_) p = Pending{};
+  // The child's GPU time is its own: NVML samples it under its own pid.
+  charged_window_.store(0, std::memory_order_relaxed);
+  charged_total_ = own_total_ = 0;
+  refunded_ = 0;
+  credit_ns_.store(0, std::memory_order_relaxed);
 }
 
 void Core::Exit() {
