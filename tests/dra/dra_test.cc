@@ -16,6 +16,7 @@
 #include "k8s/dra/v1/api.grpc.pb.h"
 #include "k8s/dra/v1beta1/api.grpc.pb.h"
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
+#include "plugin/config.h"
 #include "runtime/cdi.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "tests/plugin/fake_gpu.h"
@@ -253,6 +254,24 @@ TEST(DraConfigTest, VgpuConfigAndQuantities) {
   EXPECT_EQ(*ParseQuantity("2G"), 2000000000ll);
   EXPECT_FALSE(ParseQuantity("1.5Gi").ok());
   EXPECT_FALSE(ParseQuantity("-1").ok());
+}
+
+TEST(DraConfigTest, PluginConfigSection) {
+  auto c = plugin::ParseConfig(
+      "version: v1\ngpulet:\n  dra:\n    gpus: \"0, 3\"\n    consumableCapacity: true\n"
+      "    cdiDir: /run/cdi\n",
+      "config.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->dra.gpus, "0, 3");
+  EXPECT_TRUE(c->dra.consumable_capacity);
+  EXPECT_EQ(c->dra.cdi_dir, "/run/cdi");
+  EXPECT_EQ(c->dra.state_dir, "/var/lib/gpulet/dra");
+  auto bad = plugin::ParseConfig("version: v1\ngpulet:\n  dra:\n    stateDir: relative\n",
+                                 "config.yaml");
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("config.yaml:4: gpulet.dra.stateDir: must be an absolute path"));
+  auto unknown = plugin::ParseConfig("version: v1\ngpulet:\n  dra:\n    gpu: all\n", "c.yaml");
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("gpulet.dra.gpu: unknown key"));
 }
 
 TEST_F(DraTest, PublishesSliceAndFollowsHealth) {

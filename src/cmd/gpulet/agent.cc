@@ -5,6 +5,7 @@
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
+#include "dra/driver.h"
 #include "k8s/client.h"
 #include "metrics/server.h"
 #include "node/readiness.h"
@@ -26,6 +27,39 @@ labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Con
     }
   }
   return o;
+}
+
+// The DRA driver for the GPUs of gpulet.dra.gpus (null when that is empty); the device plugin
+// already leaves them out. It follows the plugin's health monitor.
+absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::GpuLayer& gpu,
+                                                           plugin::DevicePlugin& dp,
+                                                           k8s::Client* client,
+                                                           const std::string& node_name,
+                                                           const CdiRefreshFlags& cdi,
+                                                           const PluginFlags& flags) {
+  plugin::Config cfg = dp.config();
+  if (cfg.dra.gpus.empty()) return nullptr;
+  if (!client)
+    return absl::InvalidArgumentError(
+        "gpulet.dra.gpus is set but --node-name is not: the DRA driver publishes ResourceSlices "
+        "and reads ResourceClaims through the API server");
+  dra::DriverOptions o;
+  o.node_name = node_name;
+  o.devices.selection = cfg.dra.gpus;
+  o.devices.consumable_capacity = cfg.dra.consumable_capacity;
+  o.devices.host_root = flags.gpu.simulate.empty() ? flags.gpu.host_root : flags.gpu.sim_root;
+  o.kubelet_dir = cfg.dra.kubelet_dir;
+  o.cdi_dir = cfg.dra.cdi_dir;
+  o.state_dir = cfg.dra.state_dir;
+  o.cdi.driver_root = cdi.driver_root;
+  o.cdi.hook_path = cdi.hook_path;
+  o.library_host_path = cfg.vgpu.library;
+  plugin::HealthMonitor* health = dp.health();
+  auto d = std::make_unique<dra::Driver>(
+      &gpu, client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },
+      health->changes(), o);
+  if (absl::Status s = d->Start(); !s.ok()) return s;
+  return d;
 }
 
 struct NodeFlags {
@@ -58,6 +92,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     std::unique_ptr<k8s::Client> client;
     std::unique_ptr<node::ReadinessController> readiness;
     std::unique_ptr<runtime::CdiRefresher> cdi;
+    std::unique_ptr<dra::Driver> dra_driver;
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
@@ -114,8 +149,12 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
       if (!c.ok()) return c.status();
       cdi = *std::move(c);
+      auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
+      if (!d.ok()) return d.status();
+      dra_driver = *std::move(d);
       return absl::OkStatus();
     }, [&] {
+      dra_driver.reset();
       cdi.reset();
       labeler.reset();
       exporter.reset();  // before the readiness controller its sampler reads
