@@ -3,9 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
-#include "dra/driver.h"
 #include "k8s/client.h"
 #include "metrics/server.h"
 #include "node/readiness.h"
@@ -27,39 +27,6 @@ labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Con
     }
   }
   return o;
-}
-
-// The DRA driver for the GPUs of gpulet.dra.gpus (null when that is empty); the device plugin
-// already leaves them out. It follows the plugin's health monitor.
-absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::GpuLayer& gpu,
-                                                           plugin::DevicePlugin& dp,
-                                                           k8s::Client* client,
-                                                           const std::string& node_name,
-                                                           const CdiRefreshFlags& cdi,
-                                                           const PluginFlags& flags) {
-  plugin::Config cfg = dp.config();
-  if (cfg.dra.gpus.empty()) return nullptr;
-  if (!client)
-    return absl::InvalidArgumentError(
-        "gpulet.dra.gpus is set but --node-name is not: the DRA driver publishes ResourceSlices "
-        "and reads ResourceClaims through the API server");
-  dra::DriverOptions o;
-  o.node_name = node_name;
-  o.devices.selection = cfg.dra.gpus;
-  o.devices.consumable_capacity = cfg.dra.consumable_capacity;
-  o.devices.host_root = flags.gpu.simulate.empty() ? flags.gpu.host_root : flags.gpu.sim_root;
-  o.kubelet_dir = cfg.dra.kubelet_dir;
-  o.cdi_dir = cfg.dra.cdi_dir;
-  o.state_dir = cfg.dra.state_dir;
-  o.cdi.driver_root = cdi.driver_root;
-  o.cdi.hook_path = cdi.hook_path;
-  o.library_host_path = cfg.vgpu.library;
-  plugin::HealthMonitor* health = dp.health();
-  auto d = std::make_unique<dra::Driver>(
-      &gpu, client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },
-      health->changes(), o);
-  if (absl::Status s = d->Start(); !s.ok()) return s;
-  return d;
 }
 
 struct NodeFlags {
