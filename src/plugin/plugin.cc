@@ -11,8 +11,8 @@
 #include "common/status.h"
 #include "dra/devices.h"
 #include "plugin/resources.h"
-#include "vgpu/node.h"
-#include "vgpu/policy.h"
+#include "vgpu/node/node.h"
+#include "placement/vgpu_policy.h"
 
 namespace gpulet::plugin {
 namespace {

@@ -11,7 +11,7 @@
 #include "httplib.h"
 #include "k8s/guarded_server.h"
 #include "spdlog/spdlog.h"
-#include "vgpu/policy.h"
+#include "placement/vgpu_policy.h"
 
 namespace gpulet::scheduler {
 namespace {

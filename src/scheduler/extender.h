@@ -4,7 +4,7 @@
 // State: per node, its fractional-pool GPUs (from the node annotation gpulet.io/vgpu-gpus the
 // agent writes, else derived from node capacity: cores/100 GPUs sharing memory evenly) and what
 // every pod holds on them. Feasibility, in-node choice and scores come from the placement library
-// (src/scheduler/placement), the same code the cluster-scale simulator runs.
+// (src/placement), the same code the cluster-scale simulator runs.
 // Bind reserves the GPUs in memory, writes the per-container GPU UUIDs on the pod (annotations
 // gpulet.io/vgpu-gpus-<i>, -node, -bind-time, -assigned=false), then creates the Binding. The
 // state is rebuilt from the API server (pods carry their assignment) on start, so a restart loses
@@ -34,8 +34,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "k8s/client.h"
-#include "scheduler/placement/placement.h"
-#include "vgpu/rules.h"
+#include "placement/placement.h"
+#include "vgpu/rules/rules.h"
 
 namespace httplib {
 class Server;

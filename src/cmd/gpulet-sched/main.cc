@@ -1,5 +1,5 @@
 // gpulet-sched: placement tools. `simulate` replays the openb trace through the placement
-// policies (src/scheduler/placement/sim.h) and reports the allocated share of GPU capacity.
+// policies (src/placement/sim.h) and reports the allocated share of GPU capacity.
 // Flags and wiring only.
 #include <algorithm>
 #include <atomic>
@@ -14,8 +14,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "scheduler/placement/placement.h"
-#include "scheduler/placement/sim.h"
+#include "placement/placement.h"
+#include "placement/sim.h"
 
 namespace pl = gpulet::placement;
 
