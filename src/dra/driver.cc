@@ -20,9 +20,9 @@
 #include "k8s/dra/v1beta1/api.grpc.pb.h"
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
 #include "spdlog/spdlog.h"
-#include "vgpu/accounting.h"
-#include "vgpu/node.h"
-#include "vgpu/rules.h"
+#include "vgpu/interposer/accounting.h"
+#include "vgpu/node/node.h"
+#include "vgpu/rules/rules.h"
 
 namespace gpulet::dra {
 namespace {

@@ -19,7 +19,7 @@
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
 #include "tests/runtime/fixtures.h"
-#include "tests/vgpu/spawn.h"
+#include "testing/process/spawn.h"
 
 namespace gpulet {
 namespace {

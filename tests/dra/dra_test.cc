@@ -21,7 +21,7 @@
 #include "testing/apiserver/fake_apiserver.h"
 #include "tests/plugin/fake_gpu.h"
 #include "tests/runtime/fixtures.h"
-#include "vgpu/accounting.h"
+#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::dra {
 namespace {
