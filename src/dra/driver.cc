@@ -554,7 +554,8 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
   out.spec_file = absl::StrCat(options_.cdi_dir, "/", options_.driver, "-claim_", uid, ".json");
   // The spec before the checkpoint: a crash in between leaves a file that the next prepare
   // rewrites, never a checkpointed claim without its spec.
-  RETURN_IF_ERROR(WriteFileAtomic(out.spec_file, runtime::CdiSpecToJson(spec), 0644));
+  out.spec_text = runtime::CdiSpecToJson(spec);
+  RETURN_IF_ERROR(WriteFileAtomic(out.spec_file, out.spec_text, 0644));
   claims_[uid] = out;
   if (absl::Status s = SaveCheckpoint(); !s.ok()) {
     claims_.erase(uid);
@@ -593,8 +594,7 @@ absl::Status Driver::SaveCheckpoint() {
                             {"name", c.name},       {"devices", devs},
                             {"specFile", c.spec_file}, {"accountingDir", c.accounting_dir}};
     // The spec itself, so a CDI directory on tmpfs (lost at reboot) is rewritten at start.
-    auto text = ReadFileToString(c.spec_file);
-    if (text.ok()) entry["spec"] = *text;
+    if (!c.spec_text.empty()) entry["spec"] = c.spec_text;
     claims.push_back(entry);
   }
   nlohmann::json doc = {{"version", kCheckpointVersion}, {"node", options_.node_name},
@@ -630,8 +630,9 @@ absl::Status Driver::LoadCheckpoint() {
         pd.cdi_ids = d.value("cdiDeviceIDs", std::vector<std::string>{});
         c.devices.push_back(std::move(pd));
       }
-      if (!RealFilesystem().Exists(c.spec_file) && e.contains("spec")) {
-        RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, e["spec"].get<std::string>(), 0644));
+      c.spec_text = e.value("spec", "");
+      if (!RealFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
+        RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));
         spdlog::info("DRA: rewrote the CDI spec of claim {}/{} from the checkpoint", c.ns, c.name);
       }
       claims_[c.uid] = std::move(c);

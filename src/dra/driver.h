@@ -75,6 +75,7 @@ struct PreparedClaim {
   std::vector<PreparedDevice> devices;
   std::string spec_file;       // the claim's CDI spec
   std::string accounting_dir;  // empty: no fractional device
+  std::string spec_text;       // the spec file's content (kept in the checkpoint)
 };
 
 // The opaque configuration of gpu.gpulet.io (docs/dra.md): memory (a quantity, >= 256Mi, a

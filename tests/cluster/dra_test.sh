@@ -173,24 +173,25 @@ check "fractional claim: interposer environment 4Gi / 30 % / LD_PRELOAD ($env_fr
 check "fractional claim: the accounting file and the interposer are mounted" \
   kc exec dra-frac -- sh -c 'test -f /var/run/gpulet/vgpu/accounting && test -f /usr/lib/gpulet/libgpulet-vcuda.so'
 
-# --- XID 79: the GPU leaves the slice ----------------------------------------------------------------
-used=$(for p in dra-1 dra-2 dra-sa dra-frac; do devices_of "$(claim_of "$p")"; echo; done | tr ' ' '\n' | sort -u)
-free=$(for i in 0 1 2 3 4 5 6 7; do grep -qx "gpu-$i" <<< "$used" || echo "$i"; done | head -n1)
+# --- XID 79 on the shared claim's GPU: it leaves the slice, the claim's device turns not Ready ----------
+xg=$(devices_of shared-gpu); xg=${xg#gpu-}
 t0=$(now)
-"$SIM" fault xid --gpu "${free:-7}" --code 79 --sim-root "$D/sim" >/dev/null
-gone() { ! slice_devices | tr ' ' '\n' | grep -qx "gpu-${free:-7}"; }
+"$SIM" fault xid --gpu "$xg" --code 79 --sim-root "$D/sim" >/dev/null
+gone() { ! slice_devices | tr ' ' '\n' | grep -qx "gpu-$xg"; }
 wait_until 10 gone
 t1=$(now)
-check "XID 79 on GPU ${free:-7}: it leaves the ResourceSlice ($(slice_devices | wc -w) devices left)" gone
+check "XID 79 on GPU $xg: it leaves the ResourceSlice ($(slice_devices | wc -w) devices left)" gone
 echo "figure: XID injected -> ResourceSlice without the GPU (kubectl polled every 0.1 s): $(elapsed "$t0" "$t1") s"
+not_ready() { [ "$(kc get resourceclaim shared-gpu -o 'jsonpath={.status.devices[0].conditions[0].status}')" = False ]; }
+check "XID 79 on GPU $xg: the shared claim's device condition Ready=False ($(kc get resourceclaim shared-gpu -o 'jsonpath={.status.devices[0].conditions[0].reason}'))" wait_until 10 not_ready
 
 # --- a driver restart with prepared claims ----------------------------------------------------------------
 check "the DRA driver stops (TERM)" stop_pid gpulet-dra
 start_dra dgx-h100 "$D/sim"
 restored() { grep -q "prepared claims from" "$D/logs/gpulet-dra.log" && [ "$(grep -c "the kubelet registered driver" "$D/logs/gpulet-dra.log")" -ge 2 ]; }
 check "restart: the driver is back and registered" wait_until 30 restored
-check "restart: 5 prepared claims restored from the checkpoint" \
-  grep -q "DRA: 5 prepared claims from" "$D/logs/gpulet-dra.log"
+check "restart: 4 prepared claims restored from the checkpoint (1 GPU, 2 GPUs, shared, fractional)" \
+  grep -q "DRA: 4 prepared claims from" "$D/logs/gpulet-dra.log"
 check "restart: the pods keep running" bash -c '[ "$1 $2" = "Running Running" ]' _ "$(phase dra-1)" "$(phase dra-2)"
 kc delete pod dra-1 --grace-period=0 --wait=true --timeout=60s >/dev/null 2>&1
 unprepared() { [ ! -e "$D/cdi/gpu.gpulet.io-claim_$uid1.json" ]; }

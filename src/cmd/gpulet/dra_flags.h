@@ -37,6 +37,8 @@ inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::GpuLayer
   o.state_dir = cfg.dra.state_dir;
   o.cdi.driver_root = cdi.driver_root;
   o.cdi.hook_path = cdi.hook_path;
+  // A simulated node's kernel state (MIG capability minors) is under its sim root.
+  if (!flags.gpu.simulate.empty()) o.cdi.proc_root = flags.gpu.sim_root;
   o.library_host_path = cfg.vgpu.library;
   plugin::HealthMonitor* health = dp.health();
   auto d = std::make_unique<dra::Driver>(
