@@ -556,12 +556,11 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
   // rewrites, never a checkpointed claim without its spec.
   out.spec_text = runtime::CdiSpecToJson(spec);
   RETURN_IF_ERROR(WriteFileAtomic(out.spec_file, out.spec_text, 0644));
-  claims_[uid] = out;
-  if (absl::Status s = SaveCheckpoint(); !s.ok()) {
-    claims_.erase(uid);
+  if (absl::Status s = SaveClaim(out); !s.ok()) {
     ::unlink(out.spec_file.c_str());
     return s;
   }
+  claims_[uid] = out;
   // Written by the sync thread: the kubelet's call does not wait for two more API round trips.
   if (options_.write_device_status) status_pending_.insert(uid);
   return out;
@@ -579,49 +578,51 @@ absl::Status Driver::Unprepare(const std::string& uid) {
     std::error_code ec;
     std::filesystem::remove_all(c.accounting_dir, ec);
   }
+  if (::unlink(ClaimFile(uid).c_str()) != 0 && errno != ENOENT)
+    return absl::InternalError(absl::StrCat("removing ", ClaimFile(uid), ": ", strerror(errno)));
   claims_.erase(it);
-  return SaveCheckpoint();
+  return absl::OkStatus();
 }
 
-absl::Status Driver::SaveCheckpoint() {
-  nlohmann::json claims = nlohmann::json::array();
-  for (const auto& [uid, c] : claims_) {
-    nlohmann::json devs = nlohmann::json::array();
-    for (const auto& d : c.devices)
-      devs.push_back({{"requests", d.requests}, {"pool", d.pool}, {"device", d.device},
-                      {"cdiDeviceIDs", d.cdi_ids}});
-    nlohmann::json entry = {{"uid", uid},           {"namespace", c.ns},
-                            {"name", c.name},       {"devices", devs},
-                            {"specFile", c.spec_file}, {"accountingDir", c.accounting_dir}};
-    // The spec itself, so a CDI directory on tmpfs (lost at reboot) is rewritten at start.
-    if (!c.spec_text.empty()) entry["spec"] = c.spec_text;
-    claims.push_back(entry);
-  }
-  nlohmann::json doc = {{"version", kCheckpointVersion}, {"node", options_.node_name},
-                        {"claims", claims}};
-  return WriteFileAtomic(options_.state_dir + "/checkpoint.json", doc.dump(1), 0600);
+// One file per prepared claim (<state_dir>/prepared/<uid>.json): a prepare or unprepare writes
+// or removes only its own claim's file, so its cost does not grow with the claims the node holds.
+std::string Driver::ClaimFile(const std::string& uid) const {
+  return absl::StrCat(options_.state_dir, "/prepared/", uid, ".json");
+}
+
+absl::Status Driver::SaveClaim(const PreparedClaim& c) {
+  nlohmann::json devs = nlohmann::json::array();
+  for (const auto& d : c.devices)
+    devs.push_back({{"requests", d.requests}, {"pool", d.pool}, {"device", d.device},
+                    {"cdiDeviceIDs", d.cdi_ids}});
+  // The spec itself, so a CDI directory on tmpfs (lost at reboot) is rewritten at start.
+  nlohmann::json entry = {{"version", kCheckpointVersion}, {"uid", c.uid},
+                          {"namespace", c.ns},             {"name", c.name},
+                          {"devices", devs},               {"specFile", c.spec_file},
+                          {"accountingDir", c.accounting_dir}, {"spec", c.spec_text}};
+  return WriteFileAtomic(ClaimFile(c.uid), entry.dump(), 0600);
 }
 
 absl::Status Driver::LoadCheckpoint() {
-  std::string path = options_.state_dir + "/checkpoint.json";
-  auto text = ReadFileToString(path);
-  if (!text.ok()) {
-    if (text.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
-    return text.status();
-  }
-  nlohmann::json doc = nlohmann::json::parse(*text, nullptr, false);
-  if (!doc.is_object() || doc.value("version", 0) != kCheckpointVersion ||
-      !doc.contains("claims") || !doc["claims"].is_array())
-    return absl::DataLossError(absl::StrCat(path, ": not a gpulet DRA checkpoint of version ",
-                                            kCheckpointVersion, "; move it away to start empty"));
-  try {
-    for (const auto& e : doc["claims"]) {
-      PreparedClaim c;
+  std::string dir = options_.state_dir + "/prepared";
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(dir, 0700));
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    std::string path = f.path().string();
+    if (f.path().extension() != ".json") continue;  // a temporary file of an interrupted write
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+    nlohmann::json e = nlohmann::json::parse(text, nullptr, false);
+    if (!e.is_object() || e.value("version", 0) != kCheckpointVersion)
+      return absl::DataLossError(absl::StrCat(path, ": not a gpulet DRA claim checkpoint of version ",
+                                              kCheckpointVersion, "; move it away to forget the claim"));
+    PreparedClaim c;
+    try {
       c.uid = e.at("uid").get<std::string>();
       c.ns = e.at("namespace").get<std::string>();
       c.name = e.at("name").get<std::string>();
       c.spec_file = e.at("specFile").get<std::string>();
       c.accounting_dir = e.value("accountingDir", "");
+      c.spec_text = e.value("spec", "");
       for (const auto& d : e.at("devices")) {
         PreparedDevice pd;
         pd.requests = d.value("requests", std::vector<std::string>{});
@@ -630,17 +631,17 @@ absl::Status Driver::LoadCheckpoint() {
         pd.cdi_ids = d.value("cdiDeviceIDs", std::vector<std::string>{});
         c.devices.push_back(std::move(pd));
       }
-      c.spec_text = e.value("spec", "");
-      if (!RealFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
-        RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));
-        spdlog::info("DRA: rewrote the CDI spec of claim {}/{} from the checkpoint", c.ns, c.name);
-      }
-      claims_[c.uid] = std::move(c);
+    } catch (const nlohmann::json::exception& ex) {
+      return absl::DataLossError(absl::StrCat(path, ": ", ex.what()));
     }
-  } catch (const nlohmann::json::exception& ex) {
-    return absl::DataLossError(absl::StrCat(path, ": ", ex.what()));
+    if (!RealFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));
+      spdlog::info("DRA: rewrote the CDI spec of claim {}/{} from the checkpoint", c.ns, c.name);
+    }
+    claims_[c.uid] = std::move(c);
   }
-  spdlog::info("DRA: {} prepared claims from {}", claims_.size(), path);
+  if (ec) return absl::InternalError(absl::StrCat("reading ", dir, ": ", ec.message()));
+  spdlog::info("DRA: {} prepared claims from {}", claims_.size(), dir);
   return absl::OkStatus();
 }
 

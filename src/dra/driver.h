@@ -54,7 +54,8 @@ struct DriverOptions {
   // benchmark call Prepare/Unprepare directly).
   std::string kubelet_dir = "/var/lib/kubelet";
   std::string cdi_dir = "/var/run/cdi";
-  // Checkpoint (checkpoint.json) and per-claim accounting files (claims/<uid>/accounting).
+  // Checkpoint (prepared/<uid>.json per claim) and fractional claims' accounting files
+  // (claims/<uid>/accounting).
   std::string state_dir = "/var/lib/gpulet/dra";
   runtime::CdiGenerateOptions cdi;  // driver root, hook: the device edits of the claim specs
   // Host path of the interposer library, mounted read-only into fractional claims' containers.
@@ -117,7 +118,8 @@ class Driver {
  private:
   struct Served;
   absl::Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status SaveCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveClaim(const PreparedClaim& c);
+  std::string ClaimFile(const std::string& uid) const;
   absl::Status RefreshInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteDeviceStatus(const PreparedClaim& c);
   void WritePendingStatus();  // the claims prepared since the last call

@@ -521,13 +521,12 @@ TEST_F(DraTest, PrepareErrorsNameTheProblem) {
 }
 
 TEST_F(DraTest, CorruptCheckpointIsAClearError) {
-  std::filesystem::create_directories(dir_ + "/state");
-  rt::WriteFile(dir_ + "/state/checkpoint.json", "{\"version\": 7}");
+  rt::WriteFile(dir_ + "/state/prepared/u1.json", "{\"version\": 7}");
   driver_ = std::make_unique<Driver>(layer_.get(), client_.get(), health_.Fn(), &health_.changes,
                                      Options());
   absl::Status s = driver_->Start();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint.json: not a gpulet DRA checkpoint"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("prepared/u1.json: not a gpulet DRA claim checkpoint"));
 }
 
 }  // namespace
