@@ -80,6 +80,19 @@ const std::vector<Setting> kSettings = {
      "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
     {"gpulet.vgpu.reconcileInterval", "vgpu-reconcile-interval", {"GPULET_VGPU_RECONCILE_INTERVAL"},
      "How often vGPU grants of deleted pods are released (e.g. 5s)"},
+    {"gpulet.dra.gpus", "dra-gpus", {"GPULET_DRA_GPUS"},
+     "GPUs served as a DRA driver (gpu.gpulet.io ResourceSlices; agent with --node-name), not "
+     "as device-plugin resources: empty (off, the default) | all | comma list of indexes or UUIDs"},
+    {"gpulet.dra.stateDir", "dra-state-dir", {"GPULET_DRA_STATE_DIR"},
+     "DRA checkpoint of prepared claims and fractional claims' accounting files"},
+    {"gpulet.dra.cdiDir", "dra-cdi-dir", {"GPULET_DRA_CDI_DIR"},
+     "Where the DRA claims' CDI specs are written (the container runtime's CDI spec directory)"},
+    {"gpulet.dra.kubeletDir", "dra-kubelet-dir", {"GPULET_DRA_KUBELET_DIR"},
+     "The kubelet's root directory (plugins_registry/ and plugins/ for the DRA sockets)"},
+    {"gpulet.dra.consumableCapacity", "dra-consumable-capacity",
+     {"GPULET_DRA_CONSUMABLE_CAPACITY"},
+     "Publish DRA GPUs as shareable with consumable memory/cores capacity (needs the "
+     "DRAConsumableCapacity feature gate, alpha in Kubernetes 1.34)"},
 };
 
 // Keys NVIDIA defines that concern other programs (GFD, CDI spec generation): accepted and ignored
@@ -206,6 +219,16 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
     ASSIGN_OR_RETURN(c.vgpu.reconcile_interval, ParseDur(v));
     if (c.vgpu.reconcile_interval < absl::Milliseconds(100))
       return absl::InvalidArgumentError("must be at least 100ms");
+  } else if (key == "gpulet.dra.gpus") {
+    c.dra.gpus = std::string(absl::StripAsciiWhitespace(v));
+  } else if (key == "gpulet.dra.stateDir" || key == "gpulet.dra.cdiDir" ||
+             key == "gpulet.dra.kubeletDir") {
+    if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    (key == "gpulet.dra.stateDir" ? c.dra.state_dir
+     : key == "gpulet.dra.cdiDir" ? c.dra.cdi_dir
+                                  : c.dra.kubelet_dir) = v;
+  } else if (key == "gpulet.dra.consumableCapacity") {
+    ASSIGN_OR_RETURN(c.dra.consumable_capacity, ParseBool(v));
   } else if (key == "gpulet.vgpu.policy") {
     if (v.empty()) return absl::InvalidArgumentError("must name a policy");
     c.vgpu.policy = v;
@@ -249,7 +272,7 @@ struct FileParser {
         continue;
       }
       if (key == "flags.plugin" || key == "gpulet.health" || key == "gpulet.vgpu" ||
-          key == "gpulet.mps") {
+          key == "gpulet.mps" || key == "gpulet.dra") {
         RETURN_IF_ERROR(Settings(v, key));
         continue;
       }

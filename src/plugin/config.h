@@ -63,6 +63,17 @@ struct VgpuConfig {
   absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
 };
 
+// gpulet.dra: which GPUs the node agent serves as a DRA driver (src/dra, docs/dra.md) instead of
+// through the device plugin. DRA GPUs (and their MIG devices) are not offered as device-plugin
+// resources, so one GPU is never served both ways.
+struct DraConfig {
+  std::string gpus;  // "" (default): DRA off; "all"; or "0,3,GPU-..."
+  std::string state_dir = "/var/lib/gpulet/dra";  // checkpoint + fractional claims' accounting
+  std::string cdi_dir = "/var/run/cdi";           // the claims' CDI specs
+  std::string kubelet_dir = "/var/lib/kubelet";   // plugins_registry/ and plugins/ live here
+  bool consumable_capacity = false;  // shareable GPUs (DRAConsumableCapacity, alpha in 1.34)
+};
+
 struct Config {
   MigStrategy mig_strategy = MigStrategy::kNone;
   bool fail_on_init_error = true;
@@ -89,6 +100,7 @@ struct Config {
   bool imex_required = false;
   HealthConfig health;
   VgpuConfig vgpu;
+  DraConfig dra;
   // NVIDIA keys accepted and ignored, each "file:line: key: accepted and ignored: why" (logged).
   std::vector<std::string> notes;
 

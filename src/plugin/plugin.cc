@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "dra/devices.h"
 #include "plugin/resources.h"
 #include "vgpu/node/node.h"
 #include "placement/vgpu_policy.h"
@@ -28,8 +29,9 @@ sigset_t HandledSignals() {
 // GPUs' UUIDs and indexes (the two checkpoint ID forms); replica IDs "<id>::<n>" follow their GPU.
 class WithoutPool final : public kubelet::Resource {
  public:
-  WithoutPool(std::shared_ptr<kubelet::Resource> inner, std::set<std::string> hidden)
-      : inner_(std::move(inner)), hidden_(std::move(hidden)) {}
+  WithoutPool(std::shared_ptr<kubelet::Resource> inner, std::set<std::string> hidden,
+              std::string owner = "the vGPU pool")
+      : inner_(std::move(inner)), hidden_(std::move(hidden)), owner_(std::move(owner)) {}
   bool Hidden(const std::string& id) const { return hidden_.count(id.substr(0, id.find("::"))); }
   const std::string& name() const override { return inner_->name(); }
   std::vector<kubelet::DeviceState> Devices() const override {
@@ -44,7 +46,7 @@ class WithoutPool final : public kubelet::Resource {
     for (const auto& id : ids)
       if (Hidden(id))
         return absl::InvalidArgumentError(absl::StrCat("device ID \"", id, "\" of ", name(),
-                                                       " belongs to the vGPU pool"));
+                                                       " belongs to ", owner_));
     return inner_->Allocate(ids);
   }
   absl::StatusOr<std::vector<std::string>> Preferred(const std::vector<std::string>& available,
@@ -63,6 +65,7 @@ class WithoutPool final : public kubelet::Resource {
  private:
   std::shared_ptr<kubelet::Resource> inner_;
   std::set<std::string> hidden_;
+  std::string owner_;
 };
 
 // A resource shared through MPS: its devices are Unhealthy while the control daemon does not
@@ -140,6 +143,20 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
   auto pool = vgpu::PoolGpus(inventory_, cfg.vgpu.gpus, cfg.vgpu.nominal_memory);
   if (!pool.ok())
     return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.gpus: ", pool.status().message()));
+  if (!cfg.dra.gpus.empty()) {
+    // The DRA driver serves these GPUs and their MIG devices (agent, src/dra): the kubelet must
+    // never also book them through the device plugin.
+    auto dra_ids = dra::DevicePluginIds(inventory_, cfg.dra.gpus);
+    if (!dra_ids.ok())
+      return absl::InvalidArgumentError(absl::StrCat("gpulet.dra.gpus: ", dra_ids.status().message()));
+    for (const auto& g : *pool)
+      if (dra_ids->count(g.uuid))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gpulet.dra.gpus and gpulet.vgpu.gpus both name GPU ", g.index, " (", g.uuid,
+            "); a GPU is served one way"));
+    for (auto& r : resources) r = std::make_shared<WithoutPool>(std::move(r), *dra_ids, "DRA");
+    std::erase_if(resources, [](const auto& r) { return r->Devices().empty(); });
+  }
   std::shared_ptr<vgpu::NodeAssigner> assigner;
   std::string key;
   if (!pool->empty()) {

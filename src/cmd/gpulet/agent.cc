@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
 #include "k8s/client.h"
@@ -53,6 +54,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     std::unique_ptr<k8s::Client> client;
     std::unique_ptr<node::ReadinessController> readiness;
     std::unique_ptr<runtime::CdiRefresher> cdi;
+    std::unique_ptr<dra::Driver> dra_driver;
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
@@ -114,8 +116,12 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
       if (!c.ok()) return c.status();
       cdi = *std::move(c);
+      auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
+      if (!d.ok()) return d.status();
+      dra_driver = *std::move(d);
       return absl::OkStatus();
     }, [&] {
+      dra_driver.reset();
       cdi.reset();
       labeler.reset();
       exporter.reset();  // before the readiness controller its sampler reads
