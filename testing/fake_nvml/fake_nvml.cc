@@ -1268,3 +1268,163 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
   return EventWait(set, data, timeout_ms);
 }
 #endif
+
+// ---- what other NVML consumers call (HAMi-core, NVIDIA's go-nvml programs) ---------------------
+
+namespace gpulet::sim {
+namespace {
+// nvmlDeviceGetComputeRunningProcesses (no suffix): the first process record, without the MIG ids.
+struct ProcessInfoV1 {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+};
+// nvmlDeviceGetProcessUtilization's sample.
+struct ProcessUtilizationSample {
+  unsigned int pid;
+  unsigned long long timeStamp;  // microseconds since the epoch
+  unsigned int smUtil, memUtil, encUtil, decUtil;
+};
+
+[[maybe_unused]] uint64_t NowMicros() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// The trace of unsupported calls (see unsupported.inc): one name per line, appended.
+[[maybe_unused]] void TraceUnsupported(const char* name) {
+  const char* path = std::getenv("GPULET_FAKE_NVML_TRACE");
+  if (path == nullptr || *path == '\0') return;
+  int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::string line = std::string(name) + "\n";
+  (void)!::write(fd, line.data(), line.size());
+  ::close(fd);
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, unsigned int len) {
+  ENTER();
+  if (name == nullptr || len == 0) return NVML_ERROR_INVALID_ARGUMENT;
+  for (const GpuSpec& g : s.m.gpus)
+    for (const auto& [p, mib] : g.processes)
+      if (p == pid) {
+        // The machine file names no programs; a simulated process is a CUDA program by its pid.
+        std::string comm = absl::StrCat("sim-process-", pid);
+        std::snprintf(name, len, "%s", comm.c_str());
+        return NVML_SUCCESS;
+      }
+  return NVML_ERROR_NOT_FOUND;
+}
+
+#ifndef GPULET_FAKE_NVML_LEGACY
+// The first ABI: records without the MIG ids, otherwise as _v3 (same processes, same sizes).
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int* count, void* out) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) { *count = 0; return NVML_SUCCESS; }
+  const auto& procs = s.m.gpus[h.gpu].processes;
+  if (*count < procs.size() || (out == nullptr && !procs.empty())) {
+    *count = static_cast<unsigned>(procs.size());
+    return procs.empty() ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  auto* infos = static_cast<ProcessInfoV1*>(out);
+  for (size_t i = 0; i < procs.size(); ++i) infos[i] = ProcessInfoV1{procs[i].first, procs[i].second << 20};
+  *count = static_cast<unsigned>(procs.size());
+  return NVML_SUCCESS;
+}
+
+// One sample per running process, newer than `last_seen` (microseconds). The GPU's utilisation
+// (gpu_util_pct, memory_util_pct) is shared among its processes in proportion to their memory,
+// so the per-process figures add up to what nvmlDeviceGetUtilizationRates says. NOT_FOUND when
+// there is no sample, as NVML.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void* out, unsigned int* count,
+                                                         unsigned long long last_seen) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  const auto& procs = s.m.gpus[h.gpu].processes;
+  const uint64_t now = NowMicros();
+  if (procs.empty() || last_seen >= now) return NVML_ERROR_NOT_FOUND;
+  if (out == nullptr || *count < procs.size()) {
+    *count = static_cast<unsigned>(procs.size());
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  const auto& tel = s.rt[h.gpu].tel;
+  auto value = [&](const char* key) -> uint64_t {
+    auto it = tel.find(key);
+    return it == tel.end() ? 0 : it->second;
+  };
+  uint64_t total = 0;
+  for (const auto& p : procs) total += p.second;
+  auto* samples = static_cast<ProcessUtilizationSample*>(out);
+  for (size_t i = 0; i < procs.size(); ++i) {
+    auto share = [&](uint64_t pct) {
+      return static_cast<unsigned>(total == 0 ? pct / procs.size() : pct * procs[i].second / total);
+    };
+    samples[i] = ProcessUtilizationSample{procs[i].first, now, share(value("gpu_util_pct")),
+                                          share(value("memory_util_pct")), share(value("encoder_util_pct")),
+                                          share(value("decoder_util_pct"))};
+  }
+  *count = static_cast<unsigned>(procs.size());
+  return NVML_SUCCESS;
+}
+
+// The old name of nvmlDeviceGetSupportedClocksEventReasons (renamed in CUDA 12.2's NVML).
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev, unsigned long long* r) {
+  return nvmlDeviceGetSupportedClocksEventReasons(dev, r);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nvmlDevice_t* d) {
+  ENTER();
+  if (!bus_id || !d) return NVML_ERROR_INVALID_ARGUMENT;
+  // NVML accepts the 8- and 4-digit domain forms, any case.
+  std::string want = absl::AsciiStrToLower(bus_id);
+  if (want.size() == 12) want = "0000" + want;
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    if (absl::AsciiStrToLower(s.m.gpus[i].pci_bus_id) == want) {
+      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+      *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* d) {
+  return nvmlDeviceGetHandleByPciBusId_v2(bus_id, d);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char* serial, nvmlDevice_t* d) {
+  ENTER();
+  if (!serial || !d) return NVML_ERROR_INVALID_ARGUMENT;
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    if (!s.m.gpus[i].serial.empty() && s.m.gpus[i].serial == serial) {
+      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+      *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int* node) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!node) return NVML_ERROR_INVALID_ARGUMENT;
+  int n = s.m.gpus[h.gpu].numa_node;
+  if (n < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *node = static_cast<unsigned>(n);
+  return NVML_SUCCESS;
+}
+
+#define FAKE_UNSUPPORTED(name)                               \
+  FAKE_EXPORT nvmlReturn_t name() {                          \
+    gpulet::sim::TraceUnsupported(#name);                    \
+    std::lock_guard<std::mutex> lock(gpulet::sim::g_mu);     \
+    if (gpulet::sim::g_refcount == 0) return NVML_ERROR_UNINITIALIZED; \
+    return NVML_ERROR_NOT_SUPPORTED;                         \
+  }
+#include "fake_nvml/unsupported.inc"
+#undef FAKE_UNSUPPORTED
+#endif
