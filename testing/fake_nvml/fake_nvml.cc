@@ -26,8 +26,10 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -145,6 +147,19 @@ absl::Status Materialise(const State& s) {
       int base = 3 + static_cast<int>(g) * 135 + gi * 9;
       absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/access ", base, "\n");
       for (int ci = 0; ci < 8; ++ci) absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/ci", ci, "/access ", base + 1 + ci, "\n");
+    }
+  }
+  // The capability files the kernel module publishes per existing GPU/compute instance (what
+  // NVIDIA's go-nvlib reads to find a MIG device's /dev/nvidia-caps nodes), same minors as above.
+  for (size_t g = 0; g < m.gpus.size(); ++g) {
+    if (!m.gpus[g].mig_enabled) continue;
+    for (const MigSpec& mig : m.gpus[g].mig) {
+      int base = 3 + static_cast<int>(g) * 135 + static_cast<int>(mig.gi) * 9;
+      std::string gi_dir = absl::StrCat("/proc/driver/nvidia/capabilities/gpu", g, "/mig/gi", mig.gi);
+      std::string ci_dir = absl::StrCat(gi_dir, "/ci", mig.ci);
+      RETURN_IF_ERROR(fs.MakeDirs(ci_dir));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(gi_dir + "/access", absl::StrCat("DeviceFileMinor: ", base, "\nDeviceFileMode: 292\n")));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(ci_dir + "/access", absl::StrCat("DeviceFileMinor: ", base + 1 + static_cast<int>(mig.ci), "\nDeviceFileMode: 292\n")));
     }
   }
   RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia-caps"));
@@ -477,6 +492,13 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_
     if (s.m.gpus[i].uuid == uuid) {
       if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
       *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+      return NVML_SUCCESS;
+    }
+    // MIG devices by their own UUID (drivers since R470), while MIG mode is on.
+    for (size_t j = 0; s.m.gpus[i].mig_enabled && j < s.m.gpus[i].mig.size(); ++j) {
+      if (s.m.gpus[i].mig[j].uuid != uuid) continue;
+      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+      *d = reinterpret_cast<nvmlDevice_t>(s.migs[i][j].get());
       return NVML_SUCCESS;
     }
   }
@@ -1415,6 +1437,178 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int*
   int n = s.m.gpus[h.gpu].numa_node;
   if (n < 0) return NVML_ERROR_NOT_SUPPORTED;
   *node = static_cast<unsigned>(n);
+  return NVML_SUCCESS;
+}
+
+// ---- MIG instances: GPU instances and compute instances behind the MIG devices ---------------
+// NVIDIA's go-nvlib names a MIG device's profile from its GPU instance's and compute instance's
+// profile IDs (nvmlDeviceGetGpuInstanceById -> nvmlGpuInstanceGetInfo, matched against
+// nvmlDeviceGetGpuInstanceProfileInfo), so the fake serves those objects for the machine file's
+// MIG devices. Layouts are facts of NVML's API reference (nvmlGpuInstanceProfileInfo_t, ...).
+
+namespace gpulet::sim {
+namespace {
+struct GpuInstanceProfileInfo {
+  unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+      decoderCount, encoderCount, jpegCount, ofaCount;
+  unsigned long long memorySizeMB;
+};
+struct InstancePlacement {
+  unsigned int start, size;
+};
+struct GpuInstanceInfo {
+  nvmlDevice_t device;
+  unsigned int id, profileId;
+  InstancePlacement placement;
+};
+struct ComputeInstanceInfo {
+  nvmlDevice_t device;
+  void* gpuInstance;
+  unsigned int id, profileId;
+  InstancePlacement placement;
+};
+struct ComputeInstanceProfileInfo {
+  unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+      sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+};
+// What an nvmlGpuInstance_t / nvmlComputeInstance_t points to. Kept for the life of the process
+// (a handful per MIG device), so a handle stays valid across nvmlShutdown/nvmlInit as NVML's do.
+struct InstanceHandle {
+  int gpu = 0;
+  uint32_t gi = 0;
+  int ci = -1;  // -1: the GPU instance itself
+};
+std::map<std::tuple<int, uint32_t, int>, std::unique_ptr<InstanceHandle>> g_instances;
+
+InstanceHandle* Instance(int gpu, uint32_t gi, int ci) {
+  auto& h = g_instances[{gpu, gi, ci}];
+  if (!h) h = std::make_unique<InstanceHandle>(InstanceHandle{gpu, gi, ci});
+  return h.get();
+}
+const InstanceHandle* FindInstance(const void* p, bool compute) {
+  for (const auto& [k, h] : g_instances)
+    if (h.get() == p) return (h->ci >= 0) == compute ? h.get() : nullptr;
+  return nullptr;
+}
+// NVML's GPU instance profile IDs by slice count (1_SLICE = 0, 2 = 1, 3 = 2, 4 = 3, 7 = 4,
+// 8 = 5, 6 = 6); "+me" 1-slice is 1_SLICE_REV1 = 7. -1: none.
+int GiProfileId(uint32_t slices, bool media) {
+  if (media && slices == 1) return 7;
+  switch (slices) {
+    case 1: return 0; case 2: return 1; case 3: return 2; case 4: return 3;
+    case 7: return 4; case 8: return 5; case 6: return 6; default: return -1;
+  }
+}
+int SlicesOfGiProfile(unsigned profile) {
+  switch (profile) {
+    case 0: case 7: return 1; case 1: return 2; case 2: return 3; case 3: return 4;
+    case 4: return 7; case 5: return 8; case 6: return 6; default: return 0;
+  }
+}
+// Compute instance profile IDs use the same numbering by slice count.
+int CiProfileId(uint32_t slices) { return GiProfileId(slices, false); }
+
+const MigSpec* MigOf(const State& s, int gpu, uint32_t gi, int ci) {
+  for (const MigSpec& m : s.m.gpus[gpu].mig)
+    if (m.gi == gi && (ci < 0 || m.ci == static_cast<uint32_t>(ci))) return &m;
+  return nullptr;
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, unsigned int profile, void* out) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!out || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!g.mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+  if (profile >= 10) return NVML_ERROR_INVALID_ARGUMENT;
+  const int slices = SlicesOfGiProfile(profile);
+  // The standard profiles of a 7-slice GPU, plus whatever the machine's layouts use.
+  const MigSpec* seen = nullptr;
+  for (const GpuSpec& other : s.m.gpus)
+    for (const MigSpec& m : other.mig)
+      if (other.name == g.name && GiProfileId(m.gi_slices, absl::StrContains(m.profile, "+me")) == static_cast<int>(profile)) seen = &m;
+  if (seen == nullptr && (profile > 4 || slices == 0)) return NVML_ERROR_NOT_SUPPORTED;
+  GpuInstanceProfileInfo info{};
+  info.id = profile;
+  info.sliceCount = static_cast<unsigned>(slices);
+  info.instanceCount = slices == 3 ? 2 : 7 / static_cast<unsigned>(slices);
+  info.multiprocessorCount = seen ? seen->sm_count : g.sm_count * static_cast<unsigned>(slices) / 8;
+  info.memorySizeMB = seen ? seen->memory_mib : g.memory_mib * static_cast<unsigned>(slices) / 8;
+  info.copyEngineCount = static_cast<unsigned>(slices);
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id, void** gi) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!gi || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!g.mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+  if (!g.mig_enabled || MigOf(s, h.gpu, id, -1) == nullptr) return NVML_ERROR_NOT_FOUND;
+  *gi = Instance(h.gpu, id, -1);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(void* gi, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, -1);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;  // the layout changed under the handle
+  GpuInstanceInfo info{};
+  info.device = reinterpret_cast<nvmlDevice_t>(s.gpus[in->gpu].get());
+  info.id = in->gi;
+  info.profileId = static_cast<unsigned>(GiProfileId(m->gi_slices, absl::StrContains(m->profile, "+me")));
+  info.placement = {in->gi, m->gi_slices};
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void* gi, unsigned int id, void** ci) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !ci) return NVML_ERROR_INVALID_ARGUMENT;
+  if (MigOf(s, in->gpu, in->gi, static_cast<int>(id)) == nullptr) return NVML_ERROR_NOT_FOUND;
+  *ci = Instance(in->gpu, in->gi, static_cast<int>(id));
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void* ci, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(ci, true);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, in->ci);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;
+  ComputeInstanceInfo info{};
+  info.device = reinterpret_cast<nvmlDevice_t>(s.gpus[in->gpu].get());
+  info.gpuInstance = Instance(in->gpu, in->gi, -1);
+  info.id = static_cast<unsigned>(in->ci);
+  info.profileId = static_cast<unsigned>(CiProfileId(m->ci_slices));
+  info.placement = {0, m->ci_slices};
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(void* ci, void* out) { return nvmlComputeInstanceGetInfo_v2(ci, out); }
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi, unsigned int profile,
+                                                                      unsigned int eng_profile, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, -1);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;
+  if (profile >= 8 || eng_profile >= 1) return NVML_ERROR_INVALID_ARGUMENT;
+  const int slices = SlicesOfGiProfile(profile);
+  if (profile == 7 || slices == 0 || static_cast<uint32_t>(slices) > m->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+  ComputeInstanceProfileInfo info{};
+  info.id = profile;
+  info.sliceCount = static_cast<unsigned>(slices);
+  info.instanceCount = m->gi_slices / static_cast<unsigned>(slices);
+  info.multiprocessorCount = m->sm_count * static_cast<unsigned>(slices) / m->gi_slices;
+  std::memcpy(out, &info, sizeof info);
   return NVML_SUCCESS;
 }
 

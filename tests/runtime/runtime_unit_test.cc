@@ -182,11 +182,22 @@ TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
                          "GPU-00000001-1111-2222-3333-444444444444", "all"));
   EXPECT_EQ(spec->kind, "nvidia.com/gpu");
   EXPECT_EQ(spec->cdi_version, "0.5.0");  // hostPath (driver root is not "/")
-  for (const auto& d : spec->devices)
+  for (const auto& d : spec->devices) {
     if (d.name == "0:1") {
       ASSERT_EQ(d.edits.device_nodes.size(), 3u);
       EXPECT_EQ(d.edits.device_nodes[1].path, "/dev/nvidia-caps/nvidia-cap30");
     }
+    // "all" is every device, MIG devices' capability nodes included (as nvidia-ctk's): without
+    // them a container asking for all GPUs on a MIG node sees no MIG device (tests/compat/cdi.sh).
+    if (d.name == "all") {
+      std::vector<std::string> paths;
+      for (const auto& n : d.edits.device_nodes) paths.push_back(n.path);
+      EXPECT_THAT(paths, ::testing::UnorderedElementsAre(
+                             "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap21",
+                             "/dev/nvidia-caps/nvidia-cap22", "/dev/nvidia-caps/nvidia-cap30",
+                             "/dev/nvidia-caps/nvidia-cap31"));
+    }
+  }
   for (bool json : {false, true}) {
     std::string text = json ? CdiSpecToJson(*spec) : CdiSpecToYaml(*spec);
     auto back = ParseCdiSpec(text, "gen");
