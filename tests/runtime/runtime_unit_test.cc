@@ -731,6 +731,35 @@ TEST_F(TempDirTest, HostileParserInputsAreErrors) {
   EXPECT_EQ(ReadFile(dir_ + "/c2.json"), before);
 }
 
+// A node configured by NVIDIA's toolkit (imports = ["conf.d/*.toml"], conf.d/99-nvidia.toml with
+// the CRI section) moving to gpulet: NVIDIA's drop-in sorts after 99-gpulet.toml and would replace
+// gpulet's CRI section, so it is emptied (kept as .bak). Found by tests/compat/runtime_configure.sh.
+TEST_F(TempDirTest, ContainerdLaterDropInOfAnotherToolIsEmptied) {
+  const std::string cri = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n";
+  WriteFile(dir_ + "/config.toml", "version = 2\nimports = [\"" + dir_ + "/conf.d/*.toml\"]\n");
+  WriteFile(dir_ + "/conf.d/99-nvidia.toml",
+            "version = 2\n" + cri + "BinaryName = \"/usr/bin/nvidia-container-runtime\"\n");
+  WriteFile(dir_ + "/conf.d/10-mirrors.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n");
+  WriteFile(dir_ + "/conf.d/zz-other.toml", "version = 2\n[plugins.\"io.containerd.other\"]\na = 1\n");
+  ConfigureOptions o;
+  o.config_path = dir_ + "/config.toml";
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  std::vector<std::string> notes;
+  auto plan = PlanConfigure(o, &notes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml"), HasSubstr("Emptied by `gpulet runtime configure`"));
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml.bak"), HasSubstr("nvidia-container-runtime"));
+  // Loaded before ours (10-) or without the CRI section: left alone.
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/10-mirrors.toml"), HasSubstr("registry"));
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/zz-other.toml"), HasSubstr("a = 1"));
+  EXPECT_THAT(absl::StrJoin(notes, "\n"), HasSubstr("99-nvidia.toml (another tool's drop-in"));
+  // A second run changes nothing.
+  auto again = PlanConfigure(o);
+  ASSERT_TRUE(again.ok());
+  for (const auto& c : *again) EXPECT_FALSE(c.changed()) << c.path;
+}
+
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
 TEST_F(TempDirTest, DockerDaemonJson) {
   std::string p = dir_ + "/daemon.json";
