@@ -1313,6 +1313,18 @@ struct ProcessUtilizationSample {
                                    .count());
 }
 
+// The first physical GPU `match` accepts, as a handle lookup answers it.
+template <typename Match>
+nvmlReturn_t GpuWhere(const State& s, Match match, nvmlDevice_t* d) {
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    if (!match(s.m.gpus[i])) continue;
+    if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+    *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+    return NVML_SUCCESS;
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+
 // The trace of unsupported calls (see unsupported.inc): one name per line, appended.
 [[maybe_unused]] void TraceUnsupported(const char* name) {
   const char* path = std::getenv("GPULET_FAKE_NVML_TRACE");
@@ -1406,14 +1418,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nv
   // NVML accepts the 8- and 4-digit domain forms, any case.
   std::string want = absl::AsciiStrToLower(bus_id);
   if (want.size() == 12) want = "0000" + want;
-  for (size_t i = 0; i < s.gpus.size(); ++i) {
-    if (absl::AsciiStrToLower(s.m.gpus[i].pci_bus_id) == want) {
-      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
-      *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
-      return NVML_SUCCESS;
-    }
-  }
-  return NVML_ERROR_NOT_FOUND;
+  return GpuWhere(s, [&](const GpuSpec& g) { return absl::AsciiStrToLower(g.pci_bus_id) == want; }, d);
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* d) {
   return nvmlDeviceGetHandleByPciBusId_v2(bus_id, d);
@@ -1421,14 +1426,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlD
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char* serial, nvmlDevice_t* d) {
   ENTER();
   if (!serial || !d) return NVML_ERROR_INVALID_ARGUMENT;
-  for (size_t i = 0; i < s.gpus.size(); ++i) {
-    if (!s.m.gpus[i].serial.empty() && s.m.gpus[i].serial == serial) {
-      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
-      *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
-      return NVML_SUCCESS;
-    }
-  }
-  return NVML_ERROR_NOT_FOUND;
+  return GpuWhere(s, [&](const GpuSpec& g) { return !g.serial.empty() && g.serial == serial; }, d);
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int* node) {
   ENTER();

@@ -18,6 +18,8 @@ paths and host paths, every mount (container path, host path, options), the rema
 import json
 import sys
 
+import report
+
 KNOWN_NVIDIA_HOOKS = {"create-symlinks", "enable-cuda-compat", "update-ldcache",
                       "disable-device-node-modification", "update-application-profile",
                       "apply-cuda-memory-limits", "chmod", "create-soname-symlinks"}
@@ -92,12 +94,7 @@ def main():
     attrs = [n for n in ea.get("deviceNodes", []) if "major" in n]
     if attrs:
         notes.append(f"[cdi-node-attrs] NVIDIA gives major/minor/fileMode for {len(attrs)} shared nodes; gpulet leaves them to the runtime")
-    for n in notes:
-        print("deliberate:", n)
-    for d in diffs:
-        print("DIFF:", d)
-    print(f"{case}: {len(diffs)} difference(s) beyond docs/compat.md, {len(da)} devices, {len(ma)} mounts compared")
-    return 1 if diffs else 0
+    return report.finish("deliberate", notes, diffs, f"{case}: {len(diffs)} difference(s) beyond docs/compat.md, {len(da)} devices, {len(ma)} mounts compared")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import itertools
 import json
 import sys
 
+import report
+
 PCIE = {"PIX": 50, "PXB": 40, "PHB": 30, "NODE": 20, "SYS": 10}
 
 
@@ -127,12 +129,7 @@ def main():
             for key in na:
                 if na[key] != nb[key]:
                     diffs.append(f"{q}: {key}: NVIDIA {na[key]} gpulet {nb[key]}")
-    for n in notes:
-        print("same-or-better:", n)
-    for d in diffs:
-        print("DIFF:", d)
-    print(f"{case}: {len(diffs)} difference(s), {len(notes)} equivalent or better answer(s)")
-    return 1 if diffs else 0
+    return report.finish("same-or-better", notes, diffs, f"{case}: {len(diffs)} difference(s), {len(notes)} equivalent or better answer(s)")
 
 
 if __name__ == "__main__":
