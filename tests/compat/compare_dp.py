@@ -19,6 +19,7 @@ gives the reason:
   [error-code]     a refused request: both must refuse it; the code and message may differ (NVIDIA's
                    failRequestsGreaterThanOne answers UNKNOWN, gpulet INVALID_ARGUMENT naming the ID;
                    the kubelet fails the pod with UnexpectedAdmissionError either way).
+  [id-order]       open (docs/compat.md): the order of the IDs in NVIDIA_VISIBLE_DEVICES may differ.
   [dup-devices]    passDeviceSpecs with several MIG devices of one GPU: NVIDIA's list carries the
                    parent's /dev/nvidiaN once per MIG device, gpulet's once. Compared as sets.
 """
@@ -126,6 +127,10 @@ def main():
                     notes.append(f"{q}: [error-code] both refuse: NVIDIA {qa['error']} gpulet {qb['error']}")
                 continue
             na, nb = norm_response(qa["response"]), norm_response(qb["response"])
+            ea, eb = na["envs"].get("NVIDIA_VISIBLE_DEVICES"), nb["envs"].get("NVIDIA_VISIBLE_DEVICES")
+            if ea and eb and ea != eb and sorted(ea.split(",")) == sorted(eb.split(",")):  # [id-order]
+                notes.append(f"{q}: [id-order] open: NVIDIA_VISIBLE_DEVICES NVIDIA {ea} gpulet {eb}")
+                nb["envs"]["NVIDIA_VISIBLE_DEVICES"] = ea
             for key in na:
                 if na[key] != nb[key]:
                     diffs.append(f"{q}: {key}: NVIDIA {na[key]} gpulet {nb[key]}")
