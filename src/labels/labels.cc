@@ -126,6 +126,10 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   if (o.mig_strategy != "none") set("mig.strategy", o.mig_strategy);
   set("gpu.replicas", absl::StrCat(o.replicas));
   set("gpu.sharing-strategy", o.sharing_strategy);
+  // GFD's: true only under MPS sharing and with no MIG-enabled GPU (MPS does not run on MIG).
+  bool mig_on = false;
+  for (const gpu::Device& d : inv.devices) mig_on |= d.mig_enabled;
+  set("mps.capable", o.sharing_strategy == "mps" && !mig_on ? "true" : "false");
 
   std::string product = SanitizeLabelValue(first.name);
   std::string shared = o.replicas > 1 ? "-SHARED" : "";

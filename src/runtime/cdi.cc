@@ -475,6 +475,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
         }
         me.device_nodes.push_back(node(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second)));
       }
+      all.Merge(me);  // "all" includes the MIG capability nodes, as nvidia-ctk's does
       add(absl::StrCat(dev.index, ":", mig.index), mig.uuid, me);
     }
   }
