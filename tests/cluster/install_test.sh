@@ -139,5 +139,11 @@ echo "note: left by the agent (not by install): $(cd "$D/fixed" && find var/lib/
 check "namespace $NS gone" bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig get namespace $NS >/dev/null 2>&1"
 wait_until 30 gone
 check "nvidia.com/gpu no longer allocatable" gone
+# RBAC: every request of gpulet's service accounts in the API server's audit log; none refused.
+"$K/kubectl" kustomize "$OVERLAY" > "$work/manifests.yaml"
+python3 "$src/tests/cluster/rbac_audit.py" "$D/logs/audit.log" "$work/manifests.yaml" > "$work/rbac.txt" 2>&1; rc=$?
+cat "$work/rbac.txt"
+check "no request of a gpulet service account was refused (403) in the audit log" [ "$rc" = 0 ]
+check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-node" "$1" && grep -q "^== gpulet-scheduler" "$1" && grep -q "used " "$1"' _ "$work/rbac.txt"
 [ "$failures" = 0 ] || { echo "--- install log"; cat "$work/install.log"; echo "--- agent log (tail)"; tail -n 20 "$work/agent.log"; echo "--- uninstall log"; cat "$work/uninstall.log"; }
 finish
