@@ -20,6 +20,7 @@ if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
   echo "using the running $RUNTIME cluster in $D"
   started=
 else
+  why=$("$cluster" preflight "$build" 2>&1) || { echo "skipped: $why"; exit 77; }
   rm -rf "$STATE"; mkdir -p "$STATE"
   links > "$STATE/links.before"
   kube_rules > "$STATE/kube-rules.before"
