@@ -31,6 +31,8 @@ cleanup() {
   kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=90s >/dev/null 2>&1
   kc label node "$NODE" feature.node.kubernetes.io/pci-10de.present- gpulet.io/gpu-stack- >/dev/null 2>&1
   kc taint node "$NODE" gpulet.io/gpu-stack-not-ready- >/dev/null 2>&1
+  kc delete deployment gpu-reboot --ignore-not-found >/dev/null 2>&1
+  [ -n "$(cat "$D/pids/kubelet" 2>/dev/null)" ] && kill -0 "$(cat "$D/pids/kubelet")" 2>/dev/null || "$cluster" kubelet-start "$build" >/dev/null 2>&1
   kc delete pod vgpu-a vgpu-b gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
   [ ! -f "$D/kube-scheduler-config.yaml" ] || "$cluster" scheduler "$build" >/dev/null 2>&1
   podman rmi -f "$SIM_IMG" "$IMG" >/dev/null 2>&1
@@ -64,6 +66,10 @@ echo "figure: make image steps + test layer + import: $(elapsed "$t0" "$(now)") 
 
 # --- install ---------------------------------------------------------------------------------------
 cp "$CONFIG" "$work/config.before"
+# The audit log from here to the uninstall is what gpulet's accounts did while installed (earlier
+# scenarios use gpulet-node tokens to be refused on purpose; kubectl delete -k removes the RBAC
+# while the agent is still stopping).
+audit_from=$(wc -l < "$D/logs/audit.log")
 "$cluster" plugin "$build" none >/dev/null
 gone() { [ "$(allocatable nvidia.com/gpu)" = 0 ]; }
 check "host-process plugin stopped: nvidia.com/gpu allocatable 0" wait_until 30 gone
@@ -117,6 +123,11 @@ clean_pods gpu-installed
 # --- vGPU: the real API server calls the webhook, the real kube-scheduler the extender ------------
 . "$src/tests/cluster/vgpu_checks.sh"
 
+# --- the reboot order: kubelet first, then the agent -------------------------------------------------
+. "$src/tests/cluster/reboot_checks.sh"
+
+sed -n "$((audit_from + 1)),\$p" "$D/logs/audit.log" > "$work/audit.log"
+
 # --- uninstall (docs/install.md) -------------------------------------------------------------------
 out=$(kc debug "node/$NODE" --profile=sysadmin --image="$SIM_IMG" --image-pull-policy=Never \
   -- gpulet uninstall --host-root /host --restart=/usr/bin/gpulet-test-restart-engine 2>&1)
@@ -141,7 +152,7 @@ wait_until 30 gone
 check "nvidia.com/gpu no longer allocatable" gone
 # RBAC: every request of gpulet's service accounts in the API server's audit log; none refused.
 "$K/kubectl" kustomize "$OVERLAY" > "$work/manifests.yaml"
-python3 "$src/tests/cluster/rbac_audit.py" "$D/logs/audit.log" "$work/manifests.yaml" > "$work/rbac.txt" 2>&1; rc=$?
+python3 "$src/tests/cluster/rbac_audit.py" "$work/audit.log" "$work/manifests.yaml" > "$work/rbac.txt" 2>&1; rc=$?
 cat "$work/rbac.txt"
 check "no request of a gpulet service account was refused (403) in the audit log" [ "$rc" = 0 ]
 check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-node" "$1" && grep -q "^== gpulet-scheduler" "$1" && grep -q "used " "$1"' _ "$work/rbac.txt"

@@ -37,7 +37,7 @@ if [ "$RUNTIME" = containerd2 ]; then
     bash -c '[[ "$1" == *"--device-list-strategy envvar,cdi-cri"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
 else
   check "gpulet runtime configure made the shim containerd's default runtime" \
-    grep -q "default_runtime_name = 'nvidia'" "$D/containerd/conf.d/99-gpulet.toml"
+    grep -q "default_runtime_name = 'nvidia'" "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"
   check "the plugin passes NVIDIA_VISIBLE_DEVICES only (envvar, no device specs)" \
     bash -c '[[ "$1" == *"--device-list-strategy envvar"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
 fi
