@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -83,7 +84,35 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
 }  // namespace
 
 std::string UnderRoot(const std::string& root, const std::string& p) {
-  return root == "/" || root.empty() ? p : root + p;
+  if (root == "/" || root.empty()) return p;
+  // The host's symlinks are followed as the host follows them: an absolute target starts again at
+  // `root`, not at this container's "/". Most hosts have /var/run -> /run; without this the
+  // default CDI directory /var/run/cdi led into the installer container's own (missing) /run.
+  std::vector<std::string> rest = absl::StrSplit(p, '/', absl::SkipEmpty());
+  std::reverse(rest.begin(), rest.end());  // a stack: the next component at the back
+  std::string done;                        // the resolved host path so far ("" is the root)
+  int links = 0;
+  while (!rest.empty()) {
+    std::string c = std::move(rest.back());
+    rest.pop_back();
+    if (c == ".") continue;
+    if (c == "..") {
+      done = done.substr(0, done.empty() ? 0 : done.rfind('/'));
+      continue;
+    }
+    std::string next = done + "/" + c;
+    char buf[PATH_MAX];
+    ssize_t n = ::readlink((root + next).c_str(), buf, sizeof buf - 1);
+    if (n <= 0 || ++links > 40) {  // not a link, absent, or a loop: taken as it is
+      done = next;
+      continue;
+    }
+    std::string target(buf, static_cast<size_t>(n));
+    std::vector<std::string> parts = absl::StrSplit(target, '/', absl::SkipEmpty());
+    rest.insert(rest.end(), parts.rbegin(), parts.rend());
+    if (target[0] == '/') done.clear();
+  }
+  return root + (done.empty() ? "/" : done);
 }
 
 absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
@@ -253,7 +282,9 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
     return absl::DataLossError(absl::StrCat(UnderRoot(host_root, kRecord),
                                             ": install record is not valid; nothing was changed"));
   r.engine = record.value("engine", "");
-  RealFilesystem fs(host_root);
+  // Host paths through UnderRoot (the host's own symlinks, e.g. /var/run -> /run, followed inside
+  // host_root): a plain host_root + path could name a dangling link and remove nothing.
+  auto remove = [&](const std::string& path) { return RealFilesystem().Remove(UnderRoot(host_root, path)); };
   // Engine configuration first, so the engine never points at a shim that is already gone.
   for (const auto& c : record["configs"]) {
     std::string path = c.value("path", "");
@@ -265,19 +296,19 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, mode));
       r.actions.push_back("restored " + path);
     } else {
-      RETURN_IF_ERROR(fs.Remove(path));
+      RETURN_IF_ERROR(remove(path));
       r.actions.push_back("removed " + path);
     }
     r.engine_config_changed = true;
-    if (c.contains("backup")) RETURN_IF_ERROR(fs.Remove(c.value("backup", "")));
+    if (c.contains("backup")) RETURN_IF_ERROR(remove(c.value("backup", "")));
   }
   if (r.engine_config_changed && !r.engine.empty())
     RETURN_IF_ERROR(Restart(restart_command, host_root, r.engine, &r.actions));
   for (const auto& f : record["files"]) {
-    RETURN_IF_ERROR(fs.Remove(f.get<std::string>()));
+    RETURN_IF_ERROR(remove(f.get<std::string>()));
     r.actions.push_back("removed " + f.get<std::string>());
   }
-  RETURN_IF_ERROR(fs.Remove(kRecord));
+  RETURN_IF_ERROR(remove(kRecord));
   r.actions.push_back(absl::StrCat("removed ", kRecord));
   // The directories install created, deepest first, each only when empty (something else may
   // have put files there since).

@@ -34,7 +34,8 @@ struct InstallResult {
   bool engine_config_changed = false;
 };
 
-// Host path `p` as this process sees it with the host's root at `host_root` ("/" leaves it alone).
+// Host path `p` as this process sees it with the host's root at `host_root` ("/" leaves it alone):
+// symlinks on the way, the last component included, are followed within `host_root`.
 std::string UnderRoot(const std::string& host_root, const std::string& p);
 
 // The engine whose configuration exists under `host_root`: containerd, then crio, then docker.

@@ -97,6 +97,12 @@ bool ReadinessController::RequestsOurResources(const json& pod) const {
   return false;
 }
 
+void ReadinessController::StartRemediation(const std::string& boot_id) {
+  remediated_boot_ = boot_id;
+  remediate_until_ = clock_->Now() + options_.remediate_window;
+  reported_bare_.clear();
+}
+
 absl::Status ReadinessController::RemediateRejectedPods() {
   k8s::ListOptions opts;
   opts.field_selector = "spec.nodeName=" + options_.node_name;
@@ -122,6 +128,7 @@ absl::Status ReadinessController::RemediateRejectedPods() {
       spdlog::info("deleted pod {}/{} rejected before the GPU stack was ready; its controller "
                    "recreates it", ns, name);
     } else {
+      if (!reported_bare_.insert(ns + "/" + name).second) continue;  // one event per pod and boot
       ++reported_bare_pods_;
       spdlog::warn("pod {}/{} was rejected before the GPU stack was ready and has no controller; "
                    "delete and recreate it to run it", ns, name);
@@ -147,10 +154,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
 
   if (validated == boot_id && !boot_id.empty() && labelled) {
     RETURN_IF_ERROR(SetTaint(false));  // e.g. a previous run died between label and untaint
-    if (remediated_boot_ != boot_id) {
-      RETURN_IF_ERROR(RemediateRejectedPods());
-      remediated_boot_ = boot_id;
-    }
+    if (remediated_boot_ != boot_id) StartRemediation(boot_id);
+    if (clock_->Now() < remediate_until_) RETURN_IF_ERROR(RemediateRejectedPods());
     return NodeStackState::kReady;
   }
 
@@ -169,8 +174,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   // Order matters: label first (our pods and users can see why), then admit new pods, then heal.
   RETURN_IF_ERROR(MarkValidated(boot_id));
   RETURN_IF_ERROR(SetTaint(false));
+  StartRemediation(boot_id);
   RETURN_IF_ERROR(RemediateRejectedPods());
-  remediated_boot_ = boot_id;
   last_failure_logged_.clear();
   spdlog::info("node {}: GPU stack validated for boot {}", options_.node_name, boot_id);
   return NodeStackState::kReady;

@@ -29,6 +29,7 @@ finish() {
 }
 # The scenarios need the cluster cluster.up left (or `make cluster`): without it, one clear failure.
 need_cluster() {
+  [ ! -f "$STATE/cannot-run" ] || { echo "skipped: $(cat "$STATE/cannot-run")"; exit 77; }
   [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1 \
     || { echo "FAIL: no cluster running in $D (cluster.up failed, or run make cluster)"; exit 1; }
 }

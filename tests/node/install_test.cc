@@ -96,6 +96,35 @@ TEST_F(InstallTest, UninstallRestoresAndRemoves) {
   EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
 }
 
+// Most hosts have /var/run -> /run, an absolute link: seen under --host-root it must lead to the
+// host's /run, not the installer container's. Before, install failed ("cannot create
+// /host/var/run/cdi: File exists", found on the real cluster) and uninstall left the spec behind.
+TEST_F(InstallTest, FollowsAbsoluteHostSymlinksInsideTheHostRoot) {
+  fs::remove_all(host_ + "/var/run");
+  fs::create_directories(host_ + "/run");
+  fs::create_directories(host_ + "/var");
+  fs::create_symlink("/run", host_ + "/var/run");
+  EXPECT_EQ(UnderRoot(host_, "/var/run/cdi/x.yaml"), host_ + "/run/cdi/x.yaml");
+  EXPECT_EQ(UnderRoot(host_, "/var/run/../lib/gpulet"), host_ + "/lib/gpulet");
+  EXPECT_EQ(UnderRoot("/", "/var/run/cdi"), "/var/run/cdi");
+  auto r = Install(opts_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(fs::exists(host_ + "/run/cdi/gpulet-nvidia.yaml"));
+  EXPECT_TRUE(fs::is_symlink(host_ + "/var/run")) << "the host's link must stay a link";
+  auto u = Uninstall(host_, opts_.restart_command);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_FALSE(fs::exists(host_ + "/run/cdi/gpulet-nvidia.yaml"));
+  EXPECT_FALSE(fs::exists(host_ + "/run/cdi")) << "install made it, uninstall removes it";
+  EXPECT_TRUE(fs::exists(host_ + "/run"));
+}
+
+// A loop of links ends (taken as a plain path) instead of hanging.
+TEST_F(InstallTest, SymlinkLoopUnderHostRootEnds) {
+  fs::create_symlink("/loop-b", host_ + "/loop-a");
+  fs::create_symlink("/loop-a", host_ + "/loop-b");
+  EXPECT_FALSE(UnderRoot(host_, "/loop-a/x").empty());
+}
+
 // A 0600 engine configuration (it may hold registry credentials) stays 0600 through install and
 // uninstall (issue 22.3).
 TEST_F(InstallTest, EngineConfigKeepsItsMode) {

@@ -55,8 +55,21 @@ class ReadinessTest : public ::testing::Test {
     return o;
   }
 
+  // Time by hand, for the remediation window.
+  class ManualClock : public Clock {
+   public:
+    TimePoint Now() const override { return now_; }
+    int64_t UnixSeconds() const override { return 1700000000; }
+    void SleepFor(Duration d) override { now_ += d; }
+    void Advance(Duration d) { now_ += d; }
+
+   private:
+    TimePoint now_{std::chrono::seconds(1000)};
+  };
+
   testing::FakeApiServer server_;
   std::unique_ptr<k8s::Client> client_;
+  ManualClock clock_;
 };
 
 ValidationReport Report(bool ok) {
@@ -114,7 +127,7 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   json cpu = GpuPod("cpu-only", true, "Failed", "UnexpectedAdmissionError");
   cpu["spec"]["containers"][0]["resources"]["limits"] = {{"cpu", "1"}};
   server_.CreatePod(cpu);
-  ReadinessController c(client_.get(), [] { return Report(true); }, Options());
+  ReadinessController c(client_.get(), [] { return Report(true); }, Options(), &clock_);
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
   json p;
   EXPECT_FALSE(server_.GetPod("default", "owned", &p));
@@ -135,11 +148,33 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   EXPECT_EQ(events[0]["involvedObject"]["name"], "bare");
   EXPECT_EQ(events[0]["source"]["host"], "gpu-1");
   EXPECT_NE(events[0]["message"].get<std::string>().find("delete and recreate"), std::string::npos);
-  // Once per boot: a later pass does not delete pods again (no delete/recreate storm).
+  // A later pass within the window heals pods rejected since (the real kubelet posts its verdict
+  // seconds after it starts, after the agent's first pass); the bare pod is not reported again.
+  clock_.Advance(std::chrono::seconds(30));
   server_.CreatePod(GpuPod("owned2", true, "Failed", "UnexpectedAdmissionError"));
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
-  EXPECT_TRUE(server_.GetPod("default", "owned2", &p));
+  EXPECT_FALSE(server_.GetPod("default", "owned2", &p));
   EXPECT_EQ(server_.Events().size(), 1u) << "the bare pod is reported once per boot";
+  // Past the window: no more passes (no delete/recreate storm, no list every interval forever).
+  clock_.Advance(std::chrono::seconds(91));
+  server_.CreatePod(GpuPod("owned3", true, "Failed", "UnexpectedAdmissionError"));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_TRUE(server_.GetPod("default", "owned3", &p));
+  EXPECT_EQ(c.deleted_pods(), 3);
+}
+
+// The agent starting on a boot validated earlier (it was restarted, or the kubelet came back first
+// after a reboot the agent had validated before): it looks for rejected pods for the window too.
+TEST_F(ReadinessTest, AgentRestartOnValidatedBootHealsLateRejections) {
+  ReadinessController first(client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_EQ(*first.ReconcileOnce(), NodeStackState::kReady);
+  ReadinessController c(client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);  // nothing rejected yet
+  clock_.Advance(std::chrono::seconds(5));
+  server_.CreatePod(GpuPod("late", true, "Failed", "UnexpectedAdmissionError"));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  json p;
+  EXPECT_FALSE(server_.GetPod("default", "late", &p)) << "rejected after the first pass, still healed";
 }
 
 // API server errors surface as a Status, never a crash; the next pass recovers.
