@@ -225,7 +225,7 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
   if (selection.empty()) return out;
   if (selection == "all") {
     for (const auto& d : inv.devices) {
-      if (!d.mig_enabled) add(d);
+      if (!d.mig_enabled && d.Readable()) add(d);
     }
     return out;
   }
@@ -235,7 +235,8 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     bool by_index = absl::SimpleAtoi(item, &idx);
     const gpu::Device* found = nullptr;
     for (const auto& d : inv.devices) {
-      if ((by_index && d.index == idx) || (!by_index && d.uuid == item)) found = &d;
+      if (d.Readable() && ((by_index && d.index == idx) || (!by_index && d.uuid == item)))
+        found = &d;
     }
     if (!found) {
       return absl::NotFoundError(absl::StrCat("vGPU GPU \"", item, "\" is not on this node"));

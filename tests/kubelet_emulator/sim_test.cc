@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "k8s/podresources/v1/api.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -171,6 +172,30 @@ TEST_F(SimTest, InfoJson) {
   EXPECT_THAT(r.out, Not(HasSubstr("Legend")));
 }
 
+// One lost GPU does not hide the others: `gpulet info` lists them and flags the lost one as
+// nvidia-smi does, in the table and in --json (it printed one error and listed nothing).
+TEST_F(SimTest, InfoListsTheOthersWhenOneGpuIsLost) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  const std::string info = kBin + "gpulet info --simulate dgx-h100 --sim-root " + root_;
+  ASSERT_EQ(Shell(info + " >/dev/null 2>&1").code, 0);
+  ASSERT_EQ(Shell(kBin + "gpulet sim fault lost --gpu 1 --sim-root " + root_).code, 0);
+  Result r = Shell(info + " 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPU 0: NVIDIA H100"));
+  EXPECT_THAT(r.out, HasSubstr("GPU 1: Unable to determine the device handle: GPU is lost\n"));
+  EXPECT_THAT(r.out, HasSubstr("GPU 7: NVIDIA H100"));
+  EXPECT_THAT(r.out, HasSubstr("GPU1\tN/A\t X \tN/A"));
+  r = Shell("(" + info + " --json 2>/dev/null)");  // the lost GPU's warning goes to stderr
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["gpus"].size(), 8u) << r.out;
+  EXPECT_EQ(j["gpus"][1]["error"], "GPU is lost");
+  EXPECT_FALSE(j["gpus"][1].contains("uuid"));
+  EXPECT_EQ(j["gpus"][2]["index"], 2);
+  EXPECT_FALSE(j["gpus"][2].contains("error"));
+}
+
 // An unknown profile is refused before anything starts, naming the profile.
 TEST_F(SimTest, UnknownProfile) {
   Result r = Shell(Sim("--simulate no-such-node"));
@@ -212,6 +237,27 @@ TEST_F(SimTest, FaultWithoutNode) {
   r = Shell(kBin + "gpulet-sim fault xid --gpu 3 --sim-root " + root_);
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--code"));
+}
+
+// A fault aimed at a MIG device (--gi/--ci) is refused on a GPU without MIG, and for an
+// instance the GPU does not have, naming what it has (it faulted the whole GPU instead).
+TEST_F(SimTest, MigFaultNeedsAMigDevice) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  ASSERT_EQ(Shell(kBin + "gpulet info --simulate a100-mig --sim-root " + root_).code, 0);
+  const std::string xid = kBin + "gpulet-sim fault xid --code 43 --sim-root " + root_;
+  Result r = Shell(xid + " --gpu 3 --gi 1 --ci 0");  // GPU 3 of a100-mig has MIG disabled
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPU 3 of the simulated node at " + root_ +
+                               " does not have MIG enabled"));
+  r = Shell(xid + " --gpu 1 --gi 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPU 1 has no MIG device gi=2 (its MIG devices, gi:ci: 1:0 5:0 13:0)"));
+  EXPECT_THAT(Shell(xid + " --gpu 1 --ci 0").out, HasSubstr("--ci needs --gi"));
+  EXPECT_EQ(Shell(xid + " --gpu 1 --gi 5 --ci 0").code, 0);
+  EXPECT_EQ(Shell(xid + " --gpu 3").code, 0);
+  std::ifstream log(root_ + "/control/faults.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
 }
 
 // `gpulet sim` forwards to gpulet-sim, --help included.
