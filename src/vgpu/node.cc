@@ -598,8 +598,11 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   v1beta1::ContainerAllocateResponse r;
   auto& env = *r.mutable_envs();
   env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
-  (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
-      absl::StrCat(g.ns, "/", g.pod, "/", g.container);
+  // Only when the pod is known: a grant made without an API server learns it later from
+  // PodResources, and "//c" would name nothing.
+  if (!g.pod.empty())
+    (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
+        absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
   env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);

@@ -314,6 +314,18 @@ TEST_F(SimTest, VgpuPodAloneSharesEveryGpu) {
   EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_CORE_LIMIT=30"));
   EXPECT_THAT(r.out, HasSubstr("LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so"));
   EXPECT_THAT(r.out, Not(HasSubstr("nvidia.com/gpu:")));  // a shared GPU is not offered whole
+  // Units print as ranges (30 IDs were a 1.5 KB line), with one occupancy line per GPU; no "//c"
+  // annotation for a pod Allocate cannot name, and its accounting directory is explained.
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("tencent\\.com/vcuda-core: GPU-[0-9a-f-]+::vc[0-9]+-vc[0-9]+(,vc[0-9]+"
+                        "(-vc[0-9]+)?)*\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("\n  GPU-[0-9a-f-]+  vcuda-core 30/100  vcuda-memory 20/320\n")))
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n') < 60, true) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr("=//c")));
+  EXPECT_THAT(r.out, HasSubstr("without an API server Allocate cannot name the pod"));
 }
 
 // --serve keeps the node up: PodResources answers over its socket, an injected XID fault on one
