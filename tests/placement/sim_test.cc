@@ -195,6 +195,31 @@ TEST(Cli, BadInputAndOutput) {
   std::filesystem::remove_all(dir);
 }
 
+// A long run says what it does (it printed nothing for 13-30 s): the header on stdout before the
+// runs, then one progress line per (policy, seed) run on stderr when stderr is not a terminal.
+TEST(Cli, HeaderFirstThenProgressOnStderr) {
+  const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
+  // Both streams into one pipe, in the order written.
+  const std::string cmd = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
+                          SampleDir() + "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(WEXITSTATUS(pclose(p)), 0) << out;
+  EXPECT_EQ(out.rfind("# ", 0), 0u) << out;
+  const size_t first = out.find("run 1/4 done: best-fit seed 42, ");
+  const size_t last = out.find("run 4/4 done: fgd seed 43, ");
+  const size_t table = out.find("policy ");
+  ASSERT_NE(first, std::string::npos) << out;
+  ASSERT_NE(last, std::string::npos) << out;
+  EXPECT_LT(first, last);
+  EXPECT_LT(last, table) << out;
+}
+
 // Numbers the CLI used to accept silently (issue 22): a negative seed wrapped to 2^64-5, a seed
 // past 2^64-1 clamped, --jobs 0 and -3 ran. Each is refused naming the flag.
 TEST(Cli, BadNumbersAreRefused) {
