@@ -144,6 +144,27 @@ TEST_F(SimTest, OneCliConvention) {
   EXPECT_EQ(Shell(kBin + "gpulet --version").code, 0);
 }
 
+// Durations in one syntax (10s, 500ms, 720h) on every command: the scheduler's flags took bare
+// milliseconds and hours (CLI11 integers: "5s" was refused), the others Go durations; a bare number
+// is refused where it never had a unit, and kept with a deprecation warning where it had one.
+TEST_F(SimTest, DurationsInOneSyntax) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  const std::string sched = kBin + "gpulet scheduler --kubeconfig " + root_ + "/none ";
+  Result r = Shell(sched + "--tls-renew-check 5x");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--tls-renew-check \"5x\": expected a duration like 10s, 500ms or 720h"));
+  // Accepted in the one syntax: the run goes on to the (missing) kubeconfig.
+  r = Shell(sched + "--tls-renew-check 5s --tls-renew-before 720h --workload-refresh 500ms");
+  EXPECT_THAT(r.out, Not(HasSubstr("--tls-renew"))) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr("--workload-refresh"))) << r.out;
+  r = Shell(sched + "--workload-refresh 250");
+  EXPECT_THAT(r.out, HasSubstr("--workload-refresh 250: a bare number is read as milliseconds "
+                               "(deprecated); write 250ms"));
+  r = Shell(kBin + "gpulet exporter --simulate pcie-t4 --sim-root " + root_ + " --interval 10");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--interval \"10\": expected a duration with its unit"));
+}
+
 // Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
 // start it says where its metrics and labels are.
 TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
@@ -253,6 +274,9 @@ TEST_F(SimTest, MigFaultNeedsAMigDevice) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("GPU 1 has no MIG device gi=2 (its MIG devices, gi:ci: 1:0 5:0 13:0)"));
   EXPECT_THAT(Shell(xid + " --gpu 1 --ci 0").out, HasSubstr("--ci needs --gi"));
+  r = Shell(xid + " --gpu -1");  // was "bad value in 'gpu=-1'", after the parse
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--gpu"));
   EXPECT_EQ(Shell(xid + " --gpu 1 --gi 5 --ci 0").code, 0);
   EXPECT_EQ(Shell(xid + " --gpu 3").code, 0);
   std::ifstream log(root_ + "/control/faults.log");

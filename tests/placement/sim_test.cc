@@ -124,6 +124,17 @@ TEST(ArrivalStream, ReachesTargetDeterministically) {
 
 std::string SampleDir() { return std::string(GPULET_SOURCE_DIR) + "/tests/placement/data"; }
 
+// Runs a shell command; its exit code (-1 if it could not start) and what it printed on stdout.
+std::pair<int, std::string> RunShell(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
 // A run is a pure function of its inputs and seed: the same curve twice; allocation never
 // exceeds what arrived or the capacity.
 TEST(Simulate, DeterministicPerSeed) {
@@ -203,13 +214,8 @@ TEST(Cli, HeaderFirstThenProgressOnStderr) {
   // Both streams into one pipe, in the order written.
   const std::string cmd = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
                           SampleDir() + "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(WEXITSTATUS(pclose(p)), 0) << out;
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.rfind("# ", 0), 0u) << out;
   const size_t first = out.find("run 1/4 done: best-fit seed 42, ");
   const size_t last = out.find("run 4/4 done: fgd seed 43, ");
@@ -229,15 +235,8 @@ TEST(Cli, BadNumbersAreRefused) {
                            SampleDir() + "/sample_pods.csv --policy best-fit ";
   for (const char* bad : {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5",
                           "--jobs 0", "--jobs -3"}) {
-    std::string cmd = base + bad + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int rc = pclose(p);
-    EXPECT_NE(WEXITSTATUS(rc), 0) << bad << ": " << out;
+    auto [rc, out] = RunShell(base + bad + " 2>&1");
+    EXPECT_NE(rc, 0) << bad << ": " << out;
     std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
     EXPECT_THAT(out, HasSubstr(flag)) << bad;
   }
