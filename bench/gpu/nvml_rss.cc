@@ -20,7 +20,7 @@
 #include <string>
 
 #include "fake_nvml/malloc_arenas.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 #include "gpu/nvml/nvml_layer.h"
 
 namespace {

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "scheduler/placement/placement.h"
-#include "scheduler/placement/sim.h"
+#include "placement/placement.h"
+#include "placement/sim.h"
 
 namespace pl = gpulet::placement;
 

@@ -23,7 +23,7 @@
 
 namespace gpulet::metrics {
 
-// Per-container vGPU usage as the interposer accounts it (src/vgpu/accounting.h). An interface so
+// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An interface so
 // the exporter does not depend on the accounting's storage; `gpu_uuid` names the physical GPU.
 struct VgpuContainerUsage {
   std::string namespace_, pod, container, gpu_uuid;

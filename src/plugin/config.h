@@ -52,7 +52,7 @@ struct HealthConfig {
 };
 
 // gpulet.vgpu: which GPUs are shared fractionally as tencent.com/vcuda-core / vcuda-memory
-// (src/vgpu/node.h, docs/vgpu.md). Pool GPUs are not offered as nvidia.com/gpu.
+// (src/vgpu/node/node.h, docs/vgpu.md). Pool GPUs are not offered as nvidia.com/gpu.
 struct VgpuConfig {
   std::string gpus;             // "" (default): vGPU off; "all": every non-MIG GPU; or "0,3,GPU-..."
   bool nominal_memory = true;   // memory units from the whole-GiB size (H100 80GB: 320), not NVML's

@@ -10,8 +10,8 @@
 #include "common/fs.h"
 #include "common/status.h"
 #include "plugin/resources.h"
-#include "vgpu/node.h"
-#include "vgpu/policy.h"
+#include "vgpu/node/node.h"
+#include "placement/vgpu_policy.h"
 
 namespace gpulet::plugin {
 namespace {

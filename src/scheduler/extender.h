@@ -4,7 +4,7 @@
 // State: per node, its fractional-pool GPUs (from the node annotation gpulet.io/vgpu-gpus the
 // agent writes, else derived from node capacity: cores/100 GPUs sharing memory evenly) and what
 // every pod holds on them. Feasibility, in-node choice and scores come from the placement library
-// (src/scheduler/placement), the same code the cluster-scale simulator runs.
+// (src/placement), the same code the cluster-scale simulator runs.
 // Bind reserves the GPUs in memory, writes the per-container GPU UUIDs on the pod (annotations
 // gpulet.io/vgpu-gpus-<i>, -node, -bind-time, -assigned=false), then creates the Binding. The
 // state is rebuilt from the API server (pods carry their assignment) on start, so a restart loses
@@ -31,11 +31,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/parallel.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "k8s/client.h"
-#include "scheduler/placement/placement.h"
-#include "vgpu/rules.h"
+#include "placement/placement.h"
+#include "vgpu/rules/rules.h"
 
 namespace httplib {
 class Server;
@@ -81,6 +82,9 @@ struct ExtenderOptions {
   // Minimum interval between workload rebuilds while pods keep changing (0: before every
   // decision that follows a change).
   std::chrono::milliseconds workload_refresh{1000};
+  // Threads besides the request's own that score candidate nodes (-1: one per core beyond the
+  // first, at most 7). Decisions do not depend on it.
+  int score_threads = -1;
 };
 
 // One pod's booking.
@@ -183,6 +187,7 @@ class Extender {
   std::mutex node_locks_mu_;
   std::map<std::string, std::unique_ptr<std::mutex>> node_locks_;
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;
+  std::unique_ptr<ParallelFor> scorers_;
 };
 
 }  // namespace gpulet::scheduler

@@ -1,5 +1,5 @@
 // The vGPU admission webhook: AdmissionReview v1 (admission.k8s.io/v1) for pod CREATE. The
-// validating endpoint applies the vGPU rules (vgpu/rules.h) and denies with the rule's message;
+// validating endpoint applies the vGPU rules (vgpu/rules/rules.h) and denies with the rule's message;
 // the mutating endpoint (optional) points vGPU pods at a scheduler profile (spec.schedulerName)
 // so clusters can route them to the kube-scheduler that calls the extender.
 // "Memory must fit one GPU" needs the largest GPU of the cluster: a fixed option, or learned from
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "k8s/client.h"
-#include "vgpu/rules.h"
+#include "vgpu/rules/rules.h"
 
 namespace httplib {
 class Server;

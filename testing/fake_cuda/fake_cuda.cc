@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "vgpu/interposer/cuda_abi.h"
+#include "abi/cuda_abi.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The fake libnvidia-ml.so.1: NVML's C ABI (the subset in gpu/nvml/nvml_api.h) served from a
+// The fake libnvidia-ml.so.1: NVML's C ABI (the subset in abi/nvml_api.h) served from a
 // machine file, with live fault injection through the node's control log (control.h). Loaded by
 // production code through the same dlopen path as the real library.
 //
@@ -33,7 +33,7 @@
 #include "common/status.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gpulet::sim {

@@ -1,5 +1,5 @@
 // The openb node and pod CSV files `gpulet-sched simulate` reads; the first byte picks which.
-#include "scheduler/placement/sim.h"
+#include "placement/sim.h"
 #include "tests/fuzz/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

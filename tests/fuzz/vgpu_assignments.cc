@@ -1,7 +1,7 @@
 // The node agent's vGPU checkpoint (<state_dir>/assignments.json), read at every start: a file
 // on the host, but a corrupt one must be an error naming it, never a crash loop.
 #include "tests/fuzz/fuzz.h"
-#include "vgpu/node.h"
+#include "vgpu/node/node.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   gpulet::fuzz::QuietLogs();

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/fuzz/fuzz.h"
-#include "vgpu/rules.h"
+#include "vgpu/rules/rules.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int depth_limit = 64;

@@ -8,7 +8,7 @@
 
 #include "fake_nvml/control.h"
 #include "gmock/gmock.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 #include "gtest/gtest.h"
 #include "tests/metrics/sim_node.h"
 

@@ -16,7 +16,7 @@
 #include "fake_nvml/fault_cli.h"
 #include "fake_nvml/machine.h"
 #include "gmock/gmock.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 #include "gpu/nvml/nvml_layer.h"
 
 namespace gpulet::gpu::testing {

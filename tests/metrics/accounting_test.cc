@@ -14,8 +14,8 @@
 
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
-#include "vgpu/accounting.h"
-#include "vgpu/accounting_read.h"
+#include "vgpu/interposer/accounting.h"
+#include "vgpu/interposer/accounting_read.h"
 
 namespace gpulet::metrics {
 namespace {

@@ -24,7 +24,7 @@
 #include "tests/metrics/expo_util.h"
 #include "tests/metrics/fake_gpu.h"
 #include "tests/metrics/pod_server.h"
-#include "vgpu/accounting.h"
+#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::metrics {
 namespace {

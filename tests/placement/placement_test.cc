@@ -1,7 +1,7 @@
 // Placement library: feasibility rules, state updates, workload classes, and every policy on
 // small hand-made clusters whose right answer follows from the policy's definition (the
 // reasoning is written above each case).
-#include "scheduler/placement/placement.h"
+#include "placement/placement.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // openb CSV loading (including bad rows), the arrival stream, determinism per seed, the CLI's
 // error path, and a small-trace regression: gpulet allocates at least as much as FGD.
-#include "scheduler/placement/sim.h"
+#include "placement/sim.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // gpulet-sched: placement tools. `simulate` replays the openb trace through the placement
-// policies (src/scheduler/placement/sim.h) and reports the allocated share of GPU capacity.
+// policies (src/placement/sim.h) and reports the allocated share of GPU capacity.
 // Flags and wiring only.
 #include <algorithm>
 #include <atomic>
@@ -18,8 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "scheduler/placement/placement.h"
-#include "scheduler/placement/sim.h"
+#include "placement/placement.h"
+#include "placement/sim.h"
 
 namespace pl = gpulet::placement;
 
@@ -33,6 +33,7 @@ struct SimulateFlags {
   double arrivals = 1.3;
   int jobs = 0;
   std::string ties = "first";
+  std::string order = "arrival";
 };
 
 // Progress of the (policy, seed) runs on stderr, so stdout stays the table: on a terminal one bar
@@ -124,7 +125,7 @@ int RunSimulate(const SimulateFlags& f) {
     threads.emplace_back([&] {
       for (size_t i; (i = next++) < nruns;) {
         pl::SimOptions o{.arrivals = f.arrivals, .seed = f.seed + i % f.seeds,
-                         .random_ties = f.ties == "random"};
+                         .random_ties = f.ties == "random", .offline = f.order == "offline"};
         results[i] = pl::Simulate(*cluster, *trace, *policies[i / f.seeds], o);
         progress.Done(results[i]);
       }
@@ -217,6 +218,11 @@ int main(int argc, char** argv) {
   sim->add_option("--ties", f.ties,
                   "equal scores: first (in per-seed shuffled node order, as the FGD paper's simulator) or random")
       ->check(CLI::IsMember({"random", "first"}))
+      ->capture_default_str();
+  sim->add_option("--order", f.order,
+                  "arrival (online: tasks placed as they arrive) or offline (the same tasks placed "
+                  "hardest first: a reference for what full knowledge reaches)")
+      ->check(CLI::IsMember({"arrival", "offline"}))
       ->capture_default_str();
   sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)")
       ->check(CLI::Range(1, 4096));

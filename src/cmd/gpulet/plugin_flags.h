@@ -19,7 +19,7 @@
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
 #include "plugin/plugin.h"
-#include "vgpu/rules.h"
+#include "vgpu/rules/rules.h"
 
 namespace gpulet::k8s {
 class Client;

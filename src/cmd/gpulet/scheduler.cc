@@ -25,7 +25,7 @@
 #include "k8s/tls.h"
 #include "scheduler/extender.h"
 #include "scheduler/webhook.h"
-#include "vgpu/policy.h"
+#include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {

@@ -18,7 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
-#include "gpu/nvml/nvml_api.h"
+#include "abi/nvml_api.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::gpu {

@@ -13,8 +13,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "vgpu/accounting.h"
-#include "vgpu/interposer/cuda_abi.h"
+#include "vgpu/interposer/accounting.h"
+#include "abi/cuda_abi.h"
 
 namespace gpulet::vcuda {
 

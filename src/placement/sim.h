@@ -1,0 +1,79 @@
+// Trace-driven placement simulator over the openb GPU cluster trace (Alibaba, the trace of the
+// FGD paper, USENIX ATC'23), following the paper's method: tasks arrive in a seeded random order
+// with no departures until the GPU they ask reaches `arrivals` x the cluster's GPU capacity; each
+// is placed by the policy or fails; the figure of merit is the allocated share of GPU capacity.
+//
+// Loading is strict: a malformed file gets one error naming the file and line.
+// Everything here is single-threaded; Simulate() only reads `cluster` and `trace` and copies the
+// cluster, so several simulations may run at once on the same inputs and the same policy.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "placement/placement.h"
+
+namespace gpulet::placement {
+
+// openb node list (columns sn,cpu_milli,memory_mib,gpu,model; extra columns ignored). `source`
+// names the input in errors ("nodes.csv:12: ...").
+absl::StatusOr<Cluster> ParseOpenbNodes(std::string_view csv, std::string_view source);
+// openb pod list (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]; others ignored).
+absl::StatusOr<std::vector<PodRequest>> ParseOpenbPods(std::string_view csv,
+                                                       std::string_view source);
+// The same, reading a file.
+absl::StatusOr<Cluster> LoadOpenbNodes(const std::string& path);
+absl::StatusOr<std::vector<PodRequest>> LoadOpenbPods(const std::string& path);
+
+// Sum of healthy GPUs' compute, in milli-GPU.
+int64_t GpuCapacityMilli(const Cluster& cluster);
+
+// The arrival sequence for one seed: the trace shuffled, then (if it asks less than the target
+// arrivals x capacity) tasks drawn from it at random with replacement, appended until the next
+// one would pass the target; or (if it asks more) random tasks removed until it does not.
+std::vector<PodRequest> ArrivalStream(std::span<const PodRequest> trace, int64_t capacity_milli,
+                                      double arrivals, uint64_t seed);
+
+struct SimOptions {
+  double arrivals = 1.3;  // stop when requested GPU reaches this multiple of capacity
+  uint64_t seed = 42;     // arrival order, resampling and tie-breaking
+  double curve_step = 0.01;  // a curve point each time arrivals pass another step
+  // Equal scores: a uniformly random node among them (kube-scheduler's selectHost) or the first
+  // in node order. Node order is itself shuffled per seed, as the paper's simulator does by
+  // prefixing node names with a random permutation.
+  bool random_ties = false;
+  // Offline packing, a reference for what full knowledge of the arrivals reaches: the same
+  // arrivals, placed hardest first (SortForOfflinePacking) instead of in arrival order.
+  bool offline = false;
+};
+
+// Orders an arrival stream for offline packing: more whole GPUs first, then larger shares,
+// model-constrained before unconstrained, CPU-only tasks last.
+void SortForOfflinePacking(std::vector<PodRequest>& stream);
+
+struct SimPoint {
+  double arrived = 0;    // requested GPU so far / capacity
+  double allocated = 0;  // placed GPU so far / capacity
+};
+
+struct SimResult {
+  std::string policy;
+  uint64_t seed = 0;
+  std::vector<SimPoint> curve;
+  double arrived = 0;    // final
+  double allocated = 0;  // final: the figure of merit
+  int64_t tasks = 0;
+  int64_t failed = 0;          // tasks no node could take
+  int64_t failed_gpu_milli = 0;  // GPU those failed tasks asked
+  double seconds = 0;          // wall time of the run
+};
+
+// One run. `policy` must already know the workload (Policy::SetWorkload) if it needs it.
+SimResult Simulate(const Cluster& cluster, std::span<const PodRequest> trace, const Policy& policy,
+                   const SimOptions& options);
+
+}  // namespace gpulet::placement

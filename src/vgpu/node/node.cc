@@ -1,0 +1,764 @@
+#include "vgpu/node/node.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "common/fs.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "vgpu/interposer/accounting.h"
+#include "placement/vgpu_policy.h"
+
+namespace gpulet::vgpu {
+namespace {
+
+using nlohmann::json;
+
+std::string Ann(const json& pod, const std::string& key) {
+  const json& md = pod.contains("metadata") ? pod["metadata"] : json::object();
+  if (!md.contains("annotations") || !md["annotations"].is_object()) return "";
+  auto it = md["annotations"].find(key);
+  return it != md["annotations"].end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Device IDs "<uuid>::vc<n>" / "<uuid>::vm<n>" counted per GPU: uuid -> {core units, memory units}.
+std::map<std::string, std::pair<int64_t, int64_t>> CountByGpu(const std::vector<std::string>& ids) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& id : ids) {
+    size_t sep = id.rfind("::");
+    auto& n = out[sep == std::string::npos ? id : id.substr(0, sep)];
+    (sep != std::string::npos && id.compare(sep + 2, 2, "vm") == 0 ? n.second : n.first)++;
+  }
+  return out;
+}
+
+// "GPU-a: 60 core + 20 memory, GPU-b: 40 core": what the kubelet booked, for error messages.
+std::string IdSummary(const std::vector<std::string>& ids) {
+  std::vector<std::string> parts;
+  for (const auto& [uuid, n] : CountByGpu(ids)) {
+    std::string p = uuid + ":";
+    if (n.first) absl::StrAppend(&p, " ", n.first, " core");
+    if (n.first && n.second) absl::StrAppend(&p, " +");
+    if (n.second) absl::StrAppend(&p, " ", n.second, " memory");
+    parts.push_back(p);
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
+}
+
+std::string Who(const std::string& ns, const std::string& pod, const std::string& container) {
+  if (pod.empty()) return "a container (its pod is not known without API access)";
+  return absl::StrCat("pod ", ns, "/", pod, " container ", container);
+}
+
+// The GPUs the kubelet's device IDs book for a container asking `pr` (one container), if this
+// node's grants leave them free: k whole GPUs = all 100 core units of each of k GPUs (memory units
+// of whole GPUs are not enforced, so where they lie does not matter); a share = every unit on one
+// GPU. Empty with `reason` set otherwise.
+std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
+                                    const std::map<std::string, int>& index_of,
+                                    const placement::Node& node, const placement::PodRequest& pr,
+                                    const std::string& core_name, std::string* reason) {
+  const placement::ContainerRequest& cr = pr.containers[0];
+  auto by_gpu = CountByGpu(ids);
+  placement::Assignment a;
+  a.containers.resize(1);
+  std::vector<std::string> gpus;
+  for (const auto& [uuid, n] : by_gpu) {
+    if (!index_of.count(uuid)) {
+      *reason = absl::StrCat(uuid, " is not a vGPU GPU of this node");
+      return {};
+    }
+  }
+  if (cr.whole_gpus > 0) {
+    bool all_units = true;
+    for (const auto& [uuid, n] : by_gpu) {
+      if (n.first == 0) continue;
+      gpus.push_back(uuid);
+      all_units = all_units && n.first == kCoresPerGpu;
+    }
+    if (!all_units || static_cast<int32_t>(gpus.size()) != cr.whole_gpus) {
+      *reason = absl::StrCat("a whole GPU needs all ", kCoresPerGpu, " ", core_name,
+                             " units of one GPU; the kubelet booked ", IdSummary(ids),
+                             " (no GPU of this node had all its units free?)");
+      return {};
+    }
+    for (const auto& u : gpus) a.containers[0].gpus.push_back(index_of.at(u));
+    a.containers[0].milli = placement::kMilliPerGpu;
+    a.containers[0].memory_bytes = node.gpus[a.containers[0].gpus[0]].memory_total_bytes;
+  } else {
+    if (by_gpu.size() != 1) {
+      *reason = absl::StrCat("a share must lie on one GPU; the kubelet booked ", IdSummary(ids));
+      return {};
+    }
+    gpus = {by_gpu.begin()->first};
+    a.containers[0].gpus = {index_of.at(gpus[0])};
+    a.containers[0].milli = cr.milli;
+    a.containers[0].memory_bytes = cr.memory_bytes;
+  }
+  placement::Node trial = node;
+  if (absl::Status s = placement::Apply(trial, pr, a); !s.ok()) {
+    *reason = absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ",
+                           absl::StrJoin(gpus, ","), " is not free in this node's grants (",
+                           s.message(), ")");
+    return {};
+  }
+  return gpus;
+}
+
+// The user and group a container runs as, from its securityContext or the pod's; -1 unknown.
+std::pair<int64_t, int64_t> RunAs(const json& pod, int index) {
+  int64_t uid = -1, gid = -1;
+  auto take = [&](const json* sc) {
+    if (!sc || !sc->is_object()) return;
+    auto u = sc->find("runAsUser"), g = sc->find("runAsGroup");
+    if (uid < 0 && u != sc->end() && u->is_number_unsigned() && *u <= 0x7fffffffu) uid = *u;
+    if (gid < 0 && g != sc->end() && g->is_number_unsigned() && *g <= 0x7fffffffu) gid = *g;
+  };
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return {-1, -1};
+  auto cs = spec->find("containers");
+  if (cs != spec->end() && cs->is_array() && index >= 0 &&
+      static_cast<size_t>(index) < cs->size()) {
+    const json& c = (*cs)[index];
+    if (c.is_object() && c.contains("securityContext")) take(&c["securityContext"]);
+  }
+  if (auto sc = spec->find("securityContext"); sc != spec->end()) take(&*sc);
+  return {uid, gid};
+}
+
+json GrantToJson(const Grant& g) {
+  return {{"podUID", g.pod_uid},
+          {"namespace", g.ns},
+          {"pod", g.pod},
+          {"container", g.container},
+          {"index", g.container_index},
+          {"gpus", g.gpus},
+          {"cores", g.cores},
+          {"memoryUnits", g.memory_units},
+          {"ceiling", g.ceiling},
+          {"deviceIDs", g.device_ids},
+          {"accountingDir", g.accounting_dir},
+          {"inject", g.inject},
+          {"time", g.time_ns}};
+}
+
+// One checkpointed grant, every field type-checked and bounded: the file is ours, but a
+// hand edit or a bad disk must give a message naming the grant and field, never an exception
+// that aborts the agent at every start.
+absl::StatusOr<Grant> GrantFromJson(const json& j, size_t n) {
+  auto bad = [&](const char* field, const char* want) {
+    return absl::DataLossError(
+        absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
+  };
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat("grant #", n, " is not an object"));
+  Grant g;
+  auto str = [&](const char* key, std::string* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_string()) return bad(key, "a string");
+    *out = it->get<std::string>();
+    return absl::OkStatus();
+  };
+  auto num = [&](const char* key, int64_t max, int64_t* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
+      return bad(key, absl::StrCat("an integer 0..", max).c_str());
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  auto strings = [&](const char* key, size_t max, std::vector<std::string>* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end()) return absl::OkStatus();
+    if (!it->is_array() || it->size() > max) return bad(key, "a short list of strings");
+    for (const auto& v : *it) {
+      if (!v.is_string()) return bad(key, "a list of strings");
+      out->push_back(v.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(str("podUID", &g.pod_uid));
+  RETURN_IF_ERROR(str("namespace", &g.ns));
+  RETURN_IF_ERROR(str("pod", &g.pod));
+  RETURN_IF_ERROR(str("container", &g.container));
+  RETURN_IF_ERROR(str("accountingDir", &g.accounting_dir));
+  int64_t index = 0;
+  RETURN_IF_ERROR(num("index", 1 << 16, &index));
+  g.container_index = static_cast<int>(index);
+  // A node has at most a few dozen GPUs: 100 cores each, memory units of the largest GPUs.
+  RETURN_IF_ERROR(num("cores", 100 * 1024, &g.cores));
+  RETURN_IF_ERROR(num("memoryUnits", int64_t{1} << 32, &g.memory_units));
+  RETURN_IF_ERROR(num("ceiling", 100, &g.ceiling));
+  RETURN_IF_ERROR(num("time", INT64_MAX, &g.time_ns));
+  RETURN_IF_ERROR(strings("gpus", 1024, &g.gpus));
+  RETURN_IF_ERROR(strings("deviceIDs", 1 << 20, &g.device_ids));
+  if (auto it = j.find("inject"); it != j.end()) {
+    if (!it->is_boolean()) return bad("inject", "true or false");
+    g.inject = it->get<bool>();
+  }
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
+                                              const std::string& selection, bool nominal_memory) {
+  std::vector<PoolGpu> out;
+  auto add = [&](const gpu::Device& d) {
+    PoolGpu p;
+    p.uuid = d.uuid;
+    p.index = d.index;
+    p.memory_units = nominal_memory
+                         ? static_cast<int64_t>((d.memory_bytes + (1ull << 30) - 1) >> 30) * 4
+                         : MemoryUnitsOf(d.memory_bytes);
+    out.push_back(p);
+  };
+  if (selection.empty()) return out;
+  if (selection == "all") {
+    for (const auto& d : inv.devices) {
+      if (!d.mig_enabled && d.Readable()) add(d);
+    }
+    return out;
+  }
+  for (auto part : absl::StrSplit(selection, ',', absl::SkipWhitespace())) {
+    std::string item(absl::StripAsciiWhitespace(part));
+    uint32_t idx = 0;
+    bool by_index = absl::SimpleAtoi(item, &idx);
+    const gpu::Device* found = nullptr;
+    for (const auto& d : inv.devices) {
+      if (d.Readable() && ((by_index && d.index == idx) || (!by_index && d.uuid == item)))
+        found = &d;
+    }
+    if (!found) {
+      return absl::NotFoundError(absl::StrCat("vGPU GPU \"", item, "\" is not on this node"));
+    }
+    if (found->mig_enabled) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vGPU GPU \"", item, "\" has MIG enabled; MIG GPUs cannot be shared"));
+    }
+    add(*found);
+  }
+  return out;
+}
+
+NodeAssigner::NodeAssigner(NodeOptions options, std::vector<PoolGpu> pool, k8s::Client* api,
+                           Clock* clock)
+    : options_(std::move(options)), pool_(std::move(pool)), api_(api), clock_(clock) {}
+
+absl::Status NodeAssigner::Load() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string path = options_.state_dir + "/assignments.json";
+  auto text = ReadFileToString(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
+    return text.status();
+  }
+  json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
+  auto list = j.is_object() ? j.find("grants") : j.end();
+  if (!j.is_object() || list == j.end() || !list->is_array()) {
+    return absl::DataLossError(absl::StrCat(path, ": not a gpulet vGPU checkpoint"));
+  }
+  std::vector<Grant> loaded;
+  try {
+    for (size_t i = 0; i < list->size(); ++i) {
+      absl::StatusOr<Grant> g = GrantFromJson((*list)[i], i);
+      if (!g.ok()) return absl::DataLossError(absl::StrCat(path, ": ", g.status().message()));
+      loaded.push_back(*std::move(g));
+    }
+  } catch (const json::exception& e) {  // belt and braces: nothing above should throw
+    return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+  }
+  grants_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+absl::Status NodeAssigner::SaveLocked() {
+  json list = json::array();
+  for (const auto& g : grants_) list.push_back(GrantToJson(g));
+  RETURN_IF_ERROR(RealFilesystem().MakeDirs(options_.state_dir));
+  return WriteFileAtomic(options_.state_dir + "/assignments.json",
+                         json{{"version", 1}, {"grants", list}}.dump(1), 0600);
+}
+
+std::vector<Grant> NodeAssigner::grants() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return grants_;
+}
+
+absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLocked() {
+  std::vector<Candidate> out;
+  if (!api_) return out;
+  ASSIGN_OR_RETURN(
+      json pods,
+      api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=", options_.node_name,
+                                                         ",status.phase=Pending")}));
+  for (const json& pod : pods["items"]) {
+    auto req = ParsePod(pod, options_.names, 0);
+    if (!req.ok() || req->empty()) continue;
+    const json& md = pod["metadata"];
+    std::string uid = md.value("uid", "");
+    int64_t order = 0;
+    if (!absl::SimpleAtoi(Ann(pod, kAnnotationBindTime), &order)) {
+      absl::Time t;
+      std::string err;
+      if (absl::ParseTime(absl::RFC3339_full, md.value("creationTimestamp", ""), &t, &err)) {
+        order = absl::ToUnixNanos(t);
+      }
+    }
+    bool annotated = Ann(pod, kAnnotationNode) == options_.node_name;
+    bool pod_disable =
+        Ann(pod, "gpulet.io/vgpu-disable") == "1" || Ann(pod, "gpulet.io/vgpu-disable") == "true";
+    int64_t soft = 0;
+    absl::SimpleAtoi(Ann(pod, kAnnotationCoreLimit), &soft);
+    for (const auto& c : req->containers) {
+      bool served = std::any_of(grants_.begin(), grants_.end(), [&](const Grant& g) {
+        return g.pod_uid == uid && g.container_index == c.index;
+      });
+      if (served) continue;
+      Candidate cand;
+      cand.uid = uid;
+      cand.ns = md.value("namespace", "");
+      cand.pod = md.value("name", "");
+      cand.container = c.name;
+      cand.index = c.index;
+      cand.cores = c.cores;
+      cand.memory_units = c.memory_units;
+      cand.ceiling = c.fractional() ? std::clamp<int64_t>(soft, c.cores, 100) : 100;
+      cand.order = order;
+      if (annotated) {
+        for (auto u : absl::StrSplit(Ann(pod, absl::StrCat(kAnnotationGpusPrefix, c.index)), ',',
+                                     absl::SkipEmpty())) {
+          cand.annotated_gpus.emplace_back(u);
+        }
+      }
+      cand.inject = c.fractional() && !pod_disable;
+      const json& spec_c = pod["spec"]["containers"][c.index];
+      if (spec_c.contains("env") && spec_c["env"].is_array()) {
+        for (const auto& e : spec_c["env"]) {
+          if (e.value("name", "") == "GPULET_VGPU_DISABLE" &&
+              (e.value("value", "") == "1" || e.value("value", "") == "true")) {
+            cand.inject = false;
+          }
+        }
+      }
+      cand.pod_json = pod;
+      out.push_back(std::move(cand));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.order, a.ns, a.pod, a.index) < std::tie(b.order, b.ns, b.pod, b.index);
+  });
+  return out;
+}
+
+absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_units,
+                                                std::vector<std::string> ids) {
+  // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
+  // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
+  {
+    ContainerRequest asked;
+    asked.cores = cores;
+    asked.memory_units = memory_units;
+    int64_t max_units = 0;
+    for (const auto& p : pool_) max_units = std::max(max_units, p.memory_units);
+    if (absl::Status s = ValidateContainer(asked, max_units, options_.names); !s.ok()) {
+      absl::string_view why = s.message();
+      absl::ConsumePrefix(&why, "container \"\": ");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vGPU Allocate refused (", options_.names.core, " ", cores, ", ", options_.names.memory,
+          " ", memory_units, ", device IDs ", IdSummary(ids), "): ", why));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
+  if (!api_) {
+    // No API server (a bare simulated node): the kubelet's counts are the request; the pod is
+    // unknown until PodResources names it (Correct()).
+    Candidate anon;
+    // Unique across releases and restarts (the checkpoint keeps earlier ones).
+    anon.uid = absl::StrCat("unknown-", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count());
+    anon.container = "c";
+    anon.cores = cores;
+    anon.memory_units = memory_units;
+    anon.ceiling = cores < kCoresPerGpu ? cores : 100;
+    anon.inject = cores < kCoresPerGpu;
+    cands.push_back(anon);
+  }
+  auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) {
+    return c.cores == cores && c.memory_units == memory_units;
+  });
+  if (it == cands.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+                     " has an unserved container asking ", options_.names.core, " ", cores, " and ",
+                     options_.names.memory, " ", memory_units));
+  }
+  const Candidate& c = *it;
+  // This node's pool as the placement library sees it, minus what is granted.
+  placement::Node node;
+  node.name = options_.node_name;
+  std::map<std::string, int> index_of;
+  for (const auto& p : pool_) {
+    placement::Gpu g;
+    g.memory_total_bytes = g.memory_free_bytes = p.memory_units * int64_t(kMemoryUnitBytes);
+    g.healthy = p.healthy;
+    index_of[p.uuid] = static_cast<int>(node.gpus.size());
+    node.gpus.push_back(g);
+  }
+  for (const auto& g : grants_) {
+    for (const auto& u : g.gpus) {
+      auto gi = index_of.find(u);
+      if (gi == index_of.end()) continue;
+      placement::Gpu& gpu = node.gpus[gi->second];
+      bool whole = g.cores >= kCoresPerGpu;
+      gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
+      gpu.memory_free_bytes -=
+          whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+    }
+  }
+  placement::PodRequest pr;
+  pr.name = c.ns + "/" + c.pod;
+  placement::ContainerRequest cr;
+  if (cores < kCoresPerGpu) {
+    cr.milli = static_cast<int32_t>(cores * placement::kMilliPerVcudaCore);
+    cr.memory_bytes = memory_units * int64_t(kMemoryUnitBytes);
+  } else {
+    cr.whole_gpus = static_cast<int32_t>(cores / kCoresPerGpu);
+  }
+  pr.containers.push_back(cr);
+  std::vector<std::string> gpus;
+  if (!c.annotated_gpus.empty()) {
+    placement::Assignment a;
+    a.containers.resize(1);
+    bool known = true;
+    for (const auto& u : c.annotated_gpus) {
+      if (!index_of.count(u))
+        known = false;
+      else
+        a.containers[0].gpus.push_back(index_of[u]);
+    }
+    if (known) {
+      a.containers[0].milli = cr.whole_gpus ? placement::kMilliPerGpu : cr.milli;
+      a.containers[0].memory_bytes =
+          cr.whole_gpus ? node.gpus[a.containers[0].gpus[0]].memory_total_bytes : cr.memory_bytes;
+      placement::Node trial = node;
+      if (placement::Apply(trial, pr, a).ok()) gpus = c.annotated_gpus;
+    }
+    if (gpus.empty()) {
+      spdlog::warn("pod {}/{}: the extender's GPUs {} are not free here; placing on the node", c.ns,
+                   c.pod, absl::StrJoin(c.annotated_gpus, ","));
+    }
+  }
+  if (gpus.empty() && !ids.empty()) {
+    // Follow the kubelet's booking: GetPreferredAllocation put a container's units on the GPU(s) it
+    // will get, and PodResources-based attribution (metrics, Correct()) reads the GPU from these
+    // IDs, so the container must run where they lie. Without an extender choice there is nothing
+    // else to go by: a booking that cannot be honoured is refused, not moved to another GPU.
+    std::string reason;
+    gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
+    if (gpus.empty() && c.annotated_gpus.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ",
+                       options_.names.core, " ", cores,
+                       ", but the kubelet's device IDs cannot be honoured: ", reason));
+    }
+  }
+  Grant g;
+  g.pod_uid = c.uid;
+  g.ns = c.ns;
+  g.pod = c.pod;
+  g.container = c.container;
+  g.container_index = c.index;
+  g.gpus = gpus;
+  g.cores = cores;
+  g.memory_units = memory_units;
+  g.ceiling = c.ceiling;
+  g.device_ids = std::move(ids);
+  g.inject = c.inject;
+  g.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  if (cores < kCoresPerGpu) {
+    // The file is bind-mounted read-write into the container, whose user is known only when the
+    // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
+    // in the container must (0666). The directories are the agent's (0700), so no host user
+    // reaches the file either way.
+    std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
+    g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
+    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    ::chmod(pod_dir.c_str(), 0700);
+    std::string file = g.accounting_dir + "/accounting";
+    if (!RealFilesystem().Exists(file)) {
+      auto [uid, gid] = RunAs(c.pod_json, c.index);
+      mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
+      // A zero-filled file is a valid empty region (vgpu/interposer/accounting.h).
+      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), mode));
+      if (uid >= 0 && ::chown(file.c_str(), static_cast<uid_t>(uid),
+                              gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(gid)) != 0) {
+        ::chmod(file.c_str(), 0666);  // not root (tests, a sim): let the container open it
+      }
+    }
+  }
+  WritePodFile(g);
+  grants_.push_back(g);
+  if (absl::Status s = SaveLocked(); !s.ok()) {
+    grants_.pop_back();
+    return s;
+  }
+  PatchAnnotations(g);
+  return g;
+}
+
+void NodeAssigner::WritePodFile(const Grant& g) const {
+  if (g.accounting_dir.empty() || g.pod.empty()) return;
+  std::string file = absl::StrCat(options_.state_dir, "/", g.pod_uid, "/pod");
+  if (absl::Status s = WriteFileAtomic(file, absl::StrCat(g.ns, "/", g.pod, "\n"), 0644); !s.ok())
+    spdlog::warn("vGPU: {}", s.ToString());  // metrics then name the pod by its UID
+}
+
+void NodeAssigner::PatchAnnotations(const Grant& g) {
+  if (!api_) return;
+  // Record where the container really is, and mark the pod assigned once every vGPU container is.
+  json ann = {{kAnnotationNode, options_.node_name},
+              {absl::StrCat(kAnnotationGpusPrefix, g.container_index), absl::StrJoin(g.gpus, ",")}};
+  auto pod = api_->GetPod(g.ns, g.pod);
+  if (pod.ok()) {
+    auto req = ParsePod(*pod, options_.names, 0);
+    bool all =
+        req.ok() &&
+        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerRequest& c) {
+          return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
+            return x.pod_uid == g.pod_uid && x.container_index == c.index;
+          });
+        });
+    if (all) ann[kAnnotationAssigned] = "true";
+  }
+  auto r =
+      api_->PatchPod(g.ns, g.pod, k8s::PatchType::kMerge, {{"metadata", {{"annotations", ann}}}});
+  if (!r.ok()) spdlog::warn("annotate {}/{}: {}", g.ns, g.pod, r.status().ToString());
+}
+
+absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
+    bool is_core, const std::vector<std::string>& ids) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto now = clock_->Now();
+  if (pending_ && now - pending_->at > std::chrono::seconds(30)) pending_.reset();
+  // The second call of a container's pair: both numbers are known now.
+  if (pending_ && pending_->is_core != is_core) {
+    std::vector<std::string> core_ids = is_core ? ids : pending_->ids;
+    std::vector<std::string> mem_ids = is_core ? pending_->ids : ids;
+    pending_.reset();
+    std::vector<std::string> all = core_ids;
+    all.insert(all.end(), mem_ids.begin(), mem_ids.end());
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(core_ids.size()),
+                                          static_cast<int64_t>(mem_ids.size()), all));
+    return Response(g);
+  }
+  if (!is_core) {
+    pending_ = Pending{false, ids, now};
+    return v1beta1::ContainerAllocateResponse();
+  }
+  // Cores first: a container without memory completes now; one with memory waits for its pair.
+  if (!api_) {  // without pods to look at, the rules decide: a share always has memory
+    if (ids.size() < static_cast<size_t>(kCoresPerGpu)) {
+      pending_ = Pending{true, ids, now};
+      return v1beta1::ContainerAllocateResponse();
+    }
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(ids.size()), 0, ids));
+    return Response(g);
+  }
+  ASSIGN_OR_RETURN(std::vector<Candidate> cands, CandidatesLocked());
+  auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) {
+    return c.cores == static_cast<int64_t>(ids.size());
+  });
+  if (it != cands.end() && it->memory_units == 0) {
+    ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(ids.size()), 0, ids));
+    return Response(g);
+  }
+  if (it == cands.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
+                     " has an unserved container asking ", options_.names.core, " ", ids.size()));
+  }
+  pending_ = Pending{true, ids, now};
+  return v1beta1::ContainerAllocateResponse();
+}
+
+v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const {
+  v1beta1::ContainerAllocateResponse r;
+  auto& env = *r.mutable_envs();
+  env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
+  // Only when the pod is known: a grant made without an API server learns it later from
+  // PodResources, and "//c" would name nothing.
+  if (!g.pod.empty())
+    (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
+        absl::StrCat(g.ns, "/", g.pod, "/", g.container);
+  if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
+  env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
+  env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
+  env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
+  auto* acc = r.add_mounts();
+  acc->set_host_path(g.accounting_dir + "/accounting");
+  acc->set_container_path(kContainerAccounting);
+  acc->set_read_only(false);
+  if (g.inject) {
+    auto* lib = r.add_mounts();
+    lib->set_host_path(options_.library_host_path);
+    lib->set_container_path(kContainerLibrary);
+    lib->set_read_only(true);
+    env["LD_PRELOAD"] = kContainerLibrary;
+    // Said explicitly so an image's ENV GPULET_VGPU_DISABLE=1 cannot switch the limits off: the
+    // kubelet's device-plugin env overrides the image's (the pod spec's own is refused by the
+    // webhook for fractional pods; issue 14.5).
+    env["GPULET_VGPU_DISABLE"] = "0";
+  } else {
+    env["GPULET_VGPU_DISABLE"] = "1";
+  }
+  return r;
+}
+
+std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
+  std::lock_guard<std::mutex> l(mu_);
+  // The kubelet asks for a container's resources one after the other (preference, then Allocate,
+  // per resource): when the other half of the pair is pending, its GPU is where this half goes.
+  if (pending_ && !pending_->ids.empty() && pending_->is_core == (memory_units > 0)) {
+    auto by_gpu = CountByGpu(pending_->ids);
+    if (by_gpu.size() == 1) return by_gpu.begin()->first;
+  }
+  auto cands = CandidatesLocked();
+  if (!cands.ok()) return "";
+  for (const auto& c : *cands) {
+    if ((cores == 0 || c.cores == cores) && (memory_units == 0 || c.memory_units == memory_units)) {
+      return c.annotated_gpus.empty() ? "" : c.annotated_gpus[0];
+    }
+  }
+  return "";
+}
+
+absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::set<std::string> gone;
+  for (const auto& g : grants_)
+    if (!live_uids.count(g.pod_uid)) gone.insert(g.pod_uid);
+  return ReleaseLocked(gone);
+}
+
+absl::Status NodeAssigner::ReleaseNotHeld(const std::set<std::string>& held,
+                                          std::chrono::nanoseconds grace) {
+  std::lock_guard<std::mutex> l(mu_);
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  std::set<std::string> gone;
+  for (const auto& g : grants_) {
+    bool still = std::any_of(g.device_ids.begin(), g.device_ids.end(),
+                             [&](const std::string& id) { return held.count(id) > 0; });
+    if (!still && now - g.time_ns > grace.count()) gone.insert(g.pod_uid);
+  }
+  return ReleaseLocked(gone);
+}
+
+absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
+  if (gone.empty()) return absl::OkStatus();
+  std::erase_if(grants_, [&](const Grant& g) { return gone.count(g.pod_uid) > 0; });
+  for (const auto& uid : gone) {
+    std::error_code ec;
+    if (!uid.empty()) std::filesystem::remove_all(options_.state_dir + "/" + uid, ec);
+    spdlog::info("vGPU: released the GPUs of pod {}", uid);
+  }
+  return SaveLocked();
+}
+
+absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::string&)>& healthy) {
+  if (!api_) return absl::FailedPreconditionError("no API client");
+  json list = json::array();
+  for (const auto& g : pool_)
+    list.push_back({{"uuid", g.uuid},
+                    {"index", g.index},
+                    {"memoryUnits", g.memory_units},
+                    {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
+  std::string text = list.dump();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (text == published_) return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(
+      json ignored,
+      api_->PatchNode(options_.node_name, k8s::PatchType::kMerge,
+                      {{"metadata", {{"annotations", {{kAnnotationNodeGpus, text}}}}}}));
+  std::lock_guard<std::mutex> l(mu_);
+  published_ = text;
+  return absl::OkStatus();
+}
+
+absl::Status NodeAssigner::ReleaseGoneFromApi() {
+  if (!api_) return absl::FailedPreconditionError("no API client");
+  ASSIGN_OR_RETURN(json pods,
+                   api_->ListPods("", {.field_selector = "spec.nodeName=" + options_.node_name}));
+  std::set<std::string> live;
+  for (const auto& p : pods["items"]) {
+    std::string phase = p["status"].value("phase", "");
+    if (phase != "Succeeded" && phase != "Failed") live.insert(p["metadata"].value("uid", ""));
+  }
+  return Release(live);
+}
+
+absl::Status NodeAssigner::Correct(
+    const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
+  std::lock_guard<std::mutex> l(mu_);
+  bool changed = false;
+  std::vector<size_t> touched;
+  for (size_t i = 0; i < grants_.size(); ++i) {
+    Grant& g = grants_[i];
+    if (g.device_ids.empty()) continue;
+    auto o = owner_of.find(g.device_ids[0]);
+    if (o == owner_of.end()) continue;
+    const auto& [pod_key, container] = o->second;  // "ns/name", container name
+    if (pod_key == g.ns + "/" + g.pod && container == g.container) continue;
+    // The kubelet gave these devices to another container: find its grant and swap identities
+    // (the GPUs stay with the devices, which is where the containers really run).
+    for (size_t j = 0; j < grants_.size(); ++j) {
+      Grant& h = grants_[j];
+      if (j == i || h.ns + "/" + h.pod != pod_key || h.container != container) continue;
+      spdlog::warn("vGPU: kubelet admitted {}/{} and {} in the other order; records swapped", g.ns,
+                   g.pod, pod_key);
+      std::swap(g.pod_uid, h.pod_uid);
+      std::swap(g.ns, h.ns);
+      std::swap(g.pod, h.pod);
+      std::swap(g.container, h.container);
+      std::swap(g.container_index, h.container_index);
+      std::swap(g.ceiling, h.ceiling);
+      touched.push_back(i);
+      touched.push_back(j);
+      changed = true;
+      break;
+    }
+    if (g.pod_uid.rfind("unknown-", 0) == 0 && g.ns + "/" + g.pod != pod_key) {
+      // A grant made without an API server learns its pod from the kubelet's record.
+      size_t slash = pod_key.find('/');
+      g.ns = pod_key.substr(0, slash);
+      g.pod = slash == std::string::npos ? pod_key : pod_key.substr(slash + 1);
+      g.container = container;
+      touched.push_back(i);
+      changed = true;
+    }
+  }
+  if (!changed) return absl::OkStatus();
+  RETURN_IF_ERROR(SaveLocked());
+  for (size_t i : touched) WritePodFile(grants_[i]);
+  for (size_t i : touched) PatchAnnotations(grants_[i]);
+  return absl::OkStatus();
+}
+
+}  // namespace gpulet::vgpu

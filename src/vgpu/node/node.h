@@ -1,0 +1,173 @@
+// Node-side vGPU: the two kubelet resources tencent.com/vcuda-core (100 devices per pool GPU) and
+// tencent.com/vcuda-memory (one device per 256 MiB), and the assignment of containers to GPUs.
+//
+// The device-plugin Allocate call carries no pod identity, so NodeAssigner finds the container the
+// way GPU Manager and HAMi do, through the API server: the Pending pods bound to this node, their
+// vGPU containers not yet served, ordered by the extender's bind time (then creation time, then
+// name), the first whose (cores, memory) equals what the kubelet is allocating. A container with
+// memory gets two Allocate calls (one per resource, back to back, in either order); the first is
+// remembered and the second completes the pair, so the match uses both numbers. The container's
+// GPUs come from the extender's annotations when present and still free, else from the placement
+// library on this node (same rules and policy), and are then written on the pod.
+// Every grant is checkpointed atomically (state_dir/assignments.json) before Allocate answers;
+// grants of pods that are gone are released (Release / ReleaseGoneFromApi); Correct() repairs a
+// mismatch between two identical pods from the kubelet's own record (PodResources). A restart
+// reloads the checkpoint and loses nothing.
+//
+// Pool GPUs are offered ONLY as vcuda resources: the caller must not offer them as nvidia.com/gpu
+// (see PoolGpus()), so the kubelet can never book one GPU whole and fractionally at once; a
+// vcuda-core 100*k request takes k idle pool GPUs exclusively.
+// Thread-safety: all methods are thread-safe (one mutex).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "gpu/gpu.h"
+#include "k8s/client.h"
+#include "k8s/deviceplugin/v1beta1/api.pb.h"
+#include "kubelet/resource.h"
+#include "vgpu/rules/rules.h"
+
+namespace gpulet::vgpu {
+
+struct PoolGpu {
+  std::string uuid;
+  uint32_t index = 0;
+  int64_t memory_units = 0;
+  bool healthy = true;
+};
+
+struct NodeOptions {
+  ResourceNames names;
+  std::string node_name;
+  // Host directory for the checkpoint and the per-container accounting files
+  // (<state_dir>/<pod-uid>/<container>/accounting).
+  std::string state_dir = "/var/lib/gpulet/vgpu";
+  // Host path of the interposer library mounted read-only into vGPU containers.
+  std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
+  std::string policy = "binpack";  // for pods the extender did not place
+  // Memory units of a GPU: from the memory NVML reports (default: floor(total / 256 MiB), 318 on
+  // an H100 80GB) or from the nominal size (total rounded up to a whole GiB: 320).
+  bool nominal_memory = false;
+};
+
+// The container paths of the contract with the interposer.
+inline constexpr char kContainerLibrary[] = "/usr/lib/gpulet/libgpulet-vcuda.so";
+inline constexpr char kContainerAccounting[] = "/var/run/gpulet/vgpu/accounting";
+
+// Which GPUs form the fractional pool. `selection` empty: none (vGPU off); "all": every GPU
+// without MIG enabled; else a comma list of indexes or UUIDs. Errors name the unknown entry.
+absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
+                                              const std::string& selection,
+                                              bool nominal_memory = false);
+
+// One container's grant.
+struct Grant {
+  std::string pod_uid, ns, pod, container;
+  int container_index = 0;
+  std::vector<std::string> gpus;  // UUIDs (k for whole GPUs, 1 for a share)
+  int64_t cores = 0, memory_units = 0, ceiling = 0;
+  std::vector<std::string> device_ids;  // the kubelet's IDs of both resources for this container
+  std::string accounting_dir;           // host directory, empty for whole GPUs
+  bool inject = true;                   // false: GPULET_VGPU_DISABLE=1 or whole GPUs
+  int64_t time_ns = 0;
+};
+
+class NodeAssigner {
+ public:
+  // `api` may be null (a node without API server): containers are then placed from the kubelet's
+  // counts alone, recorded under a placeholder pod until Correct() learns the real one.
+  NodeAssigner(NodeOptions options, std::vector<PoolGpu> pool, k8s::Client* api,
+               Clock* clock = RealClock());
+
+  // Loads the checkpoint (a missing file is an empty state; a corrupt one is an error naming it).
+  absl::Status Load();
+
+  // One Allocate call of resource `core` (is_core) or memory with `ids`. Returns the container
+  // response: empty while waiting for the second resource of a pair, the full edits once the
+  // container is identified.
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(bool is_core,
+                                                              const std::vector<std::string>& ids);
+
+  // The GPU the next container asking `cores` (and `memory_units`, 0 = unknown) would get, for
+  // GetPreferredAllocation. Empty when unknown.
+  std::string PredictGpu(int64_t cores, int64_t memory_units);
+
+  // Drops grants of pods not in `live_uids`, removes their accounting directories, checkpoints.
+  absl::Status Release(const std::set<std::string>& live_uids);
+  // Release() with the pods bound to this node in the API server (terminal phases count as gone).
+  absl::Status ReleaseGoneFromApi();
+  // Without an API server: drops grants none of whose device IDs the kubelet still holds
+  // (`held`, from PodResources), once they are older than `grace` (the kubelet records an
+  // allocation only after Allocate answers).
+  absl::Status ReleaseNotHeld(const std::set<std::string>& held, std::chrono::nanoseconds grace);
+  // The kubelet's view (device ID -> pod uid and container name, from PodResources): a grant whose
+  // devices belong to another pod is given to that pod (identical pods admitted in the other
+  // order), annotations are rewritten, checkpointed.
+  absl::Status Correct(const std::map<std::string, std::pair<std::string, std::string>>& owner_of);
+
+  // With an API server: writes the pool on this node's annotation gpulet.io/vgpu-gpus
+  // ([{"uuid","index","memoryUnits","healthy"}]), which the extender and the webhook read, when
+  // it differs from what was last written. `healthy(uuid)` may be empty.
+  absl::Status PublishPool(const std::function<bool(const std::string&)>& healthy);
+
+  std::vector<Grant> grants() const;
+  const std::vector<PoolGpu>& pool() const { return pool_; }
+  const NodeOptions& options() const { return options_; }
+
+  // The container edits of a grant (env, mounts) per the interposer contract.
+  v1beta1::ContainerAllocateResponse Response(const Grant& g) const;
+
+ private:
+  struct Candidate {
+    std::string uid, ns, pod, container;
+    int index = 0;
+    int64_t cores = 0, memory_units = 0, ceiling = 0;
+    int64_t order = 0;  // bind time (ns) or creation time
+    std::vector<std::string> annotated_gpus;
+    bool inject = true;
+    nlohmann::json pod_json;
+  };
+  absl::StatusOr<std::vector<Candidate>> CandidatesLocked();
+  absl::StatusOr<Grant> GrantLocked(int64_t cores, int64_t memory_units,
+                                    std::vector<std::string> ids);
+  absl::Status SaveLocked();
+  absl::Status ReleaseLocked(const std::set<std::string>& gone_uids);
+  // <state_dir>/<pod-uid>/pod = "namespace/name": how the metrics exporter names the pod of an
+  // accounting file (src/metrics/sampler.h).
+  void WritePodFile(const Grant& g) const;
+  void PatchAnnotations(const Grant& g);
+
+  NodeOptions options_;
+  std::vector<PoolGpu> pool_;
+  k8s::Client* api_;
+  Clock* clock_;
+  mutable std::mutex mu_;
+  std::vector<Grant> grants_;
+  struct Pending {
+    bool is_core = false;
+    std::vector<std::string> ids;
+    Clock::TimePoint at;
+  };
+  std::optional<Pending> pending_;
+  std::string published_;  // the pool annotation last written
+};
+
+// The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are
+// "<gpu-uuid>::vc<n>" and "<gpu-uuid>::vm<n>"; Preferred keeps a container's units on the GPU it
+// will get. `healthy(uuid)` (may be empty) marks devices of unhealthy GPUs; `changes` (may be
+// null) is the notifier their health moves with.
+std::vector<std::shared_ptr<kubelet::Resource>> MakeVcudaResources(
+    std::shared_ptr<NodeAssigner> assigner, std::function<bool(const std::string&)> healthy = {},
+    const kubelet::ChangeNotifier* changes = nullptr);
+
+}  // namespace gpulet::vgpu

@@ -1,0 +1,188 @@
+#include "vgpu/rules/rules.h"
+
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace gpulet::vgpu {
+namespace {
+
+using nlohmann::json;
+
+// Reads resources.<section>[name] of a container; nullopt-like -1 when absent.
+absl::StatusOr<int64_t> ReadResource(const json& resources, const char* section,
+                                     const std::string& name, const std::string& where) {
+  auto sec = resources.find(section);
+  if (sec == resources.end() || !sec->is_object()) return -1;
+  auto it = sec->find(name);
+  if (it == sec->end()) return -1;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": resources.", section, "[", name, "] must be an integer quantity"));
+  }
+  auto v = ParseIntQuantity(it->get<std::string>());
+  if (!v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": resources.", section, "[", name,
+                                                   "]: ", v.status().message()));
+  }
+  return *v;
+}
+
+// `c.name` when it is a string (pods reach us unvalidated: webhook, extender), else `fallback`.
+std::string NameOf(const json& c, std::string fallback) {
+  if (!c.is_object()) return fallback;
+  auto it = c.find("name");
+  return it != c.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+}  // namespace
+
+int64_t MemoryUnitsOf(uint64_t bytes) { return static_cast<int64_t>(bytes / kMemoryUnitBytes); }
+
+absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
+  int64_t value = 0;
+  auto [p, ec] = std::from_chars(q.data(), q.data() + q.size(), value);
+  if (ec != std::errc() || p == q.data()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", std::string(q), "\" is not an integer quantity"));
+  }
+  std::string_view suffix(p, q.data() + q.size() - p);
+  static constexpr std::pair<std::string_view, int64_t> kSuffixes[] = {
+      {"", 1},          {"k", 1000},       {"M", 1000000},    {"G", 1000000000},
+      {"Ki", 1 << 10},  {"Mi", 1 << 20},   {"Gi", 1 << 30}};
+  for (const auto& [s, mult] : kSuffixes) {
+    if (suffix == s) {
+      if (value > INT64_MAX / mult || value < INT64_MIN / mult) {
+        return absl::InvalidArgumentError(absl::StrCat("\"", std::string(q), "\" is too large"));
+      }
+      return value * mult;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", std::string(q), "\" is not an integer quantity (vGPU resources are whole units)"));
+}
+
+absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_gpu,
+                               const ResourceNames& names) {
+  std::string where = absl::StrCat("container \"", c.name, "\"");
+  const std::string allowed = absl::StrCat(
+      "allowed: ", names.core, " 1-99 (a share of one GPU, with ", names.memory,
+      " >= 1) or a multiple of 100 (that many whole GPUs)");
+  if (c.cores < 0 || c.memory_units < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": negative vGPU request; ", allowed));
+  }
+  if (c.cores > kMaxGpusPerContainer * kCoresPerGpu ||
+      c.memory_units > kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": vGPU request too large (at most ", kMaxGpusPerContainer * kCoresPerGpu, " ",
+        names.core, " and ", kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu, " ", names.memory,
+        ")"));
+  }
+  // A bound from a node inventory is trusted no further than the same limit.
+  max_units_per_gpu = std::min(max_units_per_gpu, kMaxMemoryUnitsPerGpu);
+  if (c.cores == 0) {
+    if (c.memory_units > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", names.memory, " ", c.memory_units, " without ", names.core,
+                       "; memory needs a core share; ", allowed));
+    }
+    return absl::OkStatus();
+  }
+  if (c.cores > kCoresPerGpu && c.cores % kCoresPerGpu != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", names.core, " ", c.cores,
+                                                   " is more than one GPU but not a multiple of "
+                                                   "100; ",
+                                                   allowed));
+  }
+  if (c.fractional()) {
+    if (c.memory_units == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", names.core, " ", c.cores,
+                                                     " is a share of one GPU and needs ",
+                                                     names.memory, " >= 1 (256 MiB units)"));
+    }
+    if (max_units_per_gpu > 0 && c.memory_units > max_units_per_gpu) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", names.memory, " ", c.memory_units, " (", c.memory_units * 256,
+          " MiB) is larger than one GPU (", max_units_per_gpu, " units = ",
+          max_units_per_gpu * 256, " MiB); a share must fit on one GPU"));
+    }
+  } else if (max_units_per_gpu > 0 && c.memory_units > c.whole_gpus() * max_units_per_gpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", names.memory, " ", c.memory_units, " is more than ", c.whole_gpus(),
+        " whole GPU(s) hold (", c.whole_gpus() * max_units_per_gpu, " units)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
+                                    int64_t max_units_per_gpu) {
+  PodRequest out;
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) {
+    return absl::InvalidArgumentError("pod has no spec");
+  }
+  // Init containers: any vGPU request is refused (see header).
+  if (auto init = spec->find("initContainers"); init != spec->end() && init->is_array()) {
+    for (const json& c : *init) {
+      if (!c.is_object()) continue;
+      auto res = c.find("resources");
+      if (res == c.end() || !res->is_object()) continue;
+      for (const char* sec : {"limits", "requests"}) {
+        auto list = res->find(sec);
+        if (list == res->end() || !list->is_object()) continue;
+        if (list->contains(names.core) || list->contains(names.memory)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("init container \"", NameOf(c, ""), "\": ", names.core, "/",
+                           names.memory, " are not supported on init containers"));
+        }
+      }
+    }
+  }
+  auto containers = spec->find("containers");
+  if (containers == spec->end() || !containers->is_array()) return out;
+  for (size_t i = 0; i < containers->size(); ++i) {
+    const json& c = (*containers)[i];
+    ContainerRequest req;
+    req.index = static_cast<int>(i);
+    req.name = NameOf(c, absl::StrCat("#", i));
+    std::string where = absl::StrCat("container \"", req.name, "\"");
+    if (!c.is_object()) continue;
+    auto res = c.find("resources");
+    if (res == c.end() || !res->is_object()) continue;
+    int64_t got[2][2];  // [core|memory][limit|request]
+    const std::string* rnames[2] = {&names.core, &names.memory};
+    for (int r = 0; r < 2; ++r) {
+      ASSIGN_OR_RETURN(got[r][0], ReadResource(*res, "limits", *rnames[r], where));
+      ASSIGN_OR_RETURN(got[r][1], ReadResource(*res, "requests", *rnames[r], where));
+      if (got[r][1] >= 0 && got[r][1] != got[r][0]) {
+        return absl::InvalidArgumentError(
+            got[r][0] < 0
+                ? absl::StrCat(where, ": ", *rnames[r], " is in requests (", got[r][1],
+                               ") but not in limits; give it in limits (requests, if given, "
+                               "must equal limits)")
+                : absl::StrCat(where, ": ", *rnames[r], " request ", got[r][1],
+                               " differs from limit ", got[r][0],
+                               "; requests, if given, must equal limits"));
+      }
+    }
+    req.cores = std::max<int64_t>(got[0][0], 0);
+    req.memory_units = std::max<int64_t>(got[1][0], 0);
+    if (got[0][0] < 0 && got[1][0] < 0) continue;
+    RETURN_IF_ERROR(ValidateContainer(req, max_units_per_gpu, names));
+    if (req.wants_gpu()) out.containers.push_back(std::move(req));
+  }
+  return out;
+}
+
+int64_t QuantityIn(const nlohmann::json& list, const std::string& name) {
+  auto it = list.find(name);
+  if (it == list.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (!it->is_string()) return 0;
+  auto v = ParseIntQuantity(it->get<std::string>());
+  return v.ok() ? *v : 0;
+}
+
+}  // namespace gpulet::vgpu

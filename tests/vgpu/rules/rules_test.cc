@@ -1,0 +1,174 @@
+// The vGPU resource rules (vgpu/rules/rules.h): what is accepted, what is refused and what the refusal
+// says.
+#include "vgpu/rules/rules.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+
+namespace gpulet::vgpu {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+json Pod(json limits, json requests = nullptr) {
+  json res = {{"limits", limits}};
+  if (!requests.is_null()) res["requests"] = requests;
+  return {{"metadata", {{"name", "p"}}},
+          {"spec", {{"containers", json::array({{{"name", "main"}, {"resources", res}}})}}}};
+}
+
+constexpr int64_t kH100Units = 318;  // floor(81559 MiB / 256 MiB)
+
+// The seed's pod: 30 cores and 20 units is a share of one GPU.
+TEST(Rules, SeedPodIsAShare) {
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}),
+                    {}, kH100Units);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->containers.size(), 1u);
+  EXPECT_TRUE(p->containers[0].fractional());
+  EXPECT_EQ(p->containers[0].cores, 30);
+  EXPECT_EQ(p->containers[0].memory_units, 20);
+}
+
+// Multiples of 100 are whole exclusive GPUs, with or without memory.
+TEST(Rules, MultiplesOfHundredAreWholeGpus) {
+  for (int cores : {100, 200, 800}) {
+    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}}), {}, kH100Units);
+    ASSERT_TRUE(p.ok()) << cores << ": " << p.status();
+    EXPECT_FALSE(p->containers[0].fractional());
+    EXPECT_EQ(p->containers[0].whole_gpus(), cores / 100);
+  }
+}
+
+// 150 and 250 are refused with a message that says what is allowed.
+TEST(Rules, NonMultipleAboveHundredRejected) {
+  for (int cores : {150, 250, 101}) {
+    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 4}}),
+                      {}, kH100Units);
+    ASSERT_FALSE(p.ok()) << cores;
+    EXPECT_THAT(p.status().message(), HasSubstr("not a multiple of 100"));
+    EXPECT_THAT(p.status().message(), HasSubstr("allowed: tencent.com/vcuda-core 1-99"));
+    EXPECT_THAT(p.status().message(), HasSubstr("container \"main\""));
+  }
+}
+
+// Memory without cores is refused; a share without memory is refused.
+TEST(Rules, MemoryAndCoresGoTogether) {
+  auto zero = ParsePod(Pod({{"tencent.com/vcuda-core", 0}, {"tencent.com/vcuda-memory", 8}}), {},
+                       kH100Units);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_THAT(zero.status().message(), HasSubstr("without tencent.com/vcuda-core"));
+  auto only_mem = ParsePod(Pod({{"tencent.com/vcuda-memory", 8}}), {}, kH100Units);
+  EXPECT_FALSE(only_mem.ok());
+  auto no_mem = ParsePod(Pod({{"tencent.com/vcuda-core", 30}}), {}, kH100Units);
+  ASSERT_FALSE(no_mem.ok());
+  EXPECT_THAT(no_mem.status().message(), HasSubstr("needs tencent.com/vcuda-memory >= 1"));
+}
+
+// A share must fit one GPU; whole GPUs may not ask for more memory than they hold.
+TEST(Rules, MemoryMustFitOneGpu) {
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 319}}), {},
+                    kH100Units);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("larger than one GPU (318 units"));
+  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 318}}),
+                       {}, kH100Units)
+                  .ok());
+  EXPECT_FALSE(ParsePod(Pod({{"tencent.com/vcuda-core", 100}, {"tencent.com/vcuda-memory", 400}}),
+                        {}, kH100Units)
+                   .ok());
+  // Unknown GPU size (0): the bound is not applied.
+  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 999}}),
+                       {}, 0)
+                  .ok());
+}
+
+// Requests, if given, must equal limits; a request without a limit is refused.
+TEST(Rules, RequestsMustEqualLimits) {
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
+                        {{"tencent.com/vcuda-core", "20"}, {"tencent.com/vcuda-memory", "20"}}),
+                    {}, kH100Units);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("request 20 differs from limit 30"));
+  auto only_req = ParsePod(Pod(json::object(), {{"tencent.com/vcuda-core", "30"}}), {}, 0);
+  ASSERT_FALSE(only_req.ok());
+  EXPECT_THAT(only_req.status().message(), HasSubstr("not in limits"));
+  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
+                           {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}),
+                       {}, kH100Units)
+                  .ok());
+}
+
+// Quantities: integer suffixes accepted, fractions and garbage refused.
+TEST(Rules, Quantities) {
+  EXPECT_EQ(*ParseIntQuantity("30"), 30);
+  EXPECT_EQ(*ParseIntQuantity("2k"), 2000);
+  EXPECT_EQ(*ParseIntQuantity("1Ki"), 1024);
+  EXPECT_FALSE(ParseIntQuantity("0.5").ok());
+  EXPECT_FALSE(ParseIntQuantity("500m").ok());
+  EXPECT_FALSE(ParseIntQuantity("").ok());
+  EXPECT_FALSE(ParseIntQuantity("99999999999999999999").ok());
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "0.5"}}), {}, 0);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("resources.limits[tencent.com/vcuda-core]"));
+}
+
+// Configured resource names replace TKEStack's; other names are ignored.
+TEST(Rules, ConfigurableNames) {
+  ResourceNames names{"example.com/core", "example.com/mem"};
+  auto p = ParsePod(Pod({{"example.com/core", 40}, {"example.com/mem", 2},
+                         {"tencent.com/vcuda-core", 150}}),
+                    names, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->containers[0].cores, 40);
+}
+
+// Init containers may not ask for vGPU resources; pods without them parse empty.
+TEST(Rules, InitContainersAndPlainPods) {
+  json pod = Pod({{"cpu", "1"}});
+  auto plain = ParsePod(pod, {}, 0);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->empty());
+  pod["spec"]["initContainers"] = json::array(
+      {{{"name", "init"}, {"resources", {{"limits", {{"tencent.com/vcuda-core", 10}}}}}}});
+  auto init = ParsePod(pod, {}, 0);
+  ASSERT_FALSE(init.ok());
+  EXPECT_THAT(init.status().message(), HasSubstr("init container \"init\""));
+}
+
+// Huge values are refused before any arithmetic: memory_units * 256 and whole_gpus * units per
+// GPU overflowed int64 (UB; caught by UBSan) for values the webhook accepted.
+TEST(Rules, HugeValuesAreRefusedWithoutOverflow) {
+  ResourceNames names;
+  for (auto [cores, mem, max_units] :
+       {std::tuple<int64_t, int64_t, int64_t>{50, int64_t{1} << 60, 318},
+        {int64_t{100} << 40, int64_t{1} << 62, int64_t{1} << 40},
+        {100, int64_t{1} << 58, int64_t{1} << 62}}) {
+    ContainerRequest c{0, "c", cores, mem};
+    absl::Status s = ValidateContainer(c, max_units, names);
+    EXPECT_FALSE(s.ok()) << cores << " " << mem;
+    EXPECT_THAT(s.message(), HasSubstr("too large")) << cores << " " << mem;
+  }
+  // Wrong-typed containers and names are skipped or named, never an exception.
+  json pod = Pod({{"tencent.com/vcuda-core", 30}, {"tencent.com/vcuda-memory", 2}});
+  pod["spec"]["containers"].push_back(1);
+  pod["spec"]["containers"][0]["name"] = 7;
+  pod["spec"]["initContainers"] = {1, {{"name", 3}}};
+  auto p = ParsePod(pod, names, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->containers.size(), 1u);
+  EXPECT_EQ(p->containers[0].name, "#0");
+}
+
+// Memory units are floor(bytes / 256 MiB): an H100 as NVML reports it has 318.
+TEST(Rules, MemoryUnits) {
+  EXPECT_EQ(MemoryUnitsOf(81559ull << 20), 318);
+  EXPECT_EQ(MemoryUnitsOf(80ull << 30), 320);
+  EXPECT_EQ(MemoryUnitsOf(255ull << 20), 0);
+}
+
+}  // namespace
+}  // namespace gpulet::vgpu
