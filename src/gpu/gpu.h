@@ -67,6 +67,10 @@ struct DeviceFacts {
 
 struct Device {
   uint32_t index = 0;          // NVML index
+  // Why NVML could not read this GPU when the inventory was first read (e.g. "GPU is lost"); only
+  // `index` is then set. Such a GPU keeps its place so positions stay NVML indices, and consumers
+  // skip it (Readable()): nothing can be offered, mounted or labelled without its UUID and minor.
+  std::string error;
   std::string uuid;            // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   std::string name;            // e.g. "NVIDIA H100 80GB HBM3"
   std::string brand;           // e.g. "Tesla", "NVIDIA"
@@ -86,6 +90,8 @@ struct Device {
   // GPM (nvmlGpmQueryDeviceSupport: Hopper and newer): Telemetry::gpm can be measured.
   bool gpm_supported = false;
   DeviceFacts facts;
+
+  bool Readable() const { return error.empty(); }
 };
 
 // Driver-wide facts and the devices, as found at the last (re)initialisation.

@@ -1,5 +1,6 @@
 #include "labels/labels.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -110,13 +111,16 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   }
   if (o.timestamp) set("gfd.timestamp", absl::StrCat(unix_now));
   if (!o.machine_type.empty()) set("gpu.machine", SanitizeLabelValue(o.machine_type));
-  if (inv.devices.empty()) {
+  // A GPU NVML could not read (lost) has no name or UUID to label: GFD does not see it either.
+  auto readable = std::find_if(inv.devices.begin(), inv.devices.end(),
+                               [](const gpu::Device& d) { return d.Readable(); });
+  if (readable == inv.devices.end()) {
     set("gpu.count", "0");
     return l;
   }
 
   // GFD assumes a homogeneous node and describes it by its first GPU.
-  const gpu::Device& first = inv.devices.front();
+  const gpu::Device& first = *readable;
   set("gpu.compute.major", absl::StrCat(first.cc_major));
   set("gpu.compute.minor", absl::StrCat(first.cc_minor));
   set("gpu.family", Family(first.cc_major, first.cc_minor));
@@ -137,6 +141,7 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   std::vector<const gpu::Device*> full;
   std::vector<const gpu::MigDevice*> migs;
   for (const gpu::Device& d : inv.devices) {
+    if (!d.Readable()) continue;
     if (d.mig_enabled && o.mig_strategy != "none") {
       for (const gpu::MigDevice& m : d.mig_devices) migs.push_back(&m);
     } else {

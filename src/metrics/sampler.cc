@@ -214,6 +214,7 @@ Sample Sampler::Collect() {
       what.extended = options_.render.families & kNvidiaSmiFamilies;
       what.profiling = options_.render.families & (kDcgmFamilies | kGpuletFamilies);
       for (gpu::Device& d : inv->devices) {
+        if (!d.Readable()) continue;  // no UUID to label its series with
         DeviceSample ds;
         absl::StatusOr<gpu::Telemetry> t = layer->ReadTelemetry(d.index, what);
         ds.device = std::move(d);

@@ -51,6 +51,11 @@ StepResult Driver(const ValidateOptions& o, gpu::Inventory* inv) {
     s.detail = "NVML answers but reports no GPUs";
     return s;
   }
+  for (const gpu::Device& d : inv->devices) {
+    if (d.Readable()) continue;
+    s.detail = absl::StrCat("GPU ", d.index, " cannot be read: ", d.error);
+    return s;
+  }
   s.ok = true;
   s.detail = absl::StrCat(inv->devices.size(), " GPUs (", inv->devices[0].name, "), driver ",
                           inv->driver_version, ", CUDA ", inv->cuda_driver_version / 1000, ".",

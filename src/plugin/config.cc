@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include "common/duration.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -123,10 +124,9 @@ absl::StatusOr<IdStrategy> ParseId(const std::string& v) {
 }
 
 absl::StatusOr<absl::Duration> ParseDur(const std::string& v) {
-  absl::Duration d;
-  if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration())
-    return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not a duration like 30s"));
-  return d;
+  // The caller names the key; one syntax with every flag (common/duration.h).
+  ASSIGN_OR_RETURN(ParsedDuration d, ParseDuration("duration", v, {.allow_zero = true}));
+  return d.value;
 }
 
 // Applies one scalar setting; the error names only the value (callers add where and which key).

@@ -388,6 +388,10 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   std::string first_profile;
   for (const auto& d : inv.devices) {
     const int g = static_cast<int>(&d - inv.devices.data());
+    if (!d.Readable()) {
+      spdlog::warn("GPU {} cannot be read ({}); it offers nothing", d.index, d.error);
+      continue;
+    }
     if (d.mig_enabled && cfg.mig_strategy != MigStrategy::kNone) {
       if (d.mig_devices.empty()) {
         if (cfg.mig_strategy == MigStrategy::kSingle)

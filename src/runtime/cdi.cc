@@ -457,6 +457,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   }
   ContainerEdits all;
   for (const auto& dev : inv.devices) {
+    if (!dev.Readable()) continue;  // lost before we knew its minor: nothing to mount
     ContainerEdits e;
     e.device_nodes.push_back(node(absl::StrCat("/dev/nvidia", dev.minor)));
     all.Merge(e);

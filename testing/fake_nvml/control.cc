@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
+#include "common/status.h"
 #include "fake_nvml/machine.h"
 
 namespace gpulet::sim {
@@ -90,6 +91,36 @@ absl::StatusOr<Fault> ParseFault(absl::string_view line) {
   return f;
 }
 
+namespace {
+
+// An XID aimed at a MIG device (--gi/--ci) must name one the GPU has: on a GPU without MIG the
+// event used to reach the agent as a whole-GPU XID, which is not what was asked for.
+absl::Status CheckMigDevice(const std::string& sim_root, const std::string& node, const Fault& f) {
+  if (f.gi < 0) {
+    return absl::InvalidArgumentError("--ci needs --gi: a compute instance lives in a GPU instance");
+  }
+  for (absl::string_view line : absl::StrSplit(node, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int gpu = -1;
+    if (w.size() < 2 || w[0] != "mig" || !absl::SimpleAtoi(w[1], &gpu) || gpu != f.gpu) continue;
+    for (size_t i = 2; i < w.size(); ++i) {
+      std::pair<absl::string_view, absl::string_view> ids = absl::StrSplit(w[i], ':');
+      if (ids.first == absl::StrCat(f.gi) && (f.ci < 0 || ids.second == absl::StrCat(f.ci)))
+        return absl::OkStatus();
+    }
+    std::vector<absl::string_view> have(w.begin() + 2, w.end());
+    return absl::NotFoundError(absl::StrCat(
+        "GPU ", f.gpu, " has no MIG device gi=", f.gi, f.ci >= 0 ? absl::StrCat(" ci=", f.ci) : "",
+        " (its MIG devices, gi:ci: ", have.empty() ? "none" : absl::StrJoin(have, " "), ")"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "GPU ", f.gpu, " of the simulated node at ", sim_root,
+      " does not have MIG enabled: --gi/--ci name a MIG device; without them the XID is on the "
+      "whole GPU"));
+}
+
+}  // namespace
+
 absl::Status InjectFault(const std::string& sim_root, const Fault& f) {
   std::string line = FormatFault(f);
   // Round-trip through the parser: what we write is exactly what every reader will accept.
@@ -110,6 +141,7 @@ absl::Status InjectFault(const std::string& sim_root, const Fault& f) {
     return absl::OutOfRangeError(absl::StrCat("no GPU ", f.gpu, " on the simulated node at ", sim_root,
                                               " (it has GPUs 0..", gpus - 1, ")"));
   }
+  if (f.gi >= 0 || f.ci >= 0) RETURN_IF_ERROR(CheckMigDevice(sim_root, *node, f));
   line += '\n';
   std::string path = ControlLogPath(sim_root);
   int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -176,7 +176,15 @@ absl::Status Materialise(const State& s) {
   for (const std::string& d : devs) {
     if (!fs.Exists("/dev/" + d)) RETURN_IF_ERROR(fs.WriteFileAtomic("/dev/" + d, ""));
   }
-  return fs.WriteFileAtomic("/control/node", absl::StrCat("gpus ", m.gpus.size(), "\nmachine ", m.name, "\n"));
+  // "mig <gpu> <gi>:<ci> ..." for each MIG-enabled GPU: fault writers check --gi/--ci against it.
+  std::string node = absl::StrCat("gpus ", m.gpus.size(), "\nmachine ", m.name, "\n");
+  for (size_t i = 0; i < m.gpus.size(); ++i) {
+    if (!m.gpus[i].mig_enabled) continue;
+    absl::StrAppend(&node, "mig ", i);
+    for (const MigSpec& mig : m.gpus[i].mig) absl::StrAppend(&node, " ", mig.gi, ":", mig.ci);
+    node += "\n";
+  }
+  return fs.WriteFileAtomic("/control/node", node);
 }
 
 // ---- the control log -------------------------------------------------------------------------

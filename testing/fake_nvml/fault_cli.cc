@@ -32,14 +32,14 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
     sub->add_option("--sim-root", a->sim_root, "State directory of the running simulated node")
         ->required()
         ->type_name("DIR");
-    if (gpu) sub->add_option("--gpu", a->fault.gpu, "GPU index")->required();
+    if (gpu) sub->add_option("--gpu", a->fault.gpu, "GPU index")->required()->check(CLI::NonNegativeNumber);
     sub->callback([a, kind] { a->fault.kind = kind; });
     return sub;
   };
   CLI::App* xid = add("xid", "Raise an XID event on a GPU (or one of its MIG devices)", Fault::Kind::kXid, true);
   xid->add_option("--code", a->fault.code, "XID number, e.g. 79 (fallen off the bus)")->required();
-  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device");
-  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device");
+  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device")->check(CLI::NonNegativeNumber);
+  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device")->check(CLI::NonNegativeNumber);
   CLI::App* ecc = add("ecc", "Raise an ECC error event and count it", Fault::Kind::kEcc, true);
   ecc->add_option("--type", a->ecc_type, "sbe (single-bit, corrected) or dbe (double-bit)")
       ->check(CLI::IsMember({"sbe", "dbe"}));

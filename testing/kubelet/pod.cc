@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "common/duration.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -120,14 +121,13 @@ class Reader {
       }
     }
     if (auto it = pod.annotations.find(kRunTimeAnnotation); it != pod.annotations.end()) {
-      absl::Duration d;
-      std::string v = it->second;
-      if (!v.empty() && std::isdigit(static_cast<unsigned char>(v.back()))) v += "s";
-      if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration())
+      // A bare number has meant seconds here since the first version (documented, kept).
+      auto d = ParseDuration(absl::StrCat("metadata.annotations[", kRunTimeAnnotation, "]"),
+                             it->second, {.allow_zero = true, .bare_unit = absl::Seconds(1)});
+      if (!d.ok())
         return Error(meta["annotations"][kRunTimeAnnotation],
-                     absl::StrCat("metadata.annotations[", kRunTimeAnnotation, "]: \"",
-                                  it->second, "\" is not a duration such as 3s or 500ms"));
-      pod.run_time_ms = absl::ToInt64Milliseconds(d);
+                     std::string(d.status().message()));
+      pod.run_time_ms = absl::ToInt64Milliseconds(d->value);
     }
     YAML::Node spec = doc["spec"];
     if (!spec || !spec.IsMap()) return Error(doc, "spec: Required value");

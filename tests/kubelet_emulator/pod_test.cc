@@ -116,7 +116,7 @@ TEST(PodTest, BadInputNamesFileAndLine) {
        "bad.yaml:11", "requests[nvidia.com/gpu]: Invalid value: \"2\": must be equal to nvidia.com/gpu limit of 1"},
       {"apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  annotations:\n"
        "    sim.gpulet.io/run-time: soon\nspec: {containers: [{name: c, image: i}]}\n",
-       "bad.yaml:6", "is not a duration"},
+       "bad.yaml:6", "\"soon\": expected a duration like 10s, 500ms or 720h"},
       {"apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, image: i}]}\n",
        "bad.yaml:3", "RFC 1123"},
       {"", "bad.yaml", "no Pod in file"},

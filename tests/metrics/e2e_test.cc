@@ -362,7 +362,7 @@ TEST_F(MetricsE2E, ExporterRejectsBadFlags) {
   EXPECT_THAT(r.output, HasSubstr("unknown family set 'dcmg'"));
   r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --interval soon");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_THAT(r.output, HasSubstr("--interval 'soon'"));
+  EXPECT_THAT(r.output, HasSubstr("--interval \"soon\": expected a duration like 10s"));
   r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --address 9400");
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.output, HasSubstr("listen address '9400'"));

@@ -124,6 +124,17 @@ TEST(ArrivalStream, ReachesTargetDeterministically) {
 
 std::string SampleDir() { return std::string(GPULET_SOURCE_DIR) + "/tests/placement/data"; }
 
+// Runs a shell command; its exit code (-1 if it could not start) and what it printed on stdout.
+std::pair<int, std::string> RunShell(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
 // A run is a pure function of its inputs and seed: the same curve twice; allocation never
 // exceeds what arrived or the capacity.
 TEST(Simulate, DeterministicPerSeed) {
@@ -195,6 +206,26 @@ TEST(Cli, BadInputAndOutput) {
   std::filesystem::remove_all(dir);
 }
 
+// A long run says what it does (it printed nothing for 13-30 s): the header on stdout before the
+// runs, then one progress line per (policy, seed) run on stderr when stderr is not a terminal.
+TEST(Cli, HeaderFirstThenProgressOnStderr) {
+  const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
+  // Both streams into one pipe, in the order written.
+  const std::string cmd = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
+                          SampleDir() + "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.rfind("# ", 0), 0u) << out;
+  const size_t first = out.find("run 1/4 done: best-fit seed 42, ");
+  const size_t last = out.find("run 4/4 done: fgd seed 43, ");
+  const size_t table = out.find("policy ");
+  ASSERT_NE(first, std::string::npos) << out;
+  ASSERT_NE(last, std::string::npos) << out;
+  EXPECT_LT(first, last);
+  EXPECT_LT(last, table) << out;
+}
+
 // Numbers the CLI used to accept silently (issue 22): a negative seed wrapped to 2^64-5, a seed
 // past 2^64-1 clamped, --jobs 0 and -3 ran. Each is refused naming the flag.
 TEST(Cli, BadNumbersAreRefused) {
@@ -204,15 +235,8 @@ TEST(Cli, BadNumbersAreRefused) {
                            SampleDir() + "/sample_pods.csv --policy best-fit ";
   for (const char* bad : {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5",
                           "--jobs 0", "--jobs -3"}) {
-    std::string cmd = base + bad + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int rc = pclose(p);
-    EXPECT_NE(WEXITSTATUS(rc), 0) << bad << ": " << out;
+    auto [rc, out] = RunShell(base + bad + " 2>&1");
+    EXPECT_NE(rc, 0) << bad << ": " << out;
     std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
     EXPECT_THAT(out, HasSubstr(flag)) << bad;
   }

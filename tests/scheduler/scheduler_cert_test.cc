@@ -82,7 +82,7 @@ struct SchedulerCert : ::testing::Test {
                                      "--kubeconfig", dir_ + "/kubeconfig", "--extender-listen",
                                      "127.0.0.1:0", "--webhook-listen",
                                      "127.0.0.1:" + std::to_string(port_), "--tls-renew-check",
-                                     "100"};
+                                     "100ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = testing_vgpu::SpawnLogged(argv, dir_ + "/scheduler.log");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -114,7 +114,7 @@ struct SchedulerCert : ::testing::Test {
 // With a renewal window longer than the certificate's one-year life, every check renews it: new
 // handshakes get the new certificate, which is itself far from expiry.
 TEST_F(SchedulerCert, SelfIssuedCertificateIsRenewedWhileServing) {
-  std::string first = Start({"--tls-renew-before", "9000"});
+  std::string first = Start({"--tls-renew-before", "9000h"});
   ASSERT_FALSE(first.empty()) << Log();
   std::string later = first;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

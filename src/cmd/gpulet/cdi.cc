@@ -4,6 +4,8 @@
 #include <iostream>
 #include <memory>
 
+#include "common/duration.h"
+#include "common/status.h"
 #include "absl/strings/match.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
@@ -95,16 +97,14 @@ void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f) {
       ->check(CLI::IsMember({"index", "uuid", "both"}))
       ->capture_default_str();
   app.add_option("--cdi-interval", f.interval, "How often the CDI spec is checked")
-      ->capture_default_str();
+      ->capture_default_str()->type_name("DURATION");
 }
 
 absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const CdiRefreshFlags& f,
                                                                         gpu::GpuLayer& gpu) {
   if (f.spec.empty()) return nullptr;
-  absl::Duration interval;
-  if (!absl::ParseDuration(f.interval, &interval) || interval <= absl::ZeroDuration())
-    return absl::InvalidArgumentError("--cdi-interval '" + f.interval +
-                                      "': expected a positive duration like 10s");
+  ASSIGN_OR_RETURN(ParsedDuration parsed, ParseDuration("--cdi-interval", f.interval));
+  const absl::Duration interval = parsed.value;
   auto strategy = runtime::ParseNameStrategy(f.strategy);
   if (!strategy.ok()) return strategy.status();
   runtime::CdiGenerateOptions o;

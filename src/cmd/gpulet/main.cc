@@ -4,6 +4,9 @@
 #include <map>
 #include <memory>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "cmd/common/cli.h"
 #include "cmd/gpulet/command.h"
 #include "metrics/exporter.h"
@@ -33,6 +36,10 @@ int main(int argc, char** argv) {
   // Before any thread exists: the long-running commands (agent, exporter) keep few malloc arenas
   // however many cores the node has (see ConfigureMalloc).
   gpulet::metrics::ConfigureMalloc();
+  // Logs on stderr, so what a command prints for scripts (info --json, cdi generate, labels to -)
+  // stays parseable on stdout; a container's runtime collects both streams.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   CLI::App app{
       "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
       "gpulet"};

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/duration.h"
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -133,12 +134,9 @@ inline sigset_t BlockStopSignals() {
 
 inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::string& flag,
                                                                    const std::string& v) {
-  absl::Duration d;
-  if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " '", v, "': expected a positive duration like 10s or 500ms"));
-  }
-  return absl::ToChronoMilliseconds(d);
+  absl::StatusOr<ParsedDuration> d = ParseDuration("--" + flag, v);
+  if (!d.ok()) return d.status();
+  return absl::ToChronoMilliseconds(d->value);
 }
 
 inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const ExporterFlags& f) {

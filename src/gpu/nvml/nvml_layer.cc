@@ -823,9 +823,24 @@ class NvmlGpuLayer : public GpuLayer {
         inv.devices.push_back(inventory_.devices[i]);
         continue;
       }
-      if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetHandleByIndex", i);
-      ASSIGN_OR_RETURN(Device dev, ReadDevice(i, handles[i]));
-      inv.devices.push_back(std::move(dev));
+      absl::StatusOr<Device> dev =
+          r == NVML_SUCCESS ? ReadDevice(i, handles[i])
+                            : absl::StatusOr<Device>(CallError(r, "nvmlDeviceGetHandleByIndex", i));
+      if (!dev.ok() && !absl::IsUnavailable(dev.status())) return dev.status();
+      if (!dev.ok()) {
+        // Lost (or reset-required) before we ever read it: as nvidia-smi does, the others are still
+        // listed and this one is flagged, rather than one GPU failing the whole node.
+        const std::string why(dev.status().message());  // "<call> (GPU i): <NVML's words>"
+        spdlog::warn("GPU {} cannot be read: {}", i, why);
+        Device placeholder;
+        placeholder.index = i;
+        const size_t colon = why.rfind(": ");
+        placeholder.error = colon == std::string::npos ? why : why.substr(colon + 2);
+        handles[i] = nullptr;
+        inv.devices.push_back(std::move(placeholder));
+        continue;
+      }
+      inv.devices.push_back(*std::move(dev));
     }
     ReadTopology(inv, handles);
     return inv;
@@ -983,7 +998,8 @@ class NvmlGpuLayer : public GpuLayer {
     const size_t n = handles.size();
     inv.topology.assign(n, std::vector<Link>(n));
     std::map<std::string, size_t> by_bus;
-    for (size_t i = 0; i < n; ++i) by_bus[inv.devices[i].pci_bus_id] = i;
+    for (size_t i = 0; i < n; ++i)
+      if (!inv.devices[i].pci_bus_id.empty()) by_bus[inv.devices[i].pci_bus_id] = i;
     std::vector<int> switch_links(n, 0);
     for (size_t i = 0; i < n && l.nvlink_state && l.nvlink_remote_pci; ++i) {
       if (!handles[i]) continue;

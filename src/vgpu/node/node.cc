@@ -225,7 +225,7 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
   if (selection.empty()) return out;
   if (selection == "all") {
     for (const auto& d : inv.devices) {
-      if (!d.mig_enabled) add(d);
+      if (!d.mig_enabled && d.Readable()) add(d);
     }
     return out;
   }
@@ -235,7 +235,8 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     bool by_index = absl::SimpleAtoi(item, &idx);
     const gpu::Device* found = nullptr;
     for (const auto& d : inv.devices) {
-      if ((by_index && d.index == idx) || (!by_index && d.uuid == item)) found = &d;
+      if (d.Readable() && ((by_index && d.index == idx) || (!by_index && d.uuid == item)))
+        found = &d;
     }
     if (!found) {
       return absl::NotFoundError(absl::StrCat("vGPU GPU \"", item, "\" is not on this node"));
@@ -597,8 +598,11 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   v1beta1::ContainerAllocateResponse r;
   auto& env = *r.mutable_envs();
   env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
-  (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
-      absl::StrCat(g.ns, "/", g.pod, "/", g.container);
+  // Only when the pod is known: a grant made without an API server learns it later from
+  // PodResources, and "//c" would name nothing.
+  if (!g.pod.empty())
+    (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
+        absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
   env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
