@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "plugin/resources.h"
 #include "vgpu/node/node.h"
@@ -15,13 +16,6 @@
 
 namespace gpulet::plugin {
 namespace {
-
-sigset_t HandledSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGHUP, SIGINT, SIGTERM, SIGQUIT}) sigaddset(&set, s);
-  return set;
-}
 
 // An NVIDIA resource without the GPUs of the vGPU pool: a pool GPU is offered only as vcuda
 // units, so the kubelet can never book it whole and fractionally at once. `hidden` holds the pool
@@ -67,10 +61,7 @@ class WithoutPool final : public kubelet::Resource {
 
 }  // namespace
 
-void BlockSignals() {
-  sigset_t set = HandledSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
+void BlockSignals() { BlockStopSignals(/*with_reload=*/true); }
 
 DevicePlugin::DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config)
     : gpu_(gpu), options_(std::move(options)), config_(std::move(config)) {}
@@ -214,7 +205,7 @@ absl::Status DevicePlugin::Reload() {
 }
 
 int DevicePlugin::Run() {
-  const sigset_t set = HandledSignals();
+  const sigset_t set = StopSignals(/*with_reload=*/true);
   const std::string& file = options_.sources.file;
   auto read = [&] {
     auto t = ReadFileToString(file);

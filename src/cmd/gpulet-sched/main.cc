@@ -1,134 +1,29 @@
 // gpulet-sched: placement tools. `simulate` replays the openb trace through the placement
 // policies (src/placement/sim.h) and reports the allocated share of GPU capacity.
 // Flags and wiring only.
-#include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <thread>
+#include <string>
 
 #include "CLI/CLI.hpp"
-#include "cmd/common/cli.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "placement/placement.h"
+#include "cmd/common/cli.h"
+#include "cmd/common/exit.h"
 #include "placement/sim.h"
 
 namespace pl = gpulet::placement;
 
 namespace {
 
-struct SimulateFlags {
-  std::string nodes, pods, policies = "random,best-fit,gpu-packing,dot-product,fgd,gpulet";
-  std::string out;
-  uint64_t seed = 42;
-  int seeds = 1;
-  double arrivals = 1.3;
-  int jobs = 0;
-  std::string ties = "first";
-};
-
-int RunSimulate(const SimulateFlags& f) {
-  auto cluster = pl::LoadOpenbNodes(f.nodes);
-  if (!cluster.ok()) {
-    std::cerr << "error: " << cluster.status().message() << "\n";
-    return 2;
-  }
-  auto trace = pl::LoadOpenbPods(f.pods);
-  if (!trace.ok()) {
-    std::cerr << "error: " << trace.status().message() << "\n";
-    return 2;
-  }
-  if (!(f.arrivals > 0 && f.arrivals <= 100)) {
-    std::cerr << "error: --arrivals must be in (0, 100], got " << f.arrivals << "\n";
-    return 2;
-  }
-  if (f.seeds < 1) {
-    std::cerr << "error: --seeds must be >= 1\n";
-    return 2;
-  }
-  const pl::Workload workload = pl::WorkloadFromPods(*trace);
-  std::vector<std::unique_ptr<pl::Policy>> policies;
-  for (absl::string_view name : absl::StrSplit(f.policies, ',', absl::SkipEmpty())) {
-    auto p = pl::MakePolicy(std::string_view(name.data(), name.size()), {.seed = f.seed});
-    if (!p.ok()) {
-      std::cerr << "error: --policy: " << p.status().message() << "\n";
-      return 2;
-    }
-    (*p)->SetWorkload(workload);
-    policies.push_back(std::move(*p));
-  }
-  if (policies.empty()) {
-    std::cerr << "error: --policy names no policy\n";
-    return 2;
-  }
-  // Every (policy, seed) run is independent; results land in fixed slots so output order and
-  // content do not depend on the number of threads.
-  const size_t nruns = policies.size() * static_cast<size_t>(f.seeds);
-  std::vector<pl::SimResult> results(nruns);
-  std::atomic<size_t> next{0};
-  const int jobs = f.jobs > 0 ? f.jobs : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> threads;
-  for (int t = 0; t < std::min<int>(jobs, static_cast<int>(nruns)); ++t) {
-    threads.emplace_back([&] {
-      for (size_t i; (i = next++) < nruns;) {
-        pl::SimOptions o{.arrivals = f.arrivals, .seed = f.seed + i % f.seeds,
-                         .random_ties = f.ties == "random"};
-        results[i] = pl::Simulate(*cluster, *trace, *policies[i / f.seeds], o);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-
-  if (!f.out.empty()) {
-    // Write to a temporary name and rename, so a failed run never leaves half a file.
-    const std::string tmp = f.out + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "policy,seed,arrived,allocated\n";
-      for (const auto& r : results) {
-        for (const auto& p : r.curve) {
-          out << absl::StrFormat("%s,%d,%.4f,%.6f\n", r.policy, r.seed, p.arrived, p.allocated);
-        }
-      }
-      if (!out.good()) {
-        std::cerr << "error: cannot write " << tmp << "\n";
-        std::remove(tmp.c_str());
-        return 1;
-      }
-    }
-    if (std::rename(tmp.c_str(), f.out.c_str()) != 0) {
-      std::cerr << "error: cannot rename " << tmp << " to " << f.out << "\n";
-      std::remove(tmp.c_str());
-      return 1;
+// Usage errors (bad files, flags) exit 2, a failed write 1.
+int Simulate(const pl::SimulationRequest& r, const std::string& out) {
+  auto report = pl::RunSimulation(r);
+  if (!report.ok()) return gpulet::cmd::Fail("error", report.status(), gpulet::cmd::kUsageError);
+  if (!out.empty()) {
+    if (auto s = pl::WriteSimulationCurves(*report, out); !s.ok()) {
+      return gpulet::cmd::Fail("error", s);
     }
   }
-  std::cout << absl::StrFormat("# %s x %s, %d GPUs, arrivals %.2f, seeds %d..%d\n", f.pods, f.nodes,
-                               pl::GpuCapacityMilli(*cluster) / pl::kMilliPerGpu, f.arrivals,
-                               f.seed, f.seed + f.seeds - 1);
-  std::cout << absl::StrFormat("%-12s %8s %7s %7s %7s %9s %8s\n", "policy", "alloc%", "+-sd",
-                               "min", "max", "failed", "s/run");
-  for (size_t p = 0; p < policies.size(); ++p) {
-    double sum = 0, sq = 0, mn = 1e9, mx = -1e9, secs = 0, failed = 0;
-    for (int s = 0; s < f.seeds; ++s) {
-      const auto& r = results[p * f.seeds + s];
-      sum += r.allocated;
-      sq += r.allocated * r.allocated;
-      mn = std::min(mn, r.allocated);
-      mx = std::max(mx, r.allocated);
-      secs += r.seconds;
-      failed += static_cast<double>(r.failed);
-    }
-    const double n = f.seeds;
-    const double mean = sum / n;
-    const double sd = n > 1 ? std::sqrt(std::max(0.0, (sq - n * mean * mean) / (n - 1))) : 0;
-    std::cout << absl::StrFormat("%-12s %8.2f %7.2f %7.2f %7.2f %9.1f %8.2f\n",
-                                 policies[p]->name(), 100 * mean, 100 * sd, 100 * mn, 100 * mx,
-                                 failed / n, secs / n);
-  }
+  std::cout << pl::FormatSimulationSummary(r, *report);
   return 0;
 }
 
@@ -137,7 +32,8 @@ int RunSimulate(const SimulateFlags& f) {
 int main(int argc, char** argv) {
   CLI::App app{"gpulet-sched: GPU placement tools (policies shared with the scheduler extender)"};
   app.require_subcommand(1);
-  SimulateFlags f;
+  pl::SimulationRequest f;
+  std::string out, ties = "first";
   auto* sim = app.add_subcommand(
       "simulate",
       "Replay an openb trace (FGD paper, USENIX ATC'23) through placement policies: tasks arrive "
@@ -166,14 +62,17 @@ int main(int argc, char** argv) {
   sim->add_option("--seeds", f.seeds, "number of seeds (seed, seed+1, ...)")->capture_default_str();
   sim->add_option("--arrivals", f.arrivals, "stop when requested GPU reaches this x capacity")
       ->capture_default_str();
-  sim->add_option("--out", f.out, "write the curves (policy,seed,arrived,allocated) to this CSV");
-  sim->add_option("--ties", f.ties,
+  sim->add_option("--out", out, "write the curves (policy,seed,arrived,allocated) to this CSV");
+  sim->add_option("--ties", ties,
                   "equal scores: first (in per-seed shuffled node order, as the FGD paper's simulator) or random")
       ->check(CLI::IsMember({"random", "first"}))
       ->capture_default_str();
   sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)")
       ->check(CLI::Range(1, 4096));
-  sim->callback([&] { std::exit(RunSimulate(f)); });
+  sim->callback([&] {
+    f.random_ties = ties == "random";
+    std::exit(Simulate(f, out));
+  });
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
   return 0;
 }

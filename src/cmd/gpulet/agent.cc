@@ -2,6 +2,7 @@
 // device plugin runs here, and the other parts start in the hook below once it serves.
 #include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
@@ -61,10 +62,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
-      if (!cfg.ok()) {
-        std::cerr << "gpulet agent: " << cfg.status().message() << "\n";
-        return 2;
-      }
+      if (!cfg.ok()) return Fail("gpulet agent", cfg.status(), kUsageError);
       client = std::make_unique<k8s::Client>(*cfg);
       flags->api = client.get();
       flags->node_name = node->name;

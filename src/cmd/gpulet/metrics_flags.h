@@ -2,7 +2,6 @@
 // `gpulet agent` so they are spelled and defaulted the same everywhere. Header-only wiring.
 #pragma once
 
-#include <signal.h>
 
 #include <chrono>
 #include <string>
@@ -13,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/signals.h"
 #include "labels/labels.h"
 #include "metrics/exporter.h"
 
@@ -119,16 +119,6 @@ inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefi
   sub.add_option("--" + prefix + "machine-type-file", f.machine_type_file,
                  "File holding the machine type (nvidia.com/gpu.machine); missing: omitted")
       ->capture_default_str()->type_name("FILE");
-}
-
-// Blocks SIGINT/SIGTERM/SIGQUIT in this thread and every thread started afterwards (call before
-// any), so the command can sigwait() on the returned set for a clean stop.
-inline sigset_t BlockStopSignals() {
-  sigset_t stop;
-  sigemptyset(&stop);
-  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  return stop;
 }
 
 inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::string& flag,

@@ -1,12 +1,8 @@
-// Flags and the run loop shared by `gpulet device-plugin` and `gpulet agent`: the kubelet paths,
-// the config file, every NVIDIA setting under its NVIDIA flag name (plugin/config.h Settings()),
-// and the start sequence (config -> GPU layer with failOnInitError -> device plugin -> signals).
+// Flags shared by `gpulet device-plugin` and `gpulet agent`: the kubelet paths, the config file,
+// every NVIDIA setting under its NVIDIA flag name (plugin/config.h Settings()); the run itself is
+// plugin::RunDevicePlugin (plugin/run.h).
 #pragma once
 
-#include <signal.h>
-#include <stdlib.h>
-
-#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -16,9 +12,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
 #include "plugin/plugin.h"
+#include "plugin/run.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::k8s {
@@ -117,86 +115,29 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   }
 }
 
-// The whole device-plugin life: returns the exit code. `with_plugin`, when set, runs once the
-// plugin serves (the agent starts its other parts there) and may fail the start;
-// `before_teardown` stops them again before the GPU layer is destroyed.
+// `gpulet <cmd>`'s device-plugin life (plugin::RunDevicePlugin) from its flags: the exit code.
 inline int RunDevicePlugin(
     const char* cmd, PluginFlags& f,
     const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {},
     const std::function<void()>& before_teardown = {}) {
+  const std::string who = std::string("gpulet ") + cmd;
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
-  plugin::ConfigSources sources{f.config_file, plugin::EnvironmentSnapshot(), f.values};
-  auto config = plugin::LoadConfig(sources);
-  if (!config.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << config.status().message() << "\n";
-    return 2;
-  }
+  plugin::RunOptions o;
+  o.sources = {f.config_file, plugin::EnvironmentSnapshot(), f.values};
+  auto config = plugin::LoadConfig(o.sources);
+  if (!config.ok()) return Fail(who, config.status(), kUsageError);
   auto notes = NvidiaOnlyFlagNotes(f);
-  if (!notes.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << notes.status().message() << "\n";
-    return 2;
-  }
-  for (const std::string& n : *notes) std::cerr << "gpulet " << cmd << ": warning: " << n << "\n";
-  // A simulated node without --sim-root: make the directory here so the plugin can find the
-  // node's /proc and /dev under it; removed on exit.
-  std::string owned_root;
-  if (!f.gpu.simulate.empty() && f.gpu.sim_root.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      std::cerr << "gpulet " << cmd << ": cannot create a temporary sim root\n";
-      return 1;
-    }
-    f.gpu.sim_root = owned_root = tmpl;
-  }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{owned_root};
-
-  auto layer = gpu::OpenGpuLayer(f.gpu);
-  const sigset_t stop = [] {
-    sigset_t s;
-    sigemptyset(&s);
-    for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&s, sig);
-    return s;
-  }();
-  while (!layer.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << layer.status().message() << "\n";
-    if (config->fail_on_init_error) return 1;
-    // failOnInitError=false: wait for the driver instead of crash-looping.
-    struct timespec ts = {5, 0};
-    if (sigtimedwait(&stop, nullptr, &ts) > 0) return 0;
-    layer = gpu::OpenGpuLayer(f.gpu);
-  }
-  plugin::DevicePlugin::Options options;
-  options.manager.plugin_dir = f.plugin_dir;
-  options.manager.kubelet_socket = f.kubelet_socket;
-  options.sources = std::move(sources);
-  options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
-  options.api = f.api;
-  options.node_name = f.node_name;
-  kubelet::PodResourcesOptions pr;
-  pr.socket = f.pod_resources_socket;
-  pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};
-  options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
-  plugin::DevicePlugin dp(layer->get(), std::move(options), *std::move(config));
-  if (absl::Status s = dp.Start(); !s.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
-    return 1;
-  }
-  if (with_plugin) {
-    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
-      std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
-      return 1;
-    }
-  }
-  int rc = dp.Run();
-  // Parts started by `with_plugin` share the GPU layer: they stop before it goes away.
-  if (before_teardown) before_teardown();
-  return rc;
+  if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
+  for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
+  o.gpu = f.gpu;
+  o.plugin_dir = f.plugin_dir;
+  o.kubelet_socket = f.kubelet_socket;
+  o.pod_resources_socket = f.pod_resources_socket;
+  o.api = f.api;
+  o.node_name = f.node_name;
+  absl::Status s = plugin::RunDevicePlugin(who, std::move(o), *std::move(config), with_plugin,
+                                           before_teardown);
+  return s.ok() ? 0 : Fail(who, s);
 }
 
 }  // namespace gpulet::cmd
