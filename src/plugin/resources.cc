@@ -45,7 +45,7 @@ struct Node {
   std::string Index(const Unit& u) const {
     const auto& d = inv.devices[u.gpu];
     return u.mig < 0 ? std::to_string(d.index)
-                     : absl::StrCat(d.index, ":", d.mig_devices[u.mig].index);
+                     : gpu::MigIndexName(d.index, d.mig_devices[u.mig].index);
   }
   std::string Visible(const Unit& u) const {
     return cfg.id_strategy == IdStrategy::kIndex ? Index(u) : Uuid(u);

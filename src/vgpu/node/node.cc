@@ -217,9 +217,8 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     PoolGpu p;
     p.uuid = d.uuid;
     p.index = d.index;
-    p.memory_units = nominal_memory
-                         ? static_cast<int64_t>((d.memory_bytes + (1ull << 30) - 1) >> 30) * 4
-                         : MemoryUnitsOf(d.memory_bytes);
+    p.memory_units =
+        nominal_memory ? NominalMemoryUnitsOf(d.memory_bytes) : MemoryUnitsOf(d.memory_bytes);
     out.push_back(p);
   };
   if (selection.empty()) return out;
@@ -364,7 +363,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
   // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
   {
-    ContainerRequest asked;
+    ContainerUnits asked;
     asked.cores = cores;
     asked.memory_units = memory_units;
     int64_t max_units = 0;
@@ -409,7 +408,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   std::map<std::string, int> index_of;
   for (const auto& p : pool_) {
     placement::Gpu g;
-    g.memory_total_bytes = g.memory_free_bytes = p.memory_units * int64_t(kMemoryUnitBytes);
+    g.memory_total_bytes = g.memory_free_bytes = MemoryUnitsToBytes(p.memory_units);
     g.healthy = p.healthy;
     index_of[p.uuid] = static_cast<int>(node.gpus.size());
     node.gpus.push_back(g);
@@ -422,18 +421,15 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       bool whole = g.cores >= kCoresPerGpu;
       gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
       gpu.memory_free_bytes -=
-          whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+          whole ? gpu.memory_total_bytes : MemoryUnitsToBytes(g.memory_units);
     }
   }
   placement::PodRequest pr;
   pr.name = c.ns + "/" + c.pod;
-  placement::ContainerRequest cr;
-  if (cores < kCoresPerGpu) {
-    cr.milli = static_cast<int32_t>(cores * placement::kMilliPerVcudaCore);
-    cr.memory_bytes = memory_units * int64_t(kMemoryUnitBytes);
-  } else {
-    cr.whole_gpus = static_cast<int32_t>(cores / kCoresPerGpu);
-  }
+  ContainerUnits asked;
+  asked.cores = cores;
+  asked.memory_units = memory_units;
+  const placement::ContainerRequest cr = PlacementRequestOf(asked);
   pr.containers.push_back(cr);
   std::vector<std::string> gpus;
   if (!c.annotated_gpus.empty()) {
@@ -535,7 +531,7 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
     auto req = ParsePod(*pod, options_.names, 0);
     bool all =
         req.ok() &&
-        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerRequest& c) {
+        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerUnits& c) {
           return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
             return x.pod_uid == g.pod_uid && x.container_index == c.index;
           });
@@ -600,7 +596,7 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
       absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
-  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(MemoryUnitsToBytes(g.memory_units));
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
   env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
   env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
@@ -678,13 +674,9 @@ absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
 
 absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::string&)>& healthy) {
   if (!api_) return absl::FailedPreconditionError("no API client");
-  json list = json::array();
-  for (const auto& g : pool_)
-    list.push_back({{"uuid", g.uuid},
-                    {"index", g.index},
-                    {"memoryUnits", g.memory_units},
-                    {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
-  std::string text = list.dump();
+  std::vector<PoolGpu> now = pool_;
+  for (auto& g : now) g.healthy = g.healthy && (!healthy || healthy(g.uuid));
+  std::string text = EncodeNodePool(now);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (text == published_) return absl::OkStatus();
