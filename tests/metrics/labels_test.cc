@@ -6,8 +6,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "labels/labels.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::labels {
 namespace {

@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <string>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace {
