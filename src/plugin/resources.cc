@@ -316,7 +316,7 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   node->cfg = cfg;
   node->health = health;
   node->scorer = std::make_unique<TopologyScorer>(inv);
-  RealFilesystem host(host_root);
+  RootedFilesystem host(host_root);
   if (auto text = host.ReadFile("/proc/driver/nvidia-caps/mig-minors"); text.ok()) {
     for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());

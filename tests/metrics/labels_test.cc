@@ -121,7 +121,7 @@ TEST(Labels, RejectsBadOptions) {
 TEST(Labels, WritesFeatureFileAtomically) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-labels-XXXXXX").string();
   std::string dir = mkdtemp(tmpl.data());
-  RealFilesystem fs("/");
+  RootedFilesystem fs("/");
   std::string path = dir + "/features.d/gpulet";
   ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "8"},
                                           {"nvidia.com/gpu.present", "true"}}).ok());

@@ -53,7 +53,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
-    RealFilesystem fs("/");
+    RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;

@@ -21,7 +21,7 @@ std::function<int()> SetupLabels(CLI::App& sub) {
   AddLabelFlags(sub, *flags);
   sub.add_flag("--oneshot", *oneshot, "Write the labels once and exit");
   return [gpu_opts, flags, oneshot] {
-    RealFilesystem fs("/");
+    RootedFilesystem fs("/");
     auto options = ToLabelOptions(*flags, fs);
     if (!options.ok()) return Fail("gpulet labels", options.status(), kUsageError);
     auto interval = ParseFlagDuration("interval", flags->interval);

@@ -158,7 +158,7 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
 }
 
 inline absl::StatusOr<labels::LabelOptions> ToLabelOptions(const LabelFlags& f,
-                                                           const Filesystem& fs) {
+                                                           const RootedFilesystem& fs) {
   labels::LabelOptions o;
   o.mig_strategy = f.mig_strategy;
   o.replicas = f.replicas;

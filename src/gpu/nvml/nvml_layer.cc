@@ -1083,7 +1083,7 @@ class NvmlGpuLayer : public GpuLayer {
   }
 
   std::shared_ptr<NvmlLib> lib_;
-  RealFilesystem fs_;
+  RootedFilesystem fs_;
   std::string owned_dir_;
   std::shared_ptr<Subscribers> subscribers_;
 

@@ -257,7 +257,7 @@ absl::Status NodeAssigner::Load() {
   std::string path = options_.state_dir + "/assignments.json";
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
+    if (absl::IsNotFound(text.status()) || !PathExists(path)) return absl::OkStatus();
     return text.status();
   }
   json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
@@ -282,7 +282,7 @@ absl::Status NodeAssigner::Load() {
 absl::Status NodeAssigner::SaveLocked() {
   json list = json::array();
   for (const auto& g : grants_) list.push_back(GrantToJson(g));
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(options_.state_dir));
+  RETURN_IF_ERROR(MakeDirs(options_.state_dir));
   return WriteFileAtomic(options_.state_dir + "/assignments.json",
                          json{{"version", 1}, {"grants", list}}.dump(1), 0600);
 }
@@ -490,10 +490,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     // reaches the file either way.
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
     g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    RETURN_IF_ERROR(MakeDirs(g.accounting_dir, 0700));
     ::chmod(pod_dir.c_str(), 0700);
     std::string file = g.accounting_dir + "/accounting";
-    if (!RealFilesystem().Exists(file)) {
+    if (!PathExists(file)) {
       auto [uid, gid] = RunAs(c.pod_json, c.index);
       mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
       // A zero-filled file is a valid empty region (vgpu/interposer/accounting.h).
