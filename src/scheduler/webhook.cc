@@ -126,7 +126,7 @@ bool AdmissionWebhook::NamespaceAllowsDisable(const std::string& ns) {
 
 int64_t AdmissionWebhook::MaxMemoryUnits() {
   if (options_.max_memory_units > 0 || !api_) return options_.max_memory_units;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto now = std::chrono::steady_clock::now();
   if (cached_units_ > 0 && now - cached_at_ < std::chrono::seconds(30)) return cached_units_;
   auto nodes = api_->ListNodes();

@@ -3,6 +3,7 @@
 // runner's mask must not reach a daemon that stops on SIGTERM).
 #pragma once
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -25,7 +26,7 @@ struct SpawnOptions {
   std::map<std::string, std::string> env;  // set in the child's environment on top of ours
 };
 
-// Starts argv[0] with `argv`; the child's pid, or -1 when it could not be started.
+// Starts argv[0] with `argv`; the child's pid, or -1 with errno set when it could not be started.
 inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = {}) {
   if (argv.empty()) return -1;
   std::vector<std::string> env_strings;
@@ -54,9 +55,13 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o =
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  if (posix_spawn(&pid, args[0], &fa, &attr, args.data(), envp.data()) != 0) pid = -1;
+  int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    errno = rc;
+    return -1;
+  }
   return pid;
 }
 

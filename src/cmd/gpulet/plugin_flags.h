@@ -25,16 +25,10 @@ class Client;
 
 namespace gpulet::cmd {
 
-struct PluginFlags {
-  gpu::GpuOptions gpu;
-  std::string plugin_dir = "/var/lib/kubelet/device-plugins";
-  std::string kubelet_socket = "kubelet.sock";
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+// What the plugin runs with (plugin::RunOptions, set from flags), and the flags' own sources.
+struct PluginFlags : plugin::RunOptions {
   std::string config_file;
   std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
-  // Set by `gpulet agent` when it has a node name: vGPU Allocate finds its pod through the API.
-  k8s::Client* api = nullptr;
-  std::string node_name;
   // NVIDIA device-plugin flags gpulet has no use for, accepted so a DaemonSet written for NVIDIA's
   // plugin starts (flag name -> value of those given; see NvidiaOnlyFlagNotes()).
   std::map<std::string, std::string> nvidia_only;
@@ -122,19 +116,13 @@ inline int RunDevicePlugin(
     const std::function<void()>& before_teardown = {}) {
   const std::string who = std::string("gpulet ") + cmd;
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
-  plugin::RunOptions o;
+  plugin::RunOptions o = f;
   o.sources = {f.config_file, plugin::EnvironmentSnapshot(), f.values};
   auto config = plugin::LoadConfig(o.sources);
   if (!config.ok()) return Fail(who, config.status(), kUsageError);
   auto notes = NvidiaOnlyFlagNotes(f);
   if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
   for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
-  o.gpu = f.gpu;
-  o.plugin_dir = f.plugin_dir;
-  o.kubelet_socket = f.kubelet_socket;
-  o.pod_resources_socket = f.pod_resources_socket;
-  o.api = f.api;
-  o.node_name = f.node_name;
   absl::Status s = plugin::RunDevicePlugin(who, std::move(o), *std::move(config), with_plugin,
                                            before_teardown);
   return s.ok() ? 0 : Fail(who, s);

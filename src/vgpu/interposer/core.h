@@ -32,6 +32,8 @@ struct RealDriver {
   X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
   X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
   X(nvmlDeviceGetProcessUtilization)
+// A declarator, which parentheses would break.
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)
