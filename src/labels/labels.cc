@@ -214,10 +214,20 @@ absl::Status LabelRefresher::WriteOnce() {
     return absl::UnavailableError(
         absl::StrCat("labels: GPU inventory unavailable: ", inv.status().message()));
   }
+  LabelOptions options;
+  {
+    absl::MutexLock l(&mu_);
+    options = options_;
+  }
   absl::Status st =
-      WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options_, clock_->UnixSeconds()));
+      WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options, clock_->UnixSeconds()));
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat("labels: ", path_, ": ", st.message()));
   return absl::OkStatus();
+}
+
+void LabelRefresher::SetOptions(LabelOptions options) {
+  absl::MutexLock l(&mu_);
+  options_ = std::move(options);
 }
 
 void LabelRefresher::Start() {

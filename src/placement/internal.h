@@ -3,6 +3,7 @@
 // heap-free list of GPU takes; an Assignment (vectors) is built only for the winning node.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +23,15 @@ struct Take {
   bool whole = false;
 };
 using Plan = absl::InlinedVector<Take, 8>;
+
+// A node's GPU state in the fixed-size form FGD's fragmentation measure is computed on
+// (policies.cc).
+struct FragState {
+  int64_t cpu = 0;
+  uint64_t models = 0;  // bits of the node's GPU models (bit 63 = a model no class names)
+  int n = 0;
+  std::array<int32_t, 16> free{};  // healthy GPUs only; nodes with more are truncated
+};
 
 bool ModelAllowed(const PodRequest& pod, const std::string& model);
 
@@ -44,6 +54,10 @@ Assignment ToAssignment(const PodRequest& pod, const Plan& plan);
 class PolicyImpl : public Policy {
  public:
   std::optional<NodeScore> Score(const Node& node, const PodRequest& pod) const final;
+  std::optional<double> ScoreValue(const Node& node, const PodRequest& pod) const final {
+    Plan plan;
+    return ScorePlan(node, pod, &plan);
+  }
   // Score() without building an Assignment; `plan` receives the chosen in-node placement.
   std::optional<double> ScorePlan(const Node& node, const PodRequest& pod, Plan* plan) const;
 
@@ -52,6 +66,10 @@ class PolicyImpl : public Policy {
   struct Context {
     bool has_before = false;
     double before = 0;
+    // The node's GPU state as FGD's measure reads it, built once per (node, pod) instead of once
+    // per candidate GPU (it looks up every GPU's model).
+    bool has_state = false;
+    FragState state;
   };
   // Score of placing `pod` on `node` as `plan` (known feasible). Higher is better.
   virtual double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,

@@ -134,6 +134,12 @@ class Policy {
   // Score of placing `pod` on `node` with the policy's best in-node assignment, or nullopt when
   // the pod does not fit (same rule as Fits()).
   virtual std::optional<NodeScore> Score(const Node& node, const PodRequest& pod) const = 0;
+  // Score() without the in-node assignment (the extender's filter and prioritize need only the
+  // number; the assignment is built at bind).
+  virtual std::optional<double> ScoreValue(const Node& node, const PodRequest& pod) const {
+    auto s = Score(node, pod);
+    return s ? std::optional<double>(s->score) : std::nullopt;
+  }
 };
 
 struct PolicyOptions {

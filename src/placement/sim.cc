@@ -2,6 +2,7 @@
 #include "placement/sim.h"
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <fstream>
 #include <set>
@@ -239,6 +240,22 @@ std::vector<PodRequest> ArrivalStream(std::span<const PodRequest> trace, int64_t
   return out;
 }
 
+void SortForOfflinePacking(std::vector<PodRequest>& stream) {
+  // Hardest to place first: more whole GPUs, then larger shares, model-constrained before free
+  // ones of the same size; CPU-only tasks last (they change no GPU, so placed last they never
+  // take the CPU a GPU task needed). Stable, so equal tasks keep their arrival order.
+  auto key = [](const PodRequest& p) {
+    int64_t whole = 0, share = 0;
+    for (const auto& c : p.containers) {
+      whole += c.whole_gpus;
+      share = std::max<int64_t>(share, c.whole_gpus > 0 ? 0 : c.milli);
+    }
+    return std::make_tuple(whole, share, p.gpu_models.empty() ? 0 : 1, p.cpu_milli);
+  };
+  std::stable_sort(stream.begin(), stream.end(),
+                   [&](const PodRequest& a, const PodRequest& b) { return key(a) > key(b); });
+}
+
 SimResult Simulate(const Cluster& cluster_in, std::span<const PodRequest> trace,
                    const Policy& policy, const SimOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -251,8 +268,8 @@ SimResult Simulate(const Cluster& cluster_in, std::span<const PodRequest> trace,
     std::swap(cluster.nodes[i - 1], cluster.nodes[internal::Uniform(node_rng, i)]);
   }
   const int64_t capacity = GpuCapacityMilli(cluster);
-  const std::vector<PodRequest> stream =
-      ArrivalStream(trace, capacity, options.arrivals, options.seed);
+  std::vector<PodRequest> stream = ArrivalStream(trace, capacity, options.arrivals, options.seed);
+  if (options.offline) SortForOfflinePacking(stream);
   uint64_t tie_rng = options.seed ^ 0x7469652d627265ull;  // a stream apart from the arrivals'
   const double cap = capacity > 0 ? static_cast<double>(capacity) : 1.0;
   int64_t arrived = 0, placed = 0;

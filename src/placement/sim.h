@@ -46,7 +46,14 @@ struct SimOptions {
   // in node order. Node order is itself shuffled per seed, as the paper's simulator does by
   // prefixing node names with a random permutation.
   bool random_ties = false;
+  // Offline packing, a reference for what full knowledge of the arrivals reaches: the same
+  // arrivals, placed hardest first (SortForOfflinePacking) instead of in arrival order.
+  bool offline = false;
 };
+
+// Orders an arrival stream for offline packing: more whole GPUs first, then larger shares,
+// model-constrained before unconstrained, CPU-only tasks last.
+void SortForOfflinePacking(std::vector<PodRequest>& stream);
 
 struct SimPoint {
   double arrived = 0;    // requested GPU so far / capacity
@@ -78,6 +85,7 @@ struct SimulationRequest {
   double arrivals = 1.3;
   int jobs = 0;              // parallel runs; 0: one per CPU
   bool random_ties = false;
+  bool offline = false;      // SimOptions::offline
 };
 
 struct SimulationReport {

@@ -46,7 +46,7 @@ absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& f) {
     threads.emplace_back([&] {
       for (size_t i; (i = next++) < nruns;) {
         SimOptions o{.arrivals = f.arrivals, .seed = f.seed + i % f.seeds,
-                     .random_ties = f.random_ties};
+                     .random_ties = f.random_ties, .offline = f.offline};
         report.results[i] = Simulate(*cluster, *trace, *policies[i / f.seeds], o);
       }
     });

@@ -50,6 +50,7 @@ absl::Status RunDevicePlugin(
   options.manager.plugin_dir = o.plugin_dir;
   options.manager.kubelet_socket = o.kubelet_socket;
   options.sources = std::move(o.sources);
+  options.watch_file = o.watch_file;
   options.host_root = o.gpu.simulate.empty() ? o.gpu.host_root : o.gpu.sim_root;
   options.api = o.api;
   options.node_name = o.node_name;
@@ -59,6 +60,13 @@ absl::Status RunDevicePlugin(
   options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
   DevicePlugin dp(layer->get(), std::move(options), std::move(config));
   if (absl::Status s = dp.Start(); !s.ok()) return s;
+  if (o.on_serving) o.on_serving(dp);
+  struct OnStop {
+    const std::function<void()>& f;
+    ~OnStop() {
+      if (f) f();
+    }
+  } on_stop{o.on_stop};
   if (with_plugin) {
     if (absl::Status s = with_plugin(**layer, dp); !s.ok()) return s;
   }

@@ -23,6 +23,12 @@ struct RunOptions {
   // vGPU Allocate finds its pod through the API (gpulet agent with a node name); may be null.
   k8s::Client* api = nullptr;
   std::string node_name;
+  // False when someone else follows the config (per-node configs: NodeConfigWatcher).
+  bool watch_file = true;
+  // Called once the plugin serves, before `with_plugin`; `on_stop` before the plugin goes away,
+  // on every return after `on_serving` ran (the per-node config watcher's start and stop).
+  std::function<void(DevicePlugin&)> on_serving;
+  std::function<void()> on_stop;
 };
 
 // Runs until SIGINT/SIGTERM/SIGQUIT: OK then. `with_plugin`, when set, runs once the plugin serves

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -145,6 +146,9 @@ bool IsDns1123Subdomain(std::string_view s) {
 
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
     : api_(api), options_(std::move(options)) {
+  int threads = options_.score_threads;
+  if (threads < 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 7);
+  scorers_ = std::make_unique<ParallelFor>(threads);
   for (const std::string& n : vgpu::VgpuPolicyNames()) {
     if (auto p = vgpu::MakeVgpuPolicy(n); p.ok()) policies_[n] = std::move(*p);
   }
@@ -557,22 +561,38 @@ std::string Extender::FilterWire(const json& args) {
     {
       std::shared_lock<std::shared_mutex> l(mu_);
       fresh.generation = generation_.load();
+      // Nodes are scored in parallel into per-candidate slots; the answer is assembled in
+      // candidate order afterwards, so it is the same for any number of threads.
+      struct Slot {
+        const placement::Node* node = nullptr;
+        std::optional<double> score;
+        bool fits = false;
+        std::string reason;
+      };
+      std::vector<Slot> slots(names.size());
       for (size_t i = 0; i < names.size(); ++i) {
         auto it = nodes_.find(*names[i]);
-        if (it == nodes_.end()) {
-          unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
-          continue;
+        if (it != nodes_.end()) slots[i].node = &it->second.node;
+      }
+      scorers_->Run(slots.size(), 64, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) {
+          Slot& s = slots[i];
+          if (s.node == nullptr) continue;
+          s.fits = pol ? (s.score = pol->ScoreValue(*s.node, req->first)).has_value()
+                       : placement::Fits(*s.node, req->first);
+          // Only the failures pay for the message.
+          if (!s.fits) placement::Fits(*s.node, req->first, &s.reason);
         }
-        std::optional<placement::NodeScore> score;
-        bool fits = pol ? (score = pol->Score(it->second.node, req->first)).has_value()
-                        : placement::Fits(it->second.node, req->first);
-        if (!fits) {
-          std::string reason;  // only the failures pay for the message
-          placement::Fits(it->second.node, req->first, &reason);
-          failed.emplace_back(i, "vGPU: " + (reason.empty() ? "no placement on this node" : reason));
-        } else if (score) {
+      });
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const Slot& s = slots[i];
+        if (s.node == nullptr) {
+          unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
+        } else if (!s.fits) {
+          failed.emplace_back(i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
+        } else if (s.score) {
           fresh.names.push_back(*names[i]);
-          fresh.scores.push_back(score->score);
+          fresh.scores.push_back(*s.score);
         }
       }
     }
@@ -625,11 +645,20 @@ std::string Extender::PrioritizeWire(const json& args) {
     }
     if (fit.empty()) {
       std::shared_lock<std::shared_mutex> l(mu_);
+      std::vector<const placement::Node*> nodes(names.size(), nullptr);
+      std::vector<std::optional<double>> slot(names.size());
       for (size_t i = 0; i < names.size(); ++i) {
         auto it = nodes_.find(*names[i]);
-        if (it == nodes_.end()) continue;
-        if (auto s = (*policy)->Score(it->second.node, req->first)) {
-          scores.push_back(s->score);
+        if (it != nodes_.end()) nodes[i] = &it->second.node;
+      }
+      scorers_->Run(names.size(), 64, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) {
+          if (nodes[i] != nullptr) slot[i] = (*policy)->ScoreValue(*nodes[i], req->first);
+        }
+      });
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (slot[i]) {
+          scores.push_back(*slot[i]);
           fit.push_back(static_cast<int>(i));
         }
       }

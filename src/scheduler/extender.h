@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/parallel.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "k8s/client.h"
@@ -69,6 +70,9 @@ struct ExtenderOptions {
   // Minimum interval between workload rebuilds while pods keep changing (0: before every
   // decision that follows a change).
   std::chrono::milliseconds workload_refresh{1000};
+  // Threads besides the request's own that score candidate nodes (-1: one per core beyond the
+  // first, at most 7). Decisions do not depend on it.
+  int score_threads = -1;
 };
 
 // One pod's booking.
@@ -171,6 +175,7 @@ class Extender {
   std::mutex node_locks_mu_;
   std::map<std::string, std::unique_ptr<std::mutex>> node_locks_;
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;
+  std::unique_ptr<ParallelFor> scorers_;
 };
 
 }  // namespace gpulet::scheduler

@@ -13,21 +13,47 @@ if [[ ! -d $work/node_modules/kubernetes-models || ! -d $work/node_modules/@kube
 fi
 cp "$src/tests/deploy/validate-objects.mjs" "$src/tests/deploy/check-policy.mjs" "$work/"
 rc=0
-for k in "$src/deploy" "$src"/deploy/overlays/*/; do
-  name=${k#"$src/"}
-  if ! out=$(kubectl kustomize "$k" 2>&1); then
-    echo "FAIL $name: kubectl kustomize: $out"; rc=1; continue
+# render NAME CMD...: CMD prints manifests; each object is validated (one line per entry point).
+render() {
+  local name=$1 out res; shift
+  if ! out=$("$@" 2>&1); then
+    echo "FAIL $name: $out"; rc=1; return
   fi
   if res=$(node "$work/validate-objects.mjs" <<<"$out" 2>&1); then
     echo "ok   $name: $res"
   else
     echo "FAIL $name:"; echo "$res"; rc=1
   fi
+}
+for k in "$src/deploy" "$src"/deploy/overlays/*/; do
+  render "${k#"$src/"}" kubectl kustomize "$k"
 done
+# The helm chart's renderings too (helm from testing/helm/get, when the helm tests fetched it): the
+# overlays' equivalents, plus the chart-only choices, hooks and the test pod included.
+helm=$(dirname "$work")/helm/v4/helm
+if [[ -x $helm ]]; then
+  sets=("-f $src/tests/helm/equivalents/deploy.yaml"
+        "-f $src/tests/helm/equivalents/monitoring.yaml --set certificates.source=cert-manager"
+        "--set config.map.default=v1 --set config.map.t4=v1 --set config.default=default --set gfd.enabled=false"
+        "--set vgpu.enabled=false --set exporter.enabled=false --set nodeSelector.gpu=true --set imagePullSecrets={regcred}")
+  for s in "${sets[@]}"; do
+    # shellcheck disable=SC2086
+    render "helm template $s" "$helm" template gpulet "$src/deploy/helm/gpulet" -n gpulet-system $s
+  done
+else
+  echo "note: $helm missing (testing/helm/get), the chart's renderings not validated here"
+fi
 # The default install's security properties (docs/security.md).
 if res=$(kubectl kustomize "$src/deploy" | node "$work/check-policy.mjs" 2>&1); then
   echo "ok   deploy security properties: $res"
 else
   echo "FAIL deploy security properties:"; echo "$res"; rc=1
+fi
+if [[ -x $helm ]]; then
+  if res=$("$helm" template gpulet "$src/deploy/helm/gpulet" -n gpulet-system | node "$work/check-policy.mjs" 2>&1); then
+    echo "ok   helm chart security properties: $res"
+  else
+    echo "FAIL helm chart security properties:"; echo "$res"; rc=1
+  fi
 fi
 exit $rc

@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace gpulet::scheduler {
 namespace {
 
@@ -308,6 +310,42 @@ TEST(Extender, BindNeedsApi) {
   json out = e.Bind({{"PodName", "p"}, {"PodNamespace", "default"}, {"Node", "n"}});
   EXPECT_THAT(out["Error"].get<std::string>(), HasSubstr("no API server client"));
   EXPECT_THAT(e.Bind(json::object())["Error"].get<std::string>(), HasSubstr("required"));
+}
+
+}  // namespace
+}  // namespace gpulet::scheduler
+
+namespace gpulet::scheduler {
+namespace {
+
+// Scoring is split between threads on large clusters; the answers must not depend on how many.
+TEST(Extender, SameAnswersWithAnyNumberOfScoringThreads) {
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<Extender>> ex;
+  for (int threads : {0, 1, 3}) {
+    ex.push_back(std::make_unique<Extender>(nullptr, ExtenderOptions{.score_threads = threads}));
+  }
+  for (int n = 0; n < 500; ++n) {
+    names.push_back(absl::StrCat("node-", n));
+    for (auto& e : ex) e->UpsertNode(Node(names.back(), 4, 100 + (n % 7) * 30));
+  }
+  // Occupy GPUs unevenly so scores differ between nodes; some nodes cannot take the probe.
+  for (int n = 0; n < 500; n += 3) {
+    json p = Bound(Pod(absl::StrCat("b", n), 10 + n % 80, 1 + n % 90), names[n],
+                   absl::StrCat(names[n], "-GPU-", n % 4));
+    for (auto& e : ex) e->UpsertPod(p);
+  }
+  for (const char* policy : {"", "gpulet", "spread"}) {
+    for (int cores : {20, 70, 100}) {
+      json args = Args(Pod("probe", cores, 150, policy), names);
+      const json want_f = ex[0]->Filter(args), want_p = ex[0]->Prioritize(args);
+      EXPECT_FALSE(want_f["NodeNames"].empty()) << policy << " " << cores;
+      for (size_t i = 1; i < ex.size(); ++i) {
+        EXPECT_EQ(ex[i]->Filter(args), want_f) << policy << " " << cores;
+        EXPECT_EQ(ex[i]->Prioritize(args), want_p) << policy << " " << cores;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   CLI::App app{"gpulet-sched: GPU placement tools (policies shared with the scheduler extender)"};
   app.require_subcommand(1);
   pl::SimulationRequest f;
-  std::string out, ties = "first";
+  std::string out, ties = "first", order = "arrival";
   auto* sim = app.add_subcommand(
       "simulate",
       "Replay an openb trace (FGD paper, USENIX ATC'23) through placement policies: tasks arrive "
@@ -67,10 +67,16 @@ int main(int argc, char** argv) {
                   "equal scores: first (in per-seed shuffled node order, as the FGD paper's simulator) or random")
       ->check(CLI::IsMember({"random", "first"}))
       ->capture_default_str();
+  sim->add_option("--order", order,
+                  "arrival (online: tasks placed as they arrive) or offline (the same tasks placed "
+                  "hardest first: a reference for what full knowledge reaches)")
+      ->check(CLI::IsMember({"arrival", "offline"}))
+      ->capture_default_str();
   sim->add_option("--jobs", f.jobs, "parallel runs (default: number of CPUs)")
       ->check(CLI::Range(1, 4096));
   sim->callback([&] {
     f.random_ties = ties == "random";
+    f.offline = order == "offline";
     std::exit(Simulate(f, out));
   });
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;

@@ -15,17 +15,12 @@
 namespace gpulet::cmd {
 namespace {
 
-// Feature labels follow the device plugin's own MIG strategy and time-slicing of nvidia.com/gpu.
+// Feature labels follow the device plugin's own MIG strategy and sharing (plugin::LabelsOf).
 labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Config& cfg) {
-  o.mig_strategy = cfg.mig_strategy == plugin::MigStrategy::kSingle  ? "single"
-                   : cfg.mig_strategy == plugin::MigStrategy::kMixed ? "mixed"
-                                                                     : "none";
-  for (const plugin::ReplicatedResource& r : cfg.time_slicing) {
-    if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
-      o.replicas = r.replicas;
-      o.sharing_strategy = "time-slicing";
-    }
-  }
+  plugin::SharingLabels l = plugin::LabelsOf(cfg);
+  o.mig_strategy = l.mig_strategy;
+  o.replicas = l.replicas;
+  o.sharing_strategy = l.sharing_strategy;
   return o;
 }
 
@@ -96,6 +91,11 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       if (!interval.ok()) return interval.status();
       labeler = std::make_unique<labels::LabelRefresher>(
           &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
+      // A reloaded config (file, ConfigMap, node label) relabels at once.
+      dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
+        l->SetOptions(SharingFromConfig(base, c));
+        if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+      });
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();

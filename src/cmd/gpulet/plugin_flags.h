@@ -3,6 +3,8 @@
 // plugin::RunDevicePlugin (plugin/run.h).
 #pragma once
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -15,6 +17,8 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
+#include "k8s/client.h"
+#include "plugin/node_config.h"
 #include "plugin/plugin.h"
 #include "plugin/run.h"
 #include "vgpu/rules/rules.h"
@@ -28,6 +32,9 @@ namespace gpulet::cmd {
 // What the plugin runs with (plugin::RunOptions, set from flags), and the flags' own sources.
 struct PluginFlags : plugin::RunOptions {
   std::string config_file;
+  // Per-node configs (NVIDIA's config-manager): a directory of named configs, the default name,
+  // and the Node label that picks one.
+  std::string config_dir, config_default, config_node_label = plugin::kDefaultConfigNodeLabel;
   std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
   // NVIDIA device-plugin flags gpulet has no use for, accepted so a DaemonSet written for NVIDIA's
   // plugin starts (flag name -> value of those given; see NvidiaOnlyFlagNotes()).
@@ -45,8 +52,6 @@ inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
   static const std::vector<NvidiaOnlyFlag> k = {
       {"container-driver-root", "CONTAINER_DRIVER_ROOT",
        "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
-      {"mps-root", "MPS_ROOT",
-       "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
       {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
        "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
       {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
@@ -90,6 +95,17 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
                  "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
                  "reloaded on SIGHUP and when its content changes")
       ->envname("CONFIG_FILE")->type_name("FILE");
+  sub.add_option("--config-dir", f.config_dir,
+                 "Directory of named configs, one file each (a mounted ConfigMap); the Node label "
+                 "--config-node-label picks one, else --config-default. Label and file changes "
+                 "are applied live; instead of --config-file")
+      ->envname("CONFIG_FILE_SRCDIR")->type_name("DIR");
+  sub.add_option("--config-default", f.config_default,
+                 "Config name used when the Node has no label (default: the only file, if one)")
+      ->envname("DEFAULT_CONFIG")->type_name("NAME");
+  sub.add_option("--config-node-label", f.config_node_label,
+                 "Node label whose value names the config in --config-dir (node from $NODE_NAME)")
+      ->capture_default_str()->envname("NODE_LABEL")->type_name("LABEL");
   for (const auto& n : NvidiaOnlyFlags()) {
     std::string flag = n.flag;
     sub.add_option_function<std::string>(
@@ -118,12 +134,56 @@ inline int RunDevicePlugin(
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
   plugin::RunOptions o = f;
   o.sources = {f.config_file, plugin::EnvironmentSnapshot(), f.values};
+  // Per-node configs: the Node's label picks the file (the watcher is created before any thread;
+  // it starts once the plugin serves).
+  std::unique_ptr<k8s::Client> own_client;
+  std::unique_ptr<plugin::NodeConfigWatcher> node_config;
+  plugin::DevicePlugin* dp_ptr = nullptr;
+  if (!f.config_dir.empty()) {
+    if (!f.config_file.empty()) {
+      return Fail(who, "--config-file and --config-dir exclude each other", kUsageError);
+    }
+    if (!std::filesystem::is_directory(f.config_dir)) {
+      return Fail(who, "--config-dir " + f.config_dir + ": not a directory", kUsageError);
+    }
+    plugin::NodeConfigOptions no;
+    no.dir = f.config_dir;
+    no.default_name = f.config_default;
+    no.node_label = f.config_node_label;
+    no.node_name = f.node_name;
+    if (no.node_name.empty())
+      if (const char* n = std::getenv("NODE_NAME")) no.node_name = n;
+    no.api = f.api;
+    no.component = std::string("gpulet-") + cmd;
+    if (!no.api && !no.node_name.empty()) {
+      auto kc = k8s::ResolveConfig("");
+      if (kc.ok()) {
+        own_client = std::make_unique<k8s::Client>(*kc);
+        no.api = own_client.get();
+      } else {
+        std::cerr << who << ": warning: no API server (" << kc.status().message()
+                  << "): the node label is not followed\n";
+      }
+    }
+    node_config = std::make_unique<plugin::NodeConfigWatcher>(
+        no, [&dp_ptr](const std::string& path) { return dp_ptr->ReloadFrom(path); });
+    auto initial = node_config->Initial();
+    if (!initial.ok()) return Fail(who, initial.status(), kUsageError);
+    o.sources.file = *initial;
+    o.watch_file = false;
+    o.on_serving = [&](plugin::DevicePlugin& dp) {
+      dp_ptr = &dp;
+      node_config->Start(o.sources.file);
+    };
+    // Stops following the Node and the directory before the plugin goes away.
+    o.on_stop = [&] { node_config->Stop(); };
+  }
   auto config = plugin::LoadConfig(o.sources);
   if (!config.ok()) return Fail(who, config.status(), kUsageError);
   auto notes = NvidiaOnlyFlagNotes(f);
   if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
   for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
-  absl::Status s = plugin::RunDevicePlugin(who, std::move(o), *std::move(config), with_plugin,
+  absl::Status s = plugin::RunDevicePlugin(who, o, *std::move(config), with_plugin,
                                            before_teardown);
   return s.ok() ? 0 : Fail(who, s);
 }
