@@ -41,7 +41,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,9 +57,10 @@
 #include "benchmark/benchmark.h"
 #include "gpu/open.h"
 #include "metrics/sampler.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
-#include "tests/metrics/pod_server.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
+#include "testing/metrics/pod_server.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -218,15 +218,8 @@ void BM_ScrapeProcess(benchmark::State& state) {
   std::vector<std::string> argv = {bin, "exporter", "--simulate", "dgx-h100", "--address",
                                    "127.0.0.1:0", "--pod-resources-socket", dir + "/kubelet.sock",
                                    "--vgpu-accounting-dir", "", "--interval", "1s"};
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  posix_spawn(&pid, bin.c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  // Its output (the port it listens on) to the log.
+  pid_t pid = testing_process::SpawnLogged(argv, log);
   int port = 0;
   for (int i = 0; i < 200 && port == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -24,7 +24,7 @@
 
 #include "benchmark/benchmark.h"
 #include "runtime/cdi.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 extern char** environ;
 

@@ -276,7 +276,7 @@ absl::Status Driver::RefreshInventory() {
 absl::Status Driver::Start() {
   if (options_.node_name.empty()) return absl::InvalidArgumentError("DRA: no node name");
   if (!api_) return absl::InvalidArgumentError("DRA: no API server client");
-  RealFilesystem fs;
+  RootedFilesystem fs;
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(RefreshInventory());
@@ -518,7 +518,7 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
             "ResourceClaim ", ns, "/", name,
             ": more than one device with vGPU limits (a fractional claim takes one device)"));
       out.accounting_dir = absl::StrCat(options_.state_dir, "/claims/", uid);
-      RealFilesystem fs;
+      RootedFilesystem fs;
       RETURN_IF_ERROR(fs.MakeDirs(out.accounting_dir, 0700));
       std::string file = out.accounting_dir + "/accounting";
       // Containers of any user open it (the claim's pods are not known here); the directory is
@@ -605,7 +605,7 @@ absl::Status Driver::SaveClaim(const PreparedClaim& c) {
 
 absl::Status Driver::LoadCheckpoint() {
   std::string dir = options_.state_dir + "/prepared";
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(dir, 0700));
+  RETURN_IF_ERROR(RootedFilesystem().MakeDirs(dir, 0700));
   std::error_code ec;
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
     std::string path = f.path().string();
@@ -634,7 +634,7 @@ absl::Status Driver::LoadCheckpoint() {
     } catch (const nlohmann::json::exception& ex) {
       return absl::DataLossError(absl::StrCat(path, ": ", ex.what()));
     }
-    if (!RealFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
+    if (!RootedFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));
       spdlog::info("DRA: rewrote the CDI spec of claim {}/{} from the checkpoint", c.ns, c.name);
     }

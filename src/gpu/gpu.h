@@ -11,10 +11,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 
 namespace gpulet::gpu {
 
@@ -47,6 +49,37 @@ struct MigDevice {
   uint64_t memory_bytes = 0;
   uint32_t sm_count = 0;
 };
+
+// The index name of a MIG device, "<gpu index>:<mig index>" (NVIDIA's NVIDIA_VISIBLE_DEVICES form,
+// our device-plugin IDs with the index strategy, CDI device names). One spelling for every part.
+inline std::string MigIndexName(uint32_t gpu_index, uint32_t mig_index) {
+  return std::to_string(gpu_index) + ":" + std::to_string(mig_index);
+}
+// "<gpu>" or "<gpu>:<mig>" (decimal) -> the indexes; nullopt when `name` is neither.
+struct IndexName {
+  uint32_t gpu = 0;
+  std::optional<uint32_t> mig;
+};
+inline std::optional<IndexName> ParseIndexName(std::string_view name) {
+  IndexName out;
+  std::string_view gpu_part = name, mig_part;
+  if (size_t p = name.find(':'); p != std::string_view::npos) {
+    gpu_part = name.substr(0, p);
+    mig_part = name.substr(p + 1);
+  }
+  // absl::string_view is not std::string_view in Debian's absl build.
+  if (!absl::SimpleAtoi(absl::string_view(gpu_part.data(), gpu_part.size()), &out.gpu)) {
+    return std::nullopt;
+  }
+  if (!mig_part.empty()) {
+    uint32_t mig = 0;
+    if (!absl::SimpleAtoi(absl::string_view(mig_part.data(), mig_part.size()), &mig)) {
+      return std::nullopt;
+    }
+    out.mig = mig;
+  }
+  return out;
+}
 
 // Facts about a GPU that do not change while the driver is loaded, read once at (re)initialisation
 // (the nvidia-smi set: `nvidia-smi --query-gpu` fields). Unset: NVML cannot tell on this GPU.

@@ -511,7 +511,7 @@ absl::StatusOr<Config> ResolveConfig(const std::string& kubeconfig_flag) {
   if (in_cluster.ok()) return in_cluster;
   if (const char* home = std::getenv("HOME"); home && *home) {
     std::string p = absl::StrCat(home, "/.kube/config");
-    if (RealFilesystem().Exists(p)) return LoadKubeconfig(p);
+    if (PathExists(p)) return LoadKubeconfig(p);
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "no Kubernetes API configuration: give --kubeconfig, set KUBECONFIG, or run in a cluster (",

@@ -503,9 +503,9 @@ absl::StatusOr<SSL_CTX*> ServerTlsContext(const std::string& cert_pem, const std
                                           const std::string& client_ca_pem) {
   SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
   if (!ctx) return absl::InternalError("OpenSSL: cannot create a TLS context");
-  auto fail = [ctx](std::string why) {
+  auto fail = [ctx](const std::string& why) {
     SSL_CTX_free(ctx);
-    return absl::InvalidArgumentError(std::move(why));
+    return absl::InvalidArgumentError(why);
   };
   // Explicitly, whatever the system's OpenSSL defaults: no TLS 1.0/1.1 (item of the hardening).
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);

@@ -7,11 +7,12 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
@@ -70,11 +71,11 @@ class CertReloader {
 
   const std::string cert_file_, key_file_;
   const std::chrono::milliseconds interval_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const Pair> current_;
-  std::chrono::steady_clock::time_point checked_{};
-  int reloads_ = 0;
-  std::string last_error_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Pair> current_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point checked_ ABSL_GUARDED_BY(mu_){};
+  int reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpulet::k8s

@@ -195,7 +195,7 @@ std::string FormatFeatureFile(const Labels& labels) {
   return out;
 }
 
-absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Labels& labels) {
+absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path, const Labels& labels) {
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     absl::Status st = fs.MakeDirs(path.substr(0, slash));
@@ -204,7 +204,7 @@ absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Lab
   return fs.WriteFileAtomic(path, FormatFeatureFile(labels), 0644);
 }
 
-LabelRefresher::LabelRefresher(gpu::GpuLayer* gpu, Filesystem* fs, std::string path,
+LabelRefresher::LabelRefresher(gpu::GpuLayer* gpu, const RootedFilesystem* fs, std::string path,
                                LabelOptions options, std::chrono::milliseconds interval,
                                Clock* clock)
     : gpu_(gpu),

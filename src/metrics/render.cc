@@ -885,7 +885,8 @@ void RenderGpuManager(const Sample& s, Format format, std::string* out) {
   for (const F& f : fs) {
     w.Family(f.name, G, f.help);
     for (const auto& [key, r] : rows) {
-      auto emit = [&](std::string_view per, double v) {
+      // An init-capture: clang 14 (make lint) cannot capture structured bindings.
+      auto emit = [&, &r = r](std::string_view per, double v) {
         std::string b = absl::StrCat("{", r.block, ",", f.per_label, "=\"");
         b.append(per).append("\"}");
         w.SampleWithBlock(b, v);

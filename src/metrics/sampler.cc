@@ -21,7 +21,7 @@ int64_t SteadyMs() {
 }  // namespace
 
 absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read() {
-  RealFilesystem fs("/");
+  RootedFilesystem fs("/");
   absl::StatusOr<std::vector<std::string>> pods = fs.ListDir(root_);
   if (!pods.ok()) {
     // No vGPU container has started on this node yet: nothing to report, not an error.

@@ -124,7 +124,7 @@ class Sampler {
     uint64_t tx_kib = 0, rx_kib = 0;
     Clock::TimePoint at{};
   };
-  gpu::GpuLayer* Layer();  // the usable layer or null
+  gpu::GpuLayer* Layer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);  // the usable layer or null
   void NvlinkRates(DeviceSample& ds, Clock::TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
   void OnEvent(const gpu::Event& e);
   Sample Collect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);

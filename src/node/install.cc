@@ -40,7 +40,7 @@ bool IsFile(const std::string& p) {
 absl::StatusOr<bool> CopyIfChanged(const std::string& from, const std::string& to, mode_t mode) {
   ASSIGN_OR_RETURN(std::string data, ReadFileToString(from));
   if (auto old = ReadFileToString(to); old.ok() && *old == data) return false;
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to.substr(0, to.rfind('/'))));
+  RETURN_IF_ERROR(MakeDirs(to.substr(0, to.rfind('/'))));
   RETURN_IF_ERROR(WriteFileAtomic(to, data, mode));
   return true;
 }
@@ -229,7 +229,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   std::string cdi_text = runtime::CdiSpecToYaml(spec);
   bool cdi_changed = ReadFileToString(UnderRoot(o.host_root, cdi_path)).value_or("") != cdi_text;
   if (cdi_changed) {
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, o.cdi_dir)));
+    RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, o.cdi_dir)));
     RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, cdi_path), cdi_text, 0644));
   }
   remember_file(cdi_path);
@@ -248,7 +248,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
     json entry = {{"path", host_path}, {"existed", c.existed}};
     if (c.existed) {
       std::string backup = std::string(kBackupDir) + host_path;
-      RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, backup.substr(0, backup.rfind('/')))));
+      RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, backup.substr(0, backup.rfind('/')))));
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, backup), c.before, 0600));
       entry["backup"] = backup;
     }
@@ -256,7 +256,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   }
   // The record goes down before the engine files change: an interrupted install can be undone.
   record["engine"] = r.engine;
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, "/var/lib/gpulet")));
+  RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, "/var/lib/gpulet")));
   RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, kRecord), record.dump(2) + "\n", 0600));
   RETURN_IF_ERROR(runtime::ApplyChanges(changes));
   for (const auto& c : changes) {
@@ -284,7 +284,7 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   r.engine = record.value("engine", "");
   // Host paths through UnderRoot (the host's own symlinks, e.g. /var/run -> /run, followed inside
   // host_root): a plain host_root + path could name a dangling link and remove nothing.
-  auto remove = [&](const std::string& path) { return RealFilesystem().Remove(UnderRoot(host_root, path)); };
+  auto remove = [&](const std::string& path) { return RootedFilesystem().Remove(UnderRoot(host_root, path)); };
   // Engine configuration first, so the engine never points at a shim that is already gone.
   for (const auto& c : record["configs"]) {
     std::string path = c.value("path", "");

@@ -99,7 +99,7 @@ absl::StatusOr<std::string> FindRunc(const ValidateOptions& o) {
 // ldconfig as this process reaches it).
 absl::Status RelocateCdiSpecs(const std::string& host_root, const std::string& from,
                               const std::string& to, const std::string& hook_config) {
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to));
+  RETURN_IF_ERROR(MakeDirs(to));
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
     std::string ext = e.path().extension().string();

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "dra/devices.h"
 #include "plugin/resources.h"
@@ -16,13 +17,6 @@
 
 namespace gpulet::plugin {
 namespace {
-
-sigset_t HandledSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGHUP, SIGINT, SIGTERM, SIGQUIT}) sigaddset(&set, s);
-  return set;
-}
 
 // An NVIDIA resource without the GPUs of the vGPU pool: a pool GPU is offered only as vcuda
 // units, so the kubelet can never book it whole and fractionally at once. `hidden` holds the pool
@@ -102,10 +96,7 @@ class MpsGated final : public kubelet::Resource {
 
 }  // namespace
 
-void BlockSignals() {
-  sigset_t set = HandledSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
+void BlockSignals() { BlockStopSignals(/*with_reload=*/true); }
 
 DevicePlugin::DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config)
     : gpu_(gpu), options_(std::move(options)), sources_(options_.sources),
@@ -338,7 +329,7 @@ absl::Status DevicePlugin::ReloadFrom(const std::string& file) {
 }
 
 int DevicePlugin::Run() {
-  const sigset_t set = HandledSignals();
+  const sigset_t set = StopSignals(/*with_reload=*/true);
   const std::string file = options_.watch_file ? options_.sources.file : "";
   auto read = [&] {
     auto t = ReadFileToString(file);

@@ -48,7 +48,7 @@ struct Node {
   std::string Index(const Unit& u) const {
     const auto& d = inv.devices[u.gpu];
     return u.mig < 0 ? std::to_string(d.index)
-                     : absl::StrCat(d.index, ":", d.mig_devices[u.mig].index);
+                     : gpu::MigIndexName(d.index, d.mig_devices[u.mig].index);
   }
   std::string Visible(const Unit& u) const {
     return cfg.id_strategy == IdStrategy::kIndex ? Index(u) : Uuid(u);
@@ -349,7 +349,7 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   node->cfg = cfg;
   node->health = health;
   node->scorer = std::make_unique<TopologyScorer>(inv);
-  RealFilesystem host(host_root);
+  RootedFilesystem host(host_root);
   if (auto text = host.ReadFile("/proc/driver/nvidia-caps/mig-minors"); text.ok()) {
     for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());

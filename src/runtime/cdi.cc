@@ -477,7 +477,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
         me.device_nodes.push_back(node(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second)));
       }
       all.Merge(me);  // "all" includes the MIG capability nodes, as nvidia-ctk's does
-      add(absl::StrCat(dev.index, ":", mig.index), mig.uuid, me);
+      add(gpu::MigIndexName(dev.index, mig.index), mig.uuid, me);
     }
   }
   if (inv.devices.empty()) return absl::FailedPreconditionError("no GPUs in the inventory");

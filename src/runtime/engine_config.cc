@@ -331,7 +331,7 @@ absl::Status ApplyChanges(const std::vector<FileChange>& changes) {
     std::string dir = DirOf(c.path);
     if (::access(dir.c_str(), F_OK) != 0) {
       // drop-in directories (conf.d) may not exist yet
-      if (absl::Status s = RealFilesystem().MakeDirs(dir); !s.ok()) return named(s);
+      if (absl::Status s = MakeDirs(dir); !s.ok()) return named(s);
     }
     if (absl::Status s = WriteFileAtomic(c.path, c.after, mode); !s.ok()) return named(s);
     if (had && (::chown(c.path.c_str(), st.st_uid, st.st_gid) != 0 ||

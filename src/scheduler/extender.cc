@@ -129,19 +129,6 @@ std::string FilterResult(const json& args, const std::vector<const std::string*>
 
 bool IsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
 
-// A GPU UUID as NVML prints it ("GPU-8c5b...", "MIG-...") or our "<node>-gpu<i>": short, and
-// nothing that could break the comma-separated annotation or a log line.
-bool IsUuidToken(std::string_view s) {
-  if (s.empty() || s.size() > 128) return false;
-  for (char c : s) {
-    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
-          c == ':')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 bool IsDns1123Label(std::string_view s) {
@@ -155,46 +142,6 @@ bool IsDns1123Subdomain(std::string_view s) {
     if (!IsDns1123Label(std::string_view(part.data(), part.size()))) return false;
   }
   return true;
-}
-
-absl::StatusOr<std::vector<NodeGpu>> ParseNodeGpuAnnotation(std::string_view text) {
-  const std::string what = absl::StrCat("annotation ", vgpu::kAnnotationNodeGpus);
-  if (k8s::JsonDepth(text, 4) > 2) {
-    return absl::InvalidArgumentError(what + ": nests deeper than a list of objects");
-  }
-  json list = json::parse(text.begin(), text.end(), nullptr, false);
-  if (!list.is_array()) return absl::InvalidArgumentError(what + ": not a JSON list");
-  if (static_cast<int64_t>(list.size()) > kMaxNodeGpus) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", list.size(), " GPUs (at most ", kMaxNodeGpus, ")"));
-  }
-  std::vector<NodeGpu> out;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const json& g = list[i];
-    std::string where = absl::StrCat(what, "[", i, "]");
-    if (!g.is_object()) return absl::InvalidArgumentError(where + ": not an object");
-    NodeGpu gpu;
-    if (auto u = g.find("uuid"); u != g.end()) {
-      if (!u->is_string() || !IsUuidToken(u->get_ref<const std::string&>())) {
-        return absl::InvalidArgumentError(where + ".uuid: not a GPU UUID string");
-      }
-      gpu.uuid = u->get<std::string>();
-    }
-    if (auto m = g.find("memoryUnits"); m != g.end()) {
-      if (!m->is_number_integer() || m->get<int64_t>() < 0 ||
-          m->get<int64_t>() > vgpu::kMaxMemoryUnitsPerGpu) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ".memoryUnits: not an integer in 0..", vgpu::kMaxMemoryUnitsPerGpu));
-      }
-      gpu.memory_units = m->get<int64_t>();
-    }
-    if (auto h = g.find("healthy"); h != g.end()) {
-      if (!h->is_boolean()) return absl::InvalidArgumentError(where + ".healthy: not a boolean");
-      gpu.healthy = h->get<bool>();
-    }
-    out.push_back(std::move(gpu));
-  }
-  return out;
 }
 
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
@@ -225,18 +172,11 @@ absl::StatusOr<const placement::Policy*> Extender::PolicyFor(const json& pod) co
 
 absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> Extender::RequestOf(
     const json& pod) const {
-  ASSIGN_OR_RETURN(vgpu::PodRequest req, vgpu::ParsePod(pod, options_.names, 0));
+  ASSIGN_OR_RETURN(vgpu::PodUnits req, vgpu::ParsePod(pod, options_.names, 0));
   std::pair<placement::PodRequest, std::vector<int>> out;
   out.first.name = absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
   for (const auto& c : req.containers) {
-    placement::ContainerRequest pc;
-    if (c.fractional()) {
-      pc.milli = static_cast<int32_t>(c.cores * placement::kMilliPerVcudaCore);
-      pc.memory_bytes = static_cast<int64_t>(c.memory_units * vgpu::kMemoryUnitBytes);
-    } else {
-      pc.whole_gpus = static_cast<int32_t>(c.whole_gpus());
-    }
-    out.first.containers.push_back(pc);
+    out.first.containers.push_back(vgpu::PlacementRequestOf(c));
     out.second.push_back(c.index);
   }
   return out;
@@ -297,7 +237,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
   st.node.name = name;
   std::string inv = Annotation(node, vgpu::kAnnotationNodeGpus);
   if (!inv.empty()) {
-    auto gpus = ParseNodeGpuAnnotation(inv);
+    auto gpus = vgpu::DecodeNodePool(inv);
     if (!gpus.ok()) {
       // The agent writes this annotation; a malformed one (a bug, or someone with node patch
       // rights) must not take the scheduler down: the node offers no vGPU GPUs until fixed.
@@ -306,9 +246,9 @@ void Extender::UpsertNodeUnguarded(const json& node) {
       RemoveNode(name);
       return;
     }
-    for (const NodeGpu& g : *gpus) {
+    for (const vgpu::PoolGpu& g : *gpus) {
       placement::Gpu gpu;
-      gpu.memory_total_bytes = g.memory_units * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_total_bytes = vgpu::MemoryUnitsToBytes(g.memory_units);
       gpu.memory_free_bytes = gpu.memory_total_bytes;
       gpu.healthy = g.healthy;
       st.uuids.push_back(g.uuid.empty() ? absl::StrCat(name, "-gpu", st.uuids.size()) : g.uuid);
@@ -333,8 +273,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
                                         kMaxNodeGpus * vgpu::kMaxMemoryUnitsPerGpu);
     for (int64_t i = 0; i < gpus; ++i) {
       placement::Gpu gpu;
-      gpu.memory_total_bytes =
-          units / gpus * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_total_bytes = vgpu::MemoryUnitsToBytes(units / gpus);
       gpu.memory_free_bytes = gpu.memory_total_bytes;
       st.uuids.push_back(absl::StrCat(name, "-gpu", i));
       st.node.gpus.push_back(gpu);
@@ -900,9 +839,9 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
         gpus.push_back({{"uuid", uuids[n.name][g]},
                         {"freeCores", n.gpus[g].free_milli / placement::kMilliPerVcudaCore},
                         {"freeMemoryUnits",
-                         n.gpus[g].memory_free_bytes / int64_t(vgpu::kMemoryUnitBytes)},
+                         vgpu::MemoryUnitsOf(n.gpus[g].memory_free_bytes)},
                         {"memoryUnits",
-                         n.gpus[g].memory_total_bytes / int64_t(vgpu::kMemoryUnitBytes)}});
+                         vgpu::MemoryUnitsOf(n.gpus[g].memory_total_bytes)}});
       }
       out[n.name] = gpus;
     }

@@ -8,9 +8,10 @@
 #pragma once
 
 #include <chrono>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "k8s/client.h"
 #include "vgpu/rules/rules.h"
 
@@ -56,9 +57,9 @@ class AdmissionWebhook {
 
   WebhookOptions options_;
   k8s::Client* api_;
-  std::mutex mu_;
-  int64_t cached_units_ = 0;
-  std::chrono::steady_clock::time_point cached_at_{};
+  absl::Mutex mu_;
+  int64_t cached_units_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point cached_at_ ABSL_GUARDED_BY(mu_){};
 };
 
 // Largest per-GPU memory, in units, that a node object offers (gpulet.io/vgpu-gpus annotation,

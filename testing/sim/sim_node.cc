@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include "common/status.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -156,22 +156,9 @@ absl::Status SimNode::Start() {
     vgpu_note_ = false;
   }
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, paths_.agent_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);  // our caller blocks SIGINT/SIGTERM; the agent must not
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  int rc = posix_spawn(&agent_pid_, opt_.agent_binary.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  // Our caller blocks SIGINT/SIGTERM; the agent gets a clean mask (testing/process/spawn.h).
+  agent_pid_ = testing_process::SpawnLogged(args, paths_.agent_log);
+  int rc = agent_pid_ < 0 ? errno : 0;
   if (rc != 0) {
     agent_pid_ = -1;
     return absl::InternalError(absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));

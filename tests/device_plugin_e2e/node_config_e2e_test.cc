@@ -51,7 +51,7 @@ TEST(NodeConfigE2E, LabelSwitchReRegistersWithoutRestart) {
 
   setenv("NODE_NAME", "node-e2e", 1);
   setenv("KUBECONFIG", (dir + "/kubeconfig").c_str(), 1);
-  pid_t pid = testing_vgpu::SpawnLogged(
+  pid_t pid = testing_process::SpawnLogged(
       {bin, "device-plugin", "--simulate", "pcie-t4", "--device-plugin-dir", dir + "/dp",
        "--config-dir", dir + "/configs", "--config-default", "whole",
        "--unhealthy-devices-file", ""},

@@ -18,7 +18,7 @@
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 #include "testing/process/spawn.h"
 
 namespace gpulet {
@@ -72,7 +72,7 @@ class DraAgent : public ::testing::Test {
         "--dra-gpus", "4,5,6,7", "--dra-kubelet-dir", dir_ + "/kubelet", "--dra-cdi-dir",
         dir_ + "/cdi", "--dra-state-dir", dir_ + "/dra", "--cdi-driver-root", dir_ + "/driver",
         "--cdi-hook-path", "", "--health-hold-down", "60s"};
-    agent_ = testing_vgpu::SpawnLogged(argv, dir_ + "/agent.log");
+    agent_ = testing_process::SpawnLogged(argv, dir_ + "/agent.log");
   }
   void StopAgent() {
     if (agent_ <= 0) return;

@@ -20,7 +20,7 @@
 #include "runtime/cdi.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace gpulet::dra {

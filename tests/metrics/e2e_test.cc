@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +29,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "testing/kubelet/emulator.h"
-#include "tests/metrics/expo_util.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -44,29 +44,11 @@ using namespace std::chrono_literals;
 // A child process with its stdout in a file; SIGTERM + wait on destruction.
 class Child {
  public:
-  Child(std::vector<std::string> argv, const std::string& out_path) : out_(out_path) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
+  Child(std::vector<std::string> argv, const std::string& out_path)
+      : pid_(testing_process::SpawnLogged(argv, out_path)), out_(out_path) {}
   ~Child() { Stop(); }
   void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int st;
-    for (int i = 0; i < 100 && waitpid(pid_, &st, WNOHANG) == 0; ++i) {
-      std::this_thread::sleep_for(50ms);
-      if (i == 99) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-      }
-    }
+    testing_process::StopProcess(pid_);
     pid_ = -1;
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }

@@ -21,9 +21,10 @@
 #include "metrics/render.h"
 #include "metrics/sampler.h"
 #include "metrics/server.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
-#include "tests/metrics/pod_server.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/common/fake_clock.h"
+#include "testing/metrics/fake_gpu.h"
+#include "testing/metrics/pod_server.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace gpulet::metrics {
@@ -530,7 +531,7 @@ TEST(Sampler, KubeletGoneKeepsLastAttribution) {
 
 // vGPU accounting files become per-container usage; utilisation is busy_ns growth over wall time.
 TEST(Sampler, ReadsVgpuAccounting) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   std::string root = TempDir();
   FakeGpuLayer g(2);
   std::filesystem::create_directories(root + "/uid-1/main");
@@ -551,7 +552,7 @@ TEST(Sampler, ReadsVgpuAccounting) {
   Sampler sampler(&g, nullptr, nullptr, &source, &clock, {});
   sampler.SampleOnce();
   r->busy_ns += 250'000'000;  // 0.25 s of GPU time in 1 s of wall time
-  clock.now += std::chrono::seconds(1);
+  clock.Advance(std::chrono::seconds(1));
   sampler.SampleOnce();
   std::string t = sampler.snapshot()->text;
   std::string labels = "{namespace=\"ml\",pod=\"frac-pod\",container=\"main\",gpu=\"1\",uuid=\"" +

@@ -20,7 +20,7 @@
 #include "metrics/render.h"
 #include "metrics/sampler.h"
 #include "metrics/server.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::metrics {
 namespace {

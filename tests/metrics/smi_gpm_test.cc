@@ -23,8 +23,9 @@
 #include "metrics/exporter.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/common/fake_clock.h"
+#include "testing/metrics/fake_gpu.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
@@ -57,19 +58,19 @@ TEST(SmiGpm, DcgmProfilingFamilies) {
   std::string text;
   Render(s, RenderOptions{kDcgmFamilies, true}, Format::kText, &text);
   std::string gpu0 = absl::StrCat("{gpu=\"0\",UUID=\"", s.devices[0].device.uuid, "\"");
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE" + gpu0), testing::EndsWith("pod=\"\"} 0.16"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE" + gpu0), testing::EndsWith("} 0.99"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_OCCUPANCY" + gpu0), testing::EndsWith("} 0.09"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + gpu0), testing::EndsWith("} 0.41"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_DRAM_ACTIVE" + gpu0), testing::EndsWith("} 0.71"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_FP32_ACTIVE" + gpu0), testing::EndsWith("} 0.03"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE" + gpu0), ::testing::EndsWith("pod=\"\"} 0.16"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE" + gpu0), ::testing::EndsWith("} 0.99"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_OCCUPANCY" + gpu0), ::testing::EndsWith("} 0.09"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + gpu0), ::testing::EndsWith("} 0.41"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_DRAM_ACTIVE" + gpu0), ::testing::EndsWith("} 0.71"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_FP32_ACTIVE" + gpu0), ::testing::EndsWith("} 0.03"));
   EXPECT_THAT(text, HasSubstr("# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"));
   EXPECT_THAT(text, Not(HasSubstr("DCGM_FI_PROF_PIPE_FP16_ACTIVE")));
   EXPECT_THAT(text, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE{gpu=\"1\"")));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""));
   EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""),
               HasSubstr("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\""));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""), testing::EndsWith("} 0.3"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""), ::testing::EndsWith("} 0.3"));
   auto shapes = testing_metrics::ReadShapes(text);
   EXPECT_EQ(shapes["DCGM_FI_PROF_SM_ACTIVE"].samples, 2);  // GPU 0 + GI 1 of GPU 2
   EXPECT_EQ(shapes["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples, 1);
@@ -160,7 +161,7 @@ std::set<std::string> Families(const std::string& text, const std::string& prefi
 // profiling series on the first cycle, injected load on the next); the nvidia-smi set covers
 // every nvidia_gpu_exporter family the fake's NVML answers.
 TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   Open("dgx-h100");
   SamplerOptions so;
   so.hostname = "node1";
@@ -171,11 +172,11 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
   EXPECT_THAT(t, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE"))) << "one GPM sample gives no rate";
   ASSERT_EQ(Set(3, "gpm_sm_util_pct=42"), 0);
   ASSERT_EQ(Set(3, "gpu_util_pct=97"), 0);
-  clock.now += std::chrono::seconds(10);
+  clock.Advance(std::chrono::seconds(10));
   sampler.SampleOnce();
   t = sampler.snapshot()->text;
-  EXPECT_THAT(Line(t, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\""), testing::EndsWith("} 0.42"));
-  EXPECT_THAT(Line(t, "DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"3\""), testing::EndsWith("} 0.97"));
+  EXPECT_THAT(Line(t, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\""), ::testing::EndsWith("} 0.42"));
+  EXPECT_THAT(Line(t, "DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"3\""), ::testing::EndsWith("} 0.97"));
   EXPECT_EQ(testing_metrics::ReadShapes(t)["DCGM_FI_PROF_SM_ACTIVE"].samples, 8);
   std::set<std::string> ours = Families(t, "nvidia_smi_");
   EXPECT_GE(ours.size(), 100u);
@@ -221,13 +222,13 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
 
 // A T4 node (Turing, no GPM): no DCGM profiling family at all, however many cycles.
 TEST_F(SmiGpmFakeNvml, NoGpmNoProfilingFamilies) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   Open("pcie-t4");
   SamplerOptions so;
   so.render.families = kDcgmFamilies;
   Sampler sampler(layer_.get(), nullptr, nullptr, nullptr, &clock, so);
   for (int i = 0; i < 3; ++i) {
-    clock.now += std::chrono::seconds(10);
+    clock.Advance(std::chrono::seconds(10));
     sampler.SampleOnce();
   }
   std::string t = sampler.snapshot()->text;

@@ -8,7 +8,7 @@
 
 #include "node/install.h"
 #include "node/validate.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::node {
 namespace {

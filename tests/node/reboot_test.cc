@@ -17,7 +17,8 @@
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/cluster/node_sync.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/process/spawn.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::node {
 namespace {
@@ -25,17 +26,7 @@ namespace {
 namespace rt = gpulet::runtime::testing;
 using k8s::json;
 
-pid_t Spawn(const std::vector<std::string>& argv) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
+using testing_process::Spawn;
 
 bool HasTaint(const json& node) {
   if (!node["spec"].contains("taints")) return false;

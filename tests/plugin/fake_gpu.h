@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "testing/common/fake_clock.h"
 #include "gpu/gpu.h"
 
 namespace gpulet::testing {
@@ -79,17 +80,6 @@ class FakeGpuLayer : public gpu::GpuLayer {
   bool nvml_down = false;
   std::map<int, EventCallback> subs_;
   int next_ = 0;
-};
-
-class FakeClock : public Clock {
- public:
-  TimePoint Now() const override { return now_; }
-  int64_t UnixSeconds() const override { return 1700000000; }
-  void SleepFor(Duration d) override { now_ += d; }
-  void Advance(Duration d) { now_ += d; }
-
- private:
-  TimePoint now_{std::chrono::seconds(1000)};
 };
 
 inline std::string Uuid(const char* prefix, int n) {

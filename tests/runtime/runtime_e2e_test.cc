@@ -17,7 +17,7 @@
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::runtime {
 namespace {

@@ -26,7 +26,7 @@
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::runtime {
 namespace {

@@ -256,7 +256,7 @@ TEST(Extender, MalformedNodeAnnotationIsSkipped) {
 }
 
 TEST(Extender, NodeGpuAnnotationErrorsSayWhere) {
-  auto r = ParseNodeGpuAnnotation(R"([{"memoryUnits":1},{"memoryUnits":-3}])");
+  auto r = vgpu::DecodeNodePool(R"([{"memoryUnits":1},{"memoryUnits":-3}])");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("gpulet.io/vgpu-gpus[1].memoryUnits"));
 }

@@ -58,7 +58,7 @@ class SchedulerAbuse : public ::testing::Test {
     ext_ = FreePort();
     hook_ = FreePort();
     health_ = FreePort();
-    pid_ = testing_vgpu::SpawnLogged(
+    pid_ = testing_process::SpawnLogged(
         {std::string(GPULET_BINARY_DIR) + "/bin/gpulet", "scheduler", "--kubeconfig",
          dir_ + "/kubeconfig", "--extender-listen", "127.0.0.1:" + std::to_string(ext_),
          "--webhook-listen", "127.0.0.1:" + std::to_string(hook_), "--health-listen",

@@ -84,7 +84,7 @@ struct SchedulerCert : ::testing::Test {
                                      "127.0.0.1:" + std::to_string(port_), "--tls-renew-check",
                                      "100ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = testing_vgpu::SpawnLogged(argv, dir_ + "/scheduler.log");
+    pid_ = testing_process::SpawnLogged(argv, dir_ + "/scheduler.log");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     std::string pem;
     while (pem.empty() && std::chrono::steady_clock::now() < deadline) {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace {

@@ -2,6 +2,7 @@
 // device plugin runs here, and the other parts start in the hook below once it serves.
 #include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
@@ -48,7 +49,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
-    RealFilesystem fs("/");
+    RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;
@@ -58,10 +59,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
-      if (!cfg.ok()) {
-        std::cerr << "gpulet agent: " << cfg.status().message() << "\n";
-        return 2;
-      }
+      if (!cfg.ok()) return Fail("gpulet agent", cfg.status(), kUsageError);
       client = std::make_unique<k8s::Client>(*cfg);
       flags->api = client.get();
       flags->node_name = node->name;

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "absl/strings/match.h"
 #include "cmd/gpulet/cdi_flags.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "common/fs.h"
@@ -25,10 +26,7 @@ struct CdiFlags {
 };
 
 int Generate(const CdiFlags& f) {
-  auto fail = [](const std::string& m) {
-    std::cerr << "gpulet cdi generate: " << m << "\n";
-    return 1;
-  };
+  auto fail = [](const std::string& m) { return Fail("gpulet cdi generate", m); };
   auto strategy = runtime::ParseNameStrategy(f.strategy);
   if (!strategy.ok()) return fail(std::string(strategy.status().message()));
   auto layer = gpu::OpenGpuLayer(f.gpu);

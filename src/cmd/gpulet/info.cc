@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
@@ -98,15 +99,9 @@ std::function<int()> SetupInfo(CLI::App& sub) {
                "GPU NVML cannot read has only index and error)");
   return [opts, json] {
     auto layer = gpu::OpenGpuLayer(*opts);
-    if (!layer.ok()) {
-      std::cerr << "gpulet info: " << layer.status().message() << "\n";
-      return 1;
-    }
+    if (!layer.ok()) return Fail("gpulet info", layer.status());
     auto inv = (*layer)->GetInventory();
-    if (!inv.ok()) {
-      std::cerr << "gpulet info: " << inv.status().message() << "\n";
-      return 1;
-    }
+    if (!inv.ok()) return Fail("gpulet info", inv.status());
     if (*json)
       std::cout << ToJson(*inv).dump(2) << "\n";
     else

@@ -2,6 +2,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "node/install.h"
@@ -10,10 +11,7 @@ namespace gpulet::cmd {
 namespace {
 
 int Report(const char* what, const absl::StatusOr<node::InstallResult>& r) {
-  if (!r.ok()) {
-    std::cerr << "gpulet " << what << ": " << r.status().message() << "\n";
-    return 1;
-  }
+  if (!r.ok()) return Fail(std::string("gpulet ") + what, r.status());
   for (const auto& a : r->actions) std::cout << a << "\n";
   return 0;
 }

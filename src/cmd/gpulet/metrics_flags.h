@@ -2,7 +2,6 @@
 // `gpulet agent` so they are spelled and defaulted the same everywhere. Header-only wiring.
 #pragma once
 
-#include <signal.h>
 
 #include <chrono>
 #include <string>
@@ -14,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/signals.h"
 #include "labels/labels.h"
 #include "metrics/exporter.h"
 
@@ -122,16 +122,6 @@ inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefi
       ->capture_default_str()->type_name("FILE");
 }
 
-// Blocks SIGINT/SIGTERM/SIGQUIT in this thread and every thread started afterwards (call before
-// any), so the command can sigwait() on the returned set for a clean stop.
-inline sigset_t BlockStopSignals() {
-  sigset_t stop;
-  sigemptyset(&stop);
-  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  return stop;
-}
-
 inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::string& flag,
                                                                    const std::string& v) {
   absl::StatusOr<ParsedDuration> d = ParseDuration("--" + flag, v);
@@ -166,7 +156,7 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
 }
 
 inline absl::StatusOr<labels::LabelOptions> ToLabelOptions(const LabelFlags& f,
-                                                           const Filesystem& fs) {
+                                                           const RootedFilesystem& fs) {
   labels::LabelOptions o;
   o.mig_strategy = f.mig_strategy;
   o.replicas = f.replicas;

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "runtime/engine_config.h"
 
@@ -31,10 +32,7 @@ std::string DefaultShimPath() {
 }
 
 int Configure(const ConfigureFlags& f) {
-  auto fail = [](const std::string& m) {
-    std::cerr << "gpulet runtime configure: " << m << "\n";
-    return 1;
-  };
+  auto fail = [](const std::string& m) { return Fail("gpulet runtime configure", m); };
   auto engine = runtime::ParseEngine(f.engine);
   if (!engine.ok()) return fail(std::string(engine.status().message()));
   runtime::ConfigureOptions o;

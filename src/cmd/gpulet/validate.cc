@@ -2,6 +2,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "k8s/client.h"
@@ -20,10 +21,7 @@ int Run(ValidateFlags& f) {
   std::unique_ptr<k8s::Client> client;
   if (!f.o.node_name.empty()) {
     auto cfg = k8s::ResolveConfig(f.kubeconfig);
-    if (!cfg.ok()) {
-      std::cerr << "gpulet validate: " << cfg.status().message() << "\n";
-      return 1;
-    }
+    if (!cfg.ok()) return Fail("gpulet validate", cfg.status());
     client = std::make_unique<k8s::Client>(*cfg);
     f.o.client = client.get();
   }
@@ -34,9 +32,8 @@ int Run(ValidateFlags& f) {
   if (f.label && client) {
     k8s::json patch = {{"metadata", {{"labels", {{"gpulet.io/gpu-stack", r.ok() ? k8s::json("ready") : k8s::json(nullptr)}}}}}};
     if (auto p = client->PatchNode(f.o.node_name, k8s::PatchType::kMerge, patch); !p.ok()) {
-      std::cerr << "gpulet validate: cannot label node " << f.o.node_name << ": "
-                << p.status().message() << "\n";
-      return 1;
+      return Fail("gpulet validate", "cannot label node " + f.o.node_name + ": " +
+                                         std::string(p.status().message()));
     }
     std::cout << (r.ok() ? "labelled " : "unlabelled ") << f.o.node_name
               << " gpulet.io/gpu-stack=ready\n";

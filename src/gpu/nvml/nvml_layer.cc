@@ -427,8 +427,10 @@ class NvmlGpuLayer : public GpuLayer {
                                                          {NVML_CLOCK_MEM, &t.memory_clock_mhz},
                                                          {NVML_CLOCK_GRAPHICS, &t.graphics_clock_mhz},
                                                          {NVML_CLOCK_VIDEO, &t.video_clock_mhz}};
+    // Loop bindings reach the lambdas as init-captures: clang 14 (make lint, the thread-safety
+    // preset) cannot capture structured bindings.
     for (auto [type, field] : clocks) {
-      get("nvmlDeviceGetClockInfo", l.clock, [&](auto fn) {
+      get("nvmlDeviceGetClockInfo", l.clock, [&, type = type, field = field](auto fn) {
         unsigned v = 0;
         nvmlReturn_t r = fn(d, type, &v);
         if (r == NVML_SUCCESS) *field = v;
@@ -450,7 +452,7 @@ class NvmlGpuLayer : public GpuLayer {
       return r;
     });
     for (auto [fn, field] : {std::pair{l.encoder, &t.encoder_util_pct}, {l.decoder, &t.decoder_util_pct}}) {
-      get("nvmlDeviceGetEncoder/DecoderUtilization", fn, [&](auto f) {
+      get("nvmlDeviceGetEncoder/DecoderUtilization", fn, [&, field = field](auto f) {
         unsigned v = 0, period = 0;
         nvmlReturn_t r = f(d, &v, &period);
         if (r == NVML_SUCCESS) *field = v;
@@ -479,7 +481,7 @@ class NvmlGpuLayer : public GpuLayer {
         {NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, &t.ecc_sbe_aggregate},
         {NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, &t.ecc_dbe_aggregate}};
     for (auto [type, counter, field] : eccs) {
-      get("nvmlDeviceGetTotalEccErrors", l.ecc, [&](auto fn) {
+      get("nvmlDeviceGetTotalEccErrors", l.ecc, [&, type = type, counter = counter, field = field](auto fn) {
         unsigned long long v = 0;
         nvmlReturn_t r = fn(d, type, counter, &v);
         if (r == NVML_SUCCESS) *field = v;
@@ -494,7 +496,7 @@ class NvmlGpuLayer : public GpuLayer {
     });
     get("nvmlDeviceGetPcieReplayCounter", l.pcie_replay, uint_into(t.pcie_replay_count));
     for (auto [counter, field] : {std::pair{NVML_PCIE_UTIL_TX_BYTES, &t.pcie_tx_kbps}, {NVML_PCIE_UTIL_RX_BYTES, &t.pcie_rx_kbps}}) {
-      get("nvmlDeviceGetPcieThroughput", l.pcie_throughput, [&](auto fn) {
+      get("nvmlDeviceGetPcieThroughput", l.pcie_throughput, [&, counter = counter, field = field](auto fn) {
         unsigned v = 0;
         nvmlReturn_t r = fn(d, counter, &v);
         if (r == NVML_SUCCESS) *field = v;
@@ -584,7 +586,7 @@ class NvmlGpuLayer : public GpuLayer {
     get("nvmlDeviceGetCurrPcieLinkGeneration", l.pcie_gen, u32(t.pcie_link_gen_current));
     get("nvmlDeviceGetCurrPcieLinkWidth", l.pcie_width, u32(t.pcie_link_width_current));
     for (auto [fn, field] : {std::pair{l.jpeg, &t.jpeg_util_pct}, {l.ofa, &t.ofa_util_pct}}) {
-      get("nvmlDeviceGetJpg/OfaUtilization", fn, [&](auto f) {
+      get("nvmlDeviceGetJpg/OfaUtilization", fn, [&, field = field](auto f) {
         unsigned v = 0, period = 0;
         nvmlReturn_t r = f(d, &v, &period);
         if (r == NVML_SUCCESS) *field = v;
@@ -604,7 +606,7 @@ class NvmlGpuLayer : public GpuLayer {
       for (int counter = 0; counter < 2; ++counter) {
         for (auto [loc, field] : {std::pair{NVML_MEMORY_LOCATION_DRAM, &t.ecc_dram[type][counter]},
                                   {NVML_MEMORY_LOCATION_SRAM, &t.ecc_sram[type][counter]}}) {
-          get("nvmlDeviceGetMemoryErrorCounter", l.memory_errors, [&](auto fn) {
+          get("nvmlDeviceGetMemoryErrorCounter", l.memory_errors, [&, loc = loc, field = field](auto fn) {
             unsigned long long v = 0;
             nvmlReturn_t r = fn(d, type, counter, loc, &v);
             if (r == NVML_SUCCESS) *field = v;
@@ -1099,7 +1101,7 @@ class NvmlGpuLayer : public GpuLayer {
   }
 
   std::shared_ptr<NvmlLib> lib_;
-  RealFilesystem fs_;
+  RootedFilesystem fs_;
   std::string owned_dir_;
   std::shared_ptr<Subscribers> subscribers_;
 

@@ -15,31 +15,25 @@
 
 #include "vgpu/interposer/accounting.h"
 #include "abi/cuda_abi.h"
+#include "vgpu/interposer/hooks.h"
 
 namespace gpulet::vcuda {
 
 // Real entry points. Required ones are marked; the rest may be null (e.g. an old driver).
 struct RealDriver {
-#define GPULET_REAL_CUDA(X)                                                                   \
-  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) \
-  X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)        \
-  X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemCreate) X(cuMemRelease)    \
-  X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2)                \
-  X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuMemFree)          \
-  X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemGetInfo) X(cuMemGetInfo_v2)  \
-  X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) \
-  X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)             \
-  X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuLaunchKernel)              \
-  X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                         \
-  X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)             \
-  X(cuGraphLaunch_ptsz) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuCtxGetDevice)              \
-  X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)                   \
-  X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)
-#define GPULET_REAL_NVML(X) \
-  X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUUID) \
+// The hooks' own entry points (hooks.h), then the ones the core calls itself.
+#define GPULET_REAL_CUDA(X)                                                                 \
+  GPULET_VCUDA_CUDA_HOOKS(X)                                                                \
+  X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuEventCreate) \
+  X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventQuery)                 \
+  X(cuEventSynchronize) X(cuEventElapsedTime)
+#define GPULET_REAL_NVML(X)                                                  \
+  GPULET_VCUDA_NVML_HOOKS(X) X(nvmlDeviceGetUUID)                            \
   X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
   X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
   X(nvmlDeviceGetProcessUtilization)
+// A declarator, which parentheses would break.
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)

@@ -431,22 +431,10 @@ struct Hook {
   void* vcuda::RealDriver::*real;
   void* hook;
 };
-#define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)}
-const Hook kHooks[] = {
-    H(cuGetProcAddress), H(cuGetProcAddress_v2), H(cuMemAlloc), H(cuMemAlloc_v2),
-    H(cuMemAllocPitch), H(cuMemAllocPitch_v2), H(cuMemAllocManaged), H(cuMemAllocAsync),
-    H(cuMemAllocAsync_ptsz), H(cuMemAllocFromPoolAsync), H(cuMemAllocFromPoolAsync_ptsz),
-    H(cuMemCreate), H(cuMemRelease), H(cuArrayCreate), H(cuArrayCreate_v2), H(cuArray3DCreate),
-    H(cuArray3DCreate_v2), H(cuMipmappedArrayCreate), H(cuArrayDestroy),
-    H(cuMipmappedArrayDestroy), H(cuMemFree), H(cuMemFree_v2), H(cuMemFreeAsync),
-    H(cuMemFreeAsync_ptsz), H(cuMemGetInfo), H(cuMemGetInfo_v2), H(cuDeviceTotalMem),
-    H(cuDeviceTotalMem_v2), H(cuCtxCreate), H(cuCtxCreate_v2), H(cuCtxCreate_v3),
-    H(cuCtxCreate_v4), H(cuCtxDestroy), H(cuCtxDestroy_v2), H(cuDevicePrimaryCtxRetain),
-    H(cuDevicePrimaryCtxRelease), H(cuDevicePrimaryCtxRelease_v2), H(cuLaunchKernel),
-    H(cuLaunchKernel_ptsz), H(cuLaunchKernelEx), H(cuLaunchKernelEx_ptsz),
-    H(cuLaunchCooperativeKernel), H(cuLaunchCooperativeKernel_ptsz), H(cuGraphLaunch),
-    H(cuGraphLaunch_ptsz), H(nvmlDeviceGetMemoryInfo), H(nvmlDeviceGetMemoryInfo_v2),
-};
+// `n` is a name (a member and a function), which parentheses would break.
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
+#define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)},
+const Hook kHooks[] = {GPULET_VCUDA_HOOKS(H)};
 #undef H
 
 // The driver resolved (symbol, version, flags) to one of its entry points; hand back ours if we

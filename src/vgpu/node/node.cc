@@ -217,9 +217,8 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     PoolGpu p;
     p.uuid = d.uuid;
     p.index = d.index;
-    p.memory_units = nominal_memory
-                         ? static_cast<int64_t>((d.memory_bytes + (1ull << 30) - 1) >> 30) * 4
-                         : MemoryUnitsOf(d.memory_bytes);
+    p.memory_units =
+        nominal_memory ? NominalMemoryUnitsOf(d.memory_bytes) : MemoryUnitsOf(d.memory_bytes);
     out.push_back(p);
   };
   if (selection.empty()) return out;
@@ -259,7 +258,7 @@ absl::Status NodeAssigner::Load() {
   std::string path = options_.state_dir + "/assignments.json";
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
+    if (absl::IsNotFound(text.status()) || !PathExists(path)) return absl::OkStatus();
     return text.status();
   }
   json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
@@ -284,7 +283,7 @@ absl::Status NodeAssigner::Load() {
 absl::Status NodeAssigner::SaveLocked() {
   json list = json::array();
   for (const auto& g : grants_) list.push_back(GrantToJson(g));
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(options_.state_dir));
+  RETURN_IF_ERROR(MakeDirs(options_.state_dir));
   return WriteFileAtomic(options_.state_dir + "/assignments.json",
                          json{{"version", 1}, {"grants", list}}.dump(1), 0600);
 }
@@ -365,7 +364,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
   // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
   {
-    ContainerRequest asked;
+    ContainerUnits asked;
     asked.cores = cores;
     asked.memory_units = memory_units;
     int64_t max_units = 0;
@@ -410,7 +409,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   std::map<std::string, int> index_of;
   for (const auto& p : pool_) {
     placement::Gpu g;
-    g.memory_total_bytes = g.memory_free_bytes = p.memory_units * int64_t(kMemoryUnitBytes);
+    g.memory_total_bytes = g.memory_free_bytes = MemoryUnitsToBytes(p.memory_units);
     g.healthy = p.healthy;
     index_of[p.uuid] = static_cast<int>(node.gpus.size());
     node.gpus.push_back(g);
@@ -423,18 +422,15 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       bool whole = g.cores >= kCoresPerGpu;
       gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
       gpu.memory_free_bytes -=
-          whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+          whole ? gpu.memory_total_bytes : MemoryUnitsToBytes(g.memory_units);
     }
   }
   placement::PodRequest pr;
   pr.name = c.ns + "/" + c.pod;
-  placement::ContainerRequest cr;
-  if (cores < kCoresPerGpu) {
-    cr.milli = static_cast<int32_t>(cores * placement::kMilliPerVcudaCore);
-    cr.memory_bytes = memory_units * int64_t(kMemoryUnitBytes);
-  } else {
-    cr.whole_gpus = static_cast<int32_t>(cores / kCoresPerGpu);
-  }
+  ContainerUnits asked;
+  asked.cores = cores;
+  asked.memory_units = memory_units;
+  const placement::ContainerRequest cr = PlacementRequestOf(asked);
   pr.containers.push_back(cr);
   std::vector<std::string> gpus;
   if (!c.annotated_gpus.empty()) {
@@ -495,10 +491,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     // reaches the file either way.
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
     g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    RETURN_IF_ERROR(MakeDirs(g.accounting_dir, 0700));
     ::chmod(pod_dir.c_str(), 0700);
     std::string file = g.accounting_dir + "/accounting";
-    if (!RealFilesystem().Exists(file)) {
+    if (!PathExists(file)) {
       auto [uid, gid] = RunAs(c.pod_json, c.index);
       mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
       // A zero-filled file is a valid empty region (vgpu/interposer/accounting.h).
@@ -536,7 +532,7 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
     auto req = ParsePod(*pod, options_.names, 0);
     bool all =
         req.ok() &&
-        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerRequest& c) {
+        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerUnits& c) {
           return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
             return x.pod_uid == g.pod_uid && x.container_index == c.index;
           });
@@ -604,7 +600,7 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
     (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
         absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
-  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(MemoryUnitsToBytes(g.memory_units));
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
   env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
   env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
@@ -682,13 +678,9 @@ absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
 
 absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::string&)>& healthy) {
   if (!api_) return absl::FailedPreconditionError("no API client");
-  json list = json::array();
-  for (const auto& g : pool_)
-    list.push_back({{"uuid", g.uuid},
-                    {"index", g.index},
-                    {"memoryUnits", g.memory_units},
-                    {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
-  std::string text = list.dump();
+  std::vector<PoolGpu> now = pool_;
+  for (auto& g : now) g.healthy = g.healthy && (!healthy || healthy(g.uuid));
+  std::string text = EncodeNodePool(now);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (text == published_) return absl::OkStatus();

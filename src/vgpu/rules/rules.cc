@@ -40,7 +40,23 @@ std::string NameOf(const json& c, std::string fallback) {
 
 }  // namespace
 
-int64_t MemoryUnitsOf(uint64_t bytes) { return static_cast<int64_t>(bytes / kMemoryUnitBytes); }
+int64_t MemoryUnitsOf(int64_t bytes) { return bytes / static_cast<int64_t>(kMemoryUnitBytes); }
+
+placement::ContainerRequest PlacementRequestOf(const ContainerUnits& c) {
+  placement::ContainerRequest pc;
+  if (c.cores >= kCoresPerGpu) {
+    pc.whole_gpus = static_cast<int32_t>(c.whole_gpus());
+  } else if (c.cores > 0) {
+    pc.milli = static_cast<int32_t>(c.cores * placement::kMilliPerVcudaCore);
+    pc.memory_bytes = MemoryUnitsToBytes(c.memory_units);
+  }
+  return pc;
+}
+
+int64_t NominalMemoryUnitsOf(int64_t bytes) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  return MemoryUnitsOf((bytes + kGiB - 1) / kGiB * kGiB);
+}
 
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
   int64_t value = 0;
@@ -64,7 +80,7 @@ absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
       absl::StrCat("\"", std::string(q), "\" is not an integer quantity (vGPU resources are whole units)"));
 }
 
-absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_gpu,
+absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gpu,
                                const ResourceNames& names) {
   std::string where = absl::StrCat("container \"", c.name, "\"");
   const std::string allowed = absl::StrCat(
@@ -104,9 +120,9 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
     }
     if (max_units_per_gpu > 0 && c.memory_units > max_units_per_gpu) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": ", names.memory, " ", c.memory_units, " (", c.memory_units * 256,
+          where, ": ", names.memory, " ", c.memory_units, " (", MemoryUnitsToBytes(c.memory_units) >> 20,
           " MiB) is larger than one GPU (", max_units_per_gpu, " units = ",
-          max_units_per_gpu * 256, " MiB); a share must fit on one GPU"));
+          MemoryUnitsToBytes(max_units_per_gpu) >> 20, " MiB); a share must fit on one GPU"));
     }
   } else if (max_units_per_gpu > 0 && c.memory_units > c.whole_gpus() * max_units_per_gpu) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,9 +132,9 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
   return absl::OkStatus();
 }
 
-absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
+absl::StatusOr<PodUnits> ParsePod(const json& pod, const ResourceNames& names,
                                     int64_t max_units_per_gpu) {
-  PodRequest out;
+  PodUnits out;
   auto spec = pod.find("spec");
   if (spec == pod.end() || !spec->is_object()) {
     return absl::InvalidArgumentError("pod has no spec");
@@ -144,7 +160,7 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
   if (containers == spec->end() || !containers->is_array()) return out;
   for (size_t i = 0; i < containers->size(); ++i) {
     const json& c = (*containers)[i];
-    ContainerRequest req;
+    ContainerUnits req;
     req.index = static_cast<int>(i);
     req.name = NameOf(c, absl::StrCat("#", i));
     std::string where = absl::StrCat("container \"", req.name, "\"");

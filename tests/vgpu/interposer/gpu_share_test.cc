@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 
 namespace gpulet {
 namespace {

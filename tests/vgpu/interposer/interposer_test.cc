@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
 #include "vgpu/interposer/core.h"
 

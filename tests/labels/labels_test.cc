@@ -6,8 +6,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "labels/labels.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::labels {
 namespace {
@@ -125,7 +125,7 @@ TEST(Labels, RejectsBadOptions) {
 TEST(Labels, WritesFeatureFileAtomically) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-labels-XXXXXX").string();
   std::string dir = mkdtemp(tmpl.data());
-  RealFilesystem fs("/");
+  RootedFilesystem fs("/");
   std::string path = dir + "/features.d/gpulet";
   ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "8"},
                                           {"nvidia.com/gpu.present", "true"}}).ok());
