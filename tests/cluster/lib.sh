@@ -48,7 +48,10 @@ wait_until() {
 restart_plugin() { "$cluster" plugin "$build" "$@" >/dev/null; }
 
 # pod NAME RESOURCE COUNT: a hostNetwork busybox pod asking for COUNT of RESOURCE.
-pod() {
+pod() { pod_limits "$1" "$2: $3"; }
+
+# pod_limits NAME LIMITS: the same pod with the limits map's entries given as text ("a: 1, b: 2").
+pod_limits() {
   cat <<YAML
 apiVersion: v1
 kind: Pod
@@ -64,7 +67,7 @@ spec:
     imagePullPolicy: Never
     command: [sleep, "3600"]
     resources:
-      limits: {$2: $3}
+      limits: {$2}
 YAML
 }
 phase() { kc get pod "$1" -o 'jsonpath={.status.phase}' 2>/dev/null; }

@@ -18,25 +18,7 @@ ca_published() {
 wait_until 60 ca_published
 check "gpulet scheduler published its CA in the webhook configuration and the TLS Secret" ca_published
 
-vpod() {  # vpod NAME CORES MEMORY_UNITS
-  cat <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 0
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: gpulet.test/busybox:1
-    imagePullPolicy: Never
-    command: [sleep, "3600"]
-    resources:
-      limits: {tencent.com/vcuda-core: $2, tencent.com/vcuda-memory: $3}
-YAML
-}
+vpod() { pod_limits "$1" "tencent.com/vcuda-core: $2, tencent.com/vcuda-memory: $3"; }  # vpod NAME CORES MEMORY_UNITS
 
 # A share above one GPU that is not whole GPUs: refused by the webhook through the real API server.
 out=$(vpod vgpu-bad 150 20 | kc apply -f - 2>&1); rc=$?
