@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/fs.h"
 #include "common/status.h"
 
@@ -266,6 +267,19 @@ absl::Status MpsDaemon::Launch() {
   if (r.status != 0)
     return absl::UnavailableError(absl::StrCat(bin, " -d for ", share_.resource, " failed (exit ",
                                                r.status, ")"));
+  // `-d` may return before the daemon listens (the real one forks first): limits sent too early
+  // are refused with "Cannot find MPS control daemon process", so wait for its first answer.
+  const absl::Time deadline = absl::Now() + options_.command_timeout;
+  for (;;) {
+    absl::Status up = Command("get_default_active_thread_percentage").status();
+    if (up.ok()) break;
+    if (absl::Now() >= deadline)
+      return absl::UnavailableError(absl::StrCat(bin, " -d for ", share_.resource,
+                                                 ": the daemon did not answer within ",
+                                                 absl::FormatDuration(options_.command_timeout),
+                                                 ": ", up.message()));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   return SetLimits();
 }
 
