@@ -73,8 +73,10 @@ constexpr int kGpus = 8, kContainers = 128;
 std::vector<testing_metrics::FakeContainer> Containers(const std::vector<std::string>& uuids) {
   std::vector<testing_metrics::FakeContainer> out;
   for (int i = 0; i < kContainers; ++i) {
-    out.push_back({absl::StrCat("team-", i % 7), absl::StrCat("job-", i, "-7f9c4d-abcde"),
-                   "worker", "nvidia.com/gpu",
+    out.push_back({absl::StrCat("team-", i % 7),
+                   absl::StrCat("job-", i, "-7f9c4d-abcde"),
+                   "worker",
+                   "nvidia.com/gpu",
                    {absl::StrCat(uuids[i % uuids.size()], "::", i / uuids.size())}});
   }
   return out;
@@ -215,9 +217,18 @@ void BM_ScrapeProcess(benchmark::State& state) {
   pods.Start();
 
   std::string log = dir + "/exporter.log";
-  std::vector<std::string> argv = {bin, "exporter", "--simulate", "dgx-h100", "--address",
-                                   "127.0.0.1:0", "--pod-resources-socket", dir + "/kubelet.sock",
-                                   "--vgpu-accounting-dir", "", "--interval", "1s"};
+  std::vector<std::string> argv = {bin,
+                                   "exporter",
+                                   "--simulate",
+                                   "dgx-h100",
+                                   "--address",
+                                   "127.0.0.1:0",
+                                   "--pod-resources-socket",
+                                   dir + "/kubelet.sock",
+                                   "--vgpu-accounting-dir",
+                                   "",
+                                   "--interval",
+                                   "1s"};
   // Its output (the port it listens on) to the log.
   pid_t pid = testing_process::SpawnLogged(argv, log);
   int port = 0;
@@ -248,8 +259,7 @@ void BM_ScrapeProcess(benchmark::State& state) {
       const bool gzipped = c.body().starts_with("\x1f\x8b");  // the gzip magic
       std::string text = gzipped ? testing_metrics::Gunzip(c.body()) : std::string(c.body());
       full = text.find("job-127-") != std::string::npos &&
-             text.find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string::npos &&
-             (!gzip || gzipped);
+             text.find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string::npos && (!gzip || gzipped);
       if (!full) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!full) {
@@ -325,7 +335,8 @@ void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer, bool gzip = fals
   std::vector<std::string> uuids;
   gpu::Inventory inv = *layer->GetInventory();
   for (const auto& d : inv.devices) uuids.push_back(d.uuid);
-  for (const auto& c : Containers(uuids)) devs.push_back({c.ns, c.pod, c.container, c.resource, c.ids[0]});
+  for (const auto& c : Containers(uuids))
+    devs.push_back({c.ns, c.pod, c.container, c.resource, c.ids[0]});
   kubelet::PodResourcesCache cache(std::make_unique<FixedLister>(devs), std::chrono::hours(1));
   cache.RefreshNow();
   SamplerOptions so;

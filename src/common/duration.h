@@ -14,8 +14,8 @@
 namespace gpulet {
 
 struct DurationRules {
-  bool allow_zero = false;                   // "0s" (and "0") accepted
-  std::optional<absl::Duration> bare_unit;   // unit of a bare number; unset: bare numbers refused
+  bool allow_zero = false;                    // "0s" (and "0") accepted
+  std::optional<absl::Duration> bare_unit;    // unit of a bare number; unset: bare numbers refused
   absl::Duration min = absl::ZeroDuration();  // inclusive bounds (min only above zero)
   absl::Duration max = absl::InfiniteDuration();
 };

@@ -131,7 +131,8 @@ absl::StatusOr<std::vector<std::string>> RootedFilesystem::ListDir(const std::st
 absl::Status RootedFilesystem::MakeDirs(const std::string& path, mode_t mode) const {
   std::error_code ec;
   std::filesystem::create_directories(Resolve(path), ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", Resolve(path), ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", Resolve(path), ": ", ec.message()));
   ::chmod(Resolve(path).c_str(), mode);
   return absl::OkStatus();
 }

@@ -97,8 +97,8 @@ std::string CertPem(X509* cert) {
 
 int NoPassphrase(char*, int, int, void*) { return -1; }
 
-absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
-                                              int valid_days, const std::string& usage) {
+absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names, int valid_days,
+                                              const std::string& usage) {
   if (names.empty()) return absl::InvalidArgumentError("certificate needs at least one name");
   PKey ca_key(EVP_EC_gen("P-256"));
   PKey key(EVP_EC_gen("P-256"));
@@ -112,11 +112,11 @@ absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& na
   // The CA only signs this one leaf (pathlen 0) and its key is dropped right after; the leaf may
   // not sign anything (CA:FALSE), so a stolen serving key cannot mint certificates the API server
   // would trust.
-  ASSIGN_OR_RETURN(Cert ca, Issue(ca_key.get(), "gpulet self-issued CA", nullptr, nullptr,
-                                  valid_days + 1,
-                                  {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
-                                   {NID_key_usage, "critical,keyCertSign,cRLSign"},
-                                   {NID_subject_key_identifier, "hash"}}));
+  ASSIGN_OR_RETURN(Cert ca,
+                   Issue(ca_key.get(), "gpulet self-issued CA", nullptr, nullptr, valid_days + 1,
+                         {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+                          {NID_key_usage, "critical,keyCertSign,cRLSign"},
+                          {NID_subject_key_identifier, "hash"}}));
   auto leaf = Issue(key.get(), names[0], ca.get(), ca_key.get(), valid_days,
                     {{NID_subject_alt_name, san},
                      {NID_basic_constraints, "critical,CA:FALSE"},
@@ -215,7 +215,9 @@ int CertReloader::OnHandshake(ssl_st* ssl, void* arg) {
              : 0;
 }
 
-void CertReloader::Install(ssl_ctx_st* ctx) { SSL_CTX_set_cert_cb(ctx, &CertReloader::OnHandshake, this); }
+void CertReloader::Install(ssl_ctx_st* ctx) {
+  SSL_CTX_set_cert_cb(ctx, &CertReloader::OnHandshake, this);
+}
 
 std::string CertReloader::cert_pem() const {
   absl::MutexLock lock(&mu_);

@@ -40,8 +40,8 @@ int NoPassphrase(char* buf, int size, int rwflag, void* userdata);
 bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within);
 
 // A serving certificate read from PEM files and read again when they change (cert-manager renewing
-// its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX as
-// the certificate callback: every new TLS handshake takes the current pair, connections already
+// its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX
+// as the certificate callback: every new TLS handshake takes the current pair, connections already
 // established keep the one they negotiated, so a rotation drops no request. Files are checked at
 // most once per `check_interval`, on a handshake; new files that do not parse or whose key does not
 // match the certificate are refused (the old pair keeps serving; last_error() says why) and tried

@@ -14,8 +14,8 @@ namespace gpulet::kubelet {
 absl::StatusOr<std::vector<PodDevice>> GrpcPodResourcesLister::List() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);  // thousands of pods fit; the kubelet's own cap is 16M
-  auto channel =
-      grpc::CreateCustomChannel("unix://" + options_.socket, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel("unix://" + options_.socket,
+                                           grpc::InsecureChannelCredentials(), args);
   auto stub = v1::PodResourcesLister::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);

@@ -17,18 +17,29 @@ constexpr char P[] = "nvidia.com/";
 // gpu-feature-discovery's architecture family by compute capability.
 std::string Family(int major, int minor) {
   switch (major) {
-    case 1: return "tesla";
-    case 2: return "fermi";
-    case 3: return "kepler";
-    case 5: return "maxwell";
-    case 6: return "pascal";
-    case 7: return minor < 5 ? "volta" : "turing";
-    case 8: return minor < 9 ? "ampere" : "ada-lovelace";
-    case 9: return "hopper";
+    case 1:
+      return "tesla";
+    case 2:
+      return "fermi";
+    case 3:
+      return "kepler";
+    case 5:
+      return "maxwell";
+    case 6:
+      return "pascal";
+    case 7:
+      return minor < 5 ? "volta" : "turing";
+    case 8:
+      return minor < 9 ? "ampere" : "ada-lovelace";
+    case 9:
+      return "hopper";
     case 10:
-    case 12: return "blackwell";
-    case 13: return "rubin";
-    default: return "undefined";
+    case 12:
+      return "blackwell";
+    case 13:
+      return "rubin";
+    default:
+      return "undefined";
   }
 }
 
@@ -62,20 +73,20 @@ std::string SanitizeLabelValue(const std::string& s) {
 
 absl::Status ValidateOptions(const LabelOptions& o) {
   if (o.mig_strategy != "none" && o.mig_strategy != "single" && o.mig_strategy != "mixed") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mig-strategy '", o.mig_strategy, "': expected none, single or mixed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mig-strategy '", o.mig_strategy, "': expected none, single or mixed"));
   }
   if (o.sharing_strategy != "none" && o.sharing_strategy != "time-slicing" &&
       o.sharing_strategy != "mps") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--sharing-strategy '", o.sharing_strategy, "': expected none, time-slicing or mps"));
+    return absl::InvalidArgumentError(absl::StrCat("--sharing-strategy '", o.sharing_strategy,
+                                                   "': expected none, time-slicing or mps"));
   }
   if (o.replicas < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--replicas ", o.replicas, ": must be >= 0"));
   }
   if (o.replicas > 1 && o.sharing_strategy == "none") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--replicas ", o.replicas, " needs --sharing-strategy time-slicing or mps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas ", o.replicas, " needs --sharing-strategy time-slicing or mps"));
   }
   return absl::OkStatus();
 }
@@ -195,7 +206,8 @@ std::string FormatFeatureFile(const Labels& labels) {
   return out;
 }
 
-absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path, const Labels& labels) {
+absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path,
+                              const Labels& labels) {
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     absl::Status st = fs.MakeDirs(path.substr(0, slash));

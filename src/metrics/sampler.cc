@@ -45,7 +45,8 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
     }
     for (const std::string& c : *containers) {
       std::string path = absl::StrCat(pod_dir, "/", c, "/accounting");
-      // Never mapped: the file is the container's to truncate (see vgpu/interposer/accounting_read.h).
+      // Never mapped: the file is the container's to truncate (see
+      // vgpu/interposer/accounting_read.h).
       bool cut = false;
       absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
       if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);

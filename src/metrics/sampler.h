@@ -23,8 +23,9 @@
 
 namespace gpulet::metrics {
 
-// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An interface so
-// the exporter does not depend on the accounting's storage; `gpu_uuid` names the physical GPU.
+// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An
+// interface so the exporter does not depend on the accounting's storage; `gpu_uuid` names the
+// physical GPU.
 struct VgpuContainerUsage {
   std::string namespace_, pod, container, gpu_uuid;
   uint64_t memory_used_bytes = 0, memory_limit_bytes = 0;

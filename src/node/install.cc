@@ -45,7 +45,8 @@ absl::StatusOr<bool> CopyIfChanged(const std::string& from, const std::string& t
   return true;
 }
 
-// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees them.
+// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees
+// them.
 void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
   if (host_root == "/" || host_root.empty()) return;
   auto strip = [&](std::string& p) {
@@ -58,14 +59,17 @@ void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
   for (auto& m : e.mounts) strip(m.host_path);
 }
 
-absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) { return runtime::ParseEngine(name); }
+absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) {
+  return runtime::ParseEngine(name);
+}
 
 std::string EngineUnit(const std::string& engine) { return engine == "docker" ? "docker" : engine; }
 
 absl::Status Restart(const std::string& command, const std::string& host_root,
                      const std::string& engine, std::vector<std::string>* actions) {
   if (command == "none") {
-    actions->push_back("engine configuration changed; not restarting " + engine + " (--restart none)");
+    actions->push_back("engine configuration changed; not restarting " + engine +
+                       " (--restart none)");
     return absl::OkStatus();
   }
   std::string cmd = command;
@@ -75,8 +79,8 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
   }
   int rc = std::system(cmd.c_str());
   if (rc != 0)
-    return absl::UnavailableError(absl::StrCat("restarting ", engine, " with `", cmd,
-                                               "` failed (status ", rc, ")"));
+    return absl::UnavailableError(
+        absl::StrCat("restarting ", engine, " with `", cmd, "` failed (status ", rc, ")"));
   actions->push_back("restarted " + engine + ": " + cmd);
   return absl::OkStatus();
 }
@@ -213,7 +217,8 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   };
   for (const auto& p : pieces)
     if (p.required && !IsFile(p.from))
-      return absl::NotFoundError(absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
+      return absl::NotFoundError(
+          absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
   for (const auto& p : pieces) {
     if (!IsFile(p.from)) {
       r.actions.push_back(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
@@ -261,10 +266,11 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   RETURN_IF_ERROR(runtime::ApplyChanges(changes));
   for (const auto& c : changes) {
     r.engine_config_changed |= c.changed();
-    r.actions.push_back(absl::StrCat(c.changed() ? "configured " : "unchanged ",
-                                     c.path.substr(co.root.size())));
+    r.actions.push_back(
+        absl::StrCat(c.changed() ? "configured " : "unchanged ", c.path.substr(co.root.size())));
   }
-  if (r.engine_config_changed) RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
+  if (r.engine_config_changed)
+    RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
   return r;
 }
 
@@ -284,15 +290,19 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   r.engine = record.value("engine", "");
   // Host paths through UnderRoot (the host's own symlinks, e.g. /var/run -> /run, followed inside
   // host_root): a plain host_root + path could name a dangling link and remove nothing.
-  auto remove = [&](const std::string& path) { return RootedFilesystem().Remove(UnderRoot(host_root, path)); };
+  auto remove = [&](const std::string& path) {
+    return RootedFilesystem().Remove(UnderRoot(host_root, path));
+  };
   // Engine configuration first, so the engine never points at a shim that is already gone.
   for (const auto& c : record["configs"]) {
     std::string path = c.value("path", "");
     if (c.value("existed", false)) {
-      ASSIGN_OR_RETURN(std::string before, ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
+      ASSIGN_OR_RETURN(std::string before,
+                       ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
       // The file keeps its mode (install kept it too): a 0600 config may hold credentials.
       struct stat st;
-      mode_t mode = ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
+      mode_t mode =
+          ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, mode));
       r.actions.push_back("restored " + path);
     } else {

@@ -1,11 +1,11 @@
 // Reboot self-healing for a GPU node (what the GPU Operator lacks). After every boot -- detected by
 // the node's boot ID (status.nodeInfo.bootID, as the kubelet reports it) differing from the boot ID
-// gpulet last validated -- the node carries a NoSchedule taint so new GPU pods stay off it until the
-// whole stack validates (driver, runtime, device plugin). Then, in this order: the node is labelled
-// gpulet.io/gpu-stack=ready and annotated with the validated boot ID, the taint is removed, and pods
-// the kubelet rejected meanwhile (UnexpectedAdmissionError for GPU resources) are dealt with once:
-// controller-owned ones are deleted so their controllers recreate them, bare ones are reported
-// (a Warning event and a counter) and left alone.
+// gpulet last validated -- the node carries a NoSchedule taint so new GPU pods stay off it until
+// the whole stack validates (driver, runtime, device plugin). Then, in this order: the node is
+// labelled gpulet.io/gpu-stack=ready and annotated with the validated boot ID, the taint is
+// removed, and pods the kubelet rejected meanwhile (UnexpectedAdmissionError for GPU resources) are
+// dealt with once: controller-owned ones are deleted so their controllers recreate them, bare ones
+// are reported (a Warning event and a counter) and left alone.
 //
 // Thread-safety: ReconcileOnce() must not run concurrently with itself; Start() runs it on a thread
 // owned by the controller; counters may be read from any thread.

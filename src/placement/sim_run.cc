@@ -29,7 +29,8 @@ absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& f) {
   SimulationReport report;
   for (absl::string_view name : absl::StrSplit(f.policies, ',', absl::SkipEmpty())) {
     auto p = MakePolicy(std::string_view(name.data(), name.size()), {.seed = f.seed});
-    if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--policy: ", p.status().message()));
+    if (!p.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--policy: ", p.status().message()));
     (*p)->SetWorkload(workload);
     report.policies.emplace_back((*p)->name());
     policies.push_back(std::move(*p));
@@ -45,8 +46,10 @@ absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& f) {
   for (int t = 0; t < std::min<int>(jobs, static_cast<int>(nruns)); ++t) {
     threads.emplace_back([&] {
       for (size_t i; (i = next++) < nruns;) {
-        SimOptions o{.arrivals = f.arrivals, .seed = f.seed + i % f.seeds,
-                     .random_ties = f.random_ties, .offline = f.offline};
+        SimOptions o{.arrivals = f.arrivals,
+                     .seed = f.seed + i % f.seeds,
+                     .random_ties = f.random_ties,
+                     .offline = f.offline};
         report.results[i] = Simulate(*cluster, *trace, *policies[i / f.seeds], o);
       }
     });
@@ -98,9 +101,9 @@ std::string FormatSimulationSummary(const SimulationRequest& f, const Simulation
     const double n = f.seeds;
     const double mean = sum / n;
     const double sd = n > 1 ? std::sqrt(std::max(0.0, (sq - n * mean * mean) / (n - 1))) : 0;
-    absl::StrAppend(&out, absl::StrFormat("%-12s %8.2f %7.2f %7.2f %7.2f %9.1f %8.2f\n",
-                                          report.policies[p], 100 * mean, 100 * sd, 100 * mn,
-                                          100 * mx, failed / n, secs / n));
+    absl::StrAppend(
+        &out, absl::StrFormat("%-12s %8.2f %7.2f %7.2f %7.2f %9.1f %8.2f\n", report.policies[p],
+                              100 * mean, 100 * sd, 100 * mn, 100 * mx, failed / n, secs / n));
   }
   return out;
 }

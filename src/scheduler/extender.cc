@@ -11,8 +11,8 @@
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/guarded_server.h"
-#include "spdlog/spdlog.h"
 #include "placement/vgpu_policy.h"
+#include "spdlog/spdlog.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -147,7 +147,8 @@ bool IsDns1123Subdomain(std::string_view s) {
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
     : api_(api), options_(std::move(options)) {
   int threads = options_.score_threads;
-  if (threads < 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 7);
+  if (threads < 0)
+    threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 7);
   scorers_ = std::make_unique<ParallelFor>(threads);
   for (const std::string& n : vgpu::VgpuPolicyNames()) {
     if (auto p = vgpu::MakeVgpuPolicy(n); p.ok()) policies_[n] = std::move(*p);
@@ -164,8 +165,8 @@ absl::StatusOr<const placement::Policy*> Extender::PolicyFor(const json& pod) co
     std::vector<std::string> known;
     for (const auto& [k, v] : policies_) known.push_back(k);
     return absl::InvalidArgumentError(absl::StrCat("unknown placement policy \"", name, "\" (",
-                                                   vgpu::kAnnotationPolicy, "; known: ",
-                                                   absl::StrJoin(known, ", "), ")"));
+                                                   vgpu::kAnnotationPolicy,
+                                                   "; known: ", absl::StrJoin(known, ", "), ")"));
   }
   return it->second.get();
 }
@@ -174,7 +175,8 @@ absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> Extender::Req
     const json& pod) const {
   ASSIGN_OR_RETURN(vgpu::PodUnits req, vgpu::ParsePod(pod, options_.names, 0));
   std::pair<placement::PodRequest, std::vector<int>> out;
-  out.first.name = absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
+  out.first.name =
+      absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
   for (const auto& c : req.containers) {
     out.first.containers.push_back(vgpu::PlacementRequestOf(c));
     out.second.push_back(c.index);
@@ -352,8 +354,8 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   }
   for (size_t c = 0; c < b.request.containers.size(); ++c) {
     const auto& rc = b.request.containers[c];
-    std::string list = Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix,
-                                                    b.container_index[c]));
+    std::string list =
+        Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix, b.container_index[c]));
     placement::ContainerAssignment a;
     for (auto uuid : absl::StrSplit(list, ',', absl::SkipEmpty())) {
       int idx = -1;
@@ -362,7 +364,8 @@ void Extender::UpsertPodUnguarded(const json& pod) {
         if (it != ns->second.index_of.end()) idx = it->second;
       }
       if (idx < 0) {
-        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name, std::string(uuid), node);
+        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name,
+                     std::string(uuid), node);
         return;
       }
       a.gpus.push_back(idx);
@@ -435,8 +438,9 @@ placement::Workload Extender::workload() const {
 absl::Status Extender::Sync() {
   if (!api_) return absl::FailedPreconditionError("no API client");
   ASSIGN_OR_RETURN(json nodes, api_->ListNodes());
-  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector =
-                                                     "status.phase!=Succeeded,status.phase!=Failed"}));
+  ASSIGN_OR_RETURN(
+      json pods,
+      api_->ListPods("", {.field_selector = "status.phase!=Succeeded,status.phase!=Failed"}));
   {
     std::unique_lock<std::shared_mutex> l(mu_);
     nodes_.clear();
@@ -471,50 +475,53 @@ auto Guarded(const char* what, Fn fn) {
 
 void Extender::StartWatching() {
   if (!api_ || node_reflector_) return;
-  node_reflector_ = std::make_unique<k8s::Reflector>(
-      api_, "/api/v1/nodes", k8s::ListOptions{},
-      Guarded("node", [this](const std::vector<json>& items) {
-        std::vector<std::string> gone;
-        {
-          std::shared_lock<std::shared_mutex> l(mu_);
-          for (const auto& [name, st] : nodes_) gone.push_back(name);
-        }
-        for (const auto& n : items) {
-          std::erase(gone, Str(n, "metadata", "name"));
-          UpsertNode(n);
-        }
-        for (const auto& g : gone) RemoveNode(g);
-      }),
-      Guarded("node", [this](const k8s::WatchEvent& ev) {
-        if (ev.type == "DELETED") {
-          RemoveNode(Str(ev.object, "metadata", "name"));
-        } else {
-          UpsertNode(ev.object);
-        }
-      }));
-  pod_reflector_ = std::make_unique<k8s::Reflector>(
-      api_, "/api/v1/pods", k8s::ListOptions{},
-      Guarded("pod", [this](const std::vector<json>& items) {
-        {
-          std::unique_lock<std::shared_mutex> l(mu_);
-          orphans_.clear();
-          shapes_.clear();
-          workload_dirty_ = true;
-          std::vector<std::string> drop;
-          for (const auto& [uid, b] : bookings_) {
-            if (!b.assumed) drop.push_back(uid);
-          }
-          for (const auto& uid : drop) ReleaseLocked(uid);
-        }
-        for (const auto& p : items) UpsertPod(p);
-      }),
-      Guarded("pod", [this](const k8s::WatchEvent& ev) {
-        if (ev.type == "DELETED") {
-          RemovePod(ev.object);
-        } else {
-          UpsertPod(ev.object);
-        }
-      }));
+  node_reflector_ =
+      std::make_unique<k8s::Reflector>(api_, "/api/v1/nodes", k8s::ListOptions{},
+                                       Guarded("node",
+                                               [this](const std::vector<json>& items) {
+                                                 std::vector<std::string> gone;
+                                                 {
+                                                   std::shared_lock<std::shared_mutex> l(mu_);
+                                                   for (const auto& [name, st] : nodes_)
+                                                     gone.push_back(name);
+                                                 }
+                                                 for (const auto& n : items) {
+                                                   std::erase(gone, Str(n, "metadata", "name"));
+                                                   UpsertNode(n);
+                                                 }
+                                                 for (const auto& g : gone) RemoveNode(g);
+                                               }),
+                                       Guarded("node", [this](const k8s::WatchEvent& ev) {
+                                         if (ev.type == "DELETED") {
+                                           RemoveNode(Str(ev.object, "metadata", "name"));
+                                         } else {
+                                           UpsertNode(ev.object);
+                                         }
+                                       }));
+  pod_reflector_ =
+      std::make_unique<k8s::Reflector>(api_, "/api/v1/pods", k8s::ListOptions{},
+                                       Guarded("pod",
+                                               [this](const std::vector<json>& items) {
+                                                 {
+                                                   std::unique_lock<std::shared_mutex> l(mu_);
+                                                   orphans_.clear();
+                                                   shapes_.clear();
+                                                   workload_dirty_ = true;
+                                                   std::vector<std::string> drop;
+                                                   for (const auto& [uid, b] : bookings_) {
+                                                     if (!b.assumed) drop.push_back(uid);
+                                                   }
+                                                   for (const auto& uid : drop) ReleaseLocked(uid);
+                                                 }
+                                                 for (const auto& p : items) UpsertPod(p);
+                                               }),
+                                       Guarded("pod", [this](const k8s::WatchEvent& ev) {
+                                         if (ev.type == "DELETED") {
+                                           RemovePod(ev.object);
+                                         } else {
+                                           UpsertPod(ev.object);
+                                         }
+                                       }));
   node_reflector_->Start();
   pod_reflector_->Start();
   node_reflector_->WaitSynced(std::chrono::seconds(10));
@@ -589,7 +596,8 @@ std::string Extender::FilterWire(const json& args) {
         if (s.node == nullptr) {
           unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
         } else if (!s.fits) {
-          failed.emplace_back(i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
+          failed.emplace_back(
+              i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
         } else if (s.score) {
           fresh.names.push_back(*names[i]);
           fresh.scores.push_back(*s.score);
@@ -721,8 +729,8 @@ json Extender::Bind(const json& args) {
   if (std::string phase = Str(*pod, "status", "phase"); phase != "Pending") {
     return error(absl::StrCat(who, " is not Pending (phase \"", phase, "\")"));
   }
-  if (auto md = pod->find("metadata"); md != pod->end() && md->is_object() &&
-                                       md->contains("deletionTimestamp")) {
+  if (auto md = pod->find("metadata");
+      md != pod->end() && md->is_object() && md->contains("deletionTimestamp")) {
     return error(absl::StrCat(who, " is being deleted"));
   }
   std::string scheduler = Str(*pod, "spec", "schedulerName");
@@ -757,8 +765,8 @@ json Extender::Bind(const json& args) {
     if (!score) {
       std::string reason;
       placement::Fits(ns_it->second.node, req->first, &reason);
-      return error(absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ",
-                                reason));
+      return error(
+          absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ", reason));
     }
     for (size_t c = 0; c < req->second.size(); ++c) {
       std::vector<std::string> uuids;
@@ -838,10 +846,8 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
       for (size_t g = 0; g < n.gpus.size(); ++g) {
         gpus.push_back({{"uuid", uuids[n.name][g]},
                         {"freeCores", n.gpus[g].free_milli / placement::kMilliPerVcudaCore},
-                        {"freeMemoryUnits",
-                         vgpu::MemoryUnitsOf(n.gpus[g].memory_free_bytes)},
-                        {"memoryUnits",
-                         vgpu::MemoryUnitsOf(n.gpus[g].memory_total_bytes)}});
+                        {"freeMemoryUnits", vgpu::MemoryUnitsOf(n.gpus[g].memory_free_bytes)},
+                        {"memoryUnits", vgpu::MemoryUnitsOf(n.gpus[g].memory_total_bytes)}});
       }
       out[n.name] = gpus;
     }

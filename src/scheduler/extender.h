@@ -31,9 +31,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/parallel.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/parallel.h"
 #include "k8s/client.h"
 #include "placement/placement.h"
 #include "vgpu/rules/node_pool.h"
@@ -129,8 +129,8 @@ class Extender {
 
  private:
   struct NodeState {
-    placement::Node node;            // free amounts = capacity minus bookings
-    std::vector<std::string> uuids;  // per GPU
+    placement::Node node;                           // free amounts = capacity minus bookings
+    std::vector<std::string> uuids;                 // per GPU
     std::unordered_map<std::string, int> index_of;  // uuid -> position
   };
   void UpsertNodeUnguarded(const json& node);

@@ -68,23 +68,23 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
                           {{"tls.crt", absl::Base64Escape(p.cert_pem)},
                            {"tls.key", absl::Base64Escape(p.key_pem)},
                            {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
-  auto created = api->Call(secret.ok() ? "PUT" : "POST",
-                           secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets",
-                           &body);
+  auto created =
+      api->Call(secret.ok() ? "PUT" : "POST",
+                secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
   if (!created.ok()) return created.status();
   return p;
 }
 
-void PublishCaBundle(k8s::Client& api, const std::string& configuration, const std::string& ca_pem) {
+void PublishCaBundle(k8s::Client& api, const std::string& configuration,
+                     const std::string& ca_pem) {
   if (configuration.empty()) return;
   nlohmann::json patch = nlohmann::json::array({{{"op", "replace"},
                                                  {"path", "/webhooks/0/clientConfig/caBundle"},
                                                  {"value", absl::Base64Escape(ca_pem)}}});
   for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
-    auto r = api.Call("PATCH",
-                      std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" +
-                          configuration,
-                      &patch, "application/json-patch+json");
+    auto r = api.Call(
+        "PATCH", std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" + configuration,
+        &patch, "application/json-patch+json");
     if (!r.ok() && !absl::IsNotFound(r.status())) {
       spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
                    r.status().ToString());

@@ -187,8 +187,8 @@ absl::StatusOr<json> AdmissionWebhook::Mutate(const json& review) {
   if (!req.second || options_.scheduler_name.empty()) return out;
   auto pod = vgpu::ParsePod(*req.second, options_.names, 0);
   if (!pod.ok() || pod->empty()) return out;  // invalid pods are the validator's to deny
-  json patch = json::array({{{"op", "add"}, {"path", "/spec/schedulerName"},
-                             {"value", options_.scheduler_name}}});
+  json patch = json::array(
+      {{{"op", "add"}, {"path", "/spec/schedulerName"}, {"value", options_.scheduler_name}}});
   out["response"]["patchType"] = "JSONPatch";
   out["response"]["patch"] = absl::Base64Escape(patch.dump());
   return out;

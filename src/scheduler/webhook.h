@@ -1,7 +1,7 @@
 // The vGPU admission webhook: AdmissionReview v1 (admission.k8s.io/v1) for pod CREATE. The
-// validating endpoint applies the vGPU rules (vgpu/rules/rules.h) and denies with the rule's message;
-// the mutating endpoint (optional) points vGPU pods at a scheduler profile (spec.schedulerName)
-// so clusters can route them to the kube-scheduler that calls the extender.
+// validating endpoint applies the vGPU rules (vgpu/rules/rules.h) and denies with the rule's
+// message; the mutating endpoint (optional) points vGPU pods at a scheduler profile
+// (spec.schedulerName) so clusters can route them to the kube-scheduler that calls the extender.
 // "Memory must fit one GPU" needs the largest GPU of the cluster: a fixed option, or learned from
 // the nodes through the API server (cached for 30 s).
 // Thread-safe.

@@ -22,7 +22,7 @@ extern char** environ;
 namespace gpulet::testing_process {
 
 struct SpawnOptions {
-  std::string log;                         // stdout and stderr to this file (truncated); empty: ours
+  std::string log;  // stdout and stderr to this file (truncated); empty: ours
   std::map<std::string, std::string> env;  // set in the child's environment on top of ours
 };
 

@@ -38,7 +38,9 @@ std::string SelfDir() {
   return ec ? std::string(".") : p.parent_path().string();
 }
 
-std::string Pad(const std::string& s, size_t n) { return s.size() >= n ? s + " " : s + std::string(n - s.size(), ' '); }
+std::string Pad(const std::string& s, size_t n) {
+  return s.size() >= n ? s + " " : s + std::string(n - s.size(), ' ');
+}
 
 }  // namespace
 
@@ -68,13 +70,13 @@ SimNode::~SimNode() {
 
 absl::Status SimNode::Prepare() {
   if (opt_.profile.empty())
-    return absl::InvalidArgumentError(
-        absl::StrCat("--simulate PROFILE is required (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
-                     ", or a machine-file path)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--simulate PROFILE is required (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
+        ", or a machine-file path)"));
   auto machine = LoadMachine(opt_.profile);
   if (!machine.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--simulate ", opt_.profile, ": ",
-                                                   machine.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--simulate ", opt_.profile, ": ", machine.status().message()));
   gpus_ = static_cast<int>(machine->gpus.size());
   if (access(opt_.agent_binary.c_str(), X_OK) != 0)
     return absl::FailedPreconditionError(absl::StrCat(
@@ -85,8 +87,8 @@ absl::Status SimNode::Prepare() {
     for (auto& p : pods) {
       for (const auto& q : pods_)
         if (q.Key() == p.Key())
-          return absl::InvalidArgumentError(absl::StrCat(p.source, ": pod ", p.Key(),
-                                                         " is already defined at ", q.source));
+          return absl::InvalidArgumentError(
+              absl::StrCat(p.source, ": pod ", p.Key(), " is already defined at ", q.source));
       pods_.push_back(std::move(p));
     }
   }
@@ -96,12 +98,14 @@ absl::Status SimNode::Prepare() {
 absl::Status SimNode::Start() {
   std::error_code ec;
   stdfs::create_directories(paths_.root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create sim root ", paths_.root, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create sim root ", paths_.root, ": ", ec.message()));
   lock_fd_ = open(paths_.pid_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a simulated node is already running at ", paths_.root,
-        " (stop it, or pass --sim-root DIR for a second node)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a simulated node is already running at ", paths_.root,
+                     " (stop it, or pass --sim-root DIR for a second node)"));
   // A new node starts clean: no kubelet state, no fault state from an earlier node.
   stdfs::remove_all(paths_.root + "/kubelet", ec);
   stdfs::remove_all(paths_.root + "/vgpu", ec);
@@ -114,11 +118,16 @@ absl::Status SimNode::Start() {
   RETURN_IF_ERROR(emu_->Start());
   t0_ = std::chrono::steady_clock::now();
 
-  std::vector<std::string> args = {opt_.agent_binary,       "agent",
-                                   "--simulate",            opt_.profile,
-                                   "--sim-root",            paths_.root,
-                                   "--device-plugin-dir",   paths_.device_plugin_dir,
-                                   "--pod-resources-socket", paths_.pod_resources_socket};
+  std::vector<std::string> args = {opt_.agent_binary,
+                                   "agent",
+                                   "--simulate",
+                                   opt_.profile,
+                                   "--sim-root",
+                                   paths_.root,
+                                   "--device-plugin-dir",
+                                   paths_.device_plugin_dir,
+                                   "--pod-resources-socket",
+                                   paths_.pod_resources_socket};
   // A simulated node stays inside its sim root and never takes a fixed port: the metrics endpoint
   // binds any free loopback port (the agent logs it) and the feature file goes under the root, so
   // several simulated nodes (and tests) run side by side. --agent-arg overrides either.
@@ -141,10 +150,11 @@ absl::Status SimNode::Start() {
     args.insert(args.end(), {"--vgpu-library", SelfDir() + "/../lib/libgpulet-vcuda.so"});
   auto any_pod_asks = [this](const std::string& prefix) {
     return std::any_of(pods_.begin(), pods_.end(), [&](const emu::PodSpec& p) {
-      return std::any_of(p.containers.begin(), p.containers.end(), [&](const emu::ContainerSpec& c) {
-        return std::any_of(c.limits.begin(), c.limits.end(),
-                           [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
-      });
+      return std::any_of(
+          p.containers.begin(), p.containers.end(), [&](const emu::ContainerSpec& c) {
+            return std::any_of(c.limits.begin(), c.limits.end(),
+                               [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+          });
     });
   };
   // A shared GPU is not offered whole, so the GPUs are shared only when no pod wants whole ones
@@ -161,10 +171,13 @@ absl::Status SimNode::Start() {
   int rc = agent_pid_ < 0 ? errno : 0;
   if (rc != 0) {
     agent_pid_ = -1;
-    return absl::InternalError(absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));
+    return absl::InternalError(
+        absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));
   }
-  out_ << "Simulated node " << "sim-node" << ": " << opt_.profile << ", " << gpus_
-       << " GPUs on the fake NVML; sim root " << paths_.root << "\n"
+  out_ << "Simulated node "
+       << "sim-node"
+       << ": " << opt_.profile << ", " << gpus_ << " GPUs on the fake NVML; sim root "
+       << paths_.root << "\n"
        << "Agent: " << absl::StrJoin(args, " ") << "  (pid " << agent_pid_ << ", log "
        << paths_.agent_log << ")\n";
 
@@ -175,30 +188,30 @@ absl::Status SimNode::Start() {
   int64_t last_regs = 0;
   while (true) {
     if (!AgentAlive())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the agent exited (", agent_status_ >= 256 ? "signal " : "status ",
-          agent_status_ % 256, ") before registering with the kubelet emulator; ",
-          "last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the agent exited (", agent_status_ >= 256 ? "signal " : "status ",
+                       agent_status_ % 256, ") before registering with the kubelet emulator; ",
+                       "last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
     auto now = std::chrono::steady_clock::now();
     int64_t regs = emu_->registrations();
     if (regs != last_regs) last_regs = regs, last_change = now;
     auto res = emu_->Resources();
-    bool all_listed = !res.empty() && std::all_of(res.begin(), res.end(), [](const auto& r) {
-      return r.generation > 0;
-    });
+    bool all_listed = !res.empty() && std::all_of(res.begin(), res.end(),
+                                                  [](const auto& r) { return r.generation > 0; });
     if (all_listed && now - last_change > milliseconds(500)) break;
     if (now > deadline)
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the agent registered no resource with ", paths_.device_plugin_dir, "/kubelet.sock within ",
-          opt_.register_timeout.count() / 1000, "s; last lines of ", paths_.agent_log, ":\n",
-          AgentLogTail()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the agent registered no resource with ", paths_.device_plugin_dir,
+                       "/kubelet.sock within ", opt_.register_timeout.count() / 1000,
+                       "s; last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
     std::this_thread::sleep_for(milliseconds(20));
   }
   for (const auto& r : emu_->Resources())
     out_ << "Registered: " << r.name << " (endpoint " << r.endpoint << ", " << r.capacity
          << " devices, " << r.allocatable << " healthy)\n";
   if (vgpu_note_)
-    out_ << "Note: pods ask for both whole GPUs and vGPU shares; no GPU is shared. Run the vGPU pods "
+    out_ << "Note: pods ask for both whole GPUs and vGPU shares; no GPU is shared. Run the vGPU "
+            "pods "
             "alone, or share some GPUs with --agent-arg=--vgpu-gpus=<indexes>.\n";
   out_ << "\nEvents:\n";
   PrintNewEvents();
@@ -214,7 +227,8 @@ void SimNode::RunPods() {
     PrintNewEvents();
   }
   // Let simulated run times play out; pods they free devices for get admitted meanwhile.
-  auto deadline = std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
+  auto deadline =
+      std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
   while ((emu_->HasTimedPods() || !emu_->WaitIdle(milliseconds(0))) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(20));
@@ -369,7 +383,8 @@ void SimNode::PrintPods() {
           out_ << "      note    accounting directory unknown-<time>: without an API server "
                   "Allocate cannot name the pod\n";
         }
-        for (const auto& cdi : a.response.cdi_devices()) out_ << "      cdi     " << cdi.name() << "\n";
+        for (const auto& cdi : a.response.cdi_devices())
+          out_ << "      cdi     " << cdi.name() << "\n";
         std::map<std::string, std::string> ann(a.response.annotations().begin(),
                                                a.response.annotations().end());
         for (const auto& [k, v] : ann) out_ << "      annot.  " << k << "=" << v << "\n";
@@ -420,8 +435,9 @@ void SimNode::Serve() {
       break;
     }
     if (!agent_reported && !AgentAlive()) {
-      out_ << "  the agent exited (status " << agent_status_ << "); last lines of " << paths_.agent_log
-           << ":\n" << AgentLogTail();
+      out_ << "  the agent exited (status " << agent_status_ << "); last lines of "
+           << paths_.agent_log << ":\n"
+           << AgentLogTail();
       agent_reported = true;
     }
   }

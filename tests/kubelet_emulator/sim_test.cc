@@ -117,9 +117,9 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
   EXPECT_THAT(r.out, Not(HasSubstr("The following argument")));
   // MPS_ROOT / --mps-root is a setting of gpulet's now (sharing.mps): no warning for it.
   EXPECT_THAT(r.out, Not(HasSubstr("--mps-root")));
-  for (const char* flag : {"--container-driver-root=/driver-root",
-                           "--device-discovery-strategy=auto", "--imex-channel-ids=0",
-                           "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
+  for (const char* flag :
+       {"--container-driver-root=/driver-root", "--device-discovery-strategy=auto",
+        "--imex-channel-ids=0", "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
     EXPECT_THAT(r.out, HasSubstr(std::string(flag) + " (NVIDIA device-plugin flag) is accepted "
                                                      "and ignored"));
   r = Shell(base + "--device-discovery-strategy tegra");
@@ -170,7 +170,8 @@ TEST_F(SimTest, DurationsInOneSyntax) {
   const std::string sched = kBin + "gpulet scheduler --kubeconfig " + root_ + "/none ";
   Result r = Shell(sched + "--tls-renew-check 5x");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("--tls-renew-check \"5x\": expected a duration like 10s, 500ms or 720h"));
+  EXPECT_THAT(r.out,
+              HasSubstr("--tls-renew-check \"5x\": expected a duration like 10s, 500ms or 720h"));
   // Accepted in the one syntax: the run goes on to the (missing) kubeconfig.
   r = Shell(sched + "--tls-renew-check 5s --tls-renew-before 720h --workload-refresh 500ms");
   EXPECT_THAT(r.out, Not(HasSubstr("--tls-renew"))) << r.out;
@@ -189,8 +190,10 @@ TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
   if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
   fs::create_directories(root_ + "/dp");
   Result r = Shell("timeout -s INT 3 " + kBin + "gpulet agent --simulate pcie-t4 --sim-root " +
-                   root_ + "/sim --device-plugin-dir " + root_ + "/dp --metrics-address "
-                   "127.0.0.1:0 --labels-output " + root_ + "/features");
+                   root_ + "/sim --device-plugin-dir " + root_ +
+                   "/dp --metrics-address "
+                   "127.0.0.1:0 --labels-output " +
+                   root_ + "/features");
   EXPECT_THAT(r.out, HasSubstr("waiting for the kubelet: " + root_ + "/dp/kubelet.sock"));
   EXPECT_TRUE(
       std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
@@ -286,11 +289,12 @@ TEST_F(SimTest, MigFaultNeedsAMigDevice) {
   const std::string xid = kBin + "gpulet-sim fault xid --code 43 --sim-root " + root_;
   Result r = Shell(xid + " --gpu 3 --gi 1 --ci 0");  // GPU 3 of a100-mig has MIG disabled
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("GPU 3 of the simulated node at " + root_ +
-                               " does not have MIG enabled"));
+  EXPECT_THAT(r.out,
+              HasSubstr("GPU 3 of the simulated node at " + root_ + " does not have MIG enabled"));
   r = Shell(xid + " --gpu 1 --gi 2");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("GPU 1 has no MIG device gi=2 (its MIG devices, gi:ci: 1:0 5:0 13:0)"));
+  EXPECT_THAT(r.out,
+              HasSubstr("GPU 1 has no MIG device gi=2 (its MIG devices, gi:ci: 1:0 5:0 13:0)"));
   EXPECT_THAT(Shell(xid + " --gpu 1 --ci 0").out, HasSubstr("--ci needs --gi"));
   r = Shell(xid + " --gpu -1");  // was "bad value in 'gpu=-1'", after the parse
   EXPECT_EQ(r.code, 2) << r.out;
@@ -320,12 +324,14 @@ TEST_F(SimTest, DemoWithRealAgent) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("Capacity:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
       << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("Allocatable:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("Allocatable:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("default/cuda-vectoradd +Succeeded")));
   for (const char* pod : {"pytorch-ddp-train", "llm-serving", "embeddings", "notebook"})
     EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("default/") + pod + " +Running")))
-        << pod << "\n" << r.out;
+        << pod << "\n"
+        << r.out;
   // The notebook went Pending first, then Running after vectoradd completed.
   size_t pending = r.out.find("Unschedulable");
   size_t completed = r.out.find("Completed");
@@ -350,7 +356,8 @@ TEST_F(SimTest, VgpuPodAloneSharesEveryGpu) {
                         "  tencent\\.com/vcuda-memory: +2560\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-core +30 +30\n"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-memory +20 +20\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-memory +20 +20\n")))
+      << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("default/vgpu-inference +Running"))) << r.out;
   EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_MEMORY_LIMIT=5368709120"));  // 20 x 256 MiB
   EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_CORE_LIMIT=30"));
@@ -386,7 +393,8 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_log().find("Serving") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+  while (read_log().find("Serving") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_THAT(read_log(), HasSubstr("Serving")) << read_log();
   auto stub = v1::PodResourcesLister::NewStub(grpc::CreateChannel(

@@ -4,6 +4,7 @@
 // socket; a real Prometheus scrapes it over loopback and answers PromQL over its HTTP API. Faults
 // are injected into the running node through its control log, as `gpulet sim fault` does.
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -17,8 +18,6 @@
 #include <map>
 #include <set>
 #include <thread>
-
-#include <httplib.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -104,7 +103,8 @@ std::string OwnFamilies(const std::string& text) {
   std::string out;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     absl::string_view name = line;
-    if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE ")) name = line.substr(7);
+    if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE "))
+      name = line.substr(7);
     if (absl::StartsWith(name, "gpulet_")) absl::StrAppend(&out, line, "\n");
   }
   return out;
@@ -115,8 +115,7 @@ class MetricsE2E : public ::testing::Test {
   void SetUp() override {
     bin_ = std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
     if (!std::filesystem::exists(bin_)) GTEST_SKIP() << "gpulet binary not built";
-    if (!testing_metrics::HavePromtool() ||
-        system("command -v prometheus >/dev/null 2>&1") != 0) {
+    if (!testing_metrics::HavePromtool() || system("command -v prometheus >/dev/null 2>&1") != 0) {
       GTEST_SKIP() << "prometheus/promtool not installed";
     }
     std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-e2e-XXXXXX").string();
@@ -299,16 +298,16 @@ spec:
   sim::Fault fail;
   fail.kind = sim::Fault::Kind::kNvmlFail;
   ASSERT_TRUE(sim::InjectFault(sim_, fail).ok());
-  ASSERT_TRUE(Eventually([&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 0"); },
-                         10s));
+  ASSERT_TRUE(Eventually(
+      [&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 0"); }, 10s));
   std::string degraded = Scrape(port);
   EXPECT_NE(testing_metrics::PromtoolCheckMetrics(degraded).rc, 1);
   EXPECT_THAT(degraded, Not(HasSubstr("gpulet_gpu_utilization_ratio{")));
   sim::Fault ok;
   ok.kind = sim::Fault::Kind::kNvmlOk;
   ASSERT_TRUE(sim::InjectFault(sim_, ok).ok());
-  EXPECT_TRUE(Eventually([&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 1"); },
-                         10s));
+  EXPECT_TRUE(Eventually(
+      [&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 1"); }, 10s));
 
   // Fault: the kubelet goes away -> kubelet_up 0, attribution kept, still valid.
   kubelet.Stop();
@@ -331,15 +330,18 @@ TEST_F(MetricsE2E, LabelsOneshotOnSimulatedNode) {
   EXPECT_THAT(text, HasSubstr("nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n"));
   EXPECT_THAT(text, HasSubstr("nvidia.com/gpu.family=hopper\n"));
   EXPECT_THAT(text, HasSubstr("nvidia.com/gfd.timestamp="));
-  auto bad = testing_metrics::RunCommand(bin_ + " labels --oneshot --simulate dgx-h100 "
-                                         "--mig-strategy dual --output " + out);
+  auto bad = testing_metrics::RunCommand(bin_ +
+                                         " labels --oneshot --simulate dgx-h100 "
+                                         "--mig-strategy dual --output " +
+                                         out);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_THAT(bad.output, HasSubstr("--mig-strategy 'dual'"));
 }
 
 // Bad exporter flags are one clear error each, before anything starts.
 TEST_F(MetricsE2E, ExporterRejectsBadFlags) {
-  auto r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --families gpulet,dcmg");
+  auto r =
+      testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --families gpulet,dcmg");
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.output, HasSubstr("unknown family set 'dcmg'"));
   r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --interval soon");

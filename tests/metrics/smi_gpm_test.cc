@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "fake_nvml/malloc_arenas.h"
 #include "gmock/gmock.h"
 #include "gpu/open.h"
@@ -23,18 +23,18 @@
 #include "metrics/exporter.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
-#include "testing/metrics/expo_util.h"
 #include "testing/common/fake_clock.h"
+#include "testing/metrics/expo_util.h"
 #include "testing/metrics/fake_gpu.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
 namespace {
 
-using testing_metrics::FakeGpuLayer;
-using testing_metrics::SampleOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing_metrics::FakeGpuLayer;
+using testing_metrics::SampleOf;
 
 std::string Line(const std::string& text, const std::string& prefix) {
   size_t at = text.find(prefix);
@@ -129,8 +129,8 @@ TEST(SmiGpm, NvidiaSmiSetNamesAndUnits) {
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_sw_power_cap" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_gpu_idle" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_hw_slowdown" + u0 + "0\n"));
-  EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_counters_sw_power_cap_seconds" +
-                              u0 + "2.5\n"));
+  EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_counters_sw_power_cap_seconds" + u0 +
+                              "2.5\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_persistence_mode" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_ecc_errors_uncorrected_aggregate_dram" + u0 + "2\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_remapped_rows_histogram_max" + u0 + "2560\n"));
@@ -180,8 +180,8 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
   EXPECT_EQ(testing_metrics::ReadShapes(t)["DCGM_FI_PROF_SM_ACTIVE"].samples, 8);
   std::set<std::string> ours = Families(t, "nvidia_smi_");
   EXPECT_GE(ours.size(), 100u);
-  std::string ref = testing_metrics::ReadFileOrEmpty(
-      "/work/shared/reference/samples/nvgpu_h100.prom");
+  std::string ref =
+      testing_metrics::ReadFileOrEmpty("/work/shared/reference/samples/nvgpu_h100.prom");
   if (ref.empty()) return;
   // Every fixture family we serve keeps its type; the ones we lack are those NVML (or the fake)
   // does not answer, listed here so that a regression shows up as a new name.
@@ -190,8 +190,10 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
       "nvidia_smi_clocks_event_reasons_counters_hw_power_brake_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_hw_thermal_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_sw_thermal_slowdown_seconds",
-      "nvidia_smi_command_exit_code", "nvidia_smi_compute_app_info",
-      "nvidia_smi_compute_app_used_memory_bytes", "nvidia_smi_compute_apps_last_collect_success",
+      "nvidia_smi_command_exit_code",
+      "nvidia_smi_compute_app_info",
+      "nvidia_smi_compute_app_used_memory_bytes",
+      "nvidia_smi_compute_apps_last_collect_success",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_l2",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_mcu",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_other",
@@ -201,12 +203,19 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_sm",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_threshold_exceeded",
       "nvidia_smi_ecc_errors_uncorrected_volatile_sram_parity",
-      "nvidia_smi_ecc_errors_uncorrected_volatile_sram_secded", "nvidia_smi_edpp_multiplier_ratio",
-      "nvidia_smi_fabric_clique_id", "nvidia_smi_fabric_state", "nvidia_smi_gpu_recovery_action",
-      "nvidia_smi_platform_gpu_fabric_guid", "nvidia_smi_platform_host_id",
-      "nvidia_smi_platform_module_id", "nvidia_smi_platform_slot_number",
-      "nvidia_smi_platform_tray_index", "nvidia_smi_protected_memory_free_bytes",
-      "nvidia_smi_protected_memory_total_bytes", "nvidia_smi_protected_memory_used_bytes",
+      "nvidia_smi_ecc_errors_uncorrected_volatile_sram_secded",
+      "nvidia_smi_edpp_multiplier_ratio",
+      "nvidia_smi_fabric_clique_id",
+      "nvidia_smi_fabric_state",
+      "nvidia_smi_gpu_recovery_action",
+      "nvidia_smi_platform_gpu_fabric_guid",
+      "nvidia_smi_platform_host_id",
+      "nvidia_smi_platform_module_id",
+      "nvidia_smi_platform_slot_number",
+      "nvidia_smi_platform_tray_index",
+      "nvidia_smi_protected_memory_free_bytes",
+      "nvidia_smi_protected_memory_total_bytes",
+      "nvidia_smi_protected_memory_used_bytes",
       "nvidia_smi_temperature_gpu_tlimit"};
   auto ref_shapes = testing_metrics::ReadShapes(ref);
   auto our_shapes = testing_metrics::ReadShapes(t);

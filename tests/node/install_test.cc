@@ -1,12 +1,13 @@
 // gpulet install / uninstall / validate against a temporary host root: a stand-in driver root, a
 // containerd configuration, and the simulated dgx-h100 node for the inventory.
+#include "node/install.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <set>
 
-#include "node/install.h"
 #include "node/validate.h"
 #include "testing/runtime/fixtures.h"
 
@@ -55,9 +56,10 @@ TEST_F(InstallTest, InstallsIdempotently) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->engine, "containerd");
   EXPECT_TRUE(r->engine_config_changed);
-  for (const char* f : {"/usr/local/gpulet/bin/gpulet-container-runtime",
-                        "/usr/local/gpulet/bin/gpulet-container-hook",
-                        "/usr/local/gpulet/lib/libgpulet-vcuda.so", "/var/run/cdi/gpulet-nvidia.yaml"})
+  for (const char* f :
+       {"/usr/local/gpulet/bin/gpulet-container-runtime",
+        "/usr/local/gpulet/bin/gpulet-container-hook", "/usr/local/gpulet/lib/libgpulet-vcuda.so",
+        "/var/run/cdi/gpulet-nvidia.yaml"})
     EXPECT_TRUE(fs::exists(host_ + f)) << f;
   std::string cdi = rt::ReadFile(host_ + "/var/run/cdi/gpulet-nvidia.yaml");
   EXPECT_NE(cdi.find("nvidia.com/gpu"), std::string::npos);
@@ -128,7 +130,8 @@ TEST_F(InstallTest, SymlinkLoopUnderHostRootEnds) {
 // A 0600 engine configuration (it may hold registry credentials) stays 0600 through install and
 // uninstall (issue 22.3).
 TEST_F(InstallTest, EngineConfigKeepsItsMode) {
-  fs::permissions(host_ + "/etc/containerd/config.toml", fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(host_ + "/etc/containerd/config.toml",
+                  fs::perms::owner_read | fs::perms::owner_write);
   ASSERT_TRUE(Install(opts_).ok());
   auto mode = [&] { return fs::status(host_ + "/etc/containerd/config.toml").permissions(); };
   EXPECT_EQ(mode(), fs::perms::owner_read | fs::perms::owner_write);
@@ -179,7 +182,8 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   ASSERT_EQ(before.steps.size(), 2u);
   EXPECT_TRUE(before.steps[0].ok) << before.steps[0].detail;
   EXPECT_FALSE(before.steps[1].ok);
-  EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos) << before.steps[1].detail;
+  EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos)
+      << before.steps[1].detail;
 
   ASSERT_TRUE(Install(opts_).ok());
   // A TMPDIR of this test's own: the probe makes its bundle there, and tests running side by side
@@ -200,13 +204,16 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   ASSERT_EQ(after.steps.size(), 3u) << after.FirstFailure();
   EXPECT_TRUE(after.steps[1].ok) << after.steps[1].detail;
   EXPECT_NE(after.steps[1].detail.find("probe container started through it sees /dev/nvidia0"),
-            std::string::npos) << after.steps[1].detail;
+            std::string::npos)
+      << after.steps[1].detail;
   EXPECT_FALSE(after.steps[2].ok);
   EXPECT_NE(after.steps[2].detail.find("no-kubelet.sock"), std::string::npos);
   EXPECT_FALSE(after.ok());
   EXPECT_EQ(probe_dirs(), dirs_before) << "the probe must remove its bundle and state";
-  if (old_tmp) setenv("TMPDIR", saved.c_str(), 1);
-  else unsetenv("TMPDIR");
+  if (old_tmp)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
 }
 
 // The probe container catches what the file checks cannot: a shim that starts containers without
@@ -230,23 +237,24 @@ TEST_F(InstallTest, ProbeContainerFailuresAreClear) {
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_NE(r.steps[1].detail.find("no static busybox at " + host_ + "/no-busybox"),
-            std::string::npos) << r.steps[1].detail;
+            std::string::npos)
+      << r.steps[1].detail;
 
   v.probe_busybox = "/bin/busybox";
   v.probe_runc = host_ + "/no-runc";
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
-  EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos)
-      << r.steps[1].detail;
+  EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos) << r.steps[1].detail;
 
   // A shim that never returns is cut off at the timeout: no hang.
   v.probe_runc.clear();
   v.probe_timeout_seconds = 1;
-  rt::WriteFile(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime", "#!/bin/sh\nexec sleep 30\n",
-                0755);
+  rt::WriteFile(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime",
+                "#!/bin/sh\nexec sleep 30\n", 0755);
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
-  EXPECT_NE(r.steps[1].detail.find("did not finish in 1 s"), std::string::npos) << r.steps[1].detail;
+  EXPECT_NE(r.steps[1].detail.find("did not finish in 1 s"), std::string::npos)
+      << r.steps[1].detail;
 
   v.container_probe = false;
   r = ValidateStack(v);

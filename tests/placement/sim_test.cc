@@ -4,13 +4,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
-#include <sys/wait.h>
 
 namespace gpulet::placement {
 namespace {
@@ -181,11 +181,10 @@ TEST(Simulate, GpuletAtLeastFgdOnSample) {
 TEST(Cli, BadInputAndOutput) {
   const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
-  const auto dir = std::filesystem::temp_directory_path() / ("placement_cli_" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("placement_cli_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "bad.csv") << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n";
-  }
+  { std::ofstream(dir / "bad.csv") << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n"; }
   const std::string nodes = SampleDir() + "/sample_nodes.csv";
   const std::string out = (dir / "curve.csv").string();
   std::string cmd = bin + " simulate --nodes " + nodes + " --pods " + (dir / "bad.csv").string() +
@@ -213,7 +212,8 @@ TEST(Cli, HeaderFirstThenProgressOnStderr) {
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
   // Both streams into one pipe, in the order written.
   const std::string cmd = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
-                          SampleDir() + "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
+                          SampleDir() +
+                          "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
   auto [rc, out] = RunShell(cmd);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.rfind("# ", 0), 0u) << out;
@@ -233,8 +233,8 @@ TEST(Cli, BadNumbersAreRefused) {
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
   const std::string base = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
                            SampleDir() + "/sample_pods.csv --policy best-fit ";
-  for (const char* bad : {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5",
-                          "--jobs 0", "--jobs -3"}) {
+  for (const char* bad :
+       {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5", "--jobs 0", "--jobs -3"}) {
     auto [rc, out] = RunShell(base + bad + " 2>&1");
     EXPECT_NE(rc, 0) << bad << ": " << out;
     std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));

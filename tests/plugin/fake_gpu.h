@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
-#include "testing/common/fake_clock.h"
 #include "gpu/gpu.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::testing {
 
@@ -64,7 +64,10 @@ class FakeGpuLayer : public gpu::GpuLayer {
   }
   void SetProbe(uint32_t i, absl::Status s) {
     std::lock_guard<std::mutex> l(mu_);
-    if (s.ok()) probe.erase(i); else probe[i] = s;
+    if (s.ok())
+      probe.erase(i);
+    else
+      probe[i] = s;
   }
   void SetNvmlDown(bool down) {
     std::lock_guard<std::mutex> l(mu_);

@@ -20,8 +20,8 @@
 #include "gtest/gtest.h"
 #include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "testing/process/spawn.h"
 #include "testing/net/loopback.h"
+#include "testing/process/spawn.h"
 
 namespace gpulet {
 namespace {
@@ -78,10 +78,15 @@ struct SchedulerCert : ::testing::Test {
   // Starts the scheduler (webhook on a free port) and returns the first certificate it serves.
   std::string Start(const std::vector<std::string>& extra) {
     port_ = FreePort();
-    std::vector<std::string> argv = {std::string(GPULET_BINARY_DIR) + "/bin/gpulet", "scheduler",
-                                     "--kubeconfig", dir_ + "/kubeconfig", "--extender-listen",
-                                     "127.0.0.1:0", "--webhook-listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--tls-renew-check",
+    std::vector<std::string> argv = {std::string(GPULET_BINARY_DIR) + "/bin/gpulet",
+                                     "scheduler",
+                                     "--kubeconfig",
+                                     dir_ + "/kubeconfig",
+                                     "--extender-listen",
+                                     "127.0.0.1:0",
+                                     "--webhook-listen",
+                                     "127.0.0.1:" + std::to_string(port_),
+                                     "--tls-renew-check",
                                      "100ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = testing_process::SpawnLogged(argv, dir_ + "/scheduler.log");

@@ -65,7 +65,7 @@ TEST(ServingCert, PairNearExpiryIsReplacedInItsFiles) {
   std::string second = Read((*c)->cert_file());
   EXPECT_NE(second, first);
   EXPECT_NE(Read((*c)->key_file()), (*c)->pem().key_pem);  // the key went with it
-  EXPECT_EQ((*c)->pem().cert_pem, first);  // pem() stays the pair first served
+  EXPECT_EQ((*c)->pem().cert_pem, first);                  // pem() stays the pair first served
   r = (*c)->RenewOnce();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(*r);

@@ -166,7 +166,8 @@ TEST_F(Handover, AllocateResponseLimitsTheProcess) {
   std::map<std::string, std::string> container = driver;
   container.insert(env.begin(), env.end());
   // The fake's contexts cost no device memory (FAKE_CUDA_CONTEXT_BYTES is 0): charge none, so the
-  // whole 512 MiB limit is there for allocations (context charging: tests/vgpu/interposer DriverHeld).
+  // whole 512 MiB limit is there for allocations (context charging: tests/vgpu/interposer
+  // DriverHeld).
   container["GPULET_VGPU_CONTEXT_BYTES"] = "0";
   const std::vector<std::string> probe = {Built("tests/vcuda_probe"), "device", "1",
                                           std::to_string(128 * kMiB)};

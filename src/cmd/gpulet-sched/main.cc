@@ -1,6 +1,8 @@
 // gpulet-sched: placement tools. `simulate` replays the openb trace through the placement
 // policies (src/placement/sim.h) and reports the allocated share of GPU capacity.
 // Flags and wiring only.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,13 +13,11 @@
 #include <mutex>
 #include <thread>
 
-#include <unistd.h>
-
 #include "CLI/CLI.hpp"
-#include "cmd/common/cli.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cmd/common/cli.h"
 #include "placement/placement.h"
 #include "placement/sim.h"
 
@@ -85,7 +85,8 @@ int RunSimulate(const SimulateFlags& f) {
     return 2;
   }
   if (!(f.arrivals > 0 && f.arrivals <= 100)) {
-    std::cerr << "gpulet-sched simulate: --arrivals must be in (0, 100], got " << f.arrivals << "\n";
+    std::cerr << "gpulet-sched simulate: --arrivals must be in (0, 100], got " << f.arrivals
+              << "\n";
     return 2;
   }
   if (f.seeds < 1) {
@@ -124,8 +125,10 @@ int RunSimulate(const SimulateFlags& f) {
   for (int t = 0; t < std::min<int>(jobs, static_cast<int>(nruns)); ++t) {
     threads.emplace_back([&] {
       for (size_t i; (i = next++) < nruns;) {
-        pl::SimOptions o{.arrivals = f.arrivals, .seed = f.seed + i % f.seeds,
-                         .random_ties = f.ties == "random", .offline = f.order == "offline"};
+        pl::SimOptions o{.arrivals = f.arrivals,
+                         .seed = f.seed + i % f.seeds,
+                         .random_ties = f.ties == "random",
+                         .offline = f.order == "offline"};
         results[i] = pl::Simulate(*cluster, *trace, *policies[i / f.seeds], o);
         progress.Done(results[i]);
       }
@@ -157,8 +160,8 @@ int RunSimulate(const SimulateFlags& f) {
       return 1;
     }
   }
-  std::cout << absl::StrFormat("%-12s %8s %7s %7s %7s %9s %8s\n", "policy", "alloc%", "+-sd",
-                               "min", "max", "failed", "s/run");
+  std::cout << absl::StrFormat("%-12s %8s %7s %7s %7s %9s %8s\n", "policy", "alloc%", "+-sd", "min",
+                               "max", "failed", "s/run");
   for (size_t p = 0; p < policies.size(); ++p) {
     double sum = 0, sq = 0, mn = 1e9, mx = -1e9, secs = 0, failed = 0;
     for (int s = 0; s < f.seeds; ++s) {
@@ -173,9 +176,8 @@ int RunSimulate(const SimulateFlags& f) {
     const double n = f.seeds;
     const double mean = sum / n;
     const double sd = n > 1 ? std::sqrt(std::max(0.0, (sq - n * mean * mean) / (n - 1))) : 0;
-    std::cout << absl::StrFormat("%-12s %8.2f %7.2f %7.2f %7.2f %9.1f %8.2f\n",
-                                 policies[p]->name(), 100 * mean, 100 * sd, 100 * mn, 100 * mx,
-                                 failed / n, secs / n);
+    std::cout << absl::StrFormat("%-12s %8.2f %7.2f %7.2f %7.2f %9.1f %8.2f\n", policies[p]->name(),
+                                 100 * mean, 100 * sd, 100 * mn, 100 * mx, failed / n, secs / n);
   }
   return 0;
 }
@@ -216,7 +218,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sim->add_option("--out", f.out, "write the curves (policy,seed,arrived,allocated) to this CSV");
   sim->add_option("--ties", f.ties,
-                  "equal scores: first (in per-seed shuffled node order, as the FGD paper's simulator) or random")
+                  "equal scores: first (in per-seed shuffled node order, as the FGD paper's "
+                  "simulator) or random")
       ->check(CLI::IsMember({"random", "first"}))
       ->capture_default_str();
   sim->add_option("--order", f.order,

@@ -1,6 +1,8 @@
 // `gpulet exporter`: the Prometheus exporter alone (the agent serves the same from its shared GPU
 // layer). NVML missing at start is not fatal: /metrics answers with gpulet_exporter_nvml_up 0 and
 // the GPU layer is opened again every interval.
+#include "metrics/exporter.h"
+
 #include <iostream>
 #include <memory>
 
@@ -9,7 +11,6 @@
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
-#include "metrics/exporter.h"
 
 namespace gpulet::cmd {
 namespace {

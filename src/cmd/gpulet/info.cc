@@ -5,11 +5,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
-#include "nlohmann/json.hpp"
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
+#include "nlohmann/json.hpp"
 
 namespace gpulet::cmd {
 namespace {
@@ -112,8 +112,9 @@ std::function<int()> SetupInfo(CLI::App& sub) {
 
 }  // namespace
 
-GPULET_COMMAND(info, "List the node's GPUs (like nvidia-smi -L) and their topology matrix "
-                     "(like nvidia-smi topo -m)",
+GPULET_COMMAND(info,
+               "List the node's GPUs (like nvidia-smi -L) and their topology matrix "
+               "(like nvidia-smi topo -m)",
                SetupInfo);
 
 }  // namespace gpulet::cmd

@@ -1,5 +1,7 @@
 // `gpulet labels`: GFD-compatible node labels as an NFD feature file, once (--oneshot) or
 // refreshed every --interval (the agent runs the same refresher on its shared GPU layer).
+#include "labels/labels.h"
+
 #include <iostream>
 #include <memory>
 
@@ -8,7 +10,6 @@
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
-#include "labels/labels.h"
 
 namespace gpulet::cmd {
 namespace {

@@ -1,11 +1,11 @@
 // gpulet: the node agent and its tools. main() only builds the command line from the registered
 // commands (see command.h) and runs the chosen one.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <map>
 #include <memory>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "cmd/common/cli.h"
 #include "cmd/gpulet/command.h"

@@ -83,29 +83,38 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   AddGpuFlags(sub, f.gpu);
   sub.add_option("--device-plugin-dir", f.plugin_dir,
                  "Kubelet device-plugin directory (kubelet.sock and our sockets)")
-      ->capture_default_str()->type_name("DIR");
+      ->capture_default_str()
+      ->type_name("DIR");
   sub.add_option("--kubelet-socket", f.kubelet_socket,
                  "Kubelet Registration socket, a name inside --device-plugin-dir; empty: serve "
                  "without registering")
-      ->capture_default_str()->envname("KUBELET_SOCKET")->type_name("NAME");
+      ->capture_default_str()
+      ->envname("KUBELET_SOCKET")
+      ->type_name("NAME");
   sub.add_option("--pod-resources-socket", f.pod_resources_socket,
                  "Kubelet PodResources socket (per-pod attribution)")
-      ->capture_default_str()->type_name("PATH");
+      ->capture_default_str()
+      ->type_name("PATH");
   sub.add_option("--config-file", f.config_file,
                  "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
                  "reloaded on SIGHUP and when its content changes")
-      ->envname("CONFIG_FILE")->type_name("FILE");
+      ->envname("CONFIG_FILE")
+      ->type_name("FILE");
   sub.add_option("--config-dir", f.config_dir,
                  "Directory of named configs, one file each (a mounted ConfigMap); the Node label "
                  "--config-node-label picks one, else --config-default. Label and file changes "
                  "are applied live; instead of --config-file")
-      ->envname("CONFIG_FILE_SRCDIR")->type_name("DIR");
+      ->envname("CONFIG_FILE_SRCDIR")
+      ->type_name("DIR");
   sub.add_option("--config-default", f.config_default,
                  "Config name used when the Node has no label (default: the only file, if one)")
-      ->envname("DEFAULT_CONFIG")->type_name("NAME");
+      ->envname("DEFAULT_CONFIG")
+      ->type_name("NAME");
   sub.add_option("--config-node-label", f.config_node_label,
                  "Node label whose value names the config in --config-dir (node from $NODE_NAME)")
-      ->capture_default_str()->envname("NODE_LABEL")->type_name("LABEL");
+      ->capture_default_str()
+      ->envname("NODE_LABEL")
+      ->type_name("LABEL");
   for (const auto& n : NvidiaOnlyFlags()) {
     std::string flag = n.flag;
     sub.add_option_function<std::string>(
@@ -119,8 +128,7 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
     std::string key = s.key;
     std::string help = std::string(s.help) + " [env " + s.envs.front() + "; file " + s.key + "]";
     sub.add_option_function<std::string>(
-           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; },
-           help)
+           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; }, help)
         ->type_name("VALUE");
   }
 }
@@ -183,8 +191,8 @@ inline int RunDevicePlugin(
   auto notes = NvidiaOnlyFlagNotes(f);
   if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
   for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
-  absl::Status s = plugin::RunDevicePlugin(who, o, *std::move(config), with_plugin,
-                                           before_teardown);
+  absl::Status s =
+      plugin::RunDevicePlugin(who, o, *std::move(config), with_plugin, before_teardown);
   return s.ok() ? 0 : Fail(who, s);
 }
 

@@ -10,22 +10,22 @@
 #include <optional>
 #include <thread>
 
-#include "common/duration.h"
 #include "absl/strings/escaping.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "cmd/gpulet/command.h"
+#include "common/duration.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/client.h"
 #include "k8s/guarded_server.h"
 #include "k8s/tls.h"
+#include "placement/vgpu_policy.h"
 #include "scheduler/extender.h"
 #include "scheduler/webhook.h"
-#include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -127,25 +127,25 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
                           {{"tls.crt", absl::Base64Escape(p.cert_pem)},
                            {"tls.key", absl::Base64Escape(p.key_pem)},
                            {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
-  auto created = api->Call(secret.ok() ? "PUT" : "POST",
-                           secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets",
-                           &body);
+  auto created =
+      api->Call(secret.ok() ? "PUT" : "POST",
+                secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
   if (!created.ok()) return created.status();
   return p;
 }
 
 // Publishes `ca_pem` (one or more certificates) as the webhook configuration's caBundle so the API
 // server trusts our self-issued certificate.
-void PublishCaBundle(k8s::Client& api, const std::string& configuration, const std::string& ca_pem) {
+void PublishCaBundle(k8s::Client& api, const std::string& configuration,
+                     const std::string& ca_pem) {
   if (configuration.empty()) return;
   nlohmann::json patch = nlohmann::json::array({{{"op", "replace"},
                                                  {"path", "/webhooks/0/clientConfig/caBundle"},
                                                  {"value", absl::Base64Escape(ca_pem)}}});
   for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
-    auto r = api.Call("PATCH",
-                      std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" +
-                          configuration,
-                      &patch, "application/json-patch+json");
+    auto r = api.Call(
+        "PATCH", std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" + configuration,
+        &patch, "application/json-patch+json");
     if (!r.ok() && !absl::IsNotFound(r.status())) {
       spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
                    r.status().ToString());
@@ -184,14 +184,18 @@ absl::Status ParseDurationFlags(SchedulerFlags& f) {
     absl::Duration* out;
   };
   for (const Flag& d : {
-           Flag{"--tls-renew-before", f.tls_renew_before,
+           Flag{"--tls-renew-before",
+                f.tls_renew_before,
                 {.bare_unit = absl::Hours(1), .min = absl::Hours(1), .max = absl::Hours(24 * 3650)},
                 &f.renew_before},
-           Flag{"--tls-renew-check", f.tls_renew_check,
-                {.bare_unit = absl::Milliseconds(1), .min = absl::Milliseconds(10),
-                 .max = absl::Hours(24)},
+           Flag{"--tls-renew-check",
+                f.tls_renew_check,
+                {.bare_unit = absl::Milliseconds(1),
+                .min = absl::Milliseconds(10),
+                .max = absl::Hours(24)},
                 &f.renew_check},
-           Flag{"--workload-refresh", f.workload_refresh,
+           Flag{"--workload-refresh",
+                f.workload_refresh,
                 {.allow_zero = true, .bare_unit = absl::Milliseconds(1), .max = absl::Hours(1)},
                 &f.workload_refresh_every},
        }) {
@@ -210,8 +214,8 @@ int RunScheduler(SchedulerFlags f) {
 
   if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(std::string(st.message()));
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
-    return Fail("--policy \"" + f.policy + "\" is not a policy (known: " +
-                absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
+    return Fail("--policy \"" + f.policy +
+                "\" is not a policy (known: " + absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
   }
   std::string ext_host, hook_host, health_host;
   int ext_port = 0, hook_port = 0, health_port = 0;
@@ -372,8 +376,8 @@ int RunScheduler(SchedulerFlags f) {
     webhook.Register(*hook.server);
     if (!hook.server->bind_to_port(hook_host, hook_port)) {
       stop_all();
-      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \""
-                << f.webhook_listen << "\"\n";
+      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \"" << f.webhook_listen
+                << "\"\n";
       return 1;
     }
     hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
@@ -383,26 +387,26 @@ int RunScheduler(SchedulerFlags f) {
   if (self_issued && !reloaders.empty()) {
     // Renewal: the API server is told to trust the new and the old CA before the new pair is
     // served, so no handshake in between fails.
-    renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file,
-                                key_file]() mutable {
-      while (!renew_stop.WaitForNotificationWithTimeout(f.renew_check)) {
-        auto next = ServingCertificate(f, &api, &current);
-        if (!next.ok()) {
-          spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
-          continue;
-        }
-        if (next->cert_pem == current.cert_pem) continue;
-        PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
-        absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
-        if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
-        if (!st.ok()) {
-          spdlog::warn("webhook certificate renewal: {}", st.ToString());
-          continue;
-        }
-        current = *std::move(next);
-        spdlog::info("webhook certificate renewed");
-      }
-    });
+    renew_thread =
+        std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
+          while (!renew_stop.WaitForNotificationWithTimeout(f.renew_check)) {
+            auto next = ServingCertificate(f, &api, &current);
+            if (!next.ok()) {
+              spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
+              continue;
+            }
+            if (next->cert_pem == current.cert_pem) continue;
+            PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
+            absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
+            if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
+            if (!st.ok()) {
+              spdlog::warn("webhook certificate renewal: {}", st.ToString());
+              continue;
+            }
+            current = *std::move(next);
+            spdlog::info("webhook certificate renewed");
+          }
+        });
   }
   spdlog::info("gpulet scheduler: extender on {}{} ({}), webhook on {}", f.extender_listen,
                f.extender_prefix, client_ca.empty() ? "HTTP" : "HTTPS, client certificates",
@@ -477,11 +481,13 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
                  "How long before expiry a self-issued certificate (one-year validity) is "
                  "replaced, in the running process and in --tls-secret (1h..87600h; a bare "
                  "number is hours, deprecated)")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--tls-renew-check", f->tls_renew_check,
                  "How often the self-issued certificate's expiry is checked (10ms..24h; a bare "
                  "number is milliseconds, deprecated)")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--policy", f->policy,
                  "Default placement policy: binpack, spread, or a placement registry name "
                  "(best-fit, gpu-packing, dot-product, fgd, gpulet, random); a pod may choose "
@@ -492,7 +498,8 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
                  "and gpulet policies score against is rebuilt while pods change; 0: before "
                  "every decision after a change (..1h; a bare number is milliseconds, "
                  "deprecated)")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--scheduler-name", f->scheduler_name,
                  "Mutating webhook: set spec.schedulerName of vGPU pods to this profile");
   sub.add_option("--max-memory-units", f->max_memory_units,
@@ -509,8 +516,7 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
 
 }  // namespace
 
-GPULET_COMMAND(scheduler,
-               "vGPU scheduler extender (filter/prioritize/bind) and admission webhook",
+GPULET_COMMAND(scheduler, "vGPU scheduler extender (filter/prioritize/bind) and admission webhook",
                SetupScheduler);
 
 }  // namespace gpulet::cmd

@@ -1,4 +1,6 @@
 // `gpulet validate`: checks driver, runtime and device plugin in order (node/validate.h).
+#include "node/validate.h"
+
 #include <iostream>
 #include <memory>
 
@@ -6,7 +8,6 @@
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "k8s/client.h"
-#include "node/validate.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -30,10 +31,13 @@ int Run(ValidateFlags& f) {
   for (const auto& s : r.steps)
     std::cout << (s.ok ? "ok   " : "FAIL ") << s.name << ": " << s.detail << "\n";
   if (f.label && client) {
-    k8s::json patch = {{"metadata", {{"labels", {{"gpulet.io/gpu-stack", r.ok() ? k8s::json("ready") : k8s::json(nullptr)}}}}}};
+    k8s::json patch = {
+        {"metadata",
+         {{"labels",
+           {{"gpulet.io/gpu-stack", r.ok() ? k8s::json("ready") : k8s::json(nullptr)}}}}}};
     if (auto p = client->PatchNode(f.o.node_name, k8s::PatchType::kMerge, patch); !p.ok()) {
-      return Fail("gpulet validate", "cannot label node " + f.o.node_name + ": " +
-                                         std::string(p.status().message()));
+      return Fail("gpulet validate",
+                  "cannot label node " + f.o.node_name + ": " + std::string(p.status().message()));
     }
     std::cout << (r.ok() ? "labelled " : "unlabelled ") << f.o.node_name
               << " gpulet.io/gpu-stack=ready\n";
@@ -50,7 +54,8 @@ std::function<int()> SetupValidate(CLI::App& sub) {
       ->check(CLI::IsMember({"auto", "containerd", "docker", "crio"}));
   sub.add_option("--prefix", f->o.prefix, "Host directory of the installed runtime pieces")
       ->capture_default_str();
-  sub.add_option("--cdi-dir", f->o.cdi_dir, "Host directory of the CDI spec")->capture_default_str();
+  sub.add_option("--cdi-dir", f->o.cdi_dir, "Host directory of the CDI spec")
+      ->capture_default_str();
   sub.add_option("--pod-resources-socket", f->o.pod_resources_socket,
                  "The kubelet's PodResources socket")
       ->capture_default_str();
@@ -65,15 +70,17 @@ std::function<int()> SetupValidate(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--probe-runc", f->o.probe_runc,
                  "runc for the probe container (default: the host's, else PATH)");
-  sub.add_flag("--label", f->label,
-               "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
+  sub.add_flag(
+      "--label", f->label,
+      "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
   AddGpuFlags(sub, f->o.gpu);
   return [f] { return Run(*f); };
 }
 
 }  // namespace
 
-GPULET_COMMAND(validate, "Check driver, runtime and device plugin in order; exit 1 on the first failure",
+GPULET_COMMAND(validate,
+               "Check driver, runtime and device plugin in order; exit 1 on the first failure",
                SetupValidate);
 
 }  // namespace gpulet::cmd

@@ -1,10 +1,10 @@
 #include "vgpu/node/node.h"
 
-#include <algorithm>
-#include <filesystem>
-
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,9 +14,9 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 #include "vgpu/interposer/accounting.h"
-#include "placement/vgpu_policy.h"
 
 namespace gpulet::vgpu {
 namespace {
@@ -106,9 +106,9 @@ std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
   }
   placement::Node trial = node;
   if (absl::Status s = placement::Apply(trial, pr, a); !s.ok()) {
-    *reason = absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ",
-                           absl::StrJoin(gpus, ","), " is not free in this node's grants (",
-                           s.message(), ")");
+    *reason =
+        absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ", absl::StrJoin(gpus, ","),
+                     " is not free in this node's grants (", s.message(), ")");
     return {};
   }
   return gpus;
@@ -156,8 +156,7 @@ json GrantToJson(const Grant& g) {
 // that aborts the agent at every start.
 absl::StatusOr<Grant> GrantFromJson(const json& j, size_t n) {
   auto bad = [&](const char* field, const char* want) {
-    return absl::DataLossError(
-        absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
+    return absl::DataLossError(absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
   };
   if (!j.is_object()) return absl::DataLossError(absl::StrCat("grant #", n, " is not an object"));
   Grant g;
@@ -421,8 +420,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       placement::Gpu& gpu = node.gpus[gi->second];
       bool whole = g.cores >= kCoresPerGpu;
       gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
-      gpu.memory_free_bytes -=
-          whole ? gpu.memory_total_bytes : MemoryUnitsToBytes(g.memory_units);
+      gpu.memory_free_bytes -= whole ? gpu.memory_total_bytes : MemoryUnitsToBytes(g.memory_units);
     }
   }
   placement::PodRequest pr;
@@ -463,10 +461,9 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     std::string reason;
     gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
     if (gpus.empty() && c.annotated_gpus.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ",
-                       options_.names.core, " ", cores,
-                       ", but the kubelet's device IDs cannot be honoured: ", reason));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ",
+          cores, ", but the kubelet's device IDs cannot be honoured: ", reason));
     }
   }
   Grant g;

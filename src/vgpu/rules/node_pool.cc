@@ -56,8 +56,8 @@ absl::StatusOr<std::vector<PoolGpu>> DecodeNodePool(std::string_view text) {
       }
       gpu.uuid = u->get<std::string>();
     }
-    if (auto x = g.find("index"); x != g.end() && x->is_number_unsigned() &&
-                                  x->get<uint64_t>() <= UINT32_MAX) {
+    if (auto x = g.find("index");
+        x != g.end() && x->is_number_unsigned() && x->get<uint64_t>() <= UINT32_MAX) {
       gpu.index = static_cast<uint32_t>(x->get<uint64_t>());
     }
     if (auto m = g.find("memoryUnits"); m != g.end()) {

@@ -17,7 +17,7 @@ namespace gpulet::vgpu {
 inline constexpr int64_t kMaxNodeGpus = 256;
 
 struct PoolGpu {
-  std::string uuid;  // empty: not given
+  std::string uuid;    // empty: not given
   uint32_t index = 0;  // NVML index on the node (informative: nothing off the node uses it)
   int64_t memory_units = 0;
   bool healthy = true;

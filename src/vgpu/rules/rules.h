@@ -1,5 +1,5 @@
-// The fractional-GPU resource rules, in ONE place: the admission webhook, the scheduler extender and
-// the node agent all call ParsePod() so a pod is judged the same way everywhere.
+// The fractional-GPU resource rules, in ONE place: the admission webhook, the scheduler extender
+// and the node agent all call ParsePod() so a pod is judged the same way everywhere.
 //
 // A container's tencent.com/vcuda-core (C) and tencent.com/vcuda-memory (M, 256 MiB units):
 //   C in 1..99           a share of one GPU; M >= 1 is required and must fit one GPU.
@@ -38,7 +38,7 @@ struct ResourceNames {
 // Annotations gpulet reads and writes on pods. The extender writes the node, the per-container GPU
 // UUIDs and the bind time; the node agent flips `assigned` to "true" once Allocate served the pod.
 inline constexpr char kAnnotationNode[] = "gpulet.io/vgpu-node";
-inline constexpr char kAnnotationGpusPrefix[] = "gpulet.io/vgpu-gpus-";  // + container index
+inline constexpr char kAnnotationGpusPrefix[] = "gpulet.io/vgpu-gpus-";    // + container index
 inline constexpr char kAnnotationBindTime[] = "gpulet.io/vgpu-bind-time";  // unix nanoseconds
 inline constexpr char kAnnotationAssigned[] = "gpulet.io/vgpu-assigned";
 inline constexpr char kAnnotationPolicy[] = "gpulet.io/vgpu-policy";  // binpack|spread|<registry>
@@ -89,7 +89,7 @@ absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gp
 // Reads and validates the vGPU requests of a pod (Kubernetes JSON). Errors name the container and
 // the resource. A pod without vGPU requests gives an empty PodUnits.
 absl::StatusOr<PodUnits> ParsePod(const nlohmann::json& pod, const ResourceNames& names,
-                                    int64_t max_units_per_gpu);
+                                  int64_t max_units_per_gpu);
 
 // Parses an integer Kubernetes quantity ("30", "2k", "1Ki"); fractional values are errors.
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);

@@ -1,12 +1,12 @@
-// The vGPU resource rules (vgpu/rules/rules.h): what is accepted, what is refused and what the refusal
-// says.
+// The vGPU resource rules (vgpu/rules/rules.h): what is accepted, what is refused and what the
+// refusal says.
 #include "vgpu/rules/rules.h"
-#include "vgpu/rules/node_pool.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
+#include "vgpu/rules/node_pool.h"
 
 namespace gpulet::vgpu {
 namespace {
@@ -25,8 +25,8 @@ constexpr int64_t kH100Units = 318;  // floor(81559 MiB / 256 MiB)
 
 // The seed's pod: 30 cores and 20 units is a share of one GPU.
 TEST(Rules, SeedPodIsAShare) {
-  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}),
-                    {}, kH100Units);
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}), {},
+                    kH100Units);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->containers.size(), 1u);
   EXPECT_TRUE(p->containers[0].fractional());
@@ -47,8 +47,8 @@ TEST(Rules, MultiplesOfHundredAreWholeGpus) {
 // 150 and 250 are refused with a message that says what is allowed.
 TEST(Rules, NonMultipleAboveHundredRejected) {
   for (int cores : {150, 250, 101}) {
-    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 4}}),
-                      {}, kH100Units);
+    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 4}}), {},
+                      kH100Units);
     ASSERT_FALSE(p.ok()) << cores;
     EXPECT_THAT(p.status().message(), HasSubstr("not a multiple of 100"));
     EXPECT_THAT(p.status().message(), HasSubstr("allowed: tencent.com/vcuda-core 1-99"));
@@ -75,16 +75,16 @@ TEST(Rules, MemoryMustFitOneGpu) {
                     kH100Units);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("larger than one GPU (318 units"));
-  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 318}}),
-                       {}, kH100Units)
+  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 318}}), {},
+                       kH100Units)
                   .ok());
   EXPECT_FALSE(ParsePod(Pod({{"tencent.com/vcuda-core", 100}, {"tencent.com/vcuda-memory", 400}}),
                         {}, kH100Units)
                    .ok());
   // Unknown GPU size (0): the bound is not applied.
-  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 999}}),
-                       {}, 0)
-                  .ok());
+  EXPECT_TRUE(
+      ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 999}}), {}, 0)
+          .ok());
 }
 
 // Requests, if given, must equal limits; a request without a limit is refused.
@@ -120,9 +120,9 @@ TEST(Rules, Quantities) {
 // Configured resource names replace TKEStack's; other names are ignored.
 TEST(Rules, ConfigurableNames) {
   ResourceNames names{"example.com/core", "example.com/mem"};
-  auto p = ParsePod(Pod({{"example.com/core", 40}, {"example.com/mem", 2},
-                         {"tencent.com/vcuda-core", 150}}),
-                    names, 0);
+  auto p = ParsePod(
+      Pod({{"example.com/core", 40}, {"example.com/mem", 2}, {"tencent.com/vcuda-core", 150}}),
+      names, 0);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->containers[0].cores, 40);
 }
@@ -200,9 +200,8 @@ TEST(Rules, PlacementRequestOf) {
 TEST(NodePool, EncodeDecodeRoundTrip) {
   std::vector<PoolGpu> pool = {{"GPU-a", 0, 318, true}, {"GPU-b", 3, 64, false}};
   std::string text = EncodeNodePool(pool);
-  EXPECT_EQ(text,
-            R"([{"healthy":true,"index":0,"memoryUnits":318,"uuid":"GPU-a"},)"
-            R"({"healthy":false,"index":3,"memoryUnits":64,"uuid":"GPU-b"}])");
+  EXPECT_EQ(text, R"([{"healthy":true,"index":0,"memoryUnits":318,"uuid":"GPU-a"},)"
+                  R"({"healthy":false,"index":3,"memoryUnits":64,"uuid":"GPU-b"}])");
   auto back = DecodeNodePool(text);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->size(), 2u);
