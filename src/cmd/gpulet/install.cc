@@ -82,13 +82,17 @@ int UninstallOnOwnerDelete(const UninstallFlags& f) {
   int sig = 0;
   sigwait(&stop, &sig);
   node::OwnerDeletion::Verdict v = owner.Decide();
-  owner.Stop();
+  // The watch is stopped after the work: ending it can wait for the connection to close, and the
+  // kubelet's grace period is better spent on the uninstall.
   if (!v.deleting) {
     std::cout << "kept the engine configuration: " << v.reason << std::endl;
+    owner.Stop();
     return 0;
   }
   std::cout << v.reason << ": uninstalling" << std::endl;
-  return Report("uninstall", node::Uninstall(f.host_root, f.restart));
+  int rc = Report("uninstall", node::Uninstall(f.host_root, f.restart));
+  owner.Stop();
+  return rc;
 }
 
 std::function<int()> SetupUninstall(CLI::App& sub) {
