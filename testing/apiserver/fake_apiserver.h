@@ -99,7 +99,7 @@ class FakeApiServer {
   struct Event {
     int64_t rv;
     std::string type;
-    std::string kind;  // "pods" | "nodes"
+    std::string kind;  // "pods", "nodes", or a kind of ResourceRoutes
     json object;
   };
   using ModifyFn = std::function<void(json&, const std::string&, const httplib::Request&,
