@@ -232,6 +232,11 @@ json FakeApiServer::Stamp(json obj, const std::string& kind) {
   if (!md.contains("uid")) md["uid"] = NewUid();
   if (!md.contains("creationTimestamp")) md["creationTimestamp"] = Now();
   md["resourceVersion"] = std::to_string(++rv_);
+  if (kind == "daemonsets") {
+    obj["apiVersion"] = "apps/v1";
+    obj["kind"] = "DaemonSet";
+    return obj;
+  }
   if (kind == "resourceslices" || kind == "resourceclaims") {
     obj["apiVersion"] = "resource.k8s.io/v1";
     obj["kind"] = kind == "resourceslices" ? "ResourceSlice" : "ResourceClaim";
@@ -368,7 +373,7 @@ void FakeApiServer::Routes() {
           if (in_scope(events_.at(key))) items.push_back(events_.at(key));
         }
       } else {
-        for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+        for (const auto& [k, o] : Store(kind)) {
           if (in_scope(o)) items.push_back(o);
         }
       }
@@ -404,7 +409,7 @@ void FakeApiServer::Routes() {
             std::unique_lock<std::mutex> l(mu_);
             if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
               *initial = false;
-              for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+              for (const auto& [k, o] : Store(kind)) {
                 if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
               }
               *cursor = rv_;
@@ -684,7 +689,7 @@ void FakeApiServer::Routes() {
           }
           Reply(r, 200, it->second);
         });
-  ResourceRoutes(modify);
+  ResourceRoutes(modify, list);
   s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (r.body.empty()) {
       Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",
@@ -735,31 +740,43 @@ bool FakeApiServer::UpdateObject(const std::string& kind, json obj) {
   return true;
 }
 
+std::map<std::string, json>& FakeApiServer::Store(const std::string& kind) {
+  return kind == "pods" ? pods_ : kind == "nodes" ? nodes_ : objects_[kind];
+}
+
 // resource.k8s.io/v1: resourceslices (cluster-scoped) and resourceclaims (namespaced, with
 // /status): list (no watch), get, create, PUT, PATCH, DELETE, as kube-apiserver answers them.
-void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
+// apps/v1 daemonsets (namespaced): the same, and watch (`watch` serves it as for pods).
+void FakeApiServer::ResourceRoutes(const ModifyFn& modify, const ListFn& watch) {
   httplib::Server& s = *server_;
-  const std::string base = "/apis/resource.k8s.io/v1";
   struct Kind {
     std::string plural, singular;
     bool namespaced;
+    std::string base, api_version;
   };
-  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false},
-                        Kind{"resourceclaims", "ResourceClaim", true}}) {
+  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false, "/apis/resource.k8s.io/v1",
+                             "resource.k8s.io/v1"},
+                        Kind{"resourceclaims", "ResourceClaim", true, "/apis/resource.k8s.io/v1",
+                             "resource.k8s.io/v1"},
+                        Kind{"daemonsets", "DaemonSet", true, "/apis/apps/v1", "apps/v1"}}) {
+    const std::string& base = k.base;
     std::string coll =
         k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural : base + "/" + k.plural;
     auto ns_of = [k](const httplib::Request& q) {
       return k.namespaced ? std::string(q.matches[1]) : std::string();
     };
-    auto list = [this, k, ns_of](const httplib::Request& q, httplib::Response& r) {
+    auto list = [this, k, ns_of, watch](const httplib::Request& q, httplib::Response& r) {
       std::vector<Term> fields, labels;
       std::string err;
       if (!ParseSelector(q.get_param_value("fieldSelector"), false, &fields, &err) ||
           !ParseSelector(q.get_param_value("labelSelector"), true, &labels, &err))
         return Fail(r, 400, "BadRequest", err);
-      if (q.get_param_value("watch") == "true")
-        return Fail(r, 405, "MethodNotAllowed", "the fake API server does not watch " + k.plural);
       std::string ns = q.matches.size() > 1 && k.namespaced ? ns_of(q) : "";
+      if (q.get_param_value("watch") == "true" || q.get_param_value("watch") == "1") {
+        if (k.plural != "daemonsets")
+          return Fail(r, 405, "MethodNotAllowed", "the fake API server does not watch " + k.plural);
+        return watch(k.plural, ns, q, r);
+      }
       std::lock_guard<std::mutex> l(mu_);
       json items = json::array();
       for (const auto& [key, o] : objects_[k.plural])
@@ -767,7 +784,7 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
           items.push_back(o);
       Reply(r, 200,
             {{"kind", k.singular + "List"},
-             {"apiVersion", "resource.k8s.io/v1"},
+             {"apiVersion", k.api_version},
              {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
              {"items", items}});
     };
@@ -782,14 +799,16 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
         std::lock_guard<std::mutex> l(mu_);
         if (objects_[k.plural].count(ns_of(q) + "/" + Field(obj, "metadata.name")))
           return Fail(r, 409, "AlreadyExists",
-                      absl::StrCat(k.plural, ".resource.k8s.io \"", Field(obj, "metadata.name"),
-                                   "\" already exists"));
+                      absl::StrCat(k.plural, ".", k.api_version.substr(0, k.api_version.find('/')),
+                                   " \"", Field(obj, "metadata.name"), "\" already exists"));
       }
       Reply(r, 201, CreateObject(k.plural, obj));
     });
     std::string one = coll + "/([^/]+)";
     auto not_found = [k](httplib::Response& r, const std::string& name) {
-      Fail(r, 404, "NotFound", absl::StrCat(k.plural, ".resource.k8s.io \"", name, "\" not found"));
+      Fail(r, 404, "NotFound",
+           absl::StrCat(k.plural, ".", k.api_version.substr(0, k.api_version.find('/')), " \"",
+                        name, "\" not found"));
     };
     s.Get(one + "(/status)?",
           [this, k, not_found](const httplib::Request& q, httplib::Response& r) {

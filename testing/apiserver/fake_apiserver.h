@@ -8,7 +8,8 @@
 //   given, metadata.generateName honoured) and GET (list, get); no watch, no history.
 //   /apis/resource.k8s.io/v1/resourceslices[/{name}] and /apis/resource.k8s.io/v1/namespaces/{ns}/
 //   resourceclaims[/{name}[/status]] (and the all-namespaces list): GET (list without watch, get),
-//   POST, PUT, PATCH, DELETE.
+//   POST, PUT, PATCH, DELETE. /apis/apps/v1/namespaces/{ns}/daemonsets[/{name}]: the same, and
+//   watch.
 //   Field selectors (metadata.name, metadata.namespace, spec.nodeName, status.phase,
 //   spec.schedulerName, involvedObject.{name,namespace,kind,uid}, reason, type, spec.driver,
 //   spec.pool.name; =, ==, !=) and
@@ -98,13 +99,17 @@ class FakeApiServer {
   struct Event {
     int64_t rv;
     std::string type;
-    std::string kind;  // "pods" | "nodes"
+    std::string kind;  // "pods", "nodes", or a kind of ResourceRoutes
     json object;
   };
   using ModifyFn = std::function<void(json&, const std::string&, const httplib::Request&,
                                       httplib::Response&, bool)>;
   void Routes();
-  void ResourceRoutes(const ModifyFn& modify);
+  // Lists or watches a collection: (kind, namespace or "" for all, request, response).
+  using ListFn = std::function<void(const std::string&, const std::string&, const httplib::Request&,
+                                    httplib::Response&)>;
+  void ResourceRoutes(const ModifyFn& modify, const ListFn& watch);
+  std::map<std::string, json>& Store(const std::string& kind);  // REQUIRES: mu_ held
   json Stamp(json obj, const std::string& kind);  // sets rv (and uid, timestamps when new)
   void Record(const std::string& type, const std::string& kind, const json& obj);
 
