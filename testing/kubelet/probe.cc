@@ -80,8 +80,18 @@ std::string TryRegister(const std::string& dir, const std::string& version,
 }
 
 void ProbePlugin::Register() {
+  int before;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    before = list_and_watch_calls_;
+  }
   std::string r = TryRegister(dir_, "v1beta1", kResource);
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
+  // The kubelet starts ListAndWatch from a goroutine, before or after its answer to Register:
+  // waiting for it keeps the transcript's order the same from run to run.
+  if (r == "OK" &&
+      !cv_.wait_for(l, std::chrono::seconds(10), [&] { return list_and_watch_calls_ > before; }))
+    r = "OK, but no ListAndWatch within 10 s";
   Record("register: " + r);
 }
 
@@ -145,6 +155,7 @@ grpc::Status ProbePlugin::GetDevicePluginOptions(grpc::ServerContext*, const v1b
 grpc::Status ProbePlugin::ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
                                        grpc::ServerWriter<v1beta1::ListAndWatchResponse>* w) {
   std::unique_lock<std::mutex> l(mu_);
+  ++list_and_watch_calls_;
   Record("call ListAndWatch");
   int sent = -1;
   while (!stopping_ && !ctx->IsCancelled()) {
@@ -224,6 +235,9 @@ std::vector<std::string> PodResourcesView(const std::string& socket) {
     v1::ListPodResourcesResponse resp;
     grpc::Status st = stub->List(&ctx, req, &resp);
     std::map<std::string, std::string> held;  // ns/pod/container -> ids
+    std::vector<std::string> listed;          // the probe's pods, with or without devices
+    for (const auto& p : resp.pod_resources())
+      if (p.name().rfind("probe-kp-", 0) == 0) listed.push_back(p.name());
     for (const auto& p : resp.pod_resources())
       for (const auto& c : p.containers()) {
         std::vector<std::string> ids;
@@ -237,6 +251,7 @@ std::vector<std::string> PodResourcesView(const std::string& socket) {
     for (const auto& [k, v] : held) parts.push_back(k + "=" + v);
     out.push_back("podresources_list: " +
                   (st.ok() ? (parts.empty() ? "-" : absl::StrJoin(parts, "; ")) : StatusLine(st)));
+    out.push_back("podresources_pods: " + (st.ok() ? Sorted(listed) : StatusLine(st)));
   }
   {
     grpc::ClientContext ctx;

@@ -35,7 +35,8 @@ class ProbePlugin : public v1beta1::DevicePlugin::Service {
 
   // Serves on <dir>/gpulet-probe.sock (removing a stale file first). False when it cannot bind.
   bool Serve();
-  // Register with kubelet.sock: "register: OK" or "register: CODE \"message\"" is recorded.
+  // Register with kubelet.sock: "register: OK" (once the kubelet has called ListAndWatch) or
+  // "register: CODE \"message\"" is recorded.
   void Register();
   // Ends the server and the ListAndWatch stream.
   void Stop();
@@ -73,6 +74,7 @@ class ProbePlugin : public v1beta1::DevicePlugin::Service {
   bool healthy_[4] = {true, true, true, true};
   int version_ = 0;
   int preferred_calls_ = 0;
+  int list_and_watch_calls_ = 0;
   bool stopping_ = false;
   std::unique_ptr<grpc::Server> server_;
   std::FILE* sink_ = nullptr;
@@ -85,6 +87,7 @@ std::string TryRegister(const std::string& dir, const std::string& version,
 
 // The kubelet's PodResources v1 view of probe.gpulet.io/dev on `socket`, one line each:
 //   podresources_list: ns/pod/container=dev-a,dev-b; ...      (pods holding the resource, sorted)
+//   podresources_pods: probe-kp-1,...                          (the probe's pods List shows at all)
 //   podresources_allocatable: dev-0,...
 //   podresources_get_missing: CODE "message"                  (Get of a pod that does not exist)
 std::vector<std::string> PodResourcesView(const std::string& socket);

@@ -12,7 +12,7 @@
 . "$(dirname "$0")/lib.sh"
 need_cluster
 default_sa
-PROBE=$build/testing/kubelet/gpulet-kubelet-probe
+PROBE=$build/bin/gpulet-kubelet-probe
 [ -x "$PROBE" ] || { echo "FAIL: $PROBE is not built (cmake --build --target gpulet-kubelet-probe)"; exit 1; }
 DP=$D/fixed/var/lib/kubelet/device-plugins
 PR=$D/fixed/var/lib/kubelet/pod-resources/kubelet.sock

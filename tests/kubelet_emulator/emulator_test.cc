@@ -201,7 +201,7 @@ TEST_F(EmulatorTest, NodeNamePodRejectedWithUnexpectedAdmissionError) {
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->reason, "UnexpectedAdmissionError");
   EXPECT_EQ(st->message,
-            "Allocate failed due to requested number of devices unavailable for example.com/gpu. "
+            "Pod was rejected: Allocate failed due to requested number of devices unavailable for example.com/gpu. "
             "Requested: 5, Available: 4, which is unexpected");
   // A failed pod holds nothing and is not retried.
   EXPECT_EQ(emu.Resource("example.com/gpu")->allocated, 0);
@@ -217,7 +217,7 @@ TEST_F(EmulatorTest, NoHealthyDevicesWording) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->message,
-            "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+            "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
             "example.com/gpu, which is unexpected");
 }
 
@@ -247,7 +247,7 @@ TEST_F(EmulatorTest, AllocateErrorFailsPod) {
   auto st = emu.AddPod(Pod("x", 1));
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->message,
-            "Allocate failed due to rpc error: code = InvalidArgument desc = unknown device d9, "
+            "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = unknown device d9, "
             "which is unexpected");
 }
 
@@ -314,7 +314,8 @@ TEST_F(EmulatorTest, PodResourcesReportsAllocations) {
     req.set_pod_namespace("default");
     v1::GetPodResourcesResponse resp;
     grpc::Status s = stub->Get(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    // As the real kubelet v1.34 (kubelet_probe.expected): a Go error, so gRPC code Unknown.
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
     EXPECT_EQ(s.error_message(), "pod nope in namespace default not found");
   }
 }

@@ -61,12 +61,16 @@ class KubeletProbeTest : public ::testing::Test {
     plugin_->Note(absl::StrCat("node: capacity=", r ? r->capacity : 0,
                                " allocatable=", r ? r->allocatable : 0));
   }
-  // What kubectl shows of a pod: phase, and reason and message when there is one.
+  // What kubectl shows of a pod: phase, and status.reason and message when there is one. The
+  // emulator keeps the last event's reason for a Running pod too ("Started"), where the API's
+  // status has none: only Pending and Failed pods carry one (what gpulet reads).
   void NotePod(const std::string& name) {
     auto p = emu_->GetPod("default", name);
     ASSERT_TRUE(p);
     std::string line = absl::StrCat("pod ", name, ": ", PodPhaseName(p->phase));
-    if (!p->reason.empty()) absl::StrAppend(&line, " ", p->reason, " \"", p->message, "\"");
+    bool has_reason = p->phase == PodPhase::kPending || p->phase == PodPhase::kFailed;
+    if (has_reason && !p->reason.empty())
+      absl::StrAppend(&line, " ", p->reason, " \"", p->message, "\"");
     plugin_->Note(line);
   }
   void NotePodResources() {
