@@ -411,64 +411,62 @@ void FakeApiServer::Routes() {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
     auto cursor = std::make_shared<int64_t>(from);
     auto initial = std::make_shared<bool>(from == 0);
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, kind, in_scope, deadline, cursor, initial](size_t, httplib::DataSink& sink) {
-          std::string out;
-          bool done = false;
-          {
-            std::unique_lock<std::mutex> l(mu_);
-            if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
-              *initial = false;
-              for (const auto& [k, o] : kind == "pods"     ? pods_
-                                        : kind == "events" ? events_
-                                                           : nodes_) {
-                if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
-              }
-              *cursor = rv_;
-            } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
-              out = json{{"type", "ERROR"},
-                         {"object", StatusObject(410, "Expired",
-                                                 absl::StrCat("too old resource version: ", *cursor,
-                                                              " (", history_.front().rv - 1, ")"))}}
-                        .dump() +
-                    "\n";
-              done = true;
-            } else {
-              changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
-              if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
-              // Replay history after the cursor; a change of selector match becomes ADDED or
-              // DELETED as kube-apiserver does.
-              std::map<std::string, const json*> prev;
-              for (const Event& e : history_) {
-                if (e.kind != kind) continue;
-                std::string key =
-                    Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
-                const json* before = prev.count(key) ? prev[key] : nullptr;
-                prev[key] = e.type == "DELETED" ? nullptr : &e.object;
-                if (e.rv <= *cursor) continue;
-                bool was = before && in_scope(*before);
-                bool is = in_scope(e.object);
-                std::string type = e.type;
-                if (e.type == "MODIFIED") {
-                  if (!was && is)
-                    type = "ADDED";
-                  else if (was && !is)
-                    type = "DELETED";
-                  else if (!was && !is)
-                    continue;
-                } else if (!is) {
-                  continue;
-                }
-                out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
-              }
-              *cursor = rv_;
-            }
+    res.set_chunked_content_provider("application/json", [this, kind, in_scope, deadline, cursor,
+                                                          initial](size_t,
+                                                                   httplib::DataSink& sink) {
+      std::string out;
+      bool done = false;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
+          *initial = false;
+          for (const auto& [k, o] : kind == "pods" ? pods_ : kind == "events" ? events_ : nodes_) {
+            if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
           }
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (done) sink.done();
-          return true;
-        });
+          *cursor = rv_;
+        } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
+          out = json{{"type", "ERROR"},
+                     {"object", StatusObject(410, "Expired",
+                                             absl::StrCat("too old resource version: ", *cursor,
+                                                          " (", history_.front().rv - 1, ")"))}}
+                    .dump() +
+                "\n";
+          done = true;
+        } else {
+          changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
+          if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
+          // Replay history after the cursor; a change of selector match becomes ADDED or
+          // DELETED as kube-apiserver does.
+          std::map<std::string, const json*> prev;
+          for (const Event& e : history_) {
+            if (e.kind != kind) continue;
+            std::string key =
+                Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
+            const json* before = prev.count(key) ? prev[key] : nullptr;
+            prev[key] = e.type == "DELETED" ? nullptr : &e.object;
+            if (e.rv <= *cursor) continue;
+            bool was = before && in_scope(*before);
+            bool is = in_scope(e.object);
+            std::string type = e.type;
+            if (e.type == "MODIFIED") {
+              if (!was && is)
+                type = "ADDED";
+              else if (was && !is)
+                type = "DELETED";
+              else if (!was && !is)
+                continue;
+            } else if (!is) {
+              continue;
+            }
+            out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
+          }
+          *cursor = rv_;
+        }
+      }
+      if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+      if (done) sink.done();
+      return true;
+    });
   };
 
   auto get_pod = [this](const std::string& ns, const std::string& name, json** out,
@@ -552,10 +550,10 @@ void FakeApiServer::Routes() {
       return Fail(r, 422, "Invalid", "pod needs metadata.name");
     }
     // The one validation rule of kube-apiserver's that tests meet: a pod needs containers.
-    const json* containers = pod.contains("spec") && pod["spec"].is_object() &&
-                                     pod["spec"].contains("containers")
-                                 ? &pod["spec"]["containers"]
-                                 : nullptr;
+    const json* containers =
+        pod.contains("spec") && pod["spec"].is_object() && pod["spec"].contains("containers")
+            ? &pod["spec"]["containers"]
+            : nullptr;
     if (!containers || !containers->is_array() || containers->empty()) {
       return Fail(r, 422, "Invalid",
                   absl::StrCat("Pod \"", Field(pod, "metadata.name"),
@@ -605,44 +603,44 @@ void FakeApiServer::Routes() {
   // deletionGracePeriodSeconds: ?gracePeriodSeconds=, else spec.terminationGracePeriodSeconds,
   // else 30) and stays until its kubelet has stopped it; the fake has no kubelet, so it stays until
   // DeletePod() or a DELETE with gracePeriodSeconds=0. Unbound or finished pods go at once.
-  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))", [this](const httplib::Request& q,
-                                                                httplib::Response& r) {
-    std::string ns = q.matches[1], name = q.matches[2];
-    int64_t grace = -1;
-    if (q.has_param("gracePeriodSeconds") &&
-        !absl::SimpleAtoi(q.get_param_value("gracePeriodSeconds"), &grace))
-      return Fail(r, 400, "BadRequest", "invalid gracePeriodSeconds");
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = pods_.find(ns + "/" + name);
-      if (it == pods_.end())
-        return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
-      json& pod = it->second;
-      std::string phase = Field(pod, "status.phase");
-      bool graceful = !Field(pod, "spec.nodeName").empty() && phase != "Succeeded" &&
-                      phase != "Failed" && grace != 0;
-      if (graceful) {
-        if (grace < 0) {
-          const json& spec = pod["spec"];
-          grace = spec.contains("terminationGracePeriodSeconds") &&
-                          spec["terminationGracePeriodSeconds"].is_number_integer()
-                      ? spec["terminationGracePeriodSeconds"].get<int64_t>()
-                      : 30;
-        }
-        if (!pod["metadata"].contains("deletionTimestamp")) {
-          pod["metadata"]["deletionTimestamp"] = Now();
-          pod["metadata"]["deletionGracePeriodSeconds"] = grace;
-          pod = Stamp(pod, "pods");
-          Record("MODIFIED", "pods", pod);
-        }
-        return Reply(r, 200, pod);
-      }
-    }
-    json pod;
-    if (!GetPod(ns, name, &pod) || !DeletePod(ns, name))
-      return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
-    Reply(r, 200, pod);
-  });
+  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+           [this](const httplib::Request& q, httplib::Response& r) {
+             std::string ns = q.matches[1], name = q.matches[2];
+             int64_t grace = -1;
+             if (q.has_param("gracePeriodSeconds") &&
+                 !absl::SimpleAtoi(q.get_param_value("gracePeriodSeconds"), &grace))
+               return Fail(r, 400, "BadRequest", "invalid gracePeriodSeconds");
+             {
+               std::lock_guard<std::mutex> l(mu_);
+               auto it = pods_.find(ns + "/" + name);
+               if (it == pods_.end())
+                 return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+               json& pod = it->second;
+               std::string phase = Field(pod, "status.phase");
+               bool graceful = !Field(pod, "spec.nodeName").empty() && phase != "Succeeded" &&
+                               phase != "Failed" && grace != 0;
+               if (graceful) {
+                 if (grace < 0) {
+                   const json& spec = pod["spec"];
+                   grace = spec.contains("terminationGracePeriodSeconds") &&
+                                   spec["terminationGracePeriodSeconds"].is_number_integer()
+                               ? spec["terminationGracePeriodSeconds"].get<int64_t>()
+                               : 30;
+                 }
+                 if (!pod["metadata"].contains("deletionTimestamp")) {
+                   pod["metadata"]["deletionTimestamp"] = Now();
+                   pod["metadata"]["deletionGracePeriodSeconds"] = grace;
+                   pod = Stamp(pod, "pods");
+                   Record("MODIFIED", "pods", pod);
+                 }
+                 return Reply(r, 200, pod);
+               }
+             }
+             json pod;
+             if (!GetPod(ns, name, &pod) || !DeletePod(ns, name))
+               return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+             Reply(r, 200, pod);
+           });
   // Binding, both the pods/<name>/binding subresource and the legacy namespaced bindings.
   auto bind = [this, get_pod](const std::string& ns, const std::string& name,
                               const httplib::Request& q, httplib::Response& r) {

@@ -65,7 +65,8 @@ bool ProbePlugin::Serve() {
 
 std::string TryRegister(const std::string& dir, const std::string& version,
                         const std::string& resource) {
-  auto ch = grpc::CreateChannel("unix:" + dir + "/kubelet.sock", grpc::InsecureChannelCredentials());
+  auto ch =
+      grpc::CreateChannel("unix:" + dir + "/kubelet.sock", grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(ch);
   v1beta1::RegisterRequest req;
   req.set_version(version);

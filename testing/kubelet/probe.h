@@ -45,7 +45,8 @@ class ProbePlugin : public v1beta1::DevicePlugin::Service {
   // Records a line of the caller's (an observation between calls).
   void Note(const std::string& line);
   std::vector<std::string> Lines() const;
-  // Waits until a recorded line starts with `prefix` after the first `skip` lines; false on timeout.
+  // Waits until a recorded line starts with `prefix` after the first `skip` lines; false on
+  // timeout.
   bool WaitFor(const std::string& prefix, size_t skip, std::chrono::milliseconds timeout) const;
   std::string socket() const { return dir_ + "/" + kEndpoint; }
   // Also appends each line to `f` as it is recorded (flushed), so that another process writing

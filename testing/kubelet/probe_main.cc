@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd != "serve" || argc != 4) {
-    std::fprintf(stderr,
-                 "usage: gpulet-kubelet-probe serve DIR LOG | podresources SOCKET\n");
+    std::fprintf(stderr, "usage: gpulet-kubelet-probe serve DIR LOG | podresources SOCKET\n");
     return 2;
   }
   std::string dir = argv[2];

@@ -22,14 +22,17 @@ PodSpec ProbePod(const std::string& name, int n, const std::string& node = "") {
   PodSpec p;
   p.name = name;
   p.node_name = node;
-  p.containers.push_back(
-      {.name = "c", .image = "gpulet.test/busybox:1", .env = {},
-       .limits = {{probe::kResource, std::to_string(n)}}, .requests = {}});
+  p.containers.push_back({.name = "main",
+                          .image = "gpulet.test/busybox:1",
+                          .env = {},
+                          .limits = {{probe::kResource, std::to_string(n)}},
+                          .requests = {}});
   return p;
 }
 
 std::vector<std::string> Expected() {
-  std::ifstream f(std::string(GPULET_SOURCE_DIR) + "/tests/kubelet_emulator/kubelet_probe.expected");
+  std::ifstream f(std::string(GPULET_SOURCE_DIR) +
+                  "/tests/kubelet_emulator/kubelet_probe.expected");
   std::vector<std::string> out;
   for (std::string l; std::getline(f, l);)
     if (!l.empty() && l[0] != '#') out.push_back(l);
