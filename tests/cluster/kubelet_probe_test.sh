@@ -49,12 +49,21 @@ pod probe-kp-3 $R 2 | sed "s/^spec:/spec:\n  nodeName: $NODE/" | kc apply -f - >
 wait_until 60 settled probe-kp-3; pod_line probe-kp-3
 podres
 n=$(wc -l < "$LOG")
-"$cluster" kubelet-restart "$build" >/dev/null
+gpus=$(allocatable nvidia.com/gpu)
+t0=$(now)
+"$cluster" kubelet-restart "$build" >/dev/null 2>&1
 reregistered() { tail -n +"$((n + 1))" "$LOG" | grep -q '^register: OK'; }
 wait_until 30 reregistered
 sleep 2
 wait_until 30 want_alloc 3; node_line
 podres
+# gpulet's own plugin (the cluster's host process) registers again with the restarted kubelet too.
+gpus_back() { [ "$(allocatable nvidia.com/gpu)" = "$gpus" ]; }
+if [ -n "$gpus" ] && [ "$gpus" != 0 ]; then
+  wait_until 30 gpus_back
+  check "after the kubelet restart gpulet's plugin registered again: nvidia.com/gpu $gpus allocatable" gpus_back
+  gpus_back && echo "figure: kubelet restart -> nvidia.com/gpu allocatable again (gpulet re-registered), at most: $(elapsed "$t0" "$(now)") s (seen after the probe's own checks)"
+fi
 kill -TERM $probe; wait $probe
 wait_until 30 want_alloc 0; node_line
 
