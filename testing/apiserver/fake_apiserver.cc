@@ -1,5 +1,6 @@
 #include "testing/apiserver/fake_apiserver.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -54,20 +55,32 @@ struct Term {
   std::vector<std::string> values;
 };
 
-bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, std::string* err) {
-  static const char* kFields[] = {"metadata.name",
-                                  "metadata.namespace",
-                                  "spec.nodeName",
-                                  "status.phase",
-                                  "spec.schedulerName",
-                                  "involvedObject.name",
-                                  "involvedObject.namespace",
-                                  "involvedObject.kind",
-                                  "involvedObject.uid",
-                                  "reason",
-                                  "type",
-                                  "spec.driver",
-                                  "spec.pool.name"};
+// The field labels kube-apiserver v1.34 accepts per resource (others: 400 "field label not
+// supported: X", as tests/k8s/api_probe.py saw on the real server).
+bool FieldSupported(const std::string& kind, const std::string& key) {
+  static const std::map<std::string, std::vector<std::string>> kFields = {
+      {"pods",
+       {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+        "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+        "status.podIP", "status.podIPs", "status.nominatedNodeName"}},
+      {"nodes", {"metadata.name", "spec.unschedulable"}},
+      {"events",
+       {"metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+        "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+        "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+        "reportingComponent", "source", "type"}},
+      {"resourceslices", {"metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"}},
+      {"resourceclaims", {"metadata.name", "metadata.namespace"}},
+  };
+  auto it = kFields.find(kind);
+  if (it == kFields.end()) return key == "metadata.name" || key == "metadata.namespace";
+  return std::find(it->second.begin(), it->second.end(), key) != it->second.end();
+}
+
+// `kind` is the resource's plural; empty for a label selector.
+bool ParseSelector(const std::string& s, const std::string& kind, std::vector<Term>* out,
+                   std::string* err) {
+  const bool labels = kind.empty();
   std::vector<std::string> parts;
   int depth = 0;
   std::string cur;
@@ -117,11 +130,11 @@ bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, st
       t.op = p[0] == '!' ? Term::kNotExists : Term::kExists;
       t.key = p[0] == '!' ? p.substr(1) : p;
     } else {
-      return *err = "invalid field selector term \"" + p + "\"", false;
+      return *err = "invalid selector: '" + s + "'; can't understand '" + p + "'", false;
     }
     t.key = std::string(absl::StripAsciiWhitespace(t.key));
     for (auto& v : t.values) v = std::string(absl::StripAsciiWhitespace(v));
-    if (!labels && std::find(std::begin(kFields), std::end(kFields), t.key) == std::end(kFields)) {
+    if (!labels && !FieldSupported(kind, t.key)) {
       return *err = "field label not supported: " + t.key, false;
     }
     out->push_back(std::move(t));
@@ -159,6 +172,13 @@ bool Matches(const json& obj, const std::vector<Term>& fields, const std::vector
     }
   }
   return true;
+}
+
+// How kube-apiserver names a resource in messages: core resources by plural, others qualified by
+// their group.
+std::string Qualified(const std::string& kind) {
+  if (kind == "resourceclaims" || kind == "resourceslices") return kind + ".resource.k8s.io";
+  return kind;
 }
 
 std::string NewUid() {
@@ -257,7 +277,6 @@ json FakeApiServer::CreatePod(json pod) {
   std::lock_guard<std::mutex> l(mu_);
   if (!pod["metadata"].contains("namespace")) pod["metadata"]["namespace"] = "default";
   if (!pod["status"].contains("phase")) pod["status"]["phase"] = "Pending";
-  if (!pod["spec"].contains("nodeName")) pod["spec"]["nodeName"] = "";
   pod = Stamp(std::move(pod), "pods");
   std::string key = Field(pod, "metadata.namespace") + "/" + Field(pod, "metadata.name");
   pods_[key] = pod;
@@ -358,8 +377,8 @@ void FakeApiServer::Routes() {
                      httplib::Response& res) {
     std::vector<Term> fields, labels;
     std::string err;
-    if (!ParseSelector(req.get_param_value("fieldSelector"), false, &fields, &err) ||
-        !ParseSelector(req.get_param_value("labelSelector"), true, &labels, &err)) {
+    if (!ParseSelector(req.get_param_value("fieldSelector"), kind, &fields, &err) ||
+        !ParseSelector(req.get_param_value("labelSelector"), "", &labels, &err)) {
       return Fail(res, 400, "BadRequest", err);
     }
     auto in_scope = [ns, fields, labels](const json& o) {
@@ -385,9 +404,6 @@ void FakeApiServer::Routes() {
                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
                     {"items", items}});
     }
-    if (kind == "events") {
-      return Fail(res, 405, "MethodNotAllowed", "the fake API server does not watch events");
-    }
     int64_t from = 0;
     std::string rv = req.get_param_value("resourceVersion");
     if (!rv.empty() && !absl::SimpleAtoi(rv, &from)) {
@@ -400,62 +416,62 @@ void FakeApiServer::Routes() {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
     auto cursor = std::make_shared<int64_t>(from);
     auto initial = std::make_shared<bool>(from == 0);
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, kind, in_scope, deadline, cursor, initial](size_t, httplib::DataSink& sink) {
-          std::string out;
-          bool done = false;
-          {
-            std::unique_lock<std::mutex> l(mu_);
-            if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
-              *initial = false;
-              for (const auto& [k, o] : Store(kind)) {
-                if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
-              }
-              *cursor = rv_;
-            } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
-              out = json{{"type", "ERROR"},
-                         {"object", StatusObject(410, "Expired",
-                                                 absl::StrCat("too old resource version: ", *cursor,
-                                                              " (", history_.front().rv - 1, ")"))}}
-                        .dump() +
-                    "\n";
-              done = true;
-            } else {
-              changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
-              if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
-              // Replay history after the cursor; a change of selector match becomes ADDED or
-              // DELETED as kube-apiserver does.
-              std::map<std::string, const json*> prev;
-              for (const Event& e : history_) {
-                if (e.kind != kind) continue;
-                std::string key =
-                    Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
-                const json* before = prev.count(key) ? prev[key] : nullptr;
-                prev[key] = e.type == "DELETED" ? nullptr : &e.object;
-                if (e.rv <= *cursor) continue;
-                bool was = before && in_scope(*before);
-                bool is = in_scope(e.object);
-                std::string type = e.type;
-                if (e.type == "MODIFIED") {
-                  if (!was && is)
-                    type = "ADDED";
-                  else if (was && !is)
-                    type = "DELETED";
-                  else if (!was && !is)
-                    continue;
-                } else if (!is) {
-                  continue;
-                }
-                out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
-              }
-              *cursor = rv_;
-            }
+    res.set_chunked_content_provider("application/json", [this, kind, in_scope, deadline, cursor,
+                                                          initial](size_t,
+                                                                   httplib::DataSink& sink) {
+      std::string out;
+      bool done = false;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
+          *initial = false;
+          for (const auto& [k, o] : Store(kind)) {
+            if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
           }
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (done) sink.done();
-          return true;
-        });
+          *cursor = rv_;
+        } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
+          out = json{{"type", "ERROR"},
+                     {"object", StatusObject(410, "Expired",
+                                             absl::StrCat("too old resource version: ", *cursor,
+                                                          " (", history_.front().rv - 1, ")"))}}
+                    .dump() +
+                "\n";
+          done = true;
+        } else {
+          changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
+          if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
+          // Replay history after the cursor; a change of selector match becomes ADDED or
+          // DELETED as kube-apiserver does.
+          std::map<std::string, const json*> prev;
+          for (const Event& e : history_) {
+            if (e.kind != kind) continue;
+            std::string key =
+                Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
+            const json* before = prev.count(key) ? prev[key] : nullptr;
+            prev[key] = e.type == "DELETED" ? nullptr : &e.object;
+            if (e.rv <= *cursor) continue;
+            bool was = before && in_scope(*before);
+            bool is = in_scope(e.object);
+            std::string type = e.type;
+            if (e.type == "MODIFIED") {
+              if (!was && is)
+                type = "ADDED";
+              else if (was && !is)
+                type = "DELETED";
+              else if (!was && !is)
+                continue;
+            } else if (!is) {
+              continue;
+            }
+            out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
+          }
+          *cursor = rv_;
+        }
+      }
+      if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+      if (done) sink.done();
+      return true;
+    });
   };
 
   auto get_pod = [this](const std::string& ns, const std::string& name, json** out,
@@ -485,18 +501,18 @@ void FakeApiServer::Routes() {
                  absl::StartsWith(ctype, "application/strategic-merge-patch+json")) {
         next.merge_patch(body);
       } else {
-        return Fail(res, 415, "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types "
-                    "include: application/json-patch+json, application/merge-patch+json, "
-                    "application/strategic-merge-patch+json");
+        // kube-apiserver's router refuses it before the patch handler: only its generic words.
+        return Fail(res, 415, "UnsupportedMediaType", "415: Unsupported Media Type");
       }
     } catch (const json::exception& e) {
-      return Fail(res, 422, "Invalid", std::string("patch failed: ") + e.what());
+      // kube-apiserver's generic 422 (the JSON patch library's reason is only in its details).
+      return Fail(res, 422, "Invalid",
+                  "the server rejected our request due to an error in our request");
     }
     std::string want = Field(next, "metadata.resourceVersion");
     if (!want.empty() && want != Field(obj, "metadata.resourceVersion")) {
       return Fail(res, 409, "Conflict",
-                  absl::StrCat("Operation cannot be fulfilled on ", kind, " \"",
+                  absl::StrCat("Operation cannot be fulfilled on ", Qualified(kind), " \"",
                                Field(obj, "metadata.name"),
                                "\": the object has been modified; please apply your changes to "
                                "the latest version and try again"));
@@ -504,10 +520,19 @@ void FakeApiServer::Routes() {
     if (Field(next, "metadata.name") != Field(obj, "metadata.name")) {
       return Fail(res, 422, "Invalid", "metadata.name may not change");
     }
+    // As kube-apiserver's strategies for resources with a status subresource: the main resource
+    // keeps the stored status, /status keeps the stored spec (metadata such as labels may change
+    // through either).
     if (status_only) {
-      json s = next["status"];
-      next = obj;
-      next["status"] = s;
+      if (obj.contains("spec"))
+        next["spec"] = obj["spec"];
+      else
+        next.erase("spec");
+    } else if (kind == "pods" || kind == "nodes" || kind == "resourceclaims") {
+      if (obj.contains("status"))
+        next["status"] = obj["status"];
+      else
+        next.erase("status");
     }
     next["metadata"]["uid"] = obj["metadata"]["uid"];
     obj = Stamp(std::move(next), kind);
@@ -528,6 +553,16 @@ void FakeApiServer::Routes() {
     json pod = json::parse(q.body, nullptr, false);
     if (!pod.is_object() || Field(pod, "metadata.name").empty()) {
       return Fail(r, 422, "Invalid", "pod needs metadata.name");
+    }
+    // The one validation rule of kube-apiserver's that tests meet: a pod needs containers.
+    const json* containers =
+        pod.contains("spec") && pod["spec"].is_object() && pod["spec"].contains("containers")
+            ? &pod["spec"]["containers"]
+            : nullptr;
+    if (!containers || !containers->is_array() || containers->empty()) {
+      return Fail(r, 422, "Invalid",
+                  absl::StrCat("Pod \"", Field(pod, "metadata.name"),
+                               "\" is invalid: spec.containers: Required value"));
     }
     pod["metadata"]["namespace"] = std::string(q.matches[1]);
     {
@@ -568,15 +603,49 @@ void FakeApiServer::Routes() {
   };
   s.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
   s.Put(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
-  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))", [this](const httplib::Request& q,
-                                                                httplib::Response& r) {
-    json pod;
-    if (!GetPod(q.matches[1], q.matches[2], &pod) || !DeletePod(q.matches[1], q.matches[2])) {
-      return Fail(r, 404, "NotFound",
-                  absl::StrCat("pods \"", std::string(q.matches[2]), "\" not found"));
-    }
-    Reply(r, 200, pod);
-  });
+  // DELETE as kube-apiserver's pod strategy does it: a pod bound to a node and not finished
+  // (phase neither Succeeded nor Failed) is only marked (deletionTimestamp,
+  // deletionGracePeriodSeconds: ?gracePeriodSeconds=, else spec.terminationGracePeriodSeconds,
+  // else 30) and stays until its kubelet has stopped it; the fake has no kubelet, so it stays until
+  // DeletePod() or a DELETE with gracePeriodSeconds=0. Unbound or finished pods go at once.
+  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+           [this](const httplib::Request& q, httplib::Response& r) {
+             std::string ns = q.matches[1], name = q.matches[2];
+             int64_t grace = -1;
+             if (q.has_param("gracePeriodSeconds") &&
+                 !absl::SimpleAtoi(q.get_param_value("gracePeriodSeconds"), &grace))
+               return Fail(r, 400, "BadRequest", "invalid gracePeriodSeconds");
+             {
+               std::lock_guard<std::mutex> l(mu_);
+               auto it = pods_.find(ns + "/" + name);
+               if (it == pods_.end())
+                 return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+               json& pod = it->second;
+               std::string phase = Field(pod, "status.phase");
+               bool graceful = !Field(pod, "spec.nodeName").empty() && phase != "Succeeded" &&
+                               phase != "Failed" && grace != 0;
+               if (graceful) {
+                 if (grace < 0) {
+                   const json& spec = pod["spec"];
+                   grace = spec.contains("terminationGracePeriodSeconds") &&
+                                   spec["terminationGracePeriodSeconds"].is_number_integer()
+                               ? spec["terminationGracePeriodSeconds"].get<int64_t>()
+                               : 30;
+                 }
+                 if (!pod["metadata"].contains("deletionTimestamp")) {
+                   pod["metadata"]["deletionTimestamp"] = Now();
+                   pod["metadata"]["deletionGracePeriodSeconds"] = grace;
+                   pod = Stamp(pod, "pods");
+                   Record("MODIFIED", "pods", pod);
+                 }
+                 return Reply(r, 200, pod);
+               }
+             }
+             json pod;
+             if (!GetPod(ns, name, &pod) || !DeletePod(ns, name))
+               return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+             Reply(r, 200, pod);
+           });
   // Binding, both the pods/<name>/binding subresource and the legacy namespaced bindings.
   auto bind = [this, get_pod](const std::string& ns, const std::string& name,
                               const httplib::Request& q, httplib::Response& r) {
@@ -590,8 +659,12 @@ void FakeApiServer::Routes() {
     std::string uid = Field(b, "metadata.uid");
     if (!uid.empty() && uid != Field(*pod, "metadata.uid")) {
       return Fail(r, 409, "Conflict",
-                  absl::StrCat("Precondition failed: UID in precondition: ", uid,
-                               ", UID in object meta: ", Field(*pod, "metadata.uid")));
+                  absl::StrCat("Operation cannot be fulfilled on pods \"", name,
+                               "\": StorageError: invalid object, Code: 4, Key: /registry/pods/",
+                               ns, "/", name,
+                               ", ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID "
+                               "in precondition: ",
+                               uid, ", UID in object meta: ", Field(*pod, "metadata.uid")));
     }
     if (!Field(*pod, "spec.nodeName").empty()) {
       return Fail(
@@ -646,8 +719,8 @@ void FakeApiServer::Routes() {
     std::string ns = q.matches[1];
     if (std::string body_ns = Field(ev, "metadata.namespace"); !body_ns.empty() && body_ns != ns) {
       return Fail(r, 400, "BadRequest",
-                  absl::StrCat("the namespace of the provided object (", body_ns,
-                               ") does not match the namespace sent on the request (", ns, ")"));
+                  "the namespace of the provided object does not match the namespace sent on the "
+                  "request");
     }
     if (Field(ev, "involvedObject.name").empty()) {
       return Fail(r, 422, "Invalid", "Event is invalid: involvedObject.name: Required value");
@@ -671,6 +744,7 @@ void FakeApiServer::Routes() {
     ev = Stamp(std::move(ev), "events");
     events_[key] = ev;
     event_order_.push_back(key);
+    Record("ADDED", "events", ev);
     Reply(r, 201, ev);
   });
   s.Get("/api/v1/events",
@@ -741,7 +815,10 @@ bool FakeApiServer::UpdateObject(const std::string& kind, json obj) {
 }
 
 std::map<std::string, json>& FakeApiServer::Store(const std::string& kind) {
-  return kind == "pods" ? pods_ : kind == "nodes" ? nodes_ : objects_[kind];
+  return kind == "pods"     ? pods_
+         : kind == "nodes"  ? nodes_
+         : kind == "events" ? events_
+                            : objects_[kind];
 }
 
 // resource.k8s.io/v1: resourceslices (cluster-scoped) and resourceclaims (namespaced, with
@@ -768,8 +845,8 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify, const ListFn& watch) 
     auto list = [this, k, ns_of, watch](const httplib::Request& q, httplib::Response& r) {
       std::vector<Term> fields, labels;
       std::string err;
-      if (!ParseSelector(q.get_param_value("fieldSelector"), false, &fields, &err) ||
-          !ParseSelector(q.get_param_value("labelSelector"), true, &labels, &err))
+      if (!ParseSelector(q.get_param_value("fieldSelector"), k.plural, &fields, &err) ||
+          !ParseSelector(q.get_param_value("labelSelector"), "", &labels, &err))
         return Fail(r, 400, "BadRequest", err);
       std::string ns = q.matches.size() > 1 && k.namespaced ? ns_of(q) : "";
       if (q.get_param_value("watch") == "true" || q.get_param_value("watch") == "1") {
