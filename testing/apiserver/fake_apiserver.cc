@@ -416,62 +416,62 @@ void FakeApiServer::Routes() {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
     auto cursor = std::make_shared<int64_t>(from);
     auto initial = std::make_shared<bool>(from == 0);
-    res.set_chunked_content_provider("application/json", [this, kind, in_scope, deadline, cursor,
-                                                          initial](size_t,
-                                                                   httplib::DataSink& sink) {
-      std::string out;
-      bool done = false;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
-          *initial = false;
-          for (const auto& [k, o] : Store(kind)) {
-            if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
-          }
-          *cursor = rv_;
-        } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
-          out = json{{"type", "ERROR"},
-                     {"object", StatusObject(410, "Expired",
-                                             absl::StrCat("too old resource version: ", *cursor,
-                                                          " (", history_.front().rv - 1, ")"))}}
-                    .dump() +
-                "\n";
-          done = true;
-        } else {
-          changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
-          if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
-          // Replay history after the cursor; a change of selector match becomes ADDED or
-          // DELETED as kube-apiserver does.
-          std::map<std::string, const json*> prev;
-          for (const Event& e : history_) {
-            if (e.kind != kind) continue;
-            std::string key =
-                Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
-            const json* before = prev.count(key) ? prev[key] : nullptr;
-            prev[key] = e.type == "DELETED" ? nullptr : &e.object;
-            if (e.rv <= *cursor) continue;
-            bool was = before && in_scope(*before);
-            bool is = in_scope(e.object);
-            std::string type = e.type;
-            if (e.type == "MODIFIED") {
-              if (!was && is)
-                type = "ADDED";
-              else if (was && !is)
-                type = "DELETED";
-              else if (!was && !is)
-                continue;
-            } else if (!is) {
-              continue;
+    res.set_chunked_content_provider(
+        "application/json",
+        [this, kind, in_scope, deadline, cursor, initial](size_t, httplib::DataSink& sink) {
+          std::string out;
+          bool done = false;
+          {
+            std::unique_lock<std::mutex> l(mu_);
+            if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
+              *initial = false;
+              for (const auto& [k, o] : Store(kind)) {
+                if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
+              }
+              *cursor = rv_;
+            } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
+              out = json{{"type", "ERROR"},
+                         {"object", StatusObject(410, "Expired",
+                                                 absl::StrCat("too old resource version: ", *cursor,
+                                                              " (", history_.front().rv - 1, ")"))}}
+                        .dump() +
+                    "\n";
+              done = true;
+            } else {
+              changed_.wait_until(l, deadline, [&] { return stopping_ || rv_ > *cursor; });
+              if (stopping_ || std::chrono::steady_clock::now() >= deadline) done = true;
+              // Replay history after the cursor; a change of selector match becomes ADDED or
+              // DELETED as kube-apiserver does.
+              std::map<std::string, const json*> prev;
+              for (const Event& e : history_) {
+                if (e.kind != kind) continue;
+                std::string key =
+                    Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
+                const json* before = prev.count(key) ? prev[key] : nullptr;
+                prev[key] = e.type == "DELETED" ? nullptr : &e.object;
+                if (e.rv <= *cursor) continue;
+                bool was = before && in_scope(*before);
+                bool is = in_scope(e.object);
+                std::string type = e.type;
+                if (e.type == "MODIFIED") {
+                  if (!was && is)
+                    type = "ADDED";
+                  else if (was && !is)
+                    type = "DELETED";
+                  else if (!was && !is)
+                    continue;
+                } else if (!is) {
+                  continue;
+                }
+                out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
+              }
+              *cursor = rv_;
             }
-            out += json{{"type", type}, {"object", e.object}}.dump() + "\n";
           }
-          *cursor = rv_;
-        }
-      }
-      if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-      if (done) sink.done();
-      return true;
-    });
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (done) sink.done();
+          return true;
+        });
   };
 
   auto get_pod = [this](const std::string& ns, const std::string& name, json** out,
