@@ -22,17 +22,30 @@ namespace gpulet::vcuda {
 // Real entry points. Required ones are marked; the rest may be null (e.g. an old driver).
 struct RealDriver {
 // The hooks' own entry points (hooks.h), then the ones the core calls itself.
-#define GPULET_REAL_CUDA(X)                                                                     \
-  GPULET_VCUDA_CUDA_HOOKS(X)                                                                    \
-  X(cuDeviceGetCount)                                                                           \
-  X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) \
-      X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize)              \
-          X(cuEventElapsedTime)
-#define GPULET_REAL_NVML(X)                                            \
-  GPULET_VCUDA_NVML_HOOKS(X)                                           \
-  X(nvmlDeviceGetUUID) X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) \
-      X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByIndex_v2)    \
-          X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)
+// clang-format off: one name per line (clang-format 14 re-wraps X-macro lists on every run).
+#define GPULET_REAL_CUDA(X)  \
+  GPULET_VCUDA_CUDA_HOOKS(X) \
+  X(cuDeviceGetCount)        \
+  X(cuDeviceGetUuid)         \
+  X(cuCtxGetDevice)          \
+  X(cuCtxGetCurrent)         \
+  X(cuEventCreate)           \
+  X(cuEventDestroy_v2)       \
+  X(cuEventRecord)           \
+  X(cuEventRecord_ptsz)      \
+  X(cuEventQuery)            \
+  X(cuEventSynchronize)      \
+  X(cuEventElapsedTime)
+#define GPULET_REAL_NVML(X)                  \
+  GPULET_VCUDA_NVML_HOOKS(X)                 \
+  X(nvmlDeviceGetUUID)                       \
+  X(nvmlDeviceGetUtilizationRates)           \
+  X(nvmlInit_v2)                             \
+  X(nvmlDeviceGetHandleByUUID)               \
+  X(nvmlDeviceGetHandleByIndex_v2)           \
+  X(nvmlDeviceGetComputeRunningProcesses_v3) \
+  X(nvmlDeviceGetProcessUtilization)
+// clang-format on
 // A declarator, which parentheses would break.
 // NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
