@@ -42,13 +42,17 @@ test-tsan: deps
 # The clang build with -Wthread-safety -Werror (preset thread-safety, build/clang): the mutex-guarded
 # state's ABSL_GUARDED_BY annotations checked at compile time, over the unit tests and what they use.
 test-thread-safety: deps
+	@GPULET_FUZZ_DEPS=1 scripts/install-deps
 	@cmake --preset thread-safety >/dev/null
 	@cmake --build --preset thread-safety -j $(JOBS) --target unit_tests
 	ctest --preset thread-safety
 
 # clang-format and clang-tidy, checking only (scripts/lint); `make format` rewrites with clang-format.
-# LINT_FILES="src/x.cc src/x.h" limits both to those files.
-lint:
+# LINT_FILES="src/x.cc src/x.h" limits both to those files. clang-tidy also runs clang's
+# -Wthread-safety analysis, so CI checks the ABSL_GUARDED_BY annotations without the clang build of
+# test-thread-safety. Needs only a configured build tree (the generated proto headers, no compiling).
+lint: deps
+	@GPULET_LINT_DEPS=1 scripts/install-deps
 	@scripts/lint
 
 format:

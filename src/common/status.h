@@ -18,8 +18,7 @@
 // `ASSIGN_OR_RETURN(auto x, FnReturningStatusOr())`: binds the value or returns the error.
 #define ASSIGN_OR_RETURN(lhs, expr) \
   ASSIGN_OR_RETURN_IMPL_(GPULET_CONCAT_(gpulet_statusor_, __LINE__), lhs, expr)
-// `tmp` and `lhs` are declarations, which parentheses would break.
-// NOLINTBEGIN(bugprone-macro-parentheses)
+// NOLINTBEGIN(bugprone-macro-parentheses): `tmp` and `lhs` are declarations; () would break them
 #define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)   \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return std::move(tmp).status(); \

@@ -459,9 +459,8 @@ std::vector<int64_t> ScaleScores(std::span<const double> scores, int64_t lo, int
   if (*mx == *mn) return out;
   for (size_t i = 0; i < scores.size(); ++i) {
     const double f = (scores[i] - *mn) / (*mx - *mn);
-    // Non-negative, so + 0.5 rounds; kept as written so scores stay bit-identical to the published
-    // simulation results.
-    // NOLINTNEXTLINE(bugprone-incorrect-roundings)
+    // Kept as written so scores stay bit-identical to the published simulation results.
+    // NOLINTNEXTLINE(bugprone-incorrect-roundings): f >= 0 here, so + 0.5 does round
     out[i] = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo) + 0.5);
   }
   return out;

@@ -282,7 +282,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
     }
   }
   for (size_t i = 0; i < st.uuids.size(); ++i) st.index_of[st.uuids[i]] = static_cast<int>(i);
-  std::unique_lock<std::shared_mutex> l(mu_);
+  absl::ReleasableMutexLock l(&mu_);
   // Most node updates are the kubelet's status heartbeats: same GPUs, nothing to redo.
   if (auto cur = nodes_.find(name); cur != nodes_.end() && cur->second.uuids == st.uuids) {
     bool same = true;
@@ -314,12 +314,12 @@ void Extender::UpsertNodeUnguarded(const json& node) {
       ++it;
     }
   }
-  l.unlock();
+  l.Release();
   for (const json& p : waiting) UpsertPod(p);
 }
 
 void Extender::RemoveNode(const std::string& name) {
-  std::unique_lock<std::shared_mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   nodes_.erase(name);
   ++generation_;
 }
@@ -333,7 +333,7 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   auto req = RequestOf(pod);
   if (!req.ok() || req->first.containers.empty()) return;
   {
-    std::unique_lock<std::shared_mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     auto [it, added] = shapes_.try_emplace(uid, req->first);
     if (added) workload_dirty_ = true;
   }
@@ -346,7 +346,7 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   b.name = Str(pod, "metadata", "name");
   b.request = std::move(req->first);
   b.container_index = std::move(req->second);
-  std::unique_lock<std::shared_mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto ns = nodes_.find(node);
   if (ns == nodes_.end()) {  // its node is not known yet: counted when the node arrives
     orphans_[uid] = pod;
@@ -397,14 +397,14 @@ void Extender::UpsertPodUnguarded(const json& pod) {
 
 void Extender::RemovePod(const json& pod) {
   std::string uid = Str(pod, "metadata", "uid");
-  std::unique_lock<std::shared_mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   orphans_.erase(uid);
   if (shapes_.erase(uid)) workload_dirty_ = true;
   ReleaseLocked(uid);
 }
 
 void Extender::RebuildWorkload() {
-  std::unique_lock<std::shared_mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   std::vector<placement::PodRequest> pods;
   pods.reserve(shapes_.size());
   for (const auto& [uid, r] : shapes_) pods.push_back(r);
@@ -420,7 +420,7 @@ void Extender::RebuildWorkload() {
 
 void Extender::MaybeRebuildWorkload() {
   {
-    std::shared_lock<std::shared_mutex> l(mu_);
+    absl::ReaderMutexLock l(&mu_);
     if (!workload_dirty_) return;
     if (workload_built_ &&
         std::chrono::steady_clock::now() - workload_at_ < options_.workload_refresh) {
@@ -431,7 +431,7 @@ void Extender::MaybeRebuildWorkload() {
 }
 
 placement::Workload Extender::workload() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  absl::ReaderMutexLock l(&mu_);
   return workload_;
 }
 
@@ -442,7 +442,7 @@ absl::Status Extender::Sync() {
       json pods,
       api_->ListPods("", {.field_selector = "status.phase!=Succeeded,status.phase!=Failed"}));
   {
-    std::unique_lock<std::shared_mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     nodes_.clear();
     orphans_.clear();
     shapes_.clear();
@@ -481,7 +481,7 @@ void Extender::StartWatching() {
                                                [this](const std::vector<json>& items) {
                                                  std::vector<std::string> gone;
                                                  {
-                                                   std::shared_lock<std::shared_mutex> l(mu_);
+                                                   absl::ReaderMutexLock l(&mu_);
                                                    for (const auto& [name, st] : nodes_)
                                                      gone.push_back(name);
                                                  }
@@ -503,7 +503,7 @@ void Extender::StartWatching() {
                                        Guarded("pod",
                                                [this](const std::vector<json>& items) {
                                                  {
-                                                   std::unique_lock<std::shared_mutex> l(mu_);
+                                                   absl::MutexLock l(&mu_);
                                                    orphans_.clear();
                                                    shapes_.clear();
                                                    workload_dirty_ = true;
@@ -566,7 +566,7 @@ std::string Extender::FilterWire(const json& args) {
     if (pol) MaybeRebuildWorkload();
     ScoreCache fresh;
     {
-      std::shared_lock<std::shared_mutex> l(mu_);
+      absl::ReaderMutexLock l(&mu_);
       fresh.generation = generation_.load();
       // Nodes are scored in parallel into per-candidate slots; the answer is assembled in
       // candidate order afterwards, so it is the same for any number of threads.
@@ -607,7 +607,7 @@ std::string Extender::FilterWire(const json& args) {
     if (pol && !uid.empty()) {
       fresh.pod_uid = std::move(uid);
       fresh.policy = pol;
-      std::lock_guard<std::mutex> l(cache_mu_);
+      absl::MutexLock l(&cache_mu_);
       cache_ = std::move(fresh);
     }
   }
@@ -633,7 +633,7 @@ std::string Extender::PrioritizeWire(const json& args) {
     {
       // filter's scores when they are for this pod and policy and nothing changed since: the
       // candidates are then filter's survivors (or a subset), in order.
-      std::lock_guard<std::mutex> l(cache_mu_);
+      absl::MutexLock l(&cache_mu_);
       std::string uid = Str(pod, "metadata", "uid");
       if (!uid.empty() && cache_.pod_uid == uid && cache_.policy == *policy &&
           cache_.generation == generation_.load()) {
@@ -652,7 +652,7 @@ std::string Extender::PrioritizeWire(const json& args) {
       }
     }
     if (fit.empty()) {
-      std::shared_lock<std::shared_mutex> l(mu_);
+      absl::ReaderMutexLock l(&mu_);
       std::vector<const placement::Node*> nodes(names.size(), nullptr);
       std::vector<std::optional<double>> slot(names.size());
       for (size_t i = 0; i < names.size(); ++i) {
@@ -688,10 +688,10 @@ std::string Extender::PrioritizeWire(const json& args) {
   return out;
 }
 
-std::mutex& Extender::NodeLock(const std::string& node) {
-  std::lock_guard<std::mutex> l(node_locks_mu_);
+absl::Mutex& Extender::NodeLock(const std::string& node) {
+  absl::MutexLock l(&node_locks_mu_);
   auto& m = node_locks_[node];
-  if (!m) m = std::make_unique<std::mutex>();
+  if (!m) m = std::make_unique<absl::Mutex>();
   return *m;
 }
 
@@ -754,10 +754,10 @@ json Extender::Bind(const json& args) {
   if (!policy.ok()) return error(std::string(policy.status().message()));
 
   MaybeRebuildWorkload();
-  std::lock_guard<std::mutex> node_lock(NodeLock(node));
+  absl::MutexLock node_lock(&NodeLock(node));
   json annotations = json::object();
   {
-    std::unique_lock<std::shared_mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     auto ns_it = nodes_.find(node);
     if (ns_it == nodes_.end()) return error("bind: node " + node + " has no gpulet vGPU GPUs");
     ReleaseLocked(uid);  // a retried bind re-chooses
@@ -786,7 +786,7 @@ json Extender::Bind(const json& args) {
                          .count());
   annotations[vgpu::kAnnotationAssigned] = "false";
   auto rollback = [&](const absl::Status& s) {
-    std::unique_lock<std::shared_mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     ReleaseLocked(uid);
     return error(std::string(s.message()));
   };
@@ -870,7 +870,7 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
 }
 
 placement::Cluster Extender::Snapshot() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  absl::ReaderMutexLock l(&mu_);
   placement::Cluster c;
   for (const auto& [name, st] : nodes_) c.nodes.push_back(st.node);
   std::sort(c.nodes.begin(), c.nodes.end(),
@@ -879,14 +879,14 @@ placement::Cluster Extender::Snapshot() const {
 }
 
 std::map<std::string, std::vector<std::string>> Extender::GpuUuids() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  absl::ReaderMutexLock l(&mu_);
   std::map<std::string, std::vector<std::string>> out;
   for (const auto& [name, st] : nodes_) out[name] = st.uuids;
   return out;
 }
 
 size_t Extender::booked_pods() const {
-  std::shared_lock<std::shared_mutex> l(mu_);
+  absl::ReaderMutexLock l(&mu_);
   return bookings_.size();
 }
 

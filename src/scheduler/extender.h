@@ -17,7 +17,7 @@
 // prioritize/bind when the pod set changed, at most once per `workload_refresh` (a cluster with
 // thousands of pods then pays the O(pods) rebuild about once a second, not per decision).
 //
-// Thread-safety: every public method is thread-safe (one shared_mutex over the state; filter and
+// Thread-safety: every public method is thread-safe (one absl::Mutex over the state; filter and
 // prioritize take it shared).
 #pragma once
 
@@ -25,14 +25,14 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/parallel.h"
 #include "k8s/client.h"
 #include "placement/placement.h"
@@ -139,17 +139,18 @@ class Extender {
   // Request of `pod` in placement units; containers without vGPU requests are left out.
   absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> RequestOf(
       const json& pod) const;
-  void ApplyLocked(const std::string& uid, Booking b);
-  void ReleaseLocked(const std::string& uid);
-  std::mutex& NodeLock(const std::string& node);
+  void ApplyLocked(const std::string& uid, Booking b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(const std::string& uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Mutex& NodeLock(const std::string& node);
   // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
   void MaybeRebuildWorkload();
 
   k8s::Client* api_;
   ExtenderOptions options_;
   std::map<std::string, std::unique_ptr<placement::Policy>> policies_;
-  mutable std::shared_mutex mu_;
-  absl::flat_hash_map<std::string, NodeState> nodes_;  // looked up per candidate per request
+  mutable absl::Mutex mu_;
+  // Looked up per candidate per request.
+  absl::flat_hash_map<std::string, NodeState> nodes_ ABSL_GUARDED_BY(mu_);
   // Bumped (under the exclusive lock) by every change of nodes_, bookings or the workload.
   std::atomic<uint64_t> generation_{0};
   // filter's scores for the pod it just filtered: kube-scheduler calls prioritize for the same
@@ -162,18 +163,20 @@ class Extender {
     std::vector<std::string> names;  // nodes that passed, in filter's order
     std::vector<double> scores;
   };
-  std::mutex cache_mu_;
-  ScoreCache cache_;
-  std::unordered_map<std::string, Booking> bookings_;  // by pod uid
-  std::unordered_map<std::string, json> orphans_;      // bound pods whose node is not known yet
+  absl::Mutex cache_mu_;
+  ScoreCache cache_ ABSL_GUARDED_BY(cache_mu_);
+  std::unordered_map<std::string, Booking> bookings_ ABSL_GUARDED_BY(mu_);  // by pod uid
+  // Bound pods whose node is not known yet.
+  std::unordered_map<std::string, json> orphans_ ABSL_GUARDED_BY(mu_);
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
-  std::unordered_map<std::string, placement::PodRequest> shapes_;
-  bool workload_dirty_ = true;
-  bool workload_built_ = false;
-  std::chrono::steady_clock::time_point workload_at_{};
-  placement::Workload workload_;
-  std::mutex node_locks_mu_;
-  std::map<std::string, std::unique_ptr<std::mutex>> node_locks_;
+  std::unordered_map<std::string, placement::PodRequest> shapes_ ABSL_GUARDED_BY(mu_);
+  bool workload_dirty_ ABSL_GUARDED_BY(mu_) = true;
+  bool workload_built_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point workload_at_ ABSL_GUARDED_BY(mu_){};
+  placement::Workload workload_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex node_locks_mu_;
+  // Per node, held across a bind's API calls.
+  std::map<std::string, std::unique_ptr<absl::Mutex>> node_locks_ ABSL_GUARDED_BY(node_locks_mu_);
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;
   std::unique_ptr<ParallelFor> scorers_;
 };

@@ -19,8 +19,8 @@
 #include "plugin/config.h"
 #include "runtime/cdi.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/plugin/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
-#include "tests/plugin/fake_gpu.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace gpulet::dra {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/plugin/fake_gpu.h"
+#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

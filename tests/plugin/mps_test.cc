@@ -17,7 +17,7 @@
 #include "plugin/plugin.h"
 #include "plugin/resources.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/plugin/fake_gpu.h"
+#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

@@ -15,7 +15,7 @@
 #include "plugin/plugin.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/plugin/fake_gpu.h"
+#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

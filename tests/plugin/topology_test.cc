@@ -5,7 +5,7 @@
 #include <bit>
 #include <random>
 
-#include "tests/plugin/fake_gpu.h"
+#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

@@ -16,8 +16,8 @@
 #include "plugin/resources.h"
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
+#include "testing/plugin/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
-#include "tests/plugin/fake_gpu.h"
 
 namespace gpulet::runtime {
 namespace {

@@ -25,8 +25,8 @@
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
+#include "testing/plugin/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
-#include "tests/plugin/fake_gpu.h"
 
 namespace gpulet::runtime {
 namespace {

@@ -35,8 +35,7 @@ struct RealDriver {
   X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByIndex_v2)                               \
   X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)
 // clang-format on
-// A declarator, which parentheses would break.
-// NOLINTNEXTLINE(bugprone-macro-parentheses)
+// NOLINTNEXTLINE(bugprone-macro-parentheses): a declarator, which parentheses would break
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)

@@ -429,8 +429,7 @@ struct Hook {
   void* vcuda::RealDriver::*real;
   void* hook;
 };
-// `n` is a name (a member and a function), which parentheses would break.
-// NOLINTNEXTLINE(bugprone-macro-parentheses)
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `n` is a name (member, function); () would break it
 #define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)},
 const Hook kHooks[] = {GPULET_VCUDA_HOOKS(H)};
 #undef H

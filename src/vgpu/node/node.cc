@@ -253,7 +253,7 @@ NodeAssigner::NodeAssigner(NodeOptions options, std::vector<PoolGpu> pool, k8s::
     : options_(std::move(options)), pool_(std::move(pool)), api_(api), clock_(clock) {}
 
 absl::Status NodeAssigner::Load() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   std::string path = options_.state_dir + "/assignments.json";
   auto text = ReadFileToString(path);
   if (!text.ok()) {
@@ -288,7 +288,7 @@ absl::Status NodeAssigner::SaveLocked() {
 }
 
 std::vector<Grant> NodeAssigner::grants() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return grants_;
 }
 
@@ -530,6 +530,8 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
     bool all =
         req.ok() &&
         std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerUnits& c) {
+          // Runs here, on the thread that holds mu_; the analysis does not see into lambdas.
+          mu_.AssertHeld();
           return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
             return x.pod_uid == g.pod_uid && x.container_index == c.index;
           });
@@ -543,7 +545,7 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
     bool is_core, const std::vector<std::string>& ids) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto now = clock_->Now();
   if (pending_ && now - pending_->at > std::chrono::seconds(30)) pending_.reset();
   // The second call of a container's pair: both numbers are known now.
@@ -622,7 +624,7 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
 }
 
 std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   // The kubelet asks for a container's resources one after the other (preference, then Allocate,
   // per resource): when the other half of the pair is pending, its GPU is where this half goes.
   if (pending_ && !pending_->ids.empty() && pending_->is_core == (memory_units > 0)) {
@@ -640,7 +642,7 @@ std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
 }
 
 absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   std::set<std::string> gone;
   for (const auto& g : grants_)
     if (!live_uids.count(g.pod_uid)) gone.insert(g.pod_uid);
@@ -649,7 +651,7 @@ absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
 
 absl::Status NodeAssigner::ReleaseNotHeld(const std::set<std::string>& held,
                                           std::chrono::nanoseconds grace) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::system_clock::now().time_since_epoch())
                     .count();
@@ -679,14 +681,14 @@ absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::strin
   for (auto& g : now) g.healthy = g.healthy && (!healthy || healthy(g.uuid));
   std::string text = EncodeNodePool(now);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (text == published_) return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(
       json ignored,
       api_->PatchNode(options_.node_name, k8s::PatchType::kMerge,
                       {{"metadata", {{"annotations", {{kAnnotationNodeGpus, text}}}}}}));
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   published_ = text;
   return absl::OkStatus();
 }
@@ -705,7 +707,7 @@ absl::Status NodeAssigner::ReleaseGoneFromApi() {
 
 absl::Status NodeAssigner::Correct(
     const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   bool changed = false;
   std::vector<size_t> touched;
   for (size_t i = 0; i < grants_.size(); ++i) {

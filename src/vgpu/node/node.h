@@ -17,19 +17,20 @@
 // Pool GPUs are offered ONLY as vcuda resources: the caller must not offer them as nvidia.com/gpu
 // (see PoolGpus()), so the kubelet can never book one GPU whole and fractionally at once; a
 // vcuda-core 100*k request takes k idle pool GPUs exclusively.
-// Thread-safety: all methods are thread-safe (one mutex).
+// Thread-safety: all methods are thread-safe (one absl::Mutex).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "gpu/gpu.h"
 #include "k8s/client.h"
@@ -131,29 +132,31 @@ class NodeAssigner {
     bool inject = true;
     nlohmann::json pod_json;
   };
-  absl::StatusOr<std::vector<Candidate>> CandidatesLocked();
+  absl::StatusOr<std::vector<Candidate>> CandidatesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Grant> GrantLocked(int64_t cores, int64_t memory_units,
-                                    std::vector<std::string> ids);
-  absl::Status SaveLocked();
-  absl::Status ReleaseLocked(const std::set<std::string>& gone_uids);
+                                    std::vector<std::string> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(const std::set<std::string>& gone_uids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // <state_dir>/<pod-uid>/pod = "namespace/name": how the metrics exporter names the pod of an
   // accounting file (src/metrics/sampler.h).
   void WritePodFile(const Grant& g) const;
-  void PatchAnnotations(const Grant& g);
+  void PatchAnnotations(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   NodeOptions options_;
   std::vector<PoolGpu> pool_;
   k8s::Client* api_;
   Clock* clock_;
-  mutable std::mutex mu_;
-  std::vector<Grant> grants_;
+  mutable absl::Mutex mu_;
+  std::vector<Grant> grants_ ABSL_GUARDED_BY(mu_);
   struct Pending {
     bool is_core = false;
     std::vector<std::string> ids;
     Clock::TimePoint at;
   };
-  std::optional<Pending> pending_;
-  std::string published_;  // the pool annotation last written
+  std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::string published_ ABSL_GUARDED_BY(mu_);  // the pool annotation last written
 };
 
 // The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are
