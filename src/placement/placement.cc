@@ -303,6 +303,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
   // Key: cpu, per-container (whole, milli), models. Memory is deliberately not part of it.
   using Key = std::tuple<int64_t, std::vector<std::pair<int32_t, int32_t>>, std::vector<std::string>>;
   std::map<Key, std::pair<const PodRequest*, int64_t>> counts;
+  std::map<Key, int64_t> mem_sum;
   for (const PodRequest& p : pods) {
     std::vector<std::pair<int32_t, int32_t>> gpu;
     for (const auto& c : p.containers) {
@@ -313,6 +314,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
     models.erase(std::unique(models.begin(), models.end()), models.end());
     auto [it, inserted] = counts.try_emplace(Key{p.cpu_milli, gpu, models}, &p, 0);
     ++it->second.second;
+    mem_sum[it->first] += p.memory_mib;
   }
   std::vector<std::pair<int64_t, const Key*>> order;
   for (const auto& [k, v] : counts) order.emplace_back(v.second, &k);
@@ -336,6 +338,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
     }
     cls.shape.gpu_models = std::get<2>(*key);
     cls.weight = n / total;
+    cls.shape.memory_mib = mem_sum.at(*key) / n;  // mean; FGD's measure ignores it
     w.classes.push_back(std::move(cls));
   }
   for (auto& c : w.classes) c.weight = c.weight * total / cum;
