@@ -3,7 +3,7 @@ PRESET ?= release
 BUILD  := build
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-asan test-tsan bench image gpu-check gpu-bundle fuzz clean
+.PHONY: all deps build demo test nvidia-peers test-asan test-tsan bench image gpu-check gpu-bundle fuzz clean
 .PHONY: cluster cluster-down e2e-cluster
 
 all: build
@@ -19,7 +19,12 @@ build: deps
 demo: build
 	$(BUILD)/bin/gpulet sim --simulate dgx-h100 examples/*.yaml
 
-test: build
+# NVIDIA's own plugin, GFD and toolkit as test peers for tests/compat (docs/compat.md): built when Go
+# is there (cached; ~2 min cold), else the compat tests say they are skipped.
+nvidia-peers:
+	@if command -v go >/dev/null; then testing/nvidia/build $(BUILD); else echo "go not found: NVIDIA's peers not built, tests/compat will be skipped"; fi
+
+test: build nvidia-peers
 	ctest --preset release
 
 # Sanitizer runs build only the unit tests and what they load (target unit_tests).

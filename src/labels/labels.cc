@@ -126,6 +126,10 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   if (o.mig_strategy != "none") set("mig.strategy", o.mig_strategy);
   set("gpu.replicas", absl::StrCat(o.replicas));
   set("gpu.sharing-strategy", o.sharing_strategy);
+  // GFD's: true only under MPS sharing and with no MIG-enabled GPU (MPS does not run on MIG).
+  bool mig_on = false;
+  for (const gpu::Device& d : inv.devices) mig_on |= d.mig_enabled;
+  set("mps.capable", o.sharing_strategy == "mps" && !mig_on ? "true" : "false");
 
   std::string product = SanitizeLabelValue(first.name);
   std::string shared = o.replicas > 1 ? "-SHARED" : "";
@@ -214,10 +218,20 @@ absl::Status LabelRefresher::WriteOnce() {
     return absl::UnavailableError(
         absl::StrCat("labels: GPU inventory unavailable: ", inv.status().message()));
   }
+  LabelOptions options;
+  {
+    absl::MutexLock l(&mu_);
+    options = options_;
+  }
   absl::Status st =
-      WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options_, clock_->UnixSeconds()));
+      WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options, clock_->UnixSeconds()));
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat("labels: ", path_, ": ", st.message()));
   return absl::OkStatus();
+}
+
+void LabelRefresher::SetOptions(LabelOptions options) {
+  absl::MutexLock l(&mu_);
+  options_ = std::move(options);
 }
 
 void LabelRefresher::Start() {

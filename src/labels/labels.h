@@ -59,13 +59,15 @@ class LabelRefresher {
   // One refresh: inventory -> labels -> atomic write. Errors name the file or the GPU layer.
   absl::Status WriteOnce();
   void Start();  // refreshes in the background (the first write is the caller's WriteOnce)
+  // New options for the next write (the device plugin's config was reloaded).
+  void SetOptions(LabelOptions options);
   void Stop();
 
  private:
   gpu::GpuLayer* gpu_;
   Filesystem* fs_;
   std::string path_;
-  LabelOptions options_;
+  LabelOptions options_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds interval_;
   Clock* clock_;
   absl::Mutex mu_;

@@ -31,6 +31,8 @@ const std::vector<Setting> kSettings = {
      "Root of the NVIDIA driver installation"},
     {"flags.nvidiaDevRoot", "nvidia-dev-root", {"NVIDIA_DEV_ROOT"},
      "Root of the NVIDIA device nodes (default: the driver root)"},
+    {"flags.mpsRoot", "mps-root", {"MPS_ROOT"},
+     "Host directory of the MPS control daemons' pipe, log and shm directories (sharing.mps)"},
     {"flags.gdrcopyEnabled", "gdrcopy-enabled", {"GDRCOPY_ENABLED"},
      "Request GDRCopy in containers (NVIDIA_GDRCOPY=enabled)"},
     {"flags.gdsEnabled", "gds-enabled", {"GDS_ENABLED"},
@@ -62,6 +64,8 @@ const std::vector<Setting> kSettings = {
      "How often devices are probed (e.g. 1s)"},
     {"gpulet.health.unhealthyDevicesFile", "unhealthy-devices-file", {"UNHEALTHY_DEVICES_FILE"},
      "Manual isolation list {\"index\": [...], \"uuid\": [...]}, watched live"},
+    {"gpulet.mps.binDir", "mps-bin-dir", {"GPULET_MPS_BIN_DIR"},
+     "Directory of nvidia-cuda-mps-control and nvidia-smi for sharing.mps (empty: $PATH)"},
     {"gpulet.vgpu.gpus", "vgpu-gpus", {"GPULET_VGPU_GPUS"},
      "GPUs shared fractionally as tencent.com/vcuda-core/-memory (not offered as nvidia.com/gpu): "
      "empty (off, the default) | all | comma list of indexes or UUIDs"},
@@ -76,14 +80,33 @@ const std::vector<Setting> kSettings = {
      "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
     {"gpulet.vgpu.reconcileInterval", "vgpu-reconcile-interval", {"GPULET_VGPU_RECONCILE_INTERVAL"},
      "How often vGPU grants of deleted pods are released (e.g. 5s)"},
+    {"gpulet.dra.gpus", "dra-gpus", {"GPULET_DRA_GPUS"},
+     "GPUs served as a DRA driver (gpu.gpulet.io ResourceSlices; agent with --node-name), not "
+     "as device-plugin resources: empty (off, the default) | all | comma list of indexes or UUIDs"},
+    {"gpulet.dra.stateDir", "dra-state-dir", {"GPULET_DRA_STATE_DIR"},
+     "DRA checkpoint of prepared claims and fractional claims' accounting files"},
+    {"gpulet.dra.cdiDir", "dra-cdi-dir", {"GPULET_DRA_CDI_DIR"},
+     "Where the DRA claims' CDI specs are written (the container runtime's CDI spec directory)"},
+    {"gpulet.dra.kubeletDir", "dra-kubelet-dir", {"GPULET_DRA_KUBELET_DIR"},
+     "The kubelet's root directory (plugins_registry/ and plugins/ for the DRA sockets)"},
+    {"gpulet.dra.consumableCapacity", "dra-consumable-capacity",
+     {"GPULET_DRA_CONSUMABLE_CAPACITY"},
+     "Publish DRA GPUs as shareable with consumable memory/cores capacity (needs the "
+     "DRAConsumableCapacity feature gate, alpha in Kubernetes 1.34)"},
 };
 
-// Keys NVIDIA defines that concern other programs (GFD, MPS daemon, CDI spec generation): accepted
-// and ignored so NVIDIA's files load unchanged.
-const std::set<std::string> kIgnored = {
-    "flags.mpsRoot",  "flags.useNodeFeatureAPI",        "flags.deviceDiscoveryStrategy",
-    "flags.gfd",      "flags.plugin.nvidiaCTKPath",     "flags.plugin.containerDriverRoot",
-    "flags.plugin.nvidiaHookPath",
+// Keys NVIDIA defines that concern other programs (GFD, CDI spec generation): accepted and ignored
+// so NVIDIA's files load unchanged. Each with why, said once per load (Config::notes). The GFD keys are ignored by NVIDIA's device
+// plugin too, so they load silently.
+const std::map<std::string, const char*> kIgnored = {
+    {"flags.useNodeFeatureAPI", ""},
+    {"flags.gfd", ""},
+    {"flags.plugin.nvidiaCTKPath",
+     "gpulet writes its CDI specs itself (gpulet cdi generate), with no nvidia-ctk hook"},
+    {"flags.plugin.nvidiaHookPath",
+     "gpulet writes its CDI specs itself (gpulet cdi generate), with no nvidia-ctk hook"},
+    {"flags.plugin.containerDriverRoot",
+     "gpulet finds the driver through flags.nvidiaDriverRoot (the host path) only"},
 };
 
 absl::StatusOr<bool> ParseBool(const std::string& v) {
@@ -121,6 +144,19 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
   } else if (key == "flags.nvidiaDevRoot") {
     if (!v.empty() && v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
     c.dev_root = v;
+  } else if (key == "flags.mpsRoot") {
+    if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    c.mps_root = v;
+  } else if (key == "flags.deviceDiscoveryStrategy") {
+    if (v == "tegra")
+      return absl::InvalidArgumentError(
+          "tegra is not supported: gpulet discovers GPUs through NVML only (auto and nvml mean "
+          "that)");
+    if (v != "auto" && v != "nvml")
+      return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not auto, nvml or tegra"));
+  } else if (key == "gpulet.mps.binDir") {
+    if (!v.empty() && v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    c.mps_bin_dir = v;
   } else if (key == "flags.gdrcopyEnabled") {
     ASSIGN_OR_RETURN(c.gdrcopy, ParseBool(v));
   } else if (key == "flags.gdsEnabled") {
@@ -183,6 +219,16 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
     ASSIGN_OR_RETURN(c.vgpu.reconcile_interval, ParseDur(v));
     if (c.vgpu.reconcile_interval < absl::Milliseconds(100))
       return absl::InvalidArgumentError("must be at least 100ms");
+  } else if (key == "gpulet.dra.gpus") {
+    c.dra.gpus = std::string(absl::StripAsciiWhitespace(v));
+  } else if (key == "gpulet.dra.stateDir" || key == "gpulet.dra.cdiDir" ||
+             key == "gpulet.dra.kubeletDir") {
+    if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
+    (key == "gpulet.dra.stateDir" ? c.dra.state_dir
+     : key == "gpulet.dra.cdiDir" ? c.dra.cdi_dir
+                                  : c.dra.kubelet_dir) = v;
+  } else if (key == "gpulet.dra.consumableCapacity") {
+    ASSIGN_OR_RETURN(c.dra.consumable_capacity, ParseBool(v));
   } else if (key == "gpulet.vgpu.policy") {
     if (v.empty()) return absl::InvalidArgumentError("must name a policy");
     c.vgpu.policy = v;
@@ -220,8 +266,13 @@ struct FileParser {
     for (const auto& kv : n) {
       std::string key = path + "." + kv.first.Scalar();
       const YAML::Node& v = kv.second;
-      if (kIgnored.count(key)) continue;
-      if (key == "flags.plugin" || key == "gpulet.health" || key == "gpulet.vgpu") {
+      if (auto ig = kIgnored.find(key); ig != kIgnored.end()) {
+        if (*ig->second)
+          c.notes.push_back(absl::StrCat(At(kv.first, key), ": accepted and ignored: ", ig->second));
+        continue;
+      }
+      if (key == "flags.plugin" || key == "gpulet.health" || key == "gpulet.vgpu" ||
+          key == "gpulet.mps" || key == "gpulet.dra") {
         RETURN_IF_ERROR(Settings(v, key));
         continue;
       }
@@ -275,25 +326,27 @@ struct FileParser {
     return name;
   }
 
-  absl::Status TimeSlicing(const YAML::Node& n, const std::string& path) {
+  // sharing.timeSlicing or sharing.mps (NVIDIA's ReplicatedResources): the flags and entries.
+  struct SharingTarget {
+    bool* rename_by_default;
+    bool* fail_requests_greater_than_one;
+    std::vector<ReplicatedResource>* resources;
+    bool mps;
+  };
+  absl::Status Sharing(const YAML::Node& n, const std::string& path, const SharingTarget& t) {
     RETURN_IF_ERROR(NeedMap(n, path));
     if (n.IsNull()) return absl::OkStatus();
     for (const auto& kv : n) {
       std::string k = kv.first.Scalar(), key = path + "." + k;
       const YAML::Node& v = kv.second;
-      if (k == "renameByDefault") {
+      if (k == "renameByDefault" || k == "failRequestsGreaterThanOne") {
         ASSIGN_OR_RETURN(auto s, Scalar(v, key));
         auto b = ParseBool(s);
         if (!b.ok()) return Err(v, key, b.status().message());
-        c.rename_by_default = *b;
-      } else if (k == "failRequestsGreaterThanOne") {
-        ASSIGN_OR_RETURN(auto s, Scalar(v, key));
-        auto b = ParseBool(s);
-        if (!b.ok()) return Err(v, key, b.status().message());
-        c.fail_requests_greater_than_one = *b;
+        *(k == "renameByDefault" ? t.rename_by_default : t.fail_requests_greater_than_one) = *b;
       } else if (k == "resources") {
         if (!v.IsSequence()) return Err(v, key, "must be a list");
-        for (const auto& item : v) RETURN_IF_ERROR(Replicated(item, key));
+        for (const auto& item : v) RETURN_IF_ERROR(Replicated(item, key, t));
       } else {
         return Err(kv.first, key, "unknown key");
       }
@@ -301,7 +354,7 @@ struct FileParser {
     return absl::OkStatus();
   }
 
-  absl::Status Replicated(const YAML::Node& item, const std::string& key) {
+  absl::Status Replicated(const YAML::Node& item, const std::string& key, const SharingTarget& t) {
     if (!item.IsMap()) return Err(item, key, "entries must be mappings");
     ReplicatedResource r;
     r.where = absl::StrCat(file, ":", item.Mark().line + 1);
@@ -319,6 +372,11 @@ struct FileParser {
         if (!absl::SimpleAtoi(s, &r.replicas) || r.replicas < 2)
           return Err(v, sub, absl::StrCat("\"", s, "\" must be an integer >= 2"));
       } else if (k == "devices") {
+        if (t.mps && !(v.IsScalar() && v.Scalar() == "all"))
+          return Err(v, sub,
+                     "MPS shares every GPU of a resource (one control daemon per resource, as "
+                     "NVIDIA's plugin does): only `all` is supported; rename names the shared "
+                     "resource");
         if (v.IsSequence()) {
           r.all_devices = false;
           for (const auto& d : v) {
@@ -339,7 +397,7 @@ struct FileParser {
     }
     if (r.name.empty()) return Err(item, key, "entry needs a name");
     if (r.replicas == 0) return Err(item, key, "entry needs replicas");
-    c.time_slicing.push_back(std::move(r));
+    t.resources->push_back(std::move(r));
     return absl::OkStatus();
   }
 
@@ -372,13 +430,18 @@ struct FileParser {
         for (const auto& s : v) {
           std::string sk = s.first.Scalar();
           if (sk == "timeSlicing") {
-            RETURN_IF_ERROR(TimeSlicing(s.second, "sharing.timeSlicing"));
+            RETURN_IF_ERROR(Sharing(s.second, "sharing.timeSlicing",
+                                    {&c.rename_by_default, &c.fail_requests_greater_than_one,
+                                     &c.time_slicing, false}));
           } else if (sk == "mps") {
             // An MPS section without resources is how NVIDIA's defaults spell "off".
-            if (s.second.IsMap() && s.second["resources"] && s.second["resources"].size() > 0)
+            RETURN_IF_ERROR(Sharing(s.second, "sharing.mps",
+                                    {&c.mps_rename_by_default,
+                                     &c.mps_fail_requests_greater_than_one, &c.mps, true}));
+            if (!c.mps.empty() && !c.time_slicing.empty())
               return Err(s.first, "sharing.mps",
-                         "MPS sharing is not supported by gpulet; use sharing.timeSlicing or "
-                         "the vGPU resources");
+                         "sharing.timeSlicing and sharing.mps are mutually exclusive (NVIDIA's "
+                         "plugin silently drops timeSlicing then); keep one");
           } else {
             return Err(s.first, "sharing." + sk, "unknown key");
           }
@@ -453,9 +516,15 @@ absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& f
   } catch (const YAML::Exception& e) {  // e.g. a key that is not a scalar
     return absl::InvalidArgumentError(absl::StrCat(filename, ":", e.mark.line + 1, ": ", e.msg));
   }
+  if (!base.mps.empty() && !base.time_slicing.empty())
+    return absl::InvalidArgumentError(absl::StrCat(
+        base.mps.front().where, ": sharing.mps: sharing.timeSlicing and sharing.mps are mutually "
+        "exclusive (NVIDIA's plugin silently drops timeSlicing then); keep one"));
   // A shared resource is renamed to <name>.shared by default when asked to.
-  for (auto& r : base.time_slicing) {
-    if (r.rename.empty() && base.rename_by_default) r.rename = r.name + ".shared";
+  for (auto* list : {&base.time_slicing, &base.mps})
+  for (auto& r : *list) {
+    bool by_default = list == &base.mps ? base.mps_rename_by_default : base.rename_by_default;
+    if (r.rename.empty() && by_default) r.rename = r.name + ".shared";
     if (!r.rename.empty() && r.rename.size() - (sizeof(kPrefix) - 1) > 63)
       return absl::InvalidArgumentError(
           absl::StrCat(r.where, ": rename: \"", r.rename, "\" is longer than 63 characters"));
@@ -496,7 +565,45 @@ absl::StatusOr<Config> LoadConfig(const ConfigSources& src) {
     if (!st.ok())
       return absl::InvalidArgumentError(absl::StrCat("flag --", s.flag, ": ", st.message()));
   }
+  RETURN_IF_ERROR(Validate(c));
   return c;
+}
+
+SharingLabels LabelsOf(const Config& c) {
+  SharingLabels l;
+  l.mig_strategy = c.mig_strategy == MigStrategy::kSingle  ? "single"
+                   : c.mig_strategy == MigStrategy::kMixed ? "mixed"
+                                                           : "none";
+  for (const ReplicatedResource& r : c.Shared())
+    if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
+      l.replicas = r.replicas;
+      l.sharing_strategy = c.UsesMps() ? "mps" : "time-slicing";
+    }
+  return l;
+}
+
+absl::Status Validate(const Config& c) {
+  // NVIDIA's plugin adds CDI devices of its own vendor for these (k8s.device-plugin.nvidia.com/
+  // gdrcopy=all, .../imex-channel=0); gpulet's CDI spec defines no such devices, so the
+  // combination would silently lose them.
+  if (c.list.cdi_annotations || c.list.cdi_cri) {
+    for (const auto& [on, key] : {std::pair{c.gdrcopy, "flags.gdrcopyEnabled"},
+                                  std::pair{c.gds, "flags.gdsEnabled"},
+                                  std::pair{c.mofed, "flags.mofedEnabled"},
+                                  std::pair{!c.imex_channels.empty(), "imex.channelIDs"}})
+      if (on)
+        return absl::InvalidArgumentError(absl::StrCat(
+            key, " with a CDI deviceListStrategy (cdi-annotations, cdi-cri) is not supported: "
+            "gpulet's CDI spec defines no such device (NVIDIA's adds its own); use envvar or "
+            "volume-mounts"));
+  }
+  if (!c.UsesMps()) return absl::OkStatus();
+  // NVIDIA's validateFlags: one MPS daemon per resource cannot serve mixed MIG resources.
+  if (c.mig_strategy == MigStrategy::kMixed)
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.mps.front().where, ": sharing.mps: not supported with migStrategy mixed (MPS does not "
+        "share MIG devices; NVIDIA's plugin refuses this too)"));
+  return absl::OkStatus();
 }
 
 }  // namespace gpulet::plugin

@@ -63,6 +63,17 @@ struct VgpuConfig {
   absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
 };
 
+// gpulet.dra: which GPUs the node agent serves as a DRA driver (src/dra, docs/dra.md) instead of
+// through the device plugin. DRA GPUs (and their MIG devices) are not offered as device-plugin
+// resources, so one GPU is never served both ways.
+struct DraConfig {
+  std::string gpus;  // "" (default): DRA off; "all"; or "0,3,GPU-..."
+  std::string state_dir = "/var/lib/gpulet/dra";  // checkpoint + fractional claims' accounting
+  std::string cdi_dir = "/var/run/cdi";           // the claims' CDI specs
+  std::string kubelet_dir = "/var/lib/kubelet";   // plugins_registry/ and plugins/ live here
+  bool consumable_capacity = false;  // shareable GPUs (DRAConsumableCapacity, alpha in 1.34)
+};
+
 struct Config {
   MigStrategy mig_strategy = MigStrategy::kNone;
   bool fail_on_init_error = true;
@@ -79,12 +90,27 @@ struct Config {
   bool rename_by_default = false;
   bool fail_requests_greater_than_one = false;
   std::vector<ReplicatedResource> time_slicing;
+  // sharing.mps: the same shape; NVIDIA fails requests of more than one replica unless told not to.
+  bool mps_rename_by_default = false;
+  bool mps_fail_requests_greater_than_one = true;
+  std::vector<ReplicatedResource> mps;
+  std::string mps_root = "/run/nvidia/mps";  // flags.mpsRoot: host dir of pipe, log and shm dirs
+  std::string mps_bin_dir;  // gpulet.mps.binDir: nvidia-cuda-mps-control, nvidia-smi; "": $PATH
   std::vector<int> imex_channels;
   bool imex_required = false;
   HealthConfig health;
   VgpuConfig vgpu;
+  DraConfig dra;
+  // NVIDIA keys accepted and ignored, each "file:line: key: accepted and ignored: why" (logged).
+  std::vector<std::string> notes;
 
   std::string DevRoot() const { return dev_root.empty() ? driver_root : dev_root; }
+  // The active sharing (NVIDIA's SharingStrategy()): MPS when configured, else time-slicing.
+  bool UsesMps() const { return !mps.empty(); }
+  const std::vector<ReplicatedResource>& Shared() const { return UsesMps() ? mps : time_slicing; }
+  bool FailSharedRequestsGreaterThanOne() const {
+    return UsesMps() ? mps_fail_requests_greater_than_one : fail_requests_greater_than_one;
+  }
 };
 
 // A scalar setting reachable from the file, the environment and a flag.
@@ -112,6 +138,19 @@ absl::StatusOr<Config> LoadConfig(const ConfigSources& sources);
 // The file layer alone on top of `base`; `filename` is used in messages.
 absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& filename,
                                    Config base = {});
+
+// What gpu-feature-discovery labels from the same config: the MIG strategy ("none", "single",
+// "mixed") and the sharing of nvidia.com/gpu ("none", "time-slicing", "mps" with its replicas).
+struct SharingLabels {
+  std::string mig_strategy = "none";
+  std::string sharing_strategy = "none";
+  int replicas = 1;
+};
+SharingLabels LabelsOf(const Config& c);
+
+// The rules across keys and sources (sharing.mps with migStrategy mixed, gdrcopy/gds/mofed/IMEX
+// with CDI strategies are refused, each naming the key and why); part of LoadConfig.
+absl::Status Validate(const Config& c);
 
 // Parses "79,48" into `out`; InvalidArgument naming the bad element.
 absl::Status ParseXidList(const std::string& text, std::set<uint64_t>* out);

@@ -64,6 +64,8 @@ class HealthMonitor {
   std::vector<std::string> isolation_unmatched() const;
   absl::Status isolation_status() const;
   const kubelet::ChangeNotifier* changes() const { return &changes_; }
+  // Moves changes() for something else resources derive health from (an MPS daemon's).
+  void NotifyChanged() { changes_.Notify(); }
 
   void SetConfig(HealthConfig cfg);
   // Event handler (the subscription calls it; tests may too).

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "dra/devices.h"
 #include "plugin/resources.h"
 #include "vgpu/node/node.h"
 #include "placement/vgpu_policy.h"
@@ -28,8 +29,9 @@ sigset_t HandledSignals() {
 // GPUs' UUIDs and indexes (the two checkpoint ID forms); replica IDs "<id>::<n>" follow their GPU.
 class WithoutPool final : public kubelet::Resource {
  public:
-  WithoutPool(std::shared_ptr<kubelet::Resource> inner, std::set<std::string> hidden)
-      : inner_(std::move(inner)), hidden_(std::move(hidden)) {}
+  WithoutPool(std::shared_ptr<kubelet::Resource> inner, std::set<std::string> hidden,
+              std::string owner = "the vGPU pool")
+      : inner_(std::move(inner)), hidden_(std::move(hidden)), owner_(std::move(owner)) {}
   bool Hidden(const std::string& id) const { return hidden_.count(id.substr(0, id.find("::"))); }
   const std::string& name() const override { return inner_->name(); }
   std::vector<kubelet::DeviceState> Devices() const override {
@@ -44,7 +46,7 @@ class WithoutPool final : public kubelet::Resource {
     for (const auto& id : ids)
       if (Hidden(id))
         return absl::InvalidArgumentError(absl::StrCat("device ID \"", id, "\" of ", name(),
-                                                       " belongs to the vGPU pool"));
+                                                       " belongs to ", owner_));
     return inner_->Allocate(ids);
   }
   absl::StatusOr<std::vector<std::string>> Preferred(const std::vector<std::string>& available,
@@ -63,6 +65,39 @@ class WithoutPool final : public kubelet::Resource {
  private:
   std::shared_ptr<kubelet::Resource> inner_;
   std::set<std::string> hidden_;
+  std::string owner_;
+};
+
+// A resource shared through MPS: its devices are Unhealthy while the control daemon does not
+// answer (the daemon's health changes move the HealthMonitor's notifier, which this reports).
+class MpsGated final : public kubelet::Resource {
+ public:
+  MpsGated(std::shared_ptr<kubelet::Resource> inner, std::shared_ptr<MpsDaemon> daemon)
+      : inner_(std::move(inner)), daemon_(std::move(daemon)) {}
+  const std::string& name() const override { return inner_->name(); }
+  std::vector<kubelet::DeviceState> Devices() const override {
+    auto out = inner_->Devices();
+    if (!daemon_->healthy())
+      for (auto& d : out) d.healthy = false;
+    return out;
+  }
+  const kubelet::ChangeNotifier* changes() const override { return inner_->changes(); }
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
+      const std::vector<std::string>& ids) override {
+    if (!daemon_->healthy())
+      return absl::UnavailableError(absl::StrCat("the MPS control daemon of ", name(),
+                                                 " does not answer; it is being restarted"));
+    return inner_->Allocate(ids);
+  }
+  absl::StatusOr<std::vector<std::string>> Preferred(const std::vector<std::string>& available,
+                                                     const std::vector<std::string>& must_include,
+                                                     int size) override {
+    return inner_->Preferred(available, must_include, size);
+  }
+
+ private:
+  std::shared_ptr<kubelet::Resource> inner_;
+  std::shared_ptr<MpsDaemon> daemon_;
 };
 
 }  // namespace
@@ -73,7 +108,8 @@ void BlockSignals() {
 }
 
 DevicePlugin::DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config)
-    : gpu_(gpu), options_(std::move(options)), config_(std::move(config)) {}
+    : gpu_(gpu), options_(std::move(options)), sources_(options_.sources),
+      config_(std::move(config)) {}
 
 DevicePlugin::~DevicePlugin() { Stop(); }
 
@@ -100,11 +136,27 @@ absl::Status DevicePlugin::Start() {
 }
 
 absl::Status DevicePlugin::Apply(const Config& cfg) {
+  for (const std::string& n : cfg.notes) spdlog::warn("{}", n);
+  std::vector<MpsShare> shares;
   ASSIGN_OR_RETURN(auto resources,
-                   BuildResources(inventory_, cfg, health_.get(), options_.host_root));
+                   BuildResources(inventory_, cfg, health_.get(), options_.host_root, &shares));
   auto pool = vgpu::PoolGpus(inventory_, cfg.vgpu.gpus, cfg.vgpu.nominal_memory);
   if (!pool.ok())
     return absl::InvalidArgumentError(absl::StrCat("gpulet.vgpu.gpus: ", pool.status().message()));
+  if (!cfg.dra.gpus.empty()) {
+    // The DRA driver serves these GPUs and their MIG devices (agent, src/dra): the kubelet must
+    // never also book them through the device plugin.
+    auto dra_ids = dra::DevicePluginIds(inventory_, cfg.dra.gpus);
+    if (!dra_ids.ok())
+      return absl::InvalidArgumentError(absl::StrCat("gpulet.dra.gpus: ", dra_ids.status().message()));
+    for (const auto& g : *pool)
+      if (dra_ids->count(g.uuid))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gpulet.dra.gpus and gpulet.vgpu.gpus both name GPU ", g.index, " (", g.uuid,
+            "); a GPU is served one way"));
+    for (auto& r : resources) r = std::make_shared<WithoutPool>(std::move(r), *dra_ids, "DRA");
+    std::erase_if(resources, [](const auto& r) { return r->Devices().empty(); });
+  }
   std::shared_ptr<vgpu::NodeAssigner> assigner;
   std::string key;
   if (!pool->empty()) {
@@ -146,13 +198,68 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
         health->changes());
     resources.insert(resources.end(), vcuda.begin(), vcuda.end());
   }
+  // MPS control daemons: one per shared resource, ready before the resource is served (as
+  // NVIDIA's plugin waits for its daemon). An unchanged share keeps its running daemon; a changed
+  // one is replaced (the pipe directory is the resource's, so the old one stops first).
+  std::map<std::string, std::shared_ptr<MpsDaemon>> next;
+  std::vector<std::shared_ptr<MpsDaemon>> replaced, fresh;
+  auto undo = [&] {
+    for (auto& d : fresh) d->Stop();
+    for (auto& d : replaced)
+      if (absl::Status s = d->Start(); !s.ok()) spdlog::error("MPS: {}", s.ToString());
+  };
+  for (MpsShare& share : shares) {
+    MpsOptions mo;
+    mo.root = cfg.mps_root;
+    mo.bin_dir = cfg.mps_bin_dir;
+    mo.probe_interval = options_.mps_probe_interval;
+    HealthMonitor* health = health_.get();
+    mo.on_health_change = [health] { health->NotifyChanged(); };
+    auto it = mps_.find(share.resource);
+    if (it != mps_.end() && it->second->share() == share &&
+        it->second->options().root == mo.root && it->second->options().bin_dir == mo.bin_dir) {
+      next[share.resource] = it->second;
+      continue;
+    }
+    if (it != mps_.end()) {
+      it->second->Stop();
+      replaced.push_back(it->second);
+    }
+    auto d = std::make_shared<MpsDaemon>(share, mo);
+    if (absl::Status s = d->Start(); !s.ok()) {
+      undo();
+      return s;
+    }
+    fresh.push_back(d);
+    next[share.resource] = d;
+  }
+  for (auto& r : resources)
+    if (auto it = next.find(r->name()); it != next.end())
+      r = std::make_shared<MpsGated>(std::move(r), it->second);
   for (const auto& r : resources)
     spdlog::info("resource {}: {} devices", r->name(), r->Devices().size());
-  RETURN_IF_ERROR(manager_->SetResources(std::move(resources)));
+  if (absl::Status s = manager_->SetResources(std::move(resources)); !s.ok()) {
+    undo();
+    return s;
+  }
+  for (auto& [name, d] : mps_)
+    if (!next.count(name)) d->Stop();
+  mps_ = std::move(next);
   health_->SetConfig(cfg.health);
   vgpu_ = std::move(assigner);
   vgpu_key_ = key;
+  if (on_applied_) on_applied_(cfg);
   return absl::OkStatus();
+}
+
+std::map<std::string, std::shared_ptr<MpsDaemon>> DevicePlugin::mps_daemons() const {
+  absl::MutexLock l(&mu_);
+  return mps_;
+}
+
+void DevicePlugin::OnConfigApplied(std::function<void(const Config&)> fn) {
+  absl::MutexLock l(&mu_);
+  on_applied_ = std::move(fn);
 }
 
 std::shared_ptr<vgpu::NodeAssigner> DevicePlugin::vgpu() const {
@@ -197,12 +304,29 @@ absl::Status DevicePlugin::ReconcileVgpu() {
 }
 
 absl::Status DevicePlugin::Reload() {
+  ConfigSources sources;
+  {
+    absl::MutexLock l(&mu_);
+    sources = sources_;
+  }
+  return ReloadFrom(sources.file);
+}
+
+absl::Status DevicePlugin::ReloadFrom(const std::string& file) {
   absl::Status s = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(Config cfg, LoadConfig(options_.sources));
+    ConfigSources sources;
+    {
+      absl::MutexLock l(&mu_);
+      sources = sources_;
+    }
+    sources.file = file;
+    ASSIGN_OR_RETURN(Config cfg, LoadConfig(sources));
     absl::MutexLock l(&mu_);
     if (!manager_) return absl::FailedPreconditionError("not started");
+    if (stopping_) return absl::FailedPreconditionError("stopping");
     RETURN_IF_ERROR(Apply(cfg));
     config_ = std::move(cfg);
+    sources_.file = file;
     return absl::OkStatus();
   }();
   if (s.ok()) {
@@ -215,7 +339,7 @@ absl::Status DevicePlugin::Reload() {
 
 int DevicePlugin::Run() {
   const sigset_t set = HandledSignals();
-  const std::string& file = options_.sources.file;
+  const std::string file = options_.watch_file ? options_.sources.file : "";
   auto read = [&] {
     auto t = ReadFileToString(file);
     return t.ok() ? *t : std::string();
@@ -251,6 +375,12 @@ void DevicePlugin::Stop() {
   }
   if (reconciler_.joinable()) reconciler_.join();
   if (manager_) manager_->Stop();
+  std::map<std::string, std::shared_ptr<MpsDaemon>> daemons;
+  {
+    absl::MutexLock l(&mu_);
+    daemons.swap(mps_);
+  }
+  for (auto& [name, d] : daemons) d->Stop();
   if (health_) health_->Stop();
 }
 

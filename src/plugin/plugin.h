@@ -5,6 +5,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "kubelet/server.h"
 #include "plugin/config.h"
 #include "plugin/health.h"
+#include "plugin/mps.h"
 
 namespace gpulet::k8s {
 class Client;
@@ -45,6 +48,11 @@ class DevicePlugin {
     k8s::Client* api = nullptr;
     std::string node_name;
     std::shared_ptr<kubelet::PodResourcesLister> pod_resources;
+    // false: Run() does not poll the config file's content (a NodeConfigWatcher picks the file
+    // and calls ReloadFrom instead).
+    bool watch_file = true;
+    // sharing.mps: how often each control daemon is probed (and restarted when it does not answer).
+    absl::Duration mps_probe_interval = absl::Seconds(2);
   };
 
   DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);
@@ -56,11 +64,17 @@ class DevicePlugin {
   // Loads the config again and rebuilds the resources. On any error the running config and
   // resources stay as they are and the error is returned (and logged).
   absl::Status Reload();
+  // Reload() from another config file (empty: none), which later reloads keep using.
+  absl::Status ReloadFrom(const std::string& file);
   // Until SIGINT / SIGTERM / SIGQUIT: SIGHUP and config-file content changes reload. Returns 0.
   int Run();
   void Stop();
 
   HealthMonitor* health() { return health_.get(); }
+  // The MPS control daemons of the current config, by resource name.
+  std::map<std::string, std::shared_ptr<MpsDaemon>> mps_daemons() const;
+  // Called after every config that was applied (at start and on each reload), with that config.
+  void OnConfigApplied(std::function<void(const Config&)> fn);
   kubelet::PluginManager* manager() { return manager_.get(); }
   Config config() const;
   // The vGPU assigner of the current config (null when vGPU is off).
@@ -75,12 +89,15 @@ class DevicePlugin {
   gpu::GpuLayer* const gpu_;
   const Options options_;
   mutable absl::Mutex mu_;
+  ConfigSources sources_ ABSL_GUARDED_BY(mu_);  // options_.sources, with the file ReloadFrom chose
   Config config_ ABSL_GUARDED_BY(mu_);
   gpu::Inventory inventory_;
   std::unique_ptr<HealthMonitor> health_;
   std::unique_ptr<kubelet::PluginManager> manager_;
   std::shared_ptr<vgpu::NodeAssigner> vgpu_ ABSL_GUARDED_BY(mu_);
   std::string vgpu_key_ ABSL_GUARDED_BY(mu_);  // the settings vgpu_ was built from
+  std::map<std::string, std::shared_ptr<MpsDaemon>> mps_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Config&)> on_applied_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reconciler_;
 };

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <tuple>
@@ -22,6 +23,7 @@ namespace {
 
 constexpr char kMountRoot[] = "/var/run/nvidia-container-devices";
 constexpr char kCdiKind[] = "nvidia.com/gpu";  // `gpulet cdi generate` (docs/runtime.md)
+constexpr char kImexChannels[] = "/dev/nvidia-caps-imex-channels";
 
 // One physical thing a container can be given: a whole GPU or one MIG device.
 struct Unit {
@@ -37,6 +39,7 @@ struct Node {
   std::unique_ptr<TopologyScorer> scorer;
   std::map<std::string, int> mig_minors;    // "gpu0/gi1/access" -> minor
   std::vector<std::string> control_nodes;   // /dev/nvidiactl, ... that exist on this host
+  std::vector<std::string> imex_channels;   // imex.channelIDs whose device node exists
 
   std::string Uuid(const Unit& u) const {
     const auto& d = inv.devices[u.gpu];
@@ -72,6 +75,7 @@ class NvidiaResource final : public kubelet::Resource {
       replicated_ |= entries_[i].replica >= 0;
       whole_gpus_ &= entries_[i].unit.mig < 0;
     }
+    mps_ = replicated_ && node_->cfg.UsesMps();
   }
 
   const std::string& name() const override { return name_; }
@@ -102,7 +106,7 @@ class NvidiaResource final : public kubelet::Resource {
             absl::StrCat("device ID \"", id, "\" of ", name_, " is Unhealthy: ", why));
       req.push_back(e);
     }
-    if (replicated_ && node_->cfg.fail_requests_greater_than_one && ids.size() > 1)
+    if (replicated_ && node_->cfg.FailSharedRequestsGreaterThanOne() && ids.size() > 1)
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid request: maximum request size for shared resource ", name_,
           " is 1 (failRequestsGreaterThanOne); device ID \"", ids[1], "\" is one too many"));
@@ -227,9 +231,28 @@ class NvidiaResource final : public kubelet::Resource {
     v1beta1::ContainerAllocateResponse r;
     std::vector<std::string> visible;
     for (const Unit& u : units) visible.push_back(node_->Visible(u));
+    if (mps_) {
+      // As NVIDIA's: the daemon's pipe directory and the shared /dev/shm, whatever the strategy.
+      const std::string pipe = MpsPipeDir(kMpsContainerRoot, name_);
+      (*r.mutable_envs())["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
+      auto* m = r.add_mounts();
+      m->set_container_path(pipe);
+      m->set_host_path(MpsPipeDir(c.mps_root, name_));
+      m = r.add_mounts();
+      m->set_container_path("/dev/shm");
+      m->set_host_path(MpsShmDir(c.mps_root));
+    }
+    auto& envs = *r.mutable_envs();
+    // Whatever the strategy, as NVIDIA's (CDI strategies with these are refused at config load).
+    if (c.gdrcopy) envs["NVIDIA_GDRCOPY"] = "enabled";
+    if (c.gds) envs["NVIDIA_GDS"] = "enabled";
+    if (c.mofed) envs["NVIDIA_MOFED"] = "enabled";
+    const std::vector<std::string>& imex = node_->imex_channels;
     if (!c.list.OnlyCdi()) {
-      auto& envs = *r.mutable_envs();
-      if (c.list.envvar) envs["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(visible, ",");
+      if (c.list.envvar) {
+        envs["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(visible, ",");
+        if (!imex.empty()) envs["NVIDIA_IMEX_CHANNELS"] = absl::StrJoin(imex, ",");
+      }
       if (c.list.volume_mounts) {
         envs["NVIDIA_VISIBLE_DEVICES"] = kMountRoot;
         for (const auto& v : visible) {
@@ -237,12 +260,21 @@ class NvidiaResource final : public kubelet::Resource {
           m->set_host_path("/dev/null");
           m->set_container_path(absl::StrCat(kMountRoot, "/", v));
         }
+        for (const auto& id : imex) {
+          auto* m = r.add_mounts();
+          m->set_host_path("/dev/null");
+          m->set_container_path(absl::StrCat(kMountRoot, "/imex/", id));
+        }
       }
-      if (c.gdrcopy) envs["NVIDIA_GDRCOPY"] = "enabled";
-      if (c.gds) envs["NVIDIA_GDS"] = "enabled";
-      if (c.mofed) envs["NVIDIA_MOFED"] = "enabled";
-      if (!c.imex_channels.empty()) envs["NVIDIA_IMEX_CHANNELS"] = "0";
-      if (c.pass_device_specs) DeviceSpecs(units, &r);
+      if (c.pass_device_specs) {
+        DeviceSpecs(units, &r);
+        for (const auto& id : imex) {
+          auto* d = r.add_devices();
+          d->set_container_path(absl::StrCat(kImexChannels, "/channel", id));
+          d->set_host_path(JoinPath(c.DevRoot(), d->container_path()));
+          d->set_permissions("rw");
+        }
+      }
     }
     if (c.list.cdi_annotations || c.list.cdi_cri) {
       std::vector<std::string> names;
@@ -294,6 +326,7 @@ class NvidiaResource final : public kubelet::Resource {
   std::map<std::string, size_t> by_id_;
   bool replicated_ = false;
   bool whole_gpus_ = true;
+  bool mps_ = false;  // replicas of sharing.mps: Allocate adds the daemon's pipe and shm
 };
 
 bool Glob(const std::string& pattern, const std::string& s) {
@@ -310,7 +343,7 @@ std::string MigProfileName(const gpu::MigDevice& m) {
 
 absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     const gpu::Inventory& inv, const Config& cfg, const HealthMonitor* health,
-    const std::string& host_root) {
+    const std::string& host_root, std::vector<MpsShare>* mps) {
   auto node = std::make_shared<Node>();
   node->inv = inv;
   node->cfg = cfg;
@@ -327,6 +360,22 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   for (const char* p : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                         "/dev/nvidia-modeset"})
     if (host.Exists(JoinPath(cfg.DevRoot(), p))) node->control_nodes.push_back(p);
+  // IMEX channels are injected only when their device node exists (as NVIDIA's); imex.required
+  // makes a missing one an error.
+  for (int id : cfg.imex_channels) {
+    const std::string path = absl::StrCat(kImexChannels, "/channel", id);
+    std::error_code ec;
+    if (std::filesystem::is_character_file(JoinPath(host_root, JoinPath(cfg.DevRoot(), path)),
+                                           ec)) {
+      node->imex_channels.push_back(std::to_string(id));
+    } else if (cfg.imex_required) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "imex.required: IMEX channel ", path, " does not exist (under nvidiaDevRoot ",
+          cfg.DevRoot(), ")"));
+    } else {
+      spdlog::warn("imex.channelIDs: {} does not exist; not injected", path);
+    }
+  }
 
   std::vector<NamedPattern> gpus = cfg.gpus, migs = cfg.migs;
   if (gpus.empty()) gpus.push_back({"*", "nvidia.com/gpu"});
@@ -395,7 +444,8 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   };
   std::map<std::string, std::vector<NvidiaResource::Entry>> entries;
   std::set<std::string> shared_names;
-  for (const auto& r : cfg.time_slicing) {
+  const char* sharing = cfg.UsesMps() ? "mps" : "timeSlicing";
+  for (const auto& r : cfg.Shared()) {
     auto it = units.find(r.name);
     if (it == units.end()) {
       spdlog::warn("{}: no devices of {} on this node to share", r.where, r.name);
@@ -403,7 +453,7 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     }
     if (!shared_names.insert(r.name).second)
       return absl::InvalidArgumentError(
-          absl::StrCat(r.where, ": ", r.name, " is shared by two timeSlicing entries"));
+          absl::StrCat(r.where, ": ", r.name, " is shared by two ", sharing, " entries"));
     std::vector<Unit>& pool = it->second;
     std::vector<bool> pick(pool.size(), r.all_devices);
     if (r.device_count > static_cast<int>(pool.size()))
@@ -421,6 +471,21 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
       pick[at - pool.begin()] = true;
     }
     const std::string name = r.rename.empty() ? r.name : r.rename;
+    if (cfg.UsesMps()) {
+      MpsShare share{name, {}, r.replicas};
+      for (size_t i = 0; i < pool.size(); ++i) {
+        if (!pick[i]) continue;
+        const gpu::Device& d = inv.devices[pool[i].gpu];
+        if (pool[i].mig >= 0)
+          return absl::InvalidArgumentError(absl::StrCat(
+              r.where, ": sharing.mps: ", r.name, " holds MIG devices (GPU ", d.index,
+              "); MPS does not share MIG devices (as NVIDIA's plugin)"));
+        share.gpus.push_back({d.index, d.uuid, d.memory_bytes, d.cc_major, d.cc_minor});
+      }
+      if (absl::Status s = ValidateMpsShare(share); !s.ok())
+        return absl::InvalidArgumentError(absl::StrCat(r.where, ": ", s.message()));
+      if (mps) mps->push_back(std::move(share));
+    }
     std::vector<Unit> keep;
     for (size_t i = 0; i < pool.size(); ++i) {
       if (!pick[i]) {

@@ -14,6 +14,7 @@
 #include "kubelet/resource.h"
 #include "plugin/config.h"
 #include "plugin/health.h"
+#include "plugin/mps.h"
 
 namespace gpulet::plugin {
 
@@ -24,9 +25,10 @@ std::string MigProfileName(const gpu::MigDevice& m);
 // Builds every resource of the node. `health` must outlive the resources and is shared by them.
 // `host_root` is where /proc/driver/nvidia-caps/mig-minors and the device nodes are looked up
 // ("/" in production, the sim root for a simulated node). Errors name the device or config entry
-// (file:line) that cannot be placed.
+// (file:line) that cannot be placed. With sharing.mps, `mps` (when given) receives one share per
+// resource whose GPUs are shared through MPS; their Allocate adds the MPS pipe and shm.
 absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     const gpu::Inventory& inventory, const Config& config, const HealthMonitor* health,
-    const std::string& host_root = "/");
+    const std::string& host_root = "/", std::vector<MpsShare>* mps = nullptr);
 
 }  // namespace gpulet::plugin

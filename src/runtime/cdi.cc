@@ -443,7 +443,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   // MIG access capabilities: "gpu<minor>/gi<id>/access <cap minor>" lines, as the driver lists.
   std::map<std::string, int> cap_minors;
   // Kernel state: the driver root's /proc when it has one (tests), else this host's.
-  auto minors = ReadFileToString(InRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
+  absl::StatusOr<std::string> minors = absl::NotFoundError("");
+  if (!opt.proc_root.empty())
+    minors = ReadFileToString(InRoot(opt.proc_root, "/proc/driver/nvidia-caps/mig-minors"));
+  if (!minors.ok()) minors = ReadFileToString(InRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
   if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
   if (auto& f = minors; f.ok()) {
     for (absl::string_view line : absl::StrSplit(*f, '\n')) {
@@ -472,6 +475,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
         }
         me.device_nodes.push_back(node(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second)));
       }
+      all.Merge(me);  // "all" includes the MIG capability nodes, as nvidia-ctk's does
       add(absl::StrCat(dev.index, ":", mig.index), mig.uuid, me);
     }
   }

@@ -46,6 +46,9 @@ struct CdiGenerateOptions {
   std::string driver_container_root = "/run/nvidia/driver";
   std::string kind = "nvidia.com/gpu";
   NameStrategy names = NameStrategy::kBoth;
+  // Where /proc/driver/nvidia-caps/mig-minors is read first (a simulated node's root); empty: the
+  // driver root, then this host.
+  std::string proc_root;
   // The hook that refreshes the container's ld cache (createRuntime); empty: no hook.
   std::string hook_path = "/usr/bin/gpulet-container-hook";
 };

@@ -1,6 +1,7 @@
 #include "runtime/engine_config.h"
 
 #include <fnmatch.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,8 +177,51 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
       notes->push_back(absl::StrCat(cfg, " is rewritten to add \"imports\": comments in it are not kept "
                                     "(the original is saved as ", cfg, ".bak)"));
   }
+  std::vector<FileChange> out{dropin, main};
+
+  // Another tool's drop-in that containerd loads after ours and that sets the CRI plugin section
+  // would win: containerd loads imports in order, each file once, globs sorted (so NVIDIA's
+  // conf.d/99-nvidia.toml comes after conf.d/99-gpulet.toml), and before 2.1 a later plugin
+  // section replaces an earlier one whole. A node moving from NVIDIA's toolkit to gpulet would keep
+  // NVIDIA's runtime. Such a file is emptied (kept in <file>.bak, named in a note); configuring
+  // NVIDIA's toolkit again rewrites it, and then it wins again (tests/compat/runtime_configure.sh).
+  std::vector<std::string> order;
+  if (auto* imports = top["imports"].as_array()) {
+    for (const auto& i : *imports) {
+      auto pattern = i.value<std::string>();
+      if (!pattern) continue;
+      glob_t g{};
+      std::vector<std::string> found;
+      if (::glob((o.root + *pattern).c_str(), 0, nullptr, &g) == 0)
+        for (size_t k = 0; k < g.gl_pathc; ++k) found.push_back(std::string(g.gl_pathv[k]).substr(o.root.size()));
+      ::globfree(&g);
+      // Ours may not be written yet: where containerd will find it.
+      if (std::find(found.begin(), found.end(), drop) == found.end() &&
+          ::fnmatch(pattern->c_str(), drop.c_str(), FNM_PATHNAME) == 0) {
+        found.push_back(drop);
+        std::sort(found.begin(), found.end());
+      }
+      for (const auto& f : found)
+        if (std::find(order.begin(), order.end(), f) == order.end()) order.push_back(f);
+    }
+  }
+  auto ours = std::find(order.begin(), order.end(), drop);
+  for (auto it = ours == order.end() ? order.end() : ours + 1; it != order.end(); ++it) {
+    ASSIGN_OR_RETURN(FileChange other, Current(o.root + *it));
+    if (!other.existed) continue;
+    ASSIGN_OR_RETURN(toml::table t, ParseToml(other.before, *it));
+    if (!t["plugins"][cri].as_table()) continue;
+    other.after = absl::StrCat("# Emptied by `gpulet runtime configure`: its plugins.\"", cri,
+                               "\" section, loaded after ", drop, ", would replace gpulet's.\n",
+                               "# The original is ", *it, ".bak.\nversion = ", version, "\n");
+    if (notes)
+      notes->push_back(absl::StrCat(*it, " (another tool's drop-in, loaded after ", drop,
+                                    ") set plugins.\"", cri, "\" and would override gpulet's runtime: "
+                                    "emptied, the original saved as ", *it, ".bak"));
+    out.push_back(std::move(other));
+  }
   if (notes) notes->push_back("restart containerd to apply the change");
-  return std::vector<FileChange>{dropin, main};
+  return out;
 }
 
 absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,

@@ -56,7 +56,8 @@ bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, st
                                   "spec.schedulerName",     "involvedObject.name",
                                   "involvedObject.namespace", "involvedObject.kind",
                                   "involvedObject.uid",     "reason",
-                                  "type"};
+                                  "type",                   "spec.driver",
+                                  "spec.pool.name"};
   std::vector<std::string> parts;
   int depth = 0;
   std::string cur;
@@ -216,6 +217,11 @@ json FakeApiServer::Stamp(json obj, const std::string& kind) {
   if (!md.contains("uid")) md["uid"] = NewUid();
   if (!md.contains("creationTimestamp")) md["creationTimestamp"] = Now();
   md["resourceVersion"] = std::to_string(++rv_);
+  if (kind == "resourceslices" || kind == "resourceclaims") {
+    obj["apiVersion"] = "resource.k8s.io/v1";
+    obj["kind"] = kind == "resourceslices" ? "ResourceSlice" : "ResourceClaim";
+    return obj;
+  }
   obj["apiVersion"] = "v1";
   obj["kind"] = kind == "pods" ? "Pod" : kind == "events" ? "Event" : "Node";
   return obj;
@@ -440,8 +446,8 @@ void FakeApiServer::Routes() {
   };
 
   // PATCH/PUT on one object under the lock. `obj` is replaced on success.
-  auto modify = [this](json& obj, const std::string& kind, const httplib::Request& req,
-                       httplib::Response& res, bool status_only) {
+  ModifyFn modify = [this](json& obj, const std::string& kind, const httplib::Request& req,
+                           httplib::Response& res, bool status_only) {
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded()) return Fail(res, 400, "BadRequest", "request body is not JSON");
     std::string ctype = req.get_header_value("Content-Type");
@@ -661,6 +667,7 @@ void FakeApiServer::Routes() {
     }
     Reply(r, 200, it->second);
   });
+  ResourceRoutes(modify);
   s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (r.body.empty()) {
       Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",
@@ -668,6 +675,134 @@ void FakeApiServer::Routes() {
                         q.path, ")"));
     }
   });
+}
+
+json FakeApiServer::CreateObject(const std::string& kind, json obj) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (kind == "resourceclaims" && !obj["metadata"].contains("namespace"))
+    obj["metadata"]["namespace"] = "default";
+  obj = Stamp(std::move(obj), kind);
+  objects_[kind][Field(obj, "metadata.namespace") + "/" + Field(obj, "metadata.name")] = obj;
+  Record("ADDED", kind, obj);
+  return obj;
+}
+
+bool FakeApiServer::GetObject(const std::string& kind, const std::string& ns,
+                              const std::string& name, json* out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto k = objects_.find(kind);
+  if (k == objects_.end()) return false;
+  auto it = k->second.find(ns + "/" + name);
+  if (it == k->second.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+std::vector<json> FakeApiServer::Objects(const std::string& kind) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<json> out;
+  if (auto k = objects_.find(kind); k != objects_.end())
+    for (const auto& [key, o] : k->second) out.push_back(o);
+  return out;
+}
+
+bool FakeApiServer::UpdateObject(const std::string& kind, json obj) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string key = Field(obj, "metadata.namespace") + "/" + Field(obj, "metadata.name");
+  auto& m = objects_[kind];
+  auto it = m.find(key);
+  if (it == m.end()) return false;
+  obj["metadata"]["uid"] = it->second["metadata"]["uid"];
+  it->second = Stamp(std::move(obj), kind);
+  Record("MODIFIED", kind, it->second);
+  return true;
+}
+
+// resource.k8s.io/v1: resourceslices (cluster-scoped) and resourceclaims (namespaced, with
+// /status): list (no watch), get, create, PUT, PATCH, DELETE, as kube-apiserver answers them.
+void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
+  httplib::Server& s = *server_;
+  const std::string base = "/apis/resource.k8s.io/v1";
+  struct Kind {
+    std::string plural, singular;
+    bool namespaced;
+  };
+  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false},
+                        Kind{"resourceclaims", "ResourceClaim", true}}) {
+    std::string coll = k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural
+                                    : base + "/" + k.plural;
+    auto ns_of = [k](const httplib::Request& q) {
+      return k.namespaced ? std::string(q.matches[1]) : std::string();
+    };
+    auto list = [this, k, ns_of](const httplib::Request& q, httplib::Response& r) {
+      std::vector<Term> fields, labels;
+      std::string err;
+      if (!ParseSelector(q.get_param_value("fieldSelector"), false, &fields, &err) ||
+          !ParseSelector(q.get_param_value("labelSelector"), true, &labels, &err))
+        return Fail(r, 400, "BadRequest", err);
+      if (q.get_param_value("watch") == "true")
+        return Fail(r, 405, "MethodNotAllowed", "the fake API server does not watch " + k.plural);
+      std::string ns = q.matches.size() > 1 && k.namespaced ? ns_of(q) : "";
+      std::lock_guard<std::mutex> l(mu_);
+      json items = json::array();
+      for (const auto& [key, o] : objects_[k.plural])
+        if ((ns.empty() || Field(o, "metadata.namespace") == ns) && Matches(o, fields, labels))
+          items.push_back(o);
+      Reply(r, 200, {{"kind", k.singular + "List"}, {"apiVersion", "resource.k8s.io/v1"},
+                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}}, {"items", items}});
+    };
+    s.Get(coll, list);
+    if (k.namespaced) s.Get(base + "/" + k.plural, list);
+    s.Post(coll, [this, k, ns_of](const httplib::Request& q, httplib::Response& r) {
+      json obj = json::parse(q.body, nullptr, false);
+      if (!obj.is_object() || Field(obj, "metadata.name").empty())
+        return Fail(r, 422, "Invalid", k.singular + " needs metadata.name");
+      if (k.namespaced) obj["metadata"]["namespace"] = ns_of(q);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (objects_[k.plural].count(ns_of(q) + "/" + Field(obj, "metadata.name")))
+          return Fail(r, 409, "AlreadyExists",
+                      absl::StrCat(k.plural, ".resource.k8s.io \"", Field(obj, "metadata.name"),
+                                   "\" already exists"));
+      }
+      Reply(r, 201, CreateObject(k.plural, obj));
+    });
+    std::string one = coll + "/([^/]+)";
+    auto not_found = [k](httplib::Response& r, const std::string& name) {
+      Fail(r, 404, "NotFound",
+           absl::StrCat(k.plural, ".resource.k8s.io \"", name, "\" not found"));
+    };
+    s.Get(one + "(/status)?", [this, k, not_found](const httplib::Request& q, httplib::Response& r) {
+      std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
+      std::string name = q.matches[k.namespaced ? 2 : 1];
+      json obj;
+      if (!GetObject(k.plural, ns, name, &obj)) return not_found(r, name);
+      Reply(r, 200, obj);
+    });
+    auto change = [this, k, not_found, modify](const httplib::Request& q, httplib::Response& r) {
+      std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
+      std::string name = q.matches[k.namespaced ? 2 : 1];
+      bool status = q.matches[k.namespaced ? 3 : 2].length() > 0;
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = objects_[k.plural].find(ns + "/" + name);
+      if (it == objects_[k.plural].end()) return not_found(r, name);
+      modify(it->second, k.plural, q, r, status);
+    };
+    s.Put(one + "(/status)?", change);
+    s.Patch(one + "(/status)?", change);
+    s.Delete(one, [this, k, not_found](const httplib::Request& q, httplib::Response& r) {
+      std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
+      std::string name = q.matches[k.namespaced ? 2 : 1];
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = objects_[k.plural].find(ns + "/" + name);
+      if (it == objects_[k.plural].end()) return not_found(r, name);
+      json obj = it->second;
+      objects_[k.plural].erase(it);
+      obj["metadata"]["resourceVersion"] = std::to_string(++rv_);
+      Record("DELETED", k.plural, obj);
+      Reply(r, 200, obj);
+    });
+  }
 }
 
 }  // namespace gpulet::testing

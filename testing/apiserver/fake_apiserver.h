@@ -6,8 +6,12 @@
 //   POST (create), PATCH (merge, strategic-merge as merge, JSON patch), PUT, DELETE.
 //   /api/v1/events, /api/v1/namespaces/{ns}/events[/{name}]: POST (create; core/v1 Event kept as
 //   given, metadata.generateName honoured) and GET (list, get); no watch, no history.
+//   /apis/resource.k8s.io/v1/resourceslices[/{name}] and /apis/resource.k8s.io/v1/namespaces/{ns}/
+//   resourceclaims[/{name}[/status]] (and the all-namespaces list): GET (list without watch, get),
+//   POST, PUT, PATCH, DELETE.
 //   Field selectors (metadata.name, metadata.namespace, spec.nodeName, status.phase,
-//   spec.schedulerName, involvedObject.{name,namespace,kind,uid}, reason, type; =, ==, !=) and
+//   spec.schedulerName, involvedObject.{name,namespace,kind,uid}, reason, type, spec.driver,
+//   spec.pool.name; =, ==, !=) and
 //   label selectors (=, ==, !=, in, notin, key, !key).
 //   Every change gets a cluster-wide resourceVersion; watches replay from the given version and
 //   answer 410 Gone (as an ERROR event) when it is older than the retained history. A stale
@@ -19,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +35,8 @@
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace gpulet::testing {
@@ -73,6 +80,14 @@ class FakeApiServer {
   // Sets status fields of a pod (e.g. phase Running) as the kubelet would.
   bool SetPodPhase(const std::string& ns, const std::string& name, const std::string& phase);
 
+  // resource.k8s.io/v1 objects by plural ("resourceslices", "resourceclaims"); cluster-scoped
+  // ones have ns "". Update replaces the object as a controller would (stamped, recorded).
+  json CreateObject(const std::string& kind, json obj);
+  bool GetObject(const std::string& kind, const std::string& ns, const std::string& name,
+                 json* out) const;
+  std::vector<json> Objects(const std::string& kind) const;
+  bool UpdateObject(const std::string& kind, json obj);
+
   // The next `count` requests (of `method`, or any when empty) fail with HTTP `code`.
   void InjectFailures(int count, int code, const std::string& method = "");
   // Requests served so far, by method.
@@ -85,7 +100,10 @@ class FakeApiServer {
     std::string kind;  // "pods" | "nodes"
     json object;
   };
+  using ModifyFn = std::function<void(json&, const std::string&, const httplib::Request&,
+                                      httplib::Response&, bool)>;
   void Routes();
+  void ResourceRoutes(const ModifyFn& modify);
   json Stamp(json obj, const std::string& kind);  // sets rv (and uid, timestamps when new)
   void Record(const std::string& type, const std::string& kind, const json& obj);
 
@@ -101,6 +119,7 @@ class FakeApiServer {
   std::map<std::string, json> nodes_;  // name
   std::map<std::string, json> events_;  // "ns/name"
   std::vector<std::string> event_order_;
+  std::map<std::string, std::map<std::string, json>> objects_;  // kind -> "ns/name"
   std::deque<Event> history_;
   int fail_count_ = 0;
   int fail_code_ = 500;

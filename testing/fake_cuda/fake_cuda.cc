@@ -4,18 +4,27 @@
 //
 // Model: devices with memory accounting (allocations fail past the device total, like a real
 // GPU), contexts (each charges FAKE_CUDA_CONTEXT_BYTES of device memory), streams, events and
-// kernels that "run" for a simulated time on one busy timeline per device: a launch starts at
-// max(now, stream tail, device busy-until) and lasts grid blocks x FAKE_CUDA_NS_PER_BLOCK ns; a
-// graph launch lasts FAKE_CUDA_GRAPH_NS. With FAKE_CUDA_STATE=<file> the device memory counters
-// and busy timelines live in a shared file, so several processes share one "GPU" and tests can
-// read the device truth (peak usage) from outside the processes under test.
+// kernels that "run" for a simulated time: a kernel needs grid blocks x FAKE_CUDA_NS_PER_BLOCK ns
+// of the device (a graph launch FAKE_CUDA_GRAPH_NS). The device time-slices between contexts as a
+// real GPU does without MPS: each context's work runs in submission order, one context at a time;
+// while other contexts have work waiting, the running one is switched out after a time slice
+// (FAKE_CUDA_TIMESLICE_NS, 2 ms), round robin, and resumes where it stopped. So a context with
+// work gets 1/k of the device beside k-1 busy ones, whatever they queued before it (the fake used
+// to serve the device first-come-first-served, which no GPU does between contexts). Completion is
+// computed lazily: events and synchronisations advance the device to "now" and a synchronisation
+// sleeps until its work is done given what is queued (re-checking if others queued more). With
+// FAKE_CUDA_STATE=<file> the device memory counters live in a shared file, so several processes
+// share one GPU's memory and tests can read the device truth (peak usage) from outside the
+// processes under test; the time-sliced timeline is per process (tests that share a GPU's time
+// run their tenants as contexts of one process, see fakecuda_set_context_pid).
 //
 // Environment: FAKE_CUDA_DEVICE_COUNT (1), FAKE_CUDA_DEVICE_MEMORY (16 GiB), FAKE_CUDA_CONTEXT_BYTES
 // (0; a real context holds ~518 MiB on an H200), FAKE_CUDA_ALLOC_GRANULE (1: allocations are
 // rounded up to it on the device, 2 MiB on real GPUs), FAKE_CUDA_MODULE_BYTES (0: device memory a
 // cuModuleLoadData holds), FAKE_CUDA_NVML_PID_OFFSET (0: NVML's pids are getpid() + this, as in
 // a container's pid namespace), FAKE_CUDA_NO_PROCESS_INFO (NVML cannot list processes),
-// FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
+// FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_TIMESLICE_NS (2000000),
+// FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
 // (append one "symbol:version:flags" line per cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes
 // or GPU-UUID prefixes, applied at cuInit like the real driver).
 // Test-only entry points (fakecuda_*) set a virtual clock and read the timeline.
@@ -31,6 +40,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,13 +75,102 @@ struct SharedState {
 struct Ctx {
   int device;  // physical index
   bool primary;
+  int channel;  // its queue on the device (Driver::channels)
 };
-struct Stream {
-  int64_t tail = 0;
-};
+struct Stream {};
 struct Event {
-  int64_t time = -1;  // -1: never recorded
+  std::atomic<int64_t> time{-1};  // -1: never recorded, kPending: its work has not finished
+  uint64_t generation = 0;        // a re-record makes the stamps of older records stale
+  int channel = -1;
+  uint64_t seq = 0;  // completes with this launch of its channel
 };
+constexpr int64_t kPending = -2;
+
+// A run of launches of one context, executed in order. Consecutive launches merge into one item
+// (so a queue stays short however many launches are in flight) unless an event was recorded
+// between them: the event completes when the item before it does.
+struct Work {
+  int64_t ready;      // not before: the front end of a launch onto an idle context
+  int64_t remaining;  // ns of device time still to run
+  uint64_t seq;       // the last launch this item stands for
+  std::vector<std::pair<Event*, uint64_t>> stamps;  // (event, generation) completed with it
+};
+struct Queue {
+  std::deque<Work> q;
+  uint64_t done_seq = 0;  // every launch up to this one has finished
+};
+// One context's share of a device: its queue and its history (for busy time and NVML samples).
+struct Channel {
+  int device = 0;
+  bool foreign = false;  // a neighbour tenant's work (fakecuda_foreign_work), not this process's
+  int64_t nvml_pid = 0;  // 0: getpid() + FAKE_CUDA_NVML_PID_OFFSET
+  uint64_t next_seq = 1;
+  Queue queue;
+  std::vector<std::pair<int64_t, int64_t>> exec;    // [start, end) it ran on the device
+  std::vector<std::pair<int64_t, int64_t>> active;  // the same plus front ends (NVML's samples)
+};
+// Which channel holds a device now, and until when (round-robin time slices).
+struct SliceState {
+  int64_t t = 0;  // the device is simulated up to here
+  int cur = -1;   // index into the device's channel list
+  int64_t slice_end = 0;
+};
+
+void AppendMerged(std::vector<std::pair<int64_t, int64_t>>& v, int64_t a, int64_t b) {
+  if (b <= a) return;
+  if (!v.empty() && v.back().second >= a) {
+    v.back().second = std::max(v.back().second, b);
+  } else {
+    v.emplace_back(a, b);
+  }
+}
+
+// Runs the device whose queues are `qs` from s.t up to `until`, round robin between the queues
+// with work ready, `slice` ns each while others wait. on_run(i, a, b): queue i ran [a, b);
+// on_done(i, work, t): work finished at t. With stop >= 0, returns the time queue `stop` finished
+// launch `stop_seq` (and stops there); otherwise -1.
+template <class OnRun, class OnDone>
+int64_t Simulate(SliceState& s, const std::vector<Queue*>& qs, int64_t slice, int64_t until,
+                 int stop, uint64_t stop_seq, OnRun&& on_run, OnDone&& on_done) {
+  const int n = static_cast<int>(qs.size());
+  auto runnable = [&](int i) { return !qs[i]->q.empty() && qs[i]->q.front().ready <= s.t; };
+  for (;;) {
+    if (stop >= 0 && qs[stop]->done_seq >= stop_seq) return s.t;
+    if (s.t >= until || n == 0) return -1;
+    bool cur_ok = s.cur >= 0 && s.cur < n && runnable(s.cur);
+    if (!cur_ok || s.t >= s.slice_end) {
+      int pick = -1;
+      for (int k = 1; k <= n && pick < 0; ++k) {
+        int i = ((s.cur < 0 ? n - 1 : s.cur) + k) % n;
+        if (runnable(i)) pick = i;
+      }
+      if (pick < 0) {  // nothing ready: idle until the next front end completes
+        int64_t next = INT64_MAX;
+        for (Queue* q : qs)
+          if (!q->q.empty()) next = std::min(next, q->q.front().ready);
+        if (next == INT64_MAX) {
+          s.t = std::max(s.t, until == INT64_MAX ? s.t : until);
+          return -1;
+        }
+        s.t = std::min(next, until);
+        s.cur = -1;
+        continue;
+      }
+      s.cur = pick;
+      s.slice_end = s.t + slice;
+    }
+    Work& w = qs[s.cur]->q.front();
+    int64_t end = std::min({s.t + w.remaining, s.slice_end, until});
+    on_run(s.cur, s.t, end);
+    w.remaining -= end - s.t;
+    s.t = end;
+    if (w.remaining == 0) {
+      qs[s.cur]->done_seq = w.seq;
+      on_done(s.cur, w, s.t);
+      qs[s.cur]->q.pop_front();
+    }
+  }
+}
 struct Func {
   std::string name;
 };
@@ -121,12 +220,17 @@ struct Driver {
   uint64_t granule = 1, module_bytes = 0;
   // Host time a launch / an event record takes (a real driver: ~4 us / ~1 us); spent on the
   // test's virtual clock, before the work reaches the device timeline. 0 without a test clock.
-  int64_t launch_ns = 0, event_ns = 0;
+  std::atomic<int64_t> launch_ns{0}, event_ns{0};
   // GPU time between a launch reaching an idle stream and its kernel starting on the SMs (a real
   // GPU's front end: ~2-3 us on an H200). Queued launches hide it behind the work ahead of them.
   // Not busy time: the device timeline (and fakecuda_busy_between) holds only the kernel itself.
   int64_t gpu_launch_ns = 0;
-  std::vector<std::pair<int64_t, int64_t>> active;     // the same, from their front end on
+  int64_t timeslice_ns = 2'000'000;
+  std::vector<std::unique_ptr<Channel>> channels;  // every context's queue, any device
+  std::vector<int> dev_channels[kMaxDevices];      // ... per physical device, round-robin order
+  std::vector<Queue*> dev_queues[kMaxDevices];     // their queues, in the same order
+  SliceState slice[kMaxDevices];
+  int foreign_channel[kMaxDevices];  // -1 until a neighbour's work arrives
   int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
   std::vector<int> visible;  // ordinal -> physical index
   SharedState local{};
@@ -137,8 +241,7 @@ struct Driver {
   std::map<int, int> primary_refs;  // physical device -> retain count
   std::map<int, CUcontext> primary;
   thread_local static CUcontext current;
-  Stream null_stream;
-  std::vector<std::pair<int64_t, int64_t>> intervals;  // this process's kernel [start, end)
+  std::vector<std::pair<int64_t, int64_t>> intervals;  // this process's kernels ran [start, end)
   uint64_t allocated = 0;                               // this process's live bytes
   uint64_t charged[kMaxDevices] = {};                   // ... per physical device
 
@@ -151,7 +254,9 @@ struct Driver {
     graph_ns = EnvU64("FAKE_CUDA_GRAPH_NS", graph_ns);
     granule = std::max<uint64_t>(1, EnvU64("FAKE_CUDA_ALLOC_GRANULE", 1));
     module_bytes = EnvU64("FAKE_CUDA_MODULE_BYTES", 0);
+    timeslice_ns = std::max<int64_t>(1000, static_cast<int64_t>(EnvU64("FAKE_CUDA_TIMESLICE_NS", 2'000'000)));
     for (int& s : proc_slot) s = -1;
+    for (int& c : foreign_channel) c = -1;
     if (const char* path = getenv("FAKE_CUDA_STATE")) {
       int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
       if (fd >= 0 && ftruncate(fd, sizeof(SharedState)) == 0) {
@@ -283,28 +388,125 @@ struct Driver {
   void HostCost(int64_t ns) {
     if (ns > 0 && g_test_sleep_until) g_test_sleep_until(Now() + ns);
   }
-  CUresult Launch(CUstream s, int64_t duration) {
-    int dev = CurrentDevice();
-    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    HostCost(launch_ns);
-    Stream* st = s ? reinterpret_cast<Stream*>(s) : &null_stream;
-    SharedDevice& d = shared->dev[dev];
+  int NewChannel(int physical, bool foreign) {
+    auto c = std::make_unique<Channel>();
+    c->device = physical;
+    c->foreign = foreign;
+    channels.push_back(std::move(c));
+    int id = static_cast<int>(channels.size()) - 1;
+    dev_channels[physical].push_back(id);
+    dev_queues[physical].push_back(&channels[id]->queue);
+    return id;
+  }
+  int CurrentChannel() {
+    if (current == nullptr) return -1;
+    auto* ctx = reinterpret_cast<Ctx*>(current);
+    return ctx->device < 0 ? -1 : ctx->channel;
+  }
+  // Runs a device up to `until` (the caller holds mu): records what ran and completes events.
+  void Advance(int physical, int64_t until) {
+    SliceState& st = slice[physical];
+    if (until <= st.t) return;
+    const std::vector<int>& ids = dev_channels[physical];
+    Simulate(
+        st, dev_queues[physical], timeslice_ns, until, -1, 0,
+        [&](int i, int64_t a, int64_t b) {
+          Channel& c = *channels[ids[i]];
+          AppendMerged(c.exec, a, b);
+          AppendMerged(c.active, a, b);
+          if (!c.foreign) AppendMerged(intervals, a, b);
+          shared->dev[physical].busy_total.fetch_add(static_cast<uint64_t>(b - a));
+        },
+        [&](int, Work& w, int64_t t) {
+          for (auto& [e, gen] : w.stamps)
+            if (e->generation == gen) e->time.store(t);
+        });
+  }
+  // When channel `id` would finish launch `seq` if nothing more were queued: a dry run on copies.
+  int64_t Predict(int id, uint64_t seq) {
+    int physical = channels[id]->device;
+    SliceState st = slice[physical];
+    std::vector<Queue> copies;
+    std::vector<Queue*> qs;
+    int stop = -1;
+    for (int other : dev_channels[physical]) {
+      if (other == id) stop = static_cast<int>(copies.size());
+      copies.push_back(channels[other]->queue);
+    }
+    for (Queue& q : copies) qs.push_back(&q);
+    auto nothing = [](auto&&...) {};
+    return Simulate(st, qs, timeslice_ns, INT64_MAX, stop, seq, nothing, nothing);
+  }
+  bool Done(int id, uint64_t seq) { return channels[id]->queue.done_seq >= seq; }
+  // Queues `duration` ns of work on channel `id` at `now` (the caller holds mu).
+  void Enqueue(int id, int64_t duration, int64_t front_end) {
+    Channel& c = *channels[id];
     int64_t now = Now();
-    int64_t busy = d.busy_until.load();
-    int64_t start, end, st_tail_before = st->tail;
-    do {
-      start = std::max({now + gpu_launch_ns, st->tail, busy});
-      end = start + duration;
-    } while (!d.busy_until.compare_exchange_weak(busy, end));
-    st->tail = end;
-    d.busy_total.fetch_add(duration);
-    intervals.emplace_back(start, end);
-    // NVML counts the front end as the kernel's activity (as a real GPU's per-process samples
-    // do: they did not keep empty kernels from being charged on an H200).
-    active.emplace_back(std::max({start - gpu_launch_ns, now, st_tail_before,
-                                  active.empty() ? int64_t{0} : active.back().second}),
-                        end);
+    Advance(c.device, now);
+    uint64_t seq = c.next_seq++;
+    std::deque<Work>& q = c.queue.q;
+    if (q.empty()) {
+      // An idle context: the GPU's front end spends time before the kernel reaches the SMs. NVML
+      // counts it as the kernel's activity (as a real GPU's per-process samples do: they did not
+      // keep empty kernels from being charged on an H200); it is not busy time.
+      q.push_back(Work{now + front_end, duration, seq, {}});
+      AppendMerged(c.active, now, now + front_end);
+    } else if (q.back().stamps.empty()) {
+      q.back().remaining += duration;
+      q.back().seq = seq;
+    } else {
+      q.push_back(Work{now, duration, seq, {}});
+    }
+  }
+  CUresult Launch(int64_t duration) {
+    int id = CurrentChannel();
+    if (id < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    Enqueue(id, duration, gpu_launch_ns);
     return CUDA_SUCCESS;
+  }
+  // Blocks until channel `id` has finished launch `seq` (call without mu held).
+  void WaitFor(int id, uint64_t seq) {
+    for (;;) {
+      int64_t until;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        Advance(channels[id]->device, Now());
+        if (Done(id, seq)) return;
+        until = Predict(id, seq);
+      }
+      if (until < 0) return;  // cannot finish (a bug in the model): never hang a test
+      SleepUntil(std::max(until, Now() + 1));
+    }
+  }
+  // Records `e` on the current context's queue (the caller holds mu).
+  void Record(Event* e) {
+    ++e->generation;
+    int id = CurrentChannel();
+    int64_t now = Now();
+    if (id < 0) {
+      e->time.store(now);
+      return;
+    }
+    Channel& c = *channels[id];
+    Advance(c.device, now);
+    e->channel = id;
+    if (c.queue.q.empty()) {
+      e->seq = c.queue.done_seq;
+      e->time.store(now);
+      return;
+    }
+    e->seq = c.queue.q.back().seq;
+    e->time.store(kPending);
+    c.queue.q.back().stamps.emplace_back(e, e->generation);
+  }
+  // The event's time once its work has finished by now, else kPending (caller holds mu).
+  int64_t EventTime(Event* e) {
+    int64_t t = e->time.load();
+    if (t == kPending) {
+      Advance(channels[e->channel]->device, Now());
+      t = e->time.load();
+    }
+    return t;
   }
 };
 thread_local CUcontext Driver::current = nullptr;
@@ -328,12 +530,21 @@ CUresult CtxNew(CUcontext* out, CUdevice ordinal, bool primary) {
   if (D().context_bytes) {
     if (CUresult r = D().Charge(dev, D().context_bytes); r != CUDA_SUCCESS) return r;
   }
-  *out = reinterpret_cast<CUcontext>(Keep(new Ctx{dev, primary}));
+  *out = reinterpret_cast<CUcontext>(Keep(new Ctx{dev, primary, D().NewChannel(dev, false)}));
   return CUDA_SUCCESS;
 }
 void CtxFree(CUcontext c) {
   auto* ctx = reinterpret_cast<Ctx*>(c);
   if (D().context_bytes) D().Uncharge(ctx->device, D().context_bytes);
+  // Work still queued in a destroyed context is dropped; its events complete now.
+  Channel& ch = *D().channels[ctx->channel];
+  D().Advance(ctx->device, Now());
+  for (Work& w : ch.queue.q) {
+    ch.queue.done_seq = w.seq;
+    for (auto& [e, gen] : w.stamps)
+      if (e->generation == gen) e->time.store(Now());
+  }
+  ch.queue.q.clear();
   if (Driver::current == c) Driver::current = nullptr;
   ctx->device = -1;
 }
@@ -360,9 +571,8 @@ __attribute__((visibility("default"))) void fakecuda_set_clock(int64_t (*now)(),
 // Host time of each launch and event record, on the virtual clock (fakecuda_set_clock).
 __attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t launch_ns,
                                                                    int64_t event_ns) {
-  LOCK;
-  D().launch_ns = launch_ns;
-  D().event_ns = event_ns;
+  D().launch_ns.store(launch_ns);
+  D().event_ns.store(event_ns);
 }
 // GPU-side front-end time of each launch onto an idle stream (see Driver::gpu_launch_ns).
 __attribute__((visibility("default"))) void fakecuda_set_gpu_launch_cost(int64_t ns) {
@@ -386,7 +596,23 @@ int64_t CoveredBetween(const std::vector<std::pair<int64_t, int64_t>>& v, int64_
 // This process's kernel busy time overlapping [t0, t1).
 __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0, int64_t t1) {
   LOCK;
+  for (int i = 0; i < D().physical_count; ++i) D().Advance(i, Now());
   return CoveredBetween(D().intervals, t0, t1);
+}
+// One context's device time within [t0, t1) (several tenants in one test process).
+__attribute__((visibility("default"))) int64_t fakecuda_context_busy_between(CUcontext c,
+                                                                           int64_t t0, int64_t t1) {
+  LOCK;
+  if (c == nullptr) return 0;
+  Channel& ch = *D().channels[reinterpret_cast<Ctx*>(c)->channel];
+  D().Advance(ch.device, Now());
+  return CoveredBetween(ch.exec, t0, t1);
+}
+// The pid NVML reports for a context's work (nvmlDeviceGetProcessUtilization), so that tenants
+// run as contexts of one test process look like the separate processes they stand for.
+__attribute__((visibility("default"))) void fakecuda_set_context_pid(CUcontext c, unsigned pid) {
+  LOCK;
+  if (c != nullptr) D().channels[reinterpret_cast<Ctx*>(c)->channel]->nvml_pid = pid;
 }
 __attribute__((visibility("default"))) uint64_t fakecuda_allocated_bytes() {
   LOCK;
@@ -405,12 +631,22 @@ __attribute__((visibility("default"))) void fakecuda_hold_hidden(int physical, u
   D().Charge(physical, bytes);
 }
 // Runs `duration` ns of a foreign tenant's work on a physical device (a neighbour container).
+// It is a context of its own, time-sliced with this process's contexts.
 __attribute__((visibility("default"))) void fakecuda_foreign_work(int physical, int64_t duration) {
-  SharedDevice& d = D().shared->dev[physical];
-  int64_t now = Now(), busy = d.busy_until.load();
-  while (!d.busy_until.compare_exchange_weak(busy, std::max(now, busy) + duration)) {
-  }
-  d.busy_total.fetch_add(duration);
+  LOCK;
+  if (physical < 0 || physical >= kMaxDevices) return;
+  if (D().foreign_channel[physical] < 0) D().foreign_channel[physical] = D().NewChannel(physical, true);
+  D().Enqueue(D().foreign_channel[physical], duration, 0);
+}
+
+// Drops the neighbour's work still queued on a device (a test's neighbour must not outlive it).
+__attribute__((visibility("default"))) void fakecuda_drop_foreign_work(int physical) {
+  LOCK;
+  if (physical < 0 || physical >= kMaxDevices || D().foreign_channel[physical] < 0) return;
+  Channel& c = *D().channels[D().foreign_channel[physical]];
+  D().Advance(physical, Now());
+  if (!c.queue.q.empty()) c.queue.done_seq = c.queue.q.back().seq;
+  c.queue.q.clear();
 }
 
 // --- driver: init and devices ------------------------------------------------------------------
@@ -534,7 +770,15 @@ CUresult cuCtxGetDevice(CUdevice* d) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxSynchronize() {
-  SleepUntil(D().null_stream.tail);
+  int id;
+  uint64_t seq;
+  {
+    LOCK;
+    id = D().CurrentChannel();
+    if (id < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    seq = D().channels[id]->next_seq - 1;
+  }
+  D().WaitFor(id, seq);
   return CUDA_SUCCESS;
 }
 
@@ -684,13 +928,17 @@ CUresult cuStreamCreate(CUstream* s, unsigned int) {
 CUresult cuStreamDestroy_v2(CUstream s) {
   return CUDA_SUCCESS;
 }
+// A context's work runs in order, so a stream is done when its context's queue is.
 CUresult cuStreamSynchronize(CUstream s) {
-  int64_t tail;
+  int id;
+  uint64_t seq;
   {
     LOCK;
-    tail = s ? reinterpret_cast<Stream*>(s)->tail : D().null_stream.tail;
+    id = D().CurrentChannel();
+    if (id < 0) return CUDA_SUCCESS;
+    seq = D().channels[id]->next_seq - 1;
   }
-  SleepUntil(tail);
+  D().WaitFor(id, seq);
   return CUDA_SUCCESS;
 }
 CUresult cuEventCreate(CUevent* e, unsigned int) {
@@ -701,26 +949,44 @@ CUresult cuEventDestroy_v2(CUevent e) {
   return CUDA_SUCCESS;
 }
 CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
-CUresult cuEventRecord(CUevent e, CUstream s) {
+CUresult cuEventRecord(CUevent e, CUstream) {
+  D().HostCost(D().event_ns.load());  // the device sees the event when the call has submitted it
   LOCK;
-  D().HostCost(D().event_ns);  // the device sees the event when the call has submitted it
-  Stream* st = s ? reinterpret_cast<Stream*>(s) : &D().null_stream;
-  reinterpret_cast<Event*>(e)->time = std::max(Now(), st->tail);
+  D().Record(reinterpret_cast<Event*>(e));
   return CUDA_SUCCESS;
 }
 CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
 CUresult cuEventQuery(CUevent e) {
-  int64_t t = reinterpret_cast<Event*>(e)->time;
+  auto* ev = reinterpret_cast<Event*>(e);
+  int64_t t = ev->time.load();
+  if (t == kPending) {
+    LOCK;
+    t = D().EventTime(ev);
+  }
   return t >= 0 && Now() >= t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 CUresult cuEventSynchronize(CUevent e) {
-  SleepUntil(reinterpret_cast<Event*>(e)->time);
+  auto* ev = reinterpret_cast<Event*>(e);
+  int channel = -1;
+  uint64_t seq = 0;
+  {
+    LOCK;
+    if (ev->time.load() == kPending) channel = ev->channel, seq = ev->seq;
+  }
+  if (channel >= 0) D().WaitFor(channel, seq);
+  int64_t t = ev->time.load();
+  if (t >= 0) SleepUntil(t);
   return CUDA_SUCCESS;
 }
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
-  int64_t ta = reinterpret_cast<Event*>(a)->time, tb = reinterpret_cast<Event*>(b)->time;
-  if (ta < 0 || tb < 0) return CUDA_ERROR_INVALID_HANDLE;
-  if (Now() < ta || Now() < tb) return CUDA_ERROR_NOT_READY;
+  int64_t ta, tb;
+  {
+    LOCK;
+    ta = D().EventTime(reinterpret_cast<Event*>(a));
+    tb = D().EventTime(reinterpret_cast<Event*>(b));
+  }
+  if (ta == -1 || tb == -1) return CUDA_ERROR_INVALID_HANDLE;
+  if (ta < 0 || tb < 0 || Now() < ta || Now() < tb) return CUDA_ERROR_NOT_READY;
   *ms = static_cast<float>(tb - ta) / 1e6f;
   return CUDA_SUCCESS;
 }
@@ -740,10 +1006,12 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
   return CUDA_SUCCESS;
 }
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned, unsigned,
-                        unsigned, unsigned, CUstream s, void**, void**) {
-  LOCK;
+                        unsigned, unsigned, CUstream, void**, void**) {
   if (!f || gx == 0 || gy == 0 || gz == 0) return CUDA_ERROR_INVALID_VALUE;
-  return D().Launch(s, static_cast<int64_t>(uint64_t{gx} * gy * gz * D().ns_per_block));
+  // Host time first, outside the lock: a test's other threads run meanwhile (virtual clock).
+  D().HostCost(D().launch_ns.load());
+  LOCK;
+  return D().Launch(static_cast<int64_t>(uint64_t{gx} * gy * gz * D().ns_per_block));
 }
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                              unsigned by, unsigned bz, unsigned sh, CUstream s, void** p, void** e) {
@@ -774,10 +1042,11 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* e, void*, unsigned long long) 
   *e = reinterpret_cast<CUgraphExec>(Keep(new int(0)));
   return CUDA_SUCCESS;
 }
-CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
-  LOCK;
+CUresult cuGraphLaunch(CUgraphExec e, CUstream) {
   if (!e) return CUDA_ERROR_INVALID_VALUE;
-  return D().Launch(s, static_cast<int64_t>(D().graph_ns));
+  D().HostCost(D().launch_ns.load());
+  LOCK;
+  return D().Launch(static_cast<int64_t>(D().graph_ns));
 }
 CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
 CUresult cuGetExportTable(const void**, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
@@ -926,30 +1195,40 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned in
                                                      nvmlProcessInfo_t* infos) {
   return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
 }
-// This process's kernel time as NVML samples it: one sample, stamped now (us), whose smUtil is
-// the percent of [lastSeen, now) its kernels ran on the device (the last second if lastSeen is 0
-// or older). Other processes' samples are not modelled (their timelines are their own).
+// Per-process kernel time as NVML samples it: one sample per process (pid) with work on the
+// device, stamped now (us), whose smUtil is the percent of [lastSeen, now) its kernels ran (the
+// last second if lastSeen is 0 or older), front ends included. A context's pid is getpid() +
+// FAKE_CUDA_NVML_PID_OFFSET unless a test set another (fakecuda_set_context_pid); a foreign
+// tenant's work (fakecuda_foreign_work) is listed under pid 0x7fff0000 + device.
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t* out,
                                              unsigned int* count, unsigned long long last_seen_us) {
   int dev = static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1;
   if (dev < 0 || dev >= D().physical_count || !count) return NVML_ERROR_INVALID_ARGUMENT;
-  if (*count < 1 || out == nullptr) {
-    *count = 1;
-    return NVML_ERROR_INSUFFICIENT_SIZE;
-  }
   int64_t now = Now(), from = static_cast<int64_t>(last_seen_us) * 1000;
   if (from <= 0 || from >= now || now - from > 10'000'000'000) from = now - 1'000'000'000;
-  int64_t busy;
+  int64_t self = getpid() + static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0));
+  std::map<int64_t, int64_t> busy;  // pid -> active ns
   {
     LOCK;
-    busy = CoveredBetween(D().active, from, now);
+    D().Advance(dev, now);
+    for (int id : D().dev_channels[dev]) {
+      const Channel& c = *D().channels[id];
+      int64_t pid = c.foreign ? 0x7fff0000 + dev : c.nvml_pid != 0 ? c.nvml_pid : self;
+      busy[pid] += CoveredBetween(c.active, from, now);
+    }
   }
-  out[0] = nvmlProcessUtilizationSample_t{
-      static_cast<unsigned>(getpid() +
-                            static_cast<int64_t>(EnvU64("FAKE_CUDA_NVML_PID_OFFSET", 0))),
-      static_cast<unsigned long long>(now / 1000),
-      static_cast<unsigned>(std::min<int64_t>(100, busy * 100 / (now - from))), 0, 0, 0};
-  *count = 1;
+  if (busy.empty()) busy[self] = 0;  // a process with a context but no work: 0 %
+  if (*count < busy.size() || out == nullptr) {
+    *count = static_cast<unsigned>(busy.size());
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  unsigned n = 0;
+  for (auto& [pid, ns] : busy) {
+    out[n++] = nvmlProcessUtilizationSample_t{
+        static_cast<unsigned>(pid), static_cast<unsigned long long>(now / 1000),
+        static_cast<unsigned>(std::min<int64_t>(100, ns * 100 / (now - from))), 0, 0, 0};
+  }
+  *count = n;
   return NVML_SUCCESS;
 }
 
@@ -971,6 +1250,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u)
   static uint64_t last_busy[kMaxDevices];
   LOCK;
   int64_t now = Now();
+  D().Advance(dev, now);
   uint64_t busy = D().shared->dev[dev].busy_total.load();
   int64_t dt = now - last_t[dev];
   u->gpu = dt > 0 && last_t[dev] ? static_cast<unsigned>(

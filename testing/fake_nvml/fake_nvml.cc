@@ -26,8 +26,10 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/status.h"
@@ -145,6 +147,19 @@ absl::Status Materialise(const State& s) {
       int base = 3 + static_cast<int>(g) * 135 + gi * 9;
       absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/access ", base, "\n");
       for (int ci = 0; ci < 8; ++ci) absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/ci", ci, "/access ", base + 1 + ci, "\n");
+    }
+  }
+  // The capability files the kernel module publishes per existing GPU/compute instance (what
+  // NVIDIA's go-nvlib reads to find a MIG device's /dev/nvidia-caps nodes), same minors as above.
+  for (size_t g = 0; g < m.gpus.size(); ++g) {
+    if (!m.gpus[g].mig_enabled) continue;
+    for (const MigSpec& mig : m.gpus[g].mig) {
+      int base = 3 + static_cast<int>(g) * 135 + static_cast<int>(mig.gi) * 9;
+      std::string gi_dir = absl::StrCat("/proc/driver/nvidia/capabilities/gpu", g, "/mig/gi", mig.gi);
+      std::string ci_dir = absl::StrCat(gi_dir, "/ci", mig.ci);
+      RETURN_IF_ERROR(fs.MakeDirs(ci_dir));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(gi_dir + "/access", absl::StrCat("DeviceFileMinor: ", base, "\nDeviceFileMode: 292\n")));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(ci_dir + "/access", absl::StrCat("DeviceFileMinor: ", base + 1 + static_cast<int>(mig.ci), "\nDeviceFileMode: 292\n")));
     }
   }
   RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia-caps"));
@@ -477,6 +492,13 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_
     if (s.m.gpus[i].uuid == uuid) {
       if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
       *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+      return NVML_SUCCESS;
+    }
+    // MIG devices by their own UUID (drivers since R470), while MIG mode is on.
+    for (size_t j = 0; s.m.gpus[i].mig_enabled && j < s.m.gpus[i].mig.size(); ++j) {
+      if (s.m.gpus[i].mig[j].uuid != uuid) continue;
+      if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+      *d = reinterpret_cast<nvmlDevice_t>(s.migs[i][j].get());
       return NVML_SUCCESS;
     }
   }
@@ -1267,4 +1289,334 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* d
 FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
   return EventWait(set, data, timeout_ms);
 }
+#endif
+
+// ---- what other NVML consumers call (HAMi-core, NVIDIA's go-nvml programs) ---------------------
+
+namespace gpulet::sim {
+namespace {
+// nvmlDeviceGetComputeRunningProcesses (no suffix): the first process record, without the MIG ids.
+struct ProcessInfoV1 {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+};
+// nvmlDeviceGetProcessUtilization's sample.
+struct ProcessUtilizationSample {
+  unsigned int pid;
+  unsigned long long timeStamp;  // microseconds since the epoch
+  unsigned int smUtil, memUtil, encUtil, decUtil;
+};
+
+[[maybe_unused]] uint64_t NowMicros() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// The first physical GPU `match` accepts, as a handle lookup answers it.
+template <typename Match>
+nvmlReturn_t GpuWhere(const State& s, Match match, nvmlDevice_t* d) {
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    if (!match(s.m.gpus[i])) continue;
+    if (s.rt[i].lost) return NVML_ERROR_GPU_IS_LOST;
+    *d = reinterpret_cast<nvmlDevice_t>(s.gpus[i].get());
+    return NVML_SUCCESS;
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+
+// The trace of unsupported calls (see unsupported.inc): one name per line, appended.
+[[maybe_unused]] void TraceUnsupported(const char* name) {
+  const char* path = std::getenv("GPULET_FAKE_NVML_TRACE");
+  if (path == nullptr || *path == '\0') return;
+  int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::string line = std::string(name) + "\n";
+  (void)!::write(fd, line.data(), line.size());
+  ::close(fd);
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, unsigned int len) {
+  ENTER();
+  if (name == nullptr || len == 0) return NVML_ERROR_INVALID_ARGUMENT;
+  for (const GpuSpec& g : s.m.gpus)
+    for (const auto& [p, mib] : g.processes)
+      if (p == pid) {
+        // The machine file names no programs; a simulated process is a CUDA program by its pid.
+        std::string comm = absl::StrCat("sim-process-", pid);
+        std::snprintf(name, len, "%s", comm.c_str());
+        return NVML_SUCCESS;
+      }
+  return NVML_ERROR_NOT_FOUND;
+}
+
+#ifndef GPULET_FAKE_NVML_LEGACY
+// The first ABI: records without the MIG ids, otherwise as _v3 (same processes, same sizes).
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int* count, void* out) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) { *count = 0; return NVML_SUCCESS; }
+  const auto& procs = s.m.gpus[h.gpu].processes;
+  if (*count < procs.size() || (out == nullptr && !procs.empty())) {
+    *count = static_cast<unsigned>(procs.size());
+    return procs.empty() ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  auto* infos = static_cast<ProcessInfoV1*>(out);
+  for (size_t i = 0; i < procs.size(); ++i) infos[i] = ProcessInfoV1{procs[i].first, procs[i].second << 20};
+  *count = static_cast<unsigned>(procs.size());
+  return NVML_SUCCESS;
+}
+
+// One sample per running process, newer than `last_seen` (microseconds). The GPU's utilisation
+// (gpu_util_pct, memory_util_pct) is shared among its processes in proportion to their memory,
+// so the per-process figures add up to what nvmlDeviceGetUtilizationRates says. NOT_FOUND when
+// there is no sample, as NVML.
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void* out, unsigned int* count,
+                                                         unsigned long long last_seen) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+  if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
+  const auto& procs = s.m.gpus[h.gpu].processes;
+  const uint64_t now = NowMicros();
+  if (procs.empty() || last_seen >= now) return NVML_ERROR_NOT_FOUND;
+  if (out == nullptr || *count < procs.size()) {
+    *count = static_cast<unsigned>(procs.size());
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  const auto& tel = s.rt[h.gpu].tel;
+  auto value = [&](const char* key) -> uint64_t {
+    auto it = tel.find(key);
+    return it == tel.end() ? 0 : it->second;
+  };
+  uint64_t total = 0;
+  for (const auto& p : procs) total += p.second;
+  auto* samples = static_cast<ProcessUtilizationSample*>(out);
+  for (size_t i = 0; i < procs.size(); ++i) {
+    auto share = [&](uint64_t pct) {
+      return static_cast<unsigned>(total == 0 ? pct / procs.size() : pct * procs[i].second / total);
+    };
+    samples[i] = ProcessUtilizationSample{procs[i].first, now, share(value("gpu_util_pct")),
+                                          share(value("memory_util_pct")), share(value("encoder_util_pct")),
+                                          share(value("decoder_util_pct"))};
+  }
+  *count = static_cast<unsigned>(procs.size());
+  return NVML_SUCCESS;
+}
+
+// The old name of nvmlDeviceGetSupportedClocksEventReasons (renamed in CUDA 12.2's NVML).
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev, unsigned long long* r) {
+  return nvmlDeviceGetSupportedClocksEventReasons(dev, r);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nvmlDevice_t* d) {
+  ENTER();
+  if (!bus_id || !d) return NVML_ERROR_INVALID_ARGUMENT;
+  // NVML accepts the 8- and 4-digit domain forms, any case.
+  std::string want = absl::AsciiStrToLower(bus_id);
+  if (want.size() == 12) want = "0000" + want;
+  return GpuWhere(s, [&](const GpuSpec& g) { return absl::AsciiStrToLower(g.pci_bus_id) == want; }, d);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* d) {
+  return nvmlDeviceGetHandleByPciBusId_v2(bus_id, d);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char* serial, nvmlDevice_t* d) {
+  ENTER();
+  if (!serial || !d) return NVML_ERROR_INVALID_ARGUMENT;
+  return GpuWhere(s, [&](const GpuSpec& g) { return !g.serial.empty() && g.serial == serial; }, d);
+}
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int* node) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!node) return NVML_ERROR_INVALID_ARGUMENT;
+  int n = s.m.gpus[h.gpu].numa_node;
+  if (n < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *node = static_cast<unsigned>(n);
+  return NVML_SUCCESS;
+}
+
+// ---- MIG instances: GPU instances and compute instances behind the MIG devices ---------------
+// NVIDIA's go-nvlib names a MIG device's profile from its GPU instance's and compute instance's
+// profile IDs (nvmlDeviceGetGpuInstanceById -> nvmlGpuInstanceGetInfo, matched against
+// nvmlDeviceGetGpuInstanceProfileInfo), so the fake serves those objects for the machine file's
+// MIG devices. Layouts are facts of NVML's API reference (nvmlGpuInstanceProfileInfo_t, ...).
+
+namespace gpulet::sim {
+namespace {
+struct GpuInstanceProfileInfo {
+  unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+      decoderCount, encoderCount, jpegCount, ofaCount;
+  unsigned long long memorySizeMB;
+};
+struct InstancePlacement {
+  unsigned int start, size;
+};
+struct GpuInstanceInfo {
+  nvmlDevice_t device;
+  unsigned int id, profileId;
+  InstancePlacement placement;
+};
+struct ComputeInstanceInfo {
+  nvmlDevice_t device;
+  void* gpuInstance;
+  unsigned int id, profileId;
+  InstancePlacement placement;
+};
+struct ComputeInstanceProfileInfo {
+  unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+      sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+};
+// What an nvmlGpuInstance_t / nvmlComputeInstance_t points to. Kept for the life of the process
+// (a handful per MIG device), so a handle stays valid across nvmlShutdown/nvmlInit as NVML's do.
+struct InstanceHandle {
+  int gpu = 0;
+  uint32_t gi = 0;
+  int ci = -1;  // -1: the GPU instance itself
+};
+std::map<std::tuple<int, uint32_t, int>, std::unique_ptr<InstanceHandle>> g_instances;
+
+InstanceHandle* Instance(int gpu, uint32_t gi, int ci) {
+  auto& h = g_instances[{gpu, gi, ci}];
+  if (!h) h = std::make_unique<InstanceHandle>(InstanceHandle{gpu, gi, ci});
+  return h.get();
+}
+const InstanceHandle* FindInstance(const void* p, bool compute) {
+  for (const auto& [k, h] : g_instances)
+    if (h.get() == p) return (h->ci >= 0) == compute ? h.get() : nullptr;
+  return nullptr;
+}
+// NVML's GPU instance profile IDs by slice count (1_SLICE = 0, 2 = 1, 3 = 2, 4 = 3, 7 = 4,
+// 8 = 5, 6 = 6); "+me" 1-slice is 1_SLICE_REV1 = 7. -1: none.
+int GiProfileId(uint32_t slices, bool media) {
+  if (media && slices == 1) return 7;
+  switch (slices) {
+    case 1: return 0; case 2: return 1; case 3: return 2; case 4: return 3;
+    case 7: return 4; case 8: return 5; case 6: return 6; default: return -1;
+  }
+}
+int SlicesOfGiProfile(unsigned profile) {
+  switch (profile) {
+    case 0: case 7: return 1; case 1: return 2; case 2: return 3; case 3: return 4;
+    case 4: return 7; case 5: return 8; case 6: return 6; default: return 0;
+  }
+}
+// Compute instance profile IDs use the same numbering by slice count.
+int CiProfileId(uint32_t slices) { return GiProfileId(slices, false); }
+
+const MigSpec* MigOf(const State& s, int gpu, uint32_t gi, int ci) {
+  for (const MigSpec& m : s.m.gpus[gpu].mig)
+    if (m.gi == gi && (ci < 0 || m.ci == static_cast<uint32_t>(ci))) return &m;
+  return nullptr;
+}
+}  // namespace
+}  // namespace gpulet::sim
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, unsigned int profile, void* out) {
+  ENTER();
+  DEVICE(dev, h);
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!out || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!g.mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+  if (profile >= 10) return NVML_ERROR_INVALID_ARGUMENT;
+  const int slices = SlicesOfGiProfile(profile);
+  // The standard profiles of a 7-slice GPU, plus whatever the machine's layouts use.
+  const MigSpec* seen = nullptr;
+  for (const GpuSpec& other : s.m.gpus)
+    for (const MigSpec& m : other.mig)
+      if (other.name == g.name && GiProfileId(m.gi_slices, absl::StrContains(m.profile, "+me")) == static_cast<int>(profile)) seen = &m;
+  if (seen == nullptr && (profile > 4 || slices == 0)) return NVML_ERROR_NOT_SUPPORTED;
+  GpuInstanceProfileInfo info{};
+  info.id = profile;
+  info.sliceCount = static_cast<unsigned>(slices);
+  info.instanceCount = slices == 3 ? 2 : 7 / static_cast<unsigned>(slices);
+  info.multiprocessorCount = seen ? seen->sm_count : g.sm_count * static_cast<unsigned>(slices) / 8;
+  info.memorySizeMB = seen ? seen->memory_mib : g.memory_mib * static_cast<unsigned>(slices) / 8;
+  info.copyEngineCount = static_cast<unsigned>(slices);
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id, void** gi) {
+  ENTER();
+  DEVICE(dev, h);
+  if (!gi || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
+  const GpuSpec& g = s.m.gpus[h.gpu];
+  if (!g.mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+  if (!g.mig_enabled || MigOf(s, h.gpu, id, -1) == nullptr) return NVML_ERROR_NOT_FOUND;
+  *gi = Instance(h.gpu, id, -1);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(void* gi, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, -1);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;  // the layout changed under the handle
+  GpuInstanceInfo info{};
+  info.device = reinterpret_cast<nvmlDevice_t>(s.gpus[in->gpu].get());
+  info.id = in->gi;
+  info.profileId = static_cast<unsigned>(GiProfileId(m->gi_slices, absl::StrContains(m->profile, "+me")));
+  info.placement = {in->gi, m->gi_slices};
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void* gi, unsigned int id, void** ci) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !ci) return NVML_ERROR_INVALID_ARGUMENT;
+  if (MigOf(s, in->gpu, in->gi, static_cast<int>(id)) == nullptr) return NVML_ERROR_NOT_FOUND;
+  *ci = Instance(in->gpu, in->gi, static_cast<int>(id));
+  return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void* ci, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(ci, true);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, in->ci);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;
+  ComputeInstanceInfo info{};
+  info.device = reinterpret_cast<nvmlDevice_t>(s.gpus[in->gpu].get());
+  info.gpuInstance = Instance(in->gpu, in->gi, -1);
+  info.id = static_cast<unsigned>(in->ci);
+  info.profileId = static_cast<unsigned>(CiProfileId(m->ci_slices));
+  info.placement = {0, m->ci_slices};
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(void* ci, void* out) { return nvmlComputeInstanceGetInfo_v2(ci, out); }
+
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi, unsigned int profile,
+                                                                      unsigned int eng_profile, void* out) {
+  ENTER();
+  const InstanceHandle* in = FindInstance(gi, false);
+  if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
+  const MigSpec* m = MigOf(s, in->gpu, in->gi, -1);
+  if (m == nullptr) return NVML_ERROR_NOT_FOUND;
+  if (profile >= 8 || eng_profile >= 1) return NVML_ERROR_INVALID_ARGUMENT;
+  const int slices = SlicesOfGiProfile(profile);
+  if (profile == 7 || slices == 0 || static_cast<uint32_t>(slices) > m->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+  ComputeInstanceProfileInfo info{};
+  info.id = profile;
+  info.sliceCount = static_cast<unsigned>(slices);
+  info.instanceCount = m->gi_slices / static_cast<unsigned>(slices);
+  info.multiprocessorCount = m->sm_count * static_cast<unsigned>(slices) / m->gi_slices;
+  std::memcpy(out, &info, sizeof info);
+  return NVML_SUCCESS;
+}
+
+#define FAKE_UNSUPPORTED(name)                               \
+  FAKE_EXPORT nvmlReturn_t name() {                          \
+    gpulet::sim::TraceUnsupported(#name);                    \
+    std::lock_guard<std::mutex> lock(gpulet::sim::g_mu);     \
+    if (gpulet::sim::g_refcount == 0) return NVML_ERROR_UNINITIALIZED; \
+    return NVML_ERROR_NOT_SUPPORTED;                         \
+  }
+#include "fake_nvml/unsupported.inc"
+#undef FAKE_UNSUPPORTED
 #endif

@@ -249,6 +249,31 @@ if [[ -f $VC && -x $PROBE ]]; then
     res=PASS; [[ -z $b ]] || (( $(awk -v b="$b" 'BEGIN { print (b < 27 || b > 33) }') )) && res=FAIL
     row "GPU time, 30 %, ${us} us kernels" $res "${b:-?} % of the GPU's time (target 27-33)"
   done
+  # Shares as floors (issue 20.2): greedy processes side by side, each paced at its share, running
+  # fixed-work kernels (their duration is the SM time they get); a share is a process's kernel rate
+  # beside the others divided by the rate alone, unlimited. Same as interposer_gpu_share_test.
+  "$PROBE" workcal 1000 >"$T/wcal" 2>&1
+  it=$(kv iters "$T/wcal")
+  "$PROBE" work 4 "${it:-1000}" >"$T/walone" 2>&1
+  alone=$(kv rate "$T/walone")
+  for mix in "10 90" "30 50" "30 30 40"; do
+    i=0; fps=()
+    for s in $mix; do
+      env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=$s GPULET_VGPU_MEMORY_LIMIT=$((8 << 30)) \
+        GPULET_VGPU_ACCOUNTING="$T/acct.floor.${mix// /_}.$i" NVIDIA_VISIBLE_DEVICES="$UUID" \
+        "$PROBE" work 8 "${it:-1000}" >"$T/floor.$i" 2>&1 &
+      fps+=("$!"); pids+=("$!"); i=$((i + 1))
+    done
+    wait "${fps[@]}" 2>/dev/null
+    got=""; res=PASS; i=0
+    for s in $mix; do
+      g=$(awk -v r="$(kv rate "$T/floor.$i")" -v a="$alone" 'BEGIN { if (a > 0 && r > 0) printf "%.1f", 100 * r / a; else print "?" }')
+      got="$got $s:$g"
+      awk -v g="$g" -v s="$s" 'BEGIN { exit !(g == "?" || g < s - 5 || g > s + 5) }' && res=FAIL
+      i=$((i + 1))
+    done
+    row "shares ${mix// //} side by side" $res "share:got %${got} of the rate alone (target +-5 points)"
+  done
 else
   row "interposer (driver API)" SKIP "no $VC or $PROBE"
 fi

@@ -114,7 +114,9 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
                    "--container-driver-root /driver-root --device-discovery-strategy auto "
                    "--imex-channel-ids 0 --nvidia-ctk-path /usr/bin/nvidia-ctk");
   EXPECT_THAT(r.out, Not(HasSubstr("The following argument")));
-  for (const char* flag : {"--container-driver-root=/driver-root", "--mps-root=/run/nvidia/mps",
+  // MPS_ROOT / --mps-root is a setting of gpulet's now (sharing.mps): no warning for it.
+  EXPECT_THAT(r.out, Not(HasSubstr("--mps-root")));
+  for (const char* flag : {"--container-driver-root=/driver-root",
                            "--device-discovery-strategy=auto", "--imex-channel-ids=0",
                            "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
     EXPECT_THAT(r.out, HasSubstr(std::string(flag) + " (NVIDIA device-plugin flag) is accepted "
@@ -123,6 +125,22 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_THAT(r.out,
               HasSubstr("--device-discovery-strategy tegra: gpulet discovers GPUs through NVML"));
+}
+
+// The per-node config flags the helm chart templates against, on both commands.
+TEST_F(SimTest, PerNodeConfigFlags) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  for (const char* cmd : {"agent", "device-plugin"}) {
+    Result r = Shell(kBin + "gpulet " + cmd + " --help");
+    EXPECT_EQ(r.code, 0) << r.out;
+    for (const char* flag : {"--config-dir", "--config-default", "--config-node-label"})
+      EXPECT_THAT(r.out, HasSubstr(flag)) << cmd;
+    EXPECT_THAT(r.out, HasSubstr("nvidia.com/device-plugin.config")) << cmd;
+  }
+  Result r = Shell(kBin + "gpulet device-plugin --simulate pcie-t4 --config-dir " + root_ +
+                   " --config-file " + root_ + "/x");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--config-file and --config-dir exclude each other"));
 }
 
 // One command-line convention (issue 22): every usage error exits 2 (CLI11's own codes were 105,

@@ -36,6 +36,7 @@ TEST(Labels, DgxH100) {
   EXPECT_EQ(l.count("nvidia.com/mig.strategy"), 0u);
   EXPECT_EQ(l["nvidia.com/gpu.replicas"], "1");
   EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "none");
+  EXPECT_EQ(l["nvidia.com/mps.capable"], "false");  // GFD's, without MPS sharing (tests/compat)
   EXPECT_EQ(l["nvidia.com/gfd.timestamp"], "1700000000");
 }
 
@@ -50,7 +51,10 @@ TEST(Labels, SharedProduct) {
   EXPECT_EQ(l["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-SHARED");
   EXPECT_EQ(l["nvidia.com/gpu.replicas"], "4");
   EXPECT_EQ(l["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+  EXPECT_EQ(l["nvidia.com/mps.capable"], "false");
   EXPECT_EQ(l.count("nvidia.com/gfd.timestamp"), 0u);
+  o.sharing_strategy = "mps";  // MPS sharing: capable when no GPU has MIG on (as GFD)
+  EXPECT_EQ(GenerateLabels(*g.GetInventory(), o, 0)["nvidia.com/mps.capable"], "true");
 }
 
 // MIG mixed: full GPUs keep gpu.*, each profile gets nvidia.com/mig-<profile>.* ('+' -> '.').

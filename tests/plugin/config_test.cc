@@ -70,9 +70,9 @@ TEST(ConfigTest, BadValueNamesLineAndChoices) {
   EXPECT_THAT(y.status().message(), HasSubstr("d.yaml:"));
   auto v = ParseConfig("version: v2\n", "e.yaml");
   EXPECT_THAT(v.status().message(), HasSubstr("e.yaml:1: version"));
-  auto m = ParseConfig("sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n",
+  auto m = ParseConfig("sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n",
                        "f.yaml");
-  EXPECT_THAT(m.status().message(), HasSubstr("f.yaml:2: sharing.mps: MPS"));
+  EXPECT_THAT(m.status().message(), HasSubstr("f.yaml:4: sharing.mps.resources.replicas"));
 }
 
 // Flag beats environment beats file, per setting, with NVIDIA's variable names.
@@ -136,6 +136,148 @@ TEST(ConfigTest, HealthSettings) {
   EXPECT_THAT(bad.status().message(), HasSubstr("h.yaml:3: gpulet.health.holdDown"));
   src.env = {{"DP_DISABLE_HEALTHCHECKS", "all"}};
   EXPECT_TRUE(LoadConfig(src)->health.disabled);
+}
+
+}  // namespace
+}  // namespace gpulet::plugin
+
+namespace gpulet::plugin {
+namespace {
+
+// Audit of every key of NVIDIA's config v1 (k8s-device-plugin v0.20 api/config/v1: flags.go,
+// resources.go, replicas.go, sharing.go, imex.go): each one either does what NVIDIA's plugin does
+// (the check looks at the value gpulet took), is accepted and ignored with a note naming the key
+// and why, or is refused with an error naming the key and why.
+TEST(NvidiaKeysTest, EveryKeyAppliedIgnoredWithWhyOrRefusedWithWhy) {
+  enum Outcome { kApplied, kNoted, kSilent, kRefused };
+  struct Row {
+    const char* key;
+    const char* yaml;
+    Outcome outcome;
+    std::function<bool(const Config&)> check;  // kApplied
+    const char* message;                       // kNoted / kRefused: must appear
+  };
+  const std::vector<Row> rows = {
+      {"version", "version: v1\n", kApplied, [](const Config&) { return true; }, ""},
+      {"flags.migStrategy", "flags: {migStrategy: single}\n", kApplied,
+       [](const Config& c) { return c.mig_strategy == MigStrategy::kSingle; }, ""},
+      {"flags.failOnInitError", "flags: {failOnInitError: false}\n", kApplied,
+       [](const Config& c) { return !c.fail_on_init_error; }, ""},
+      {"flags.mpsRoot", "flags: {mpsRoot: /var/mps}\n", kApplied,
+       [](const Config& c) { return c.mps_root == "/var/mps"; }, ""},
+      {"flags.nvidiaDriverRoot", "flags: {nvidiaDriverRoot: /run/nvidia/driver}\n", kApplied,
+       [](const Config& c) { return c.DevRoot() == "/run/nvidia/driver"; }, ""},
+      {"flags.nvidiaDevRoot", "flags: {nvidiaDevRoot: /dev-root}\n", kApplied,
+       [](const Config& c) { return c.DevRoot() == "/dev-root"; }, ""},
+      {"flags.gdrcopyEnabled", "flags: {gdrcopyEnabled: true}\n", kApplied,
+       [](const Config& c) { return c.gdrcopy; }, ""},
+      {"flags.gdsEnabled", "flags: {gdsEnabled: true}\n", kApplied,
+       [](const Config& c) { return c.gds; }, ""},
+      {"flags.mofedEnabled", "flags: {mofedEnabled: true}\n", kApplied,
+       [](const Config& c) { return c.mofed; }, ""},
+      {"flags.gdrcopyEnabled+cdi",
+       "flags: {gdrcopyEnabled: true, plugin: {deviceListStrategy: cdi-cri}}\n", kRefused, {},
+       "flags.gdrcopyEnabled with a CDI deviceListStrategy (cdi-annotations, cdi-cri) is not "
+       "supported: gpulet's CDI spec defines no such device"},
+      {"flags.useNodeFeatureAPI", "flags: {useNodeFeatureAPI: true}\n", kSilent, {}, ""},
+      {"flags.deviceDiscoveryStrategy", "flags: {deviceDiscoveryStrategy: nvml}\n", kApplied,
+       [](const Config&) { return true; }, ""},
+      {"flags.deviceDiscoveryStrategy=tegra", "flags: {deviceDiscoveryStrategy: tegra}\n",
+       kRefused, {}, "t.yaml:1: flags.deviceDiscoveryStrategy: tegra is not supported: gpulet "
+                     "discovers GPUs through NVML only"},
+      {"flags.plugin.passDeviceSpecs", "flags: {plugin: {passDeviceSpecs: true}}\n", kApplied,
+       [](const Config& c) { return c.pass_device_specs; }, ""},
+      {"flags.plugin.deviceListStrategy",
+       "flags: {plugin: {deviceListStrategy: [volume-mounts, cdi-annotations]}}\n", kApplied,
+       [](const Config& c) { return c.list.volume_mounts && c.list.cdi_annotations; }, ""},
+      {"flags.plugin.deviceIDStrategy", "flags: {plugin: {deviceIDStrategy: index}}\n", kApplied,
+       [](const Config& c) { return c.id_strategy == IdStrategy::kIndex; }, ""},
+      {"flags.plugin.cdiAnnotationPrefix", "flags: {plugin: {cdiAnnotationPrefix: x.io/}}\n",
+       kApplied, [](const Config& c) { return c.cdi_annotation_prefix == "x.io/"; }, ""},
+      {"flags.plugin.nvidiaCTKPath", "flags: {plugin: {nvidiaCTKPath: /usr/bin/nvidia-ctk}}\n",
+       kNoted, {}, "t.yaml:1: flags.plugin.nvidiaCTKPath: accepted and ignored: gpulet writes its "
+                   "CDI specs itself"},
+      {"flags.plugin.containerDriverRoot", "flags: {plugin: {containerDriverRoot: /driver-root}}\n",
+       kNoted, {}, "flags.plugin.containerDriverRoot: accepted and ignored: gpulet finds the "
+                   "driver through flags.nvidiaDriverRoot"},
+      {"flags.plugin.sharedDevicesAllocationPolicy",
+       "flags: {plugin: {sharedDevicesAllocationPolicy: packed}}\n", kApplied,
+       [](const Config& c) { return c.shared_policy == SharedPolicy::kPacked; }, ""},
+      {"flags.gfd (oneshot, noTimestamp, sleepInterval, outputFile, machineTypeFile)",
+       "flags:\n  gfd: {oneshot: true, noTimestamp: true, sleepInterval: 60s, outputFile: /x, "
+       "machineTypeFile: /y}\n", kSilent, {}, ""},
+      {"resources.gpus", "resources:\n  gpus: [{pattern: '*T4*', name: t4}]\n", kApplied,
+       [](const Config& c) { return c.gpus.size() == 1 && c.gpus[0].name == "nvidia.com/t4"; },
+       ""},
+      {"resources.mig", "resources:\n  mig: [{pattern: 1g.5gb, name: small}]\n", kApplied,
+       [](const Config& c) { return c.migs.size() == 1 && c.migs[0].name == "nvidia.com/small"; },
+       ""},
+      {"sharing.timeSlicing.*",
+       "sharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n"
+       "    resources:\n    - {name: gpu, replicas: 3, devices: 1, rename: g3}\n", kApplied,
+       [](const Config& c) {
+         return c.time_slicing.size() == 1 && c.time_slicing[0].replicas == 3 &&
+                c.time_slicing[0].rename == "nvidia.com/g3" && c.time_slicing[0].device_count == 1 &&
+                c.fail_requests_greater_than_one && c.rename_by_default && !c.UsesMps();
+       }, ""},
+      {"sharing.mps.*",
+       "sharing:\n  mps:\n    renameByDefault: true\n    failRequestsGreaterThanOne: false\n"
+       "    resources:\n    - {name: nvidia.com/gpu, replicas: 4, devices: all}\n", kApplied,
+       [](const Config& c) {
+         return c.UsesMps() && c.mps[0].replicas == 4 && c.mps[0].rename == "nvidia.com/gpu.shared" &&
+                !c.FailSharedRequestsGreaterThanOne();
+       }, ""},
+      {"sharing.mps failRequestsGreaterThanOne default",
+       "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n", kApplied,
+       [](const Config& c) { return c.FailSharedRequestsGreaterThanOne(); }, ""},
+      {"sharing.mps.resources.devices (not all)",
+       "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0]}\n", kRefused,
+       {}, "t.yaml:4: sharing.mps.resources.devices: MPS shares every GPU of a resource"},
+      {"sharing.mps + sharing.timeSlicing",
+       "sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2}]\n  mps:\n"
+       "    resources: [{name: gpu, replicas: 2}]\n", kRefused, {},
+       "sharing.mps: sharing.timeSlicing and sharing.mps are mutually exclusive"},
+      {"sharing.mps + migStrategy mixed",
+       "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n",
+       kRefused, {}, "sharing.mps: not supported with migStrategy mixed"},
+      {"imex.channelIDs", "imex: {channelIDs: [0]}\n", kApplied,
+       [](const Config& c) { return c.imex_channels == std::vector<int>{0}; }, ""},
+      {"imex.channelIDs=[1]", "imex: {channelIDs: [1]}\n", kRefused, {},
+       "t.yaml:1: imex.channelIDs: only [] or [0] are valid"},
+      {"imex.required", "imex: {channelIDs: [0], required: true}\n", kApplied,
+       [](const Config& c) { return c.imex_required; }, ""},
+      {"imex.channelIDs+cdi",
+       "imex: {channelIDs: [0]}\nflags: {plugin: {deviceListStrategy: cdi-annotations}}\n",
+       kRefused, {}, "imex.channelIDs with a CDI deviceListStrategy"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.key);
+    absl::StatusOr<Config> c = ParseConfig(row.yaml, "t.yaml");
+    if (c.ok()) {
+      absl::Status v = Validate(*c);
+      if (!v.ok()) c = v;
+    }
+    switch (row.outcome) {
+      case kApplied:
+        ASSERT_TRUE(c.ok()) << c.status();
+        EXPECT_TRUE(row.check(*c));
+        EXPECT_TRUE(c->notes.empty()) << c->notes.front();
+        break;
+      case kSilent:
+        ASSERT_TRUE(c.ok()) << c.status();
+        EXPECT_TRUE(c->notes.empty());
+        break;
+      case kNoted:
+        ASSERT_TRUE(c.ok()) << c.status();
+        ASSERT_EQ(c->notes.size(), 1u);
+        EXPECT_THAT(c->notes[0], HasSubstr(row.message));
+        break;
+      case kRefused:
+        ASSERT_FALSE(c.ok());
+        EXPECT_THAT(c.status().message(), HasSubstr(row.message));
+        break;
+    }
+  }
 }
 
 }  // namespace

@@ -182,11 +182,22 @@ TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
                          "GPU-00000001-1111-2222-3333-444444444444", "all"));
   EXPECT_EQ(spec->kind, "nvidia.com/gpu");
   EXPECT_EQ(spec->cdi_version, "0.5.0");  // hostPath (driver root is not "/")
-  for (const auto& d : spec->devices)
+  for (const auto& d : spec->devices) {
     if (d.name == "0:1") {
       ASSERT_EQ(d.edits.device_nodes.size(), 3u);
       EXPECT_EQ(d.edits.device_nodes[1].path, "/dev/nvidia-caps/nvidia-cap30");
     }
+    // "all" is every device, MIG devices' capability nodes included (as nvidia-ctk's): without
+    // them a container asking for all GPUs on a MIG node sees no MIG device (tests/compat/cdi.sh).
+    if (d.name == "all") {
+      std::vector<std::string> paths;
+      for (const auto& n : d.edits.device_nodes) paths.push_back(n.path);
+      EXPECT_THAT(paths, ::testing::UnorderedElementsAre(
+                             "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap21",
+                             "/dev/nvidia-caps/nvidia-cap22", "/dev/nvidia-caps/nvidia-cap30",
+                             "/dev/nvidia-caps/nvidia-cap31"));
+    }
+  }
   for (bool json : {false, true}) {
     std::string text = json ? CdiSpecToJson(*spec) : CdiSpecToYaml(*spec);
     auto back = ParseCdiSpec(text, "gen");
@@ -718,6 +729,35 @@ TEST_F(TempDirTest, HostileParserInputsAreErrors) {
   oci["process"]["env"].push_back("A=\xff");
   EXPECT_FALSE(SaveOciSpec(dir_ + "/c2.json", oci).ok());
   EXPECT_EQ(ReadFile(dir_ + "/c2.json"), before);
+}
+
+// A node configured by NVIDIA's toolkit (imports = ["conf.d/*.toml"], conf.d/99-nvidia.toml with
+// the CRI section) moving to gpulet: NVIDIA's drop-in sorts after 99-gpulet.toml and would replace
+// gpulet's CRI section, so it is emptied (kept as .bak). Found by tests/compat/runtime_configure.sh.
+TEST_F(TempDirTest, ContainerdLaterDropInOfAnotherToolIsEmptied) {
+  const std::string cri = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n";
+  WriteFile(dir_ + "/config.toml", "version = 2\nimports = [\"" + dir_ + "/conf.d/*.toml\"]\n");
+  WriteFile(dir_ + "/conf.d/99-nvidia.toml",
+            "version = 2\n" + cri + "BinaryName = \"/usr/bin/nvidia-container-runtime\"\n");
+  WriteFile(dir_ + "/conf.d/10-mirrors.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n");
+  WriteFile(dir_ + "/conf.d/zz-other.toml", "version = 2\n[plugins.\"io.containerd.other\"]\na = 1\n");
+  ConfigureOptions o;
+  o.config_path = dir_ + "/config.toml";
+  o.runtime_path = "/usr/bin/gpulet-container-runtime";
+  std::vector<std::string> notes;
+  auto plan = PlanConfigure(o, &notes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ApplyChanges(*plan).ok());
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml"), HasSubstr("Emptied by `gpulet runtime configure`"));
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml.bak"), HasSubstr("nvidia-container-runtime"));
+  // Loaded before ours (10-) or without the CRI section: left alone.
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/10-mirrors.toml"), HasSubstr("registry"));
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/zz-other.toml"), HasSubstr("a = 1"));
+  EXPECT_THAT(absl::StrJoin(notes, "\n"), HasSubstr("99-nvidia.toml (another tool's drop-in"));
+  // A second run changes nothing.
+  auto again = PlanConfigure(o);
+  ASSERT_TRUE(again.ok());
+  for (const auto& c : *again) EXPECT_FALSE(c.changed()) << c.path;
 }
 
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.

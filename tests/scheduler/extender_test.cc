@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace gpulet::scheduler {
 namespace {
 
@@ -324,13 +326,13 @@ TEST(Extender, SameAnswersWithAnyNumberOfScoringThreads) {
     ex.push_back(std::make_unique<Extender>(nullptr, ExtenderOptions{.score_threads = threads}));
   }
   for (int n = 0; n < 500; ++n) {
-    names.push_back("node-" + std::to_string(n));
+    names.push_back(absl::StrCat("node-", n));
     for (auto& e : ex) e->UpsertNode(Node(names.back(), 4, 100 + (n % 7) * 30));
   }
   // Occupy GPUs unevenly so scores differ between nodes; some nodes cannot take the probe.
   for (int n = 0; n < 500; n += 3) {
-    json p = Bound(Pod("b" + std::to_string(n), 10 + n % 80, 1 + n % 90), names[n],
-                   names[n] + "-GPU-" + std::to_string(n % 4));
+    json p = Bound(Pod(absl::StrCat("b", n), 10 + n % 80, 1 + n % 90), names[n],
+                   absl::StrCat(names[n], "-GPU-", n % 4));
     for (auto& e : ex) e->UpsertPod(p);
   }
   for (const char* policy : {"", "gpulet", "spread"}) {

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
 #include "k8s/client.h"
@@ -14,17 +15,12 @@
 namespace gpulet::cmd {
 namespace {
 
-// Feature labels follow the device plugin's own MIG strategy and time-slicing of nvidia.com/gpu.
+// Feature labels follow the device plugin's own MIG strategy and sharing (plugin::LabelsOf).
 labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Config& cfg) {
-  o.mig_strategy = cfg.mig_strategy == plugin::MigStrategy::kSingle  ? "single"
-                   : cfg.mig_strategy == plugin::MigStrategy::kMixed ? "mixed"
-                                                                     : "none";
-  for (const plugin::ReplicatedResource& r : cfg.time_slicing) {
-    if (r.name == "nvidia.com/gpu" && r.replicas > 1) {
-      o.replicas = r.replicas;
-      o.sharing_strategy = "time-slicing";
-    }
-  }
+  plugin::SharingLabels l = plugin::LabelsOf(cfg);
+  o.mig_strategy = l.mig_strategy;
+  o.replicas = l.replicas;
+  o.sharing_strategy = l.sharing_strategy;
   return o;
 }
 
@@ -58,6 +54,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     std::unique_ptr<k8s::Client> client;
     std::unique_ptr<node::ReadinessController> readiness;
     std::unique_ptr<runtime::CdiRefresher> cdi;
+    std::unique_ptr<dra::Driver> dra_driver;
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
@@ -98,6 +95,11 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       if (!interval.ok()) return interval.status();
       labeler = std::make_unique<labels::LabelRefresher>(
           &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
+      // A reloaded config (file, ConfigMap, node label) relabels at once.
+      dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
+        l->SetOptions(SharingFromConfig(base, c));
+        if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+      });
       // An unwritable feature file must not stop the device plugin; retried every interval.
       if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
       labeler->Start();
@@ -114,8 +116,12 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
       if (!c.ok()) return c.status();
       cdi = *std::move(c);
+      auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
+      if (!d.ok()) return d.status();
+      dra_driver = *std::move(d);
       return absl::OkStatus();
     }, [&] {
+      dra_driver.reset();
       cdi.reset();
       labeler.reset();
       exporter.reset();  // before the readiness controller its sampler reads

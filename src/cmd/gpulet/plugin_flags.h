@@ -18,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
+#include "k8s/client.h"
+#include "plugin/node_config.h"
 #include "plugin/plugin.h"
 #include "vgpu/rules/rules.h"
 
@@ -33,6 +35,9 @@ struct PluginFlags {
   std::string kubelet_socket = "kubelet.sock";
   std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::string config_file;
+  // Per-node configs (NVIDIA's config-manager): a directory of named configs, the default name,
+  // and the Node label that picks one.
+  std::string config_dir, config_default, config_node_label = plugin::kDefaultConfigNodeLabel;
   std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
   // Set by `gpulet agent` when it has a node name: vGPU Allocate finds its pod through the API.
   k8s::Client* api = nullptr;
@@ -53,8 +58,6 @@ inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
   static const std::vector<NvidiaOnlyFlag> k = {
       {"container-driver-root", "CONTAINER_DRIVER_ROOT",
        "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
-      {"mps-root", "MPS_ROOT",
-       "MPS sharing is not supported by gpulet (time-slicing and vGPU are)"},
       {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
        "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
       {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
@@ -98,6 +101,17 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
                  "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
                  "reloaded on SIGHUP and when its content changes")
       ->envname("CONFIG_FILE")->type_name("FILE");
+  sub.add_option("--config-dir", f.config_dir,
+                 "Directory of named configs, one file each (a mounted ConfigMap); the Node label "
+                 "--config-node-label picks one, else --config-default. Label and file changes "
+                 "are applied live; instead of --config-file")
+      ->envname("CONFIG_FILE_SRCDIR")->type_name("DIR");
+  sub.add_option("--config-default", f.config_default,
+                 "Config name used when the Node has no label (default: the only file, if one)")
+      ->envname("DEFAULT_CONFIG")->type_name("NAME");
+  sub.add_option("--config-node-label", f.config_node_label,
+                 "Node label whose value names the config in --config-dir (node from $NODE_NAME)")
+      ->capture_default_str()->envname("NODE_LABEL")->type_name("LABEL");
   for (const auto& n : NvidiaOnlyFlags()) {
     std::string flag = n.flag;
     sub.add_option_function<std::string>(
@@ -126,6 +140,49 @@ inline int RunDevicePlugin(
     const std::function<void()>& before_teardown = {}) {
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
   plugin::ConfigSources sources{f.config_file, plugin::EnvironmentSnapshot(), f.values};
+  // Per-node configs: the Node's label picks the file (the watcher is created before any thread;
+  // it starts once the plugin serves).
+  std::unique_ptr<k8s::Client> own_client;
+  std::unique_ptr<plugin::NodeConfigWatcher> node_config;
+  plugin::DevicePlugin* dp_ptr = nullptr;
+  if (!f.config_dir.empty()) {
+    if (!f.config_file.empty()) {
+      std::cerr << "gpulet " << cmd << ": --config-file and --config-dir exclude each other\n";
+      return 2;
+    }
+    if (!std::filesystem::is_directory(f.config_dir)) {
+      std::cerr << "gpulet " << cmd << ": --config-dir " << f.config_dir
+                << ": not a directory\n";
+      return 2;
+    }
+    plugin::NodeConfigOptions no;
+    no.dir = f.config_dir;
+    no.default_name = f.config_default;
+    no.node_label = f.config_node_label;
+    no.node_name = f.node_name;
+    if (no.node_name.empty())
+      if (const char* n = std::getenv("NODE_NAME")) no.node_name = n;
+    no.api = f.api;
+    no.component = std::string("gpulet-") + cmd;
+    if (!no.api && !no.node_name.empty()) {
+      auto kc = k8s::ResolveConfig("");
+      if (kc.ok()) {
+        own_client = std::make_unique<k8s::Client>(*kc);
+        no.api = own_client.get();
+      } else {
+        std::cerr << "gpulet " << cmd << ": warning: no API server (" << kc.status().message()
+                  << "): the node label is not followed\n";
+      }
+    }
+    node_config = std::make_unique<plugin::NodeConfigWatcher>(
+        no, [&dp_ptr](const std::string& path) { return dp_ptr->ReloadFrom(path); });
+    auto initial = node_config->Initial();
+    if (!initial.ok()) {
+      std::cerr << "gpulet " << cmd << ": " << initial.status().message() << "\n";
+      return 2;
+    }
+    sources.file = *initial;
+  }
   auto config = plugin::LoadConfig(sources);
   if (!config.ok()) {
     std::cerr << "gpulet " << cmd << ": " << config.status().message() << "\n";
@@ -174,7 +231,8 @@ inline int RunDevicePlugin(
   plugin::DevicePlugin::Options options;
   options.manager.plugin_dir = f.plugin_dir;
   options.manager.kubelet_socket = f.kubelet_socket;
-  options.sources = std::move(sources);
+  options.sources = sources;
+  options.watch_file = !node_config;
   options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
   options.api = f.api;
   options.node_name = f.node_name;
@@ -187,6 +245,15 @@ inline int RunDevicePlugin(
     std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
     return 1;
   }
+  dp_ptr = &dp;
+  if (node_config) node_config->Start(sources.file);
+  // Stops following the Node and the directory before `dp` goes away, on every return below.
+  struct StopWatcher {
+    plugin::NodeConfigWatcher* w;
+    ~StopWatcher() {
+      if (w) w->Stop();
+    }
+  } stop_watcher{node_config.get()};
   if (with_plugin) {
     if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
       std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";

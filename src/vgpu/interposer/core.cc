@@ -206,6 +206,11 @@ void Core::AfterFork() {
   for (auto& r : primary_refs_) r.store(0, std::memory_order_relaxed);
   ring_head_ = ring_count_ = 0;
   for (Pending& p : ring_) p = Pending{};
+  // The child's GPU time is its own: NVML samples it under its own pid.
+  charged_window_.store(0, std::memory_order_relaxed);
+  charged_total_ = own_total_ = 0;
+  refunded_ = 0;
+  credit_ns_.store(0, std::memory_order_relaxed);
 }
 
 void Core::Exit() {
@@ -691,7 +696,11 @@ void Core::AdjustNvmlMemory(nvmlDevice_t dev, void* get_uuid, unsigned long long
 // the GPU's timeline; it is charged when the end event completes (at most kRing launches per
 // process are in flight unmeasured). See docs/interposer.md.
 
-void Core::Charge(int64_t busy_ns, int64_t now) {
+// `since`: when the charged launch was admitted. Idle credit is counted from there, not from
+// its completion: time its work then spent queued on the GPU behind other contexts' time slices
+// was not idle, and clamping at completion threw a busy container's budget away (a 90 % share
+// beside a 10 % one lost 4 points to the neighbour's 2 ms slices).
+void Core::Charge(int64_t busy_ns, int64_t since) {
   // The shared share is container-writable: it may move only within this process's own
   // [limit, ceiling] from its environment.
   uint32_t share = region_->effective_share_permille.load(std::memory_order_relaxed);
@@ -700,7 +709,7 @@ void Core::Charge(int64_t busy_ns, int64_t now) {
   int64_t cost = busy_ns * 1000 / share;
   int64_t v = region_->virtual_time_ns.load(std::memory_order_relaxed), nv;
   do {
-    nv = (v < now - kBurstNs ? now - kBurstNs : v) + cost;
+    nv = (v < since - kBurstNs ? since - kBurstNs : v) + cost;
   } while (!region_->virtual_time_ns.compare_exchange_weak(v, nv, std::memory_order_relaxed));
   region_->busy_ns.fetch_add(static_cast<uint64_t>(busy_ns), std::memory_order_relaxed);
 }
@@ -743,7 +752,17 @@ void Core::Harvest(bool wait_oldest) {
       int64_t avg = avg_launch_ns_.load(std::memory_order_relaxed);
       avg_launch_ns_.store(avg + (d - avg) / 8, std::memory_order_relaxed);
       measured_window_.fetch_add(static_cast<uint64_t>(d) * p.weight, std::memory_order_relaxed);
-      Charge(d * p.weight * own_permille_.load(std::memory_order_relaxed) / 1000, clock_.now_ns());
+      int64_t charge = d * p.weight * own_permille_.load(std::memory_order_relaxed) / 1000;
+      charged_window_.fetch_add(static_cast<uint64_t>(charge), std::memory_order_relaxed);
+      // What the true-up found charged beyond what ran comes off the next charges (a negative
+      // credit, a refund taken back, is added to them).
+      int64_t credit = credit_ns_.load(std::memory_order_relaxed);
+      if (credit != 0) {
+        int64_t take = credit > charge ? charge : credit;
+        credit_ns_.fetch_sub(take, std::memory_order_relaxed);
+        charge -= take;
+      }
+      Charge(charge, p.started);
     }
     ring_head_ = (ring_head_ + 1) % kRing;
     --ring_count_;
@@ -785,6 +804,7 @@ void Core::UpdateOwnFactor(int64_t now) {
   int64_t due = next_factor_update_.load(std::memory_order_relaxed);
   if (now < due || !next_factor_update_.compare_exchange_strong(due, now + kFactorWindowNs)) return;
   uint64_t measured = measured_window_.exchange(0, std::memory_order_relaxed);
+  uint64_t charged = charged_window_.exchange(0, std::memory_order_relaxed);
   if (due == 0 || real_.nvmlDeviceGetProcessUtilization == nullptr) return;
   int ordinal = 0;
   while (ordinal < 63 && ctx_mask_ != 0 && ((ctx_mask_ >> ordinal) & 1) == 0) ++ordinal;
@@ -804,18 +824,20 @@ void Core::UpdateOwnFactor(int64_t now) {
     util_sum += samples[i].smUtil;
     ++n;
   }
-  // Too little measured to judge (a mostly idle process): keep the factor.
   int64_t window = now - due + kFactorWindowNs;
-  if (n == 0 || measured < static_cast<uint64_t>(window) / 100) return;
-  // NVML's percentages are whole numbers (truncated): count each as half a point more. Within
-  // 5 % of the measured time nothing is corrected, so that rounding cannot lift a lone container
-  // above its share.
+  if (n == 0) return;  // NVML does not list this process (pid unknown): a strict cap
+  // NVML's percentages are whole numbers (truncated): count each as half a point more.
   uint64_t own = (2 * util_sum + n) * static_cast<uint64_t>(window) / (200 * n);
+  TrueUp(own, charged, now);
+  // Too little measured to judge (a mostly idle process): keep the factor. Within 5 % of the
+  // measured time nothing is corrected, so that rounding cannot lift a lone container above its
+  // share.
+  if (measured < static_cast<uint64_t>(window) / 100) return;
   uint64_t f = own * 1000 / measured;
   if (f > 950) f = 1000;
   if (f < 10) f = 10;
   uint32_t cur = own_permille_.load(std::memory_order_relaxed);
-  uint32_t next = static_cast<uint32_t>((cur + f) / 2);
+  uint32_t next = static_cast<uint32_t>((cur + 3 * f) / 4);
   own_permille_.store(next, std::memory_order_relaxed);
   // The budget still owed was charged at the old factor: rescale it, or a container that waited
   // long behind a neighbour stays blocked by debt that was mostly the neighbour's time.
@@ -826,6 +848,26 @@ void Core::UpdateOwnFactor(int64_t now) {
       region_->virtual_time_ns.compare_exchange_strong(v, nv, std::memory_order_relaxed);
     }
   }
+}
+
+void Core::TrueUp(uint64_t own, uint64_t charged, int64_t now) {
+  // The factor scales the next second's charges by the last second's ratio; what it got wrong
+  // (the ratio moves as neighbours come and go, and is averaged) is settled here, so that in
+  // total this process is charged no more GPU time than NVML says it ran: the budget handed back
+  // is what was charged beyond that, over the whole run (cumulative, so window edges - a kernel
+  // charged in one window and sampled in the next - cancel instead of biasing). Never more than
+  // that either way: what NVML counts beyond the charges (a launch's front end on an idle
+  // stream, see Harvest) stays forgiven, and a refund taken back is only one given before.
+  charged_total_ += charged;
+  own_total_ += own;
+  int64_t target = charged_total_ > own_total_ ? static_cast<int64_t>(charged_total_ - own_total_) : 0;
+  // Half the difference at a time: the credit acts a window later, and settling all of it at
+  // once made the shares swing from one window to the next.
+  int64_t delta = (target - refunded_) / 2;
+  refunded_ += delta;
+  // Settled through the next charges (Harvest), not by moving the finish time back: Charge
+  // would clamp that to kBurstNs of idle credit, and this is time charged, not idle time.
+  if (delta != 0) credit_ns_.fetch_add(delta, std::memory_order_relaxed);
 }
 
 int Core::BeforeLaunch(CUstream stream, bool per_thread) {

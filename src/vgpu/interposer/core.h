@@ -202,6 +202,9 @@ class Core {
   uint64_t overhead() const { return overhead_; }
   bool measured() const { return measured_.load(std::memory_order_relaxed); }
   int nvml_pid() const { return host_pid_; }
+  // NVML's pid for this process where it is known without a context probe (tests that run
+  // several tenants as contexts of one process; call before the first launch).
+  void set_nvml_pid(int pid) { host_pid_ = pid; }
 
   // Reports: the limit instead of the card.
   void AdjustMemInfo(size_t* free_bytes, size_t* total);
@@ -269,7 +272,8 @@ class Core {
   void Harvest(bool wait_oldest);
   void UpdateSoftShare(int64_t now);
   void UpdateOwnFactor(int64_t now);
-  void Charge(int64_t busy_ns, int64_t now);
+  void TrueUp(uint64_t own, uint64_t charged, int64_t now);
+  void Charge(int64_t busy_ns, int64_t since);
   bool TableInsert(uint64_t key, uint64_t bytes);
   uint64_t TableErase(uint64_t key);
 
@@ -328,6 +332,12 @@ class Core {
   // is not charged (so a share is a floor next to busy neighbours, not only a cap).
   std::atomic<uint32_t> own_permille_{1000};
   std::atomic<uint64_t> measured_window_{0};  // measured ns charged since the last update
+  // True-up (see UpdateOwnFactor): GPU time charged since the last update, and in total what
+  // was charged, what NVML says ran, and what has been handed back for the difference.
+  std::atomic<uint64_t> charged_window_{0};
+  uint64_t charged_total_ = 0, own_total_ = 0;
+  int64_t refunded_ = 0;
+  std::atomic<int64_t> credit_ns_{0};  // charged beyond what ran, still to come off charges
   std::atomic<int64_t> next_factor_update_{0};
   static constexpr int64_t kFactorWindowNs = 1'000'000'000;
   unsigned long long util_seen_us_ = 0;

@@ -796,6 +796,62 @@ TEST(PacingFloor, ShareHoldsNextToABusyNeighbour) {
   }
 }
 
+// The fake GPU time-slices between contexts as a real one does without MPS: a context whose
+// neighbour queued a long batch first still gets half the device while both have work (the fake
+// used to serve the device first-come-first-served, leaving it nothing until the batch ended).
+TEST(FakeGpu, TimeSlicesBetweenContexts) {
+  std::vector<double> s = RunTenants({{100, 100, 1000}, {100, 100, 1000}}, 2'000'000'000, 0);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_NEAR(s[0], 50.0, 2.0);
+  EXPECT_NEAR(s[1], 50.0, 2.0);
+  // A neighbour's 500 ms batch queued ahead: this context's next 1 ms kernel does not wait for it.
+  auto region = std::make_unique<AccountingRegion>();
+  VirtualGpu gpu(100, 100, region.get());
+  ASSERT_TRUE(gpu.ok);
+  FakeSym<void (*)(int, int64_t)>("fakecuda_foreign_work")(0, 500'000'000);
+  int64_t t0 = VirtualNow();
+  gpu.Launch(1000);
+  gpu.sync(gpu.stream);
+  EXPECT_LE(VirtualNow() - t0, 4'000'000) << "waited behind the neighbour's batch";
+  EXPECT_GE(VirtualNow() - t0, 1'000'000);
+  FakeSym<void (*)(int)>("fakecuda_drop_foreign_work")(0);  // not the next test's neighbour
+}
+
+struct FloorCase {
+  std::vector<uint32_t> shares;
+};
+void PrintTo(const FloorCase& c, std::ostream* os) {
+  for (uint32_t s : c.shares) *os << s << "/";
+}
+class PacingFloors : public ::testing::TestWithParam<FloorCase> {};
+
+// Issue 20.2: where the shares on a GPU add up to at most 100 %, each is a floor: greedy
+// containers, every one paced by its own interposer, each get their share (10 s after 3 s of
+// warm-up). Waiting in the device's time slices behind the others is not charged. The issue's
+// target is +-5 points; held here to +-3 so that inexact charging shows: with the factor alone
+// (no true-up, idle credit counted from completion) 30/30/40 got 26.2/26.4/36.6 and 30/70
+// 27.7/68.7. On the first-come-first-served fake, 30 beside 70 got 25-26 % and 10 beside 90 0.02 %.
+TEST_P(PacingFloors, EachShareHoldsBesideBusyNeighbours) {
+  std::vector<TenantSpec> specs;
+  for (uint32_t s : GetParam().shares) specs.push_back({s, s});
+  std::vector<double> got = RunTenants(specs, 10'000'000'000, 3'000'000'000);
+  ASSERT_EQ(got.size(), specs.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_GE(got[i], specs[i].limit - 3.0) << "tenant " << i << " of " << ::testing::PrintToString(GetParam());
+    EXPECT_LE(got[i], specs[i].limit + 3.0) << "tenant " << i;
+    RecordProperty(std::string("share_") + std::to_string(i), std::to_string(got[i]));
+    printf("share %u: %.2f %%\n", specs[i].limit, got[i]);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Mixes, PacingFloors,
+                         ::testing::Values(FloorCase{{10, 90}}, FloorCase{{30, 50}},
+                                           FloorCase{{30, 70}}, FloorCase{{30, 30, 40}}),
+                         [](const auto& info) {
+                           std::string n = "shares";
+                           for (uint32_t s : info.param.shares) n += "_" + std::to_string(s);
+                           return n;
+                         });
+
 // Work that barely uses the GPU is not slowed below its share: empty kernels (1 us of GPU each,
 // 4 us of host time to launch) under a 50 % limit cost what they cost unpaced, within 25 %.
 // Pacing charges the GPU time they used, not the launch: before, the start event of an idle
@@ -890,6 +946,29 @@ INSTANTIATE_TEST_SUITE_P(
       return "limit" + std::to_string(c.limit) + "_kernel" + std::to_string(c.blocks) + "us_host" +
              std::to_string(c.host_ns / 1000) + "us_sync" + std::to_string(c.sync_every);
     });
+
+// Issue 24.4 as a rate: GPU-bound programs at a 30 % limit run at 27-33 % of their unlimited
+// rate, with large kernels (2 ms, synced in pairs, as 8192^3 matmuls) and small ones (16 us,
+// queued back to back). (A host-bound program keeps its share of GPU *time*, which is more of its
+// rate: see docs/interposer.md. The clock a real GPU gains when it is less busy is not modelled.)
+TEST(PacingRate, GpuBoundKernelsRunAtTheirShareOfTheUnlimitedRate) {
+  struct Case {
+    unsigned blocks;
+    int sync_every;
+  };
+  for (Case c : {Case{2000, 2}, Case{16, 0}}) {
+    auto r1 = std::make_unique<AccountingRegion>(), r2 = std::make_unique<AccountingRegion>();
+    int launches = static_cast<int>(10'000'000'000 / (c.blocks * 1000 + 4000));
+    LoopResult free_run = RunLaunchLoop(100, c.blocks, 0, launches, c.sync_every, r1.get());
+    LoopResult paced = RunLaunchLoop(30, c.blocks, 0, launches / 3, c.sync_every, r2.get());
+    ASSERT_GT(paced.ns_per_launch, 0);
+    double rate = 100.0 * free_run.ns_per_launch / paced.ns_per_launch;
+    EXPECT_GE(rate, 27.0) << c.blocks << " us kernels";
+    EXPECT_LE(rate, 33.0) << c.blocks << " us kernels";
+    RecordProperty("rate_" + std::to_string(c.blocks) + "us", std::to_string(rate));
+    printf("%u us kernels: %.2f %% of the unlimited rate\n", c.blocks, rate);
+  }
+}
 
 // A soft limit alone on the GPU borrows idle time up to its ceiling (and no further).
 TEST(PacingSoft, BorrowsUpToCeilingWhenAlone) {

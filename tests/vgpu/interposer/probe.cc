@@ -21,6 +21,12 @@
 //                         then a sync: "launch_us AVG" per launch, host wall time
 //   busy SECONDS USEC     kernels that spin USEC us on %globaltimer, two in flight, for SECONDS:
 //                         "busy_share PERCENT" = kernels x USEC / wall (the GPU time it got)
+//   workcal USEC          alone: how many iterations of the fixed-work kernel take USEC us
+//                         ("iters N"); on the fake 1 iteration = 1 us
+//   work SECONDS ITERS    fixed-work kernels (ITERS volatile shared-memory loads in one thread,
+//                         so their duration is the SM time they get, not wall time as with
+//                         %globaltimer), two in flight, for SECONDS: "kernels K", "rate R" per
+//                         second; rate / rate alone = the share of the GPU it got
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +75,21 @@ const char kPtx[] = R"(.version 8.0
 .address_size 64
 .visible .entry gpulet_empty()
 {
+  ret;
+}
+.shared .align 4 .u32 gpulet_sink;
+.visible .entry gpulet_work(.param .u64 n)
+{
+  .reg .pred %p;
+  .reg .b64 %rd<3>;
+  .reg .b32 %r<2>;
+  ld.param.u64 %rd1, [n];
+  mov.u64 %rd2, 0;
+WORK:
+  ld.volatile.shared.u32 %r1, [gpulet_sink];
+  add.u64 %rd2, %rd2, 1;
+  setp.lt.u64 %p, %rd2, %rd1;
+  @%p bra WORK;
   ret;
 }
 .visible .entry gpulet_spin(.param .u64 ns)
@@ -168,7 +189,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: vcuda_probe fill|churn|info|device|greedy|alloc-loop|launch-loop|ctxfill|"
-            "latency|busy ...\n");
+            "latency|busy|workcal|work ...\n");
     return 2;
   }
   setvbuf(stdout, nullptr, _IONBF, 0);
@@ -303,6 +324,52 @@ int main(int argc, char** argv) {
     double wall = static_cast<double>(Now() - t0);
     printf("kernels %lld\nbusy_share %.2f\n", kernels,
            100.0 * static_cast<double>(kernels) * static_cast<double>(ns) / wall);
+    return 0;
+  }
+  if (mode == "workcal" || mode == "work") {
+    CUfunction work = Kernel("gpulet_work");
+    CUstream s;
+    if (work == nullptr || cuStreamCreate(&s, 0) != CUDA_SUCCESS) return 1;
+    // The fake runs a launch for grid x 1 us: one "iteration" is one block there.
+    auto launch = [&](unsigned long long iters) {
+      void* params[] = {&iters};
+      unsigned grid = OnFake() ? static_cast<unsigned>(iters) : 1;
+      return cuLaunchKernel(work, grid, 1, 1, 1, 1, 1, 0, s, OnFake() ? nullptr : params, nullptr);
+    };
+    if (mode == "workcal") {
+      int64_t usec = arg(2) > 0 ? arg(2) : 1000;
+      if (OnFake()) {
+        printf("iters %lld\n", static_cast<long long>(usec));
+        return 0;
+      }
+      unsigned long long n = 20000;
+      for (;;) {  // grow until one kernel takes >= 20 ms, then scale (launch cost negligible)
+        launch(n);
+        cuStreamSynchronize(s);
+        int64_t t0 = Now();
+        for (int i = 0; i < 5; ++i) launch(n);
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+        int64_t each = (Now() - t0) / 5;
+        if (each >= 20'000'000 || n > (1ull << 40)) {
+          printf("iters %llu\n", static_cast<unsigned long long>(
+                                       static_cast<double>(n) * static_cast<double>(usec) * 1e3 /
+                                       static_cast<double>(each)));
+          return 0;
+        }
+        n *= 4;
+      }
+    }
+    int64_t seconds = arg(2);
+    unsigned long long iters = static_cast<unsigned long long>(arg(3) > 0 ? arg(3) : 1000);
+    int64_t t0 = Now();
+    long long kernels = 0;
+    while (Now() < t0 + seconds * 1000000000) {
+      if (launch(iters) != CUDA_SUCCESS) return 3;
+      if (++kernels % 2 == 0) cuStreamSynchronize(s);
+    }
+    cuStreamSynchronize(s);
+    double wall = static_cast<double>(Now() - t0);
+    printf("kernels %lld\nrate %.3f\n", kernels, static_cast<double>(kernels) * 1e9 / wall);
     return 0;
   }
   if (mode == "alloc-loop") {

@@ -7,6 +7,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <thread>
 #include <filesystem>
 #include <cstdint>
 #include <string>
@@ -63,7 +68,40 @@ T FakeSym(const char* name) {
 // A virtual clock: sleeping advances it instantly, so simulated seconds cost microseconds.
 inline std::atomic<int64_t> g_virtual_now{1'000'000'000};
 inline int64_t VirtualNow() { return g_virtual_now.load(); }
+
+// Several tenants on one virtual clock, one thread each: the clock moves only when every tenant
+// thread sleeps, to the earliest wake-up, so no thread's sleep skips over another's work (a
+// discrete-event simulation whose events are the threads' sleeps).
+struct VirtualScheduler {
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = 0;  // tenant threads not asleep
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> wakes;
+  void AdvanceLocked() {
+    if (running > 0 || wakes.empty()) return;
+    int64_t t = wakes.top();
+    if (t > g_virtual_now.load()) g_virtual_now.store(t);
+    while (!wakes.empty() && wakes.top() <= t) wakes.pop(), ++running;
+    cv.notify_all();
+  }
+  void Sleep(int64_t t) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (t <= g_virtual_now.load()) return;
+    wakes.push(t);
+    --running;
+    AdvanceLocked();
+    cv.wait(lock, [&] { return g_virtual_now.load() >= t; });
+  }
+  void Leave() {  // a tenant thread is done
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
+    AdvanceLocked();
+  }
+};
+inline std::atomic<VirtualScheduler*> g_scheduler{nullptr};
+
 inline void VirtualSleepUntil(int64_t t) {
+  if (VirtualScheduler* s = g_scheduler.load()) return s->Sleep(t);
   int64_t now = g_virtual_now.load();
   while (now < t && !g_virtual_now.compare_exchange_weak(now, t)) {
   }
@@ -145,7 +183,87 @@ inline std::vector<double> RunGreedy(uint32_t limit, uint32_t ceiling, int64_t t
     if (n % 2 == 1) gpu.sync(gpu.stream);
     VirtualSleepUntil(VirtualNow() + 2000);  // 2 us of host work per launch
   }
+  // A neighbour above what the GPU leaves it has a backlog: not the next run's business.
+  FakeSym<void (*)(int)>("fakecuda_drop_foreign_work")(0);
   return VirtualGpu::Shares(start, end, window_ns);
+}
+
+// Several containers sharing one GPU: each tenant is a context of its own (NVML pid 0x10000 + i),
+// paced by its own Core and accounting region at limit/ceiling (limit 100: unpaced), running the
+// greedy workload of RunGreedy (`blocks` us kernels, two in flight, then a sync; 2 us of host
+// work per launch) in a thread of its own on the shared virtual clock. Returns each tenant's
+// percent of the device in [start + warmup_ns, + total_ns).
+struct TenantSpec {
+  uint32_t limit, ceiling;
+  unsigned blocks = 1000;
+};
+inline std::vector<double> RunTenants(const std::vector<TenantSpec>& specs, int64_t total_ns,
+                                      int64_t warmup_ns) {
+  auto set_clock = FakeSym<void (*)(int64_t (*)(), void (*)(int64_t))>("fakecuda_set_clock");
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  VirtualSleepUntil(ts.tv_sec * 1000000000LL + ts.tv_nsec + 1'000'000'000);
+  set_clock(&VirtualNow, &VirtualSleepUntil);
+  vcuda::RealDriver real;
+  if (!vcuda::ResolveRealDriver(FakeCuda(), FakeCuda(), &dlsym, &real)) return {};
+  FakeSym<CUresult (*)(unsigned)>("cuInit")(0);
+  FakeSym<void (*)(int)>("fakecuda_drop_foreign_work")(0);  // only the tenants share the GPU
+  using GetFunction = CUresult (*)(CUfunction*, CUmodule, const char*);
+  struct Tenant {
+    std::unique_ptr<vcuda::Core> core = std::make_unique<vcuda::Core>();
+    std::unique_ptr<vgpu::AccountingRegion> region = std::make_unique<vgpu::AccountingRegion>();
+    CUcontext ctx = nullptr;
+    CUstream stream = nullptr;
+    CUfunction f = nullptr;
+  };
+  std::vector<Tenant> tenants(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Tenant& t = tenants[i];
+    FakeSym<CUresult (*)(CUcontext*, unsigned, CUdevice)>("cuCtxCreate_v2")(&t.ctx, 0, 0);
+    FakeSym<void (*)(CUcontext, unsigned)>("fakecuda_set_context_pid")(
+        t.ctx, 0x10000 + static_cast<unsigned>(i));
+    vcuda::Config config;
+    config.core_limit = specs[i].limit;
+    config.core_ceiling = specs[i].ceiling;
+    t.core->Init(real, config, t.region.get(), vcuda::ClockFns{&VirtualNow, &VirtualSleepUntil});
+    t.core->set_nvml_pid(0x10000 + static_cast<int>(i));
+    FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&t.stream, 0);
+    FakeSym<GetFunction>("cuModuleGetFunction")(&t.f, nullptr, "k");
+  }
+  auto launch = FakeSym<cuda::cuLaunchKernel_t>("cuLaunchKernel");
+  auto sync = FakeSym<CUresult (*)(CUstream)>("cuStreamSynchronize");
+  auto set_current = FakeSym<CUresult (*)(CUcontext)>("cuCtxSetCurrent");
+  int64_t start = VirtualNow() + warmup_ns, end = start + total_ns;
+  VirtualScheduler sched;
+  sched.running = static_cast<int>(specs.size());
+  g_scheduler.store(&sched);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Tenant& t = tenants[i];
+      set_current(t.ctx);
+      for (int n = 0; VirtualNow() < end; ++n) {
+        int slot = t.core->pacing() ? t.core->BeforeLaunch(t.stream, false) : -1;
+        CUresult r = launch(t.f, specs[i].blocks, 1, 1, 128, 1, 1, 0, t.stream, nullptr, nullptr);
+        if (t.core->pacing()) t.core->AfterLaunch(slot, t.stream, false, r);
+        if (n % 2 == 1) sync(t.stream);
+        VirtualSleepUntil(VirtualNow() + 2000);
+      }
+      sync(t.stream);
+      sched.Leave();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  g_scheduler.store(nullptr);
+  auto busy = FakeSym<int64_t (*)(CUcontext, int64_t, int64_t)>("fakecuda_context_busy_between");
+  std::vector<double> shares;
+  for (Tenant& t : tenants)
+    shares.push_back(100.0 * static_cast<double>(busy(t.ctx, start, end)) /
+                     static_cast<double>(total_ns));
+  // The tenants' contexts hold device memory in this process's NVML entry: gone with them.
+  for (Tenant& t : tenants) FakeSym<CUresult (*)(CUcontext)>("cuCtxDestroy_v2")(t.ctx);
+  set_clock(nullptr, nullptr);
+  return shares;
 }
 
 // `launches` kernels of `blocks` us each, `host_ns` of the program's own host work between

@@ -1,0 +1,51 @@
+// The DRA driver's start-up, shared by `gpulet agent` and `gpulet dra-driver`: options from the
+// plugin config's gpulet.dra section and the CDI flags, health from the device plugin's monitor.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cmd/gpulet/cdi_flags.h"
+#include "cmd/gpulet/plugin_flags.h"
+#include "dra/driver.h"
+#include "k8s/client.h"
+
+namespace gpulet::cmd {
+
+// The DRA driver for the GPUs of gpulet.dra.gpus (null when that is empty); the device plugin
+// already leaves them out. It follows the plugin's health monitor.
+inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::GpuLayer& gpu,
+                                                           plugin::DevicePlugin& dp,
+                                                           k8s::Client* client,
+                                                           const std::string& node_name,
+                                                           const CdiRefreshFlags& cdi,
+                                                           const PluginFlags& flags) {
+  plugin::Config cfg = dp.config();
+  if (cfg.dra.gpus.empty()) return nullptr;
+  if (!client)
+    return absl::InvalidArgumentError(
+        "gpulet.dra.gpus is set but --node-name is not: the DRA driver publishes ResourceSlices "
+        "and reads ResourceClaims through the API server");
+  dra::DriverOptions o;
+  o.node_name = node_name;
+  o.devices.selection = cfg.dra.gpus;
+  o.devices.consumable_capacity = cfg.dra.consumable_capacity;
+  o.devices.host_root = flags.gpu.simulate.empty() ? flags.gpu.host_root : flags.gpu.sim_root;
+  o.kubelet_dir = cfg.dra.kubelet_dir;
+  o.cdi_dir = cfg.dra.cdi_dir;
+  o.state_dir = cfg.dra.state_dir;
+  o.cdi.driver_root = cdi.driver_root;
+  o.cdi.hook_path = cdi.hook_path;
+  // A simulated node's kernel state (MIG capability minors) is under its sim root.
+  if (!flags.gpu.simulate.empty()) o.cdi.proc_root = flags.gpu.sim_root;
+  o.library_host_path = cfg.vgpu.library;
+  plugin::HealthMonitor* health = dp.health();
+  auto d = std::make_unique<dra::Driver>(
+      &gpu, client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },
+      health->changes(), o);
+  if (absl::Status s = d->Start(); !s.ok()) return s;
+  return d;
+}
+
+}  // namespace gpulet::cmd
