@@ -3,7 +3,8 @@ PRESET ?= release
 BUILD  := build
 JOBS   ?= $(shell nproc)
 
-.PHONY: all deps build demo test nvidia-peers test-asan test-tsan bench image gpu-check gpu-bundle fuzz clean
+.PHONY: all deps build demo test nvidia-peers test-asan test-tsan test-thread-safety bench image gpu-check gpu-bundle fuzz clean
+.PHONY: lint format
 .PHONY: cluster cluster-down e2e-cluster
 
 all: build
@@ -37,6 +38,21 @@ test-tsan: deps
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS) --target unit_tests
 	ctest --preset tsan
+
+# The clang build with -Wthread-safety -Werror (preset thread-safety, build/clang): the mutex-guarded
+# state's ABSL_GUARDED_BY annotations checked at compile time, over the unit tests and what they use.
+test-thread-safety: deps
+	@cmake --preset thread-safety >/dev/null
+	@cmake --build --preset thread-safety -j $(JOBS) --target unit_tests
+	ctest --preset thread-safety
+
+# clang-format and clang-tidy, checking only (scripts/lint); `make format` rewrites with clang-format.
+# LINT_FILES="src/x.cc src/x.h" limits both to those files.
+lint:
+	@scripts/lint
+
+format:
+	@scripts/lint format
 
 bench: build
 	@cmake --build --preset $(PRESET) --target benchmarks -j $(JOBS)
@@ -84,7 +100,7 @@ cluster-down:
 e2e-cluster:
 	@testing/k8s/build $(BUILD)
 	@cmake --preset $(PRESET) >/dev/null
-	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml gpulet-container-hook gpulet-vcuda
 	GPULET_E2E_CLUSTER=1 ctest --preset $(PRESET) -L cluster --output-on-failure
 
 clean:

@@ -8,11 +8,11 @@
 // then prepared once and unprepared once; steady_clock times each call. Modes:
 //   inproc   Driver::Prepare (API read of the claim + CDI spec write + checkpoint write, fsync'd
 //            by rename only), as the gRPC handler runs it;
-//   grpc     the kubelet's NodePrepareResources v1 over the plugin's unix socket (one claim per call);
-//   repeat   a second prepare of an already prepared claim (idempotent path: no API call).
-// p50 / p99 / max in milliseconds. Device status writes are off (they run on the sync thread, not in
-// the call); the checkpoint grows with the prepared claims, so prepares run with N/2 claims held on
-// average.
+//   grpc     the kubelet's NodePrepareResources v1 over the plugin's unix socket (one claim per
+//   call); repeat   a second prepare of an already prepared claim (idempotent path: no API call).
+// p50 / p99 / max in milliseconds. Device status writes are off (they run on the sync thread, not
+// in the call); the checkpoint grows with the prepared claims, so prepares run with N/2 claims held
+// on average.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,7 +36,9 @@ namespace {
 
 void Report(const char* mode, std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
-  auto at = [&](double q) { return ms[std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()))]; };
+  auto at = [&](double q) {
+    return ms[std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()))];
+  };
   std::printf("%-8s n=%zu  p50 %.3f ms  p99 %.3f ms  max %.3f ms\n", mode, ms.size(), at(0.5),
               at(0.99), ms.back());
 }
@@ -76,10 +78,13 @@ int main(int argc, char** argv) {
     return api.CreateObject(
         "resourceclaims",
         {{"metadata", {{"name", name}, {"namespace", "bench"}}},
-         {"status", {{"allocation", {{"devices", {{"results", json::array({{{"request", "gpu"},
-                                                                           {"driver", dra::kDriverName},
-                                                                           {"pool", "node-1"},
-                                                                           {"device", absl::StrCat("gpu-", gpu)}}})}}}}}}}});
+         {"status",
+          {{"allocation",
+            {{"devices",
+              {{"results", json::array({{{"request", "gpu"},
+                                         {"driver", dra::kDriverName},
+                                         {"pool", "node-1"},
+                                         {"device", absl::StrCat("gpu-", gpu)}}})}}}}}}}});
   };
   using clk = std::chrono::steady_clock;
   auto ms = [](clk::time_point a) {
@@ -106,8 +111,8 @@ int main(int argc, char** argv) {
     (void)driver.Unprepare(c["metadata"]["uid"]);
     unprep.push_back(ms(t));
   }
-  auto stub = drav1::DRAPlugin::NewStub(grpc::CreateChannel(
-      "unix:" + driver.service_socket(), grpc::InsecureChannelCredentials()));
+  auto stub = drav1::DRAPlugin::NewStub(
+      grpc::CreateChannel("unix:" + driver.service_socket(), grpc::InsecureChannelCredentials()));
   std::vector<double> over_grpc;
   for (const auto& c : claims) {
     drav1::NodePrepareResourcesRequest req;

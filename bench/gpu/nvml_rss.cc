@@ -19,8 +19,8 @@
 #include <iostream>
 #include <string>
 
-#include "fake_nvml/malloc_arenas.h"
 #include "abi/nvml_api.h"
+#include "fake_nvml/malloc_arenas.h"
 #include "gpu/nvml/nvml_layer.h"
 
 namespace {

@@ -41,7 +41,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,9 +57,10 @@
 #include "benchmark/benchmark.h"
 #include "gpu/open.h"
 #include "metrics/sampler.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
-#include "tests/metrics/pod_server.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
+#include "testing/metrics/pod_server.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -73,8 +73,10 @@ constexpr int kGpus = 8, kContainers = 128;
 std::vector<testing_metrics::FakeContainer> Containers(const std::vector<std::string>& uuids) {
   std::vector<testing_metrics::FakeContainer> out;
   for (int i = 0; i < kContainers; ++i) {
-    out.push_back({absl::StrCat("team-", i % 7), absl::StrCat("job-", i, "-7f9c4d-abcde"),
-                   "worker", "nvidia.com/gpu",
+    out.push_back({absl::StrCat("team-", i % 7),
+                   absl::StrCat("job-", i, "-7f9c4d-abcde"),
+                   "worker",
+                   "nvidia.com/gpu",
                    {absl::StrCat(uuids[i % uuids.size()], "::", i / uuids.size())}});
   }
   return out;
@@ -215,18 +217,20 @@ void BM_ScrapeProcess(benchmark::State& state) {
   pods.Start();
 
   std::string log = dir + "/exporter.log";
-  std::vector<std::string> argv = {bin, "exporter", "--simulate", "dgx-h100", "--address",
-                                   "127.0.0.1:0", "--pod-resources-socket", dir + "/kubelet.sock",
-                                   "--vgpu-accounting-dir", "", "--interval", "1s"};
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  posix_spawn(&pid, bin.c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  std::vector<std::string> argv = {bin,
+                                   "exporter",
+                                   "--simulate",
+                                   "dgx-h100",
+                                   "--address",
+                                   "127.0.0.1:0",
+                                   "--pod-resources-socket",
+                                   dir + "/kubelet.sock",
+                                   "--vgpu-accounting-dir",
+                                   "",
+                                   "--interval",
+                                   "1s"};
+  // Its output (the port it listens on) to the log.
+  pid_t pid = testing_process::SpawnLogged(argv, log);
   int port = 0;
   for (int i = 0; i < 200 && port == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -255,8 +259,7 @@ void BM_ScrapeProcess(benchmark::State& state) {
       const bool gzipped = c.body().starts_with("\x1f\x8b");  // the gzip magic
       std::string text = gzipped ? testing_metrics::Gunzip(c.body()) : std::string(c.body());
       full = text.find("job-127-") != std::string::npos &&
-             text.find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string::npos &&
-             (!gzip || gzipped);
+             text.find("DCGM_FI_PROF_NVLINK_TX_BYTES{") != std::string::npos && (!gzip || gzipped);
       if (!full) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!full) {
@@ -332,7 +335,8 @@ void SampleCycle(benchmark::State& state, gpu::GpuLayer* layer, bool gzip = fals
   std::vector<std::string> uuids;
   gpu::Inventory inv = *layer->GetInventory();
   for (const auto& d : inv.devices) uuids.push_back(d.uuid);
-  for (const auto& c : Containers(uuids)) devs.push_back({c.ns, c.pod, c.container, c.resource, c.ids[0]});
+  for (const auto& c : Containers(uuids))
+    devs.push_back({c.ns, c.pod, c.container, c.resource, c.ids[0]});
   kubelet::PodResourcesCache cache(std::make_unique<FixedLister>(devs), std::chrono::hours(1));
   cache.RefreshNow();
   SamplerOptions so;

@@ -70,9 +70,9 @@ void BM_Decision(benchmark::State& state, const char* policy_name) {
     auto c = pl::Schedule(cluster, stream[i], **fgd);
     if (c.ok()) (void)pl::Apply(cluster.nodes[c->node], stream[i], c->placement.assignment);
   }
-  std::vector<pl::PodRequest> next(stream.begin() + static_cast<std::ptrdiff_t>(i),
-                                   stream.begin() + static_cast<std::ptrdiff_t>(
-                                                        std::min(stream.size(), i + 256)));
+  std::vector<pl::PodRequest> next(
+      stream.begin() + static_cast<std::ptrdiff_t>(i),
+      stream.begin() + static_cast<std::ptrdiff_t>(std::min(stream.size(), i + 256)));
   size_t k = 0;
   for (auto _ : state) {
     auto c = pl::Schedule(cluster, next[k++ % next.size()], **policy);

@@ -4,13 +4,12 @@
 // plugin's figure can be read as "floor + what gpulet adds". Built twice: grpc_floor (gRPC only)
 // and grpc_httplib_floor (also linked with cpp-httplib, whose library initialises OpenSSL when
 // loaded; the agent needs it for the Kubernetes API client and the metrics endpoint).
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <memory>
 #include <string>
-
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/grpcpp.h>
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;

@@ -12,6 +12,7 @@
 // and reads VmRSS from /proc/<pid>/status; BM_FloorRss reads the same of a bare gRPC server, the
 // floor that Debian's shared gRPC sets. One simulated machine per process (the fake NVML holds one
 // node), hence --profile.
+#include <benchmark/benchmark.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,8 +23,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "gpu/open.h"
 #include "plugin/resources.h"
@@ -146,8 +145,9 @@ void BM_AgentRss(benchmark::State& state) {
       }
       _exit(127);
     }
-    const bool up = kubelet.WaitForAllocatable("nvidia.com/gpu", Get().ids.size(),
-                                               std::chrono::seconds(20)).ok();
+    const bool up =
+        kubelet.WaitForAllocatable("nvidia.com/gpu", Get().ids.size(), std::chrono::seconds(20))
+            .ok();
     sleep(1);
     std::ifstream status("/proc/" + std::to_string(pid) + "/status");
     std::string line;
@@ -170,10 +170,9 @@ BENCHMARK(BM_AgentRss)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisec
 // grpc_httplib_floor (the same, with cpp-httplib and so OpenSSL's initialisation loaded), read one
 // second after start like the agent.
 void BM_FloorRss(benchmark::State& state) {
-  const std::string bin =
-      (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
-       (state.range(0) ? "grpc_httplib_floor" : "grpc_floor"))
-          .string();
+  const std::string bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+                           (state.range(0) ? "grpc_httplib_floor" : "grpc_floor"))
+                              .string();
   const std::string sock = g_root + "/floor.sock";
   for (auto _ : state) {
     pid_t pid = fork();
@@ -204,8 +203,10 @@ int main(int argc, char** argv) {
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--profile=", 0) == 0) gpulet::g_profile = a.substr(10);
-    else rest.push_back(argv[i]);
+    if (a.rfind("--profile=", 0) == 0)
+      gpulet::g_profile = a.substr(10);
+    else
+      rest.push_back(argv[i]);
   }
   char tmpl[] = "/tmp/dp-bench-XXXXXX";
   gpulet::g_root = mkdtemp(tmpl);

@@ -8,7 +8,8 @@
 //   BM_Exec/shim_nogpu    the same for a container without GPUs (parse config.json, pass through)
 //   BM_Exec/shim_state    a pass-through command (`state`): no bundle work at all
 //   BM_Hook/ldcache       gpulet-container-hook update-ldcache: state on stdin, config.json, setns,
-//                         chroot, the host's ldconfig over the container's library folder (root only)
+//                         chroot, the host's ldconfig over the container's library folder (root
+//                         only)
 //   BM_Hook/prestart_nogpu  the legacy prestart hook for a container without GPUs
 //   BM_ParseCdiSpec/json|yaml  ParseCdiSpec of that 8-GPU spec in-process (no exec)
 // config.json is restored before every iteration (outside the timing). BM_Exec also reports
@@ -24,7 +25,7 @@
 
 #include "benchmark/benchmark.h"
 #include "runtime/cdi.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 extern char** environ;
 
@@ -51,14 +52,17 @@ struct World {
     if (spec.ok()) {
       // Without root there are no device nodes to stat: give the numbers in the spec.
       for (auto& d : spec->devices)
-        for (auto& n : d.edits.device_nodes) n.type = "c", n.major = 195, n.minor = 0, n.file_mode = 0666;
-      for (auto& n : spec->edits.device_nodes) n.type = "c", n.major = 195, n.minor = 255, n.file_mode = 0666;
+        for (auto& n : d.edits.device_nodes)
+          n.type = "c", n.major = 195, n.minor = 0, n.file_mode = 0666;
+      for (auto& n : spec->edits.device_nodes)
+        n.type = "c", n.major = 195, n.minor = 255, n.file_mode = 0666;
       WriteFile(dir + "/cdi/nvidia.json", CdiSpecToJson(*spec));
       WriteFile(dir + "/cdi-yaml/nvidia.yaml", CdiSpecToYaml(*spec));
     }
     for (const char* v : {"cdi", "cdi-yaml"})
       WriteFile(dir + "/runtime-" + v + ".json",
-                Json({{"runtimes", {"/bin/true"}}, {"spec-dirs", {dir + "/" + v}},
+                Json({{"runtimes", {"/bin/true"}},
+                      {"spec-dirs", {dir + "/" + v}},
                       {"accept-nvidia-visible-devices-envvar-when-unprivileged", true}})
                     .dump());
     Json base = {{"ociVersion", "1.0.2"},
@@ -68,8 +72,11 @@ struct World {
     config_json_plain = base.dump(2);
     base["process"]["env"].push_back("NVIDIA_VISIBLE_DEVICES=3");
     config_json_gpu = base.dump(2);
-    WriteFile(dir + "/state.json",
-              Json({{"ociVersion", "1.0.2"}, {"id", "b"}, {"pid", ::getpid()}, {"bundle", dir + "/bundle"}}).dump());
+    WriteFile(dir + "/state.json", Json({{"ociVersion", "1.0.2"},
+                                         {"id", "b"},
+                                         {"pid", ::getpid()},
+                                         {"bundle", dir + "/bundle"}})
+                                       .dump());
   }
   ~World() { fs::remove_all(dir); }
 };
@@ -90,7 +97,8 @@ int Spawn(const std::vector<std::string>& args, const std::vector<std::string>& 
   e.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  if (!stdin_file.empty()) posix_spawn_file_actions_addopen(&fa, 0, stdin_file.c_str(), O_RDONLY, 0);
+  if (!stdin_file.empty())
+    posix_spawn_file_actions_addopen(&fa, 0, stdin_file.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   pid_t pid;
   int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
@@ -100,7 +108,8 @@ int Spawn(const std::vector<std::string>& args, const std::vector<std::string>& 
   struct rusage ru {};
   wait4(pid, &st, 0, &ru);
   if (cpu_us)
-    *cpu_us += (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+    *cpu_us +=
+        (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -110,9 +119,12 @@ void BM_Exec(benchmark::State& state, const std::string& what) {
   std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
                                   "GPULET_RUNTIME_CONFIG=" + w.dir + "/runtime-" + cdi + ".json"};
   std::vector<std::string> args;
-  if (what == "direct") args = {"/bin/true", "create", "--bundle", w.dir + "/bundle", "b"};
-  else if (what == "shim_state") args = {kBin + "gpulet-container-runtime", "state", "b"};
-  else args = {kBin + "gpulet-container-runtime", "create", "--bundle", w.dir + "/bundle", "b"};
+  if (what == "direct")
+    args = {"/bin/true", "create", "--bundle", w.dir + "/bundle", "b"};
+  else if (what == "shim_state")
+    args = {kBin + "gpulet-container-runtime", "state", "b"};
+  else
+    args = {kBin + "gpulet-container-runtime", "create", "--bundle", w.dir + "/bundle", "b"};
   const std::string& cfg = what == "shim_nogpu" ? w.config_json_plain : w.config_json_gpu;
   double cpu_us = 0;
   for (auto _ : state) {
@@ -134,8 +146,10 @@ void BM_Hook(benchmark::State& state, const std::string& what) {
     return;
   }
   std::vector<std::string> args = {kBin + "gpulet-container-hook"};
-  if (what == "ldcache") args.insert(args.end(), {"update-ldcache", "--folder", kLibDir});
-  else args.insert(args.end(), {"prestart", "--config", w.dir + "/runtime-cdi.json"});
+  if (what == "ldcache")
+    args.insert(args.end(), {"update-ldcache", "--folder", kLibDir});
+  else
+    args.insert(args.end(), {"prestart", "--config", w.dir + "/runtime-cdi.json"});
   WriteFile(w.dir + "/bundle/config.json", w.config_json_plain);
   fs::create_directories(w.dir + "/bundle/rootfs" + kLibDir);
   for (auto _ : state) {
@@ -159,15 +173,19 @@ void BM_ParseCdiSpec(benchmark::State& state, const std::string& file) {
   }
 }
 
-BENCHMARK_CAPTURE(BM_ParseCdiSpec, json, std::string("/cdi/nvidia.json"))->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_ParseCdiSpec, yaml, std::string("/cdi-yaml/nvidia.yaml"))->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ParseCdiSpec, json, std::string("/cdi/nvidia.json"))
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_ParseCdiSpec, yaml, std::string("/cdi-yaml/nvidia.yaml"))
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Exec, direct, std::string("direct"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_gpu, std::string("shim_gpu"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Exec, shim_gpu_yaml, std::string("shim_gpu_yaml"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Exec, shim_gpu_yaml, std::string("shim_gpu_yaml"))
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_nogpu, std::string("shim_nogpu"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Exec, shim_state, std::string("shim_state"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Hook, ldcache, std::string("ldcache"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Hook, prestart_nogpu, std::string("prestart_nogpu"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Hook, prestart_nogpu, std::string("prestart_nogpu"))
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace gpulet::runtime

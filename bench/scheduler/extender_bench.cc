@@ -39,7 +39,8 @@ std::unique_ptr<Extender> MakeCluster(std::vector<std::string>* names) {
     for (int g = 0; g < kGpus; ++g) {
       list.push_back({{"uuid", name + "-GPU-" + std::to_string(g)}, {"memoryUnits", kUnits}});
     }
-    e->UpsertNode({{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", list.dump()}}}}}});
+    e->UpsertNode(
+        {{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", list.dump()}}}}}});
     // About half the GPUs carry one or two shares already.
     for (int g = 0; g < kGpus; ++g) {
       int shares = rng() % 3;
@@ -49,15 +50,19 @@ std::unique_ptr<Extender> MakeCluster(std::vector<std::string>* names) {
         if (used + cores > 100) break;
         used += cores;
         std::string pod = name + "-" + std::to_string(g) + "-" + std::to_string(s);
-        json limits = {{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 1 + rng() % 80}};
+        json limits = {{"tencent.com/vcuda-core", cores},
+                       {"tencent.com/vcuda-memory", 1 + rng() % 80}};
         e->UpsertPod({{"metadata",
-                       {{"name", pod}, {"namespace", "default"}, {"uid", pod},
+                       {{"name", pod},
+                        {"namespace", "default"},
+                        {"uid", pod},
                         {"annotations",
                          {{"gpulet.io/vgpu-node", name},
                           {"gpulet.io/vgpu-gpus-0", name + "-GPU-" + std::to_string(g)}}}}},
-                      {"spec", {{"nodeName", name},
-                                {"containers", json::array({{{"name", "c"},
-                                                             {"resources", {{"limits", limits}}}}})}}}});
+                      {"spec",
+                       {{"nodeName", name},
+                        {"containers",
+                         json::array({{{"name", "c"}, {"resources", {{"limits", limits}}}}})}}}});
       }
     }
   }
@@ -67,11 +72,15 @@ std::unique_ptr<Extender> MakeCluster(std::vector<std::string>* names) {
 json SeedPod(const std::string& policy) {
   json annotations = json::object();
   if (policy != "binpack") annotations["gpulet.io/vgpu-policy"] = policy;
-  return {{"metadata", {{"name", "seed"}, {"namespace", "default"}, {"uid", "seed"},
-                        {"annotations", annotations}}},
-          {"spec", {{"containers", json::array({{{"name", "cuda"},
-                                                 {"resources", {{"limits", {{"tencent.com/vcuda-core", "30"},
-                                                                            {"tencent.com/vcuda-memory", "20"}}}}}}})}}}};
+  return {
+      {"metadata",
+       {{"name", "seed"}, {"namespace", "default"}, {"uid", "seed"}, {"annotations", annotations}}},
+      {"spec",
+       {{"containers", json::array({{{"name", "cuda"},
+                                     {"resources",
+                                      {{"limits",
+                                        {{"tencent.com/vcuda-core", "30"},
+                                         {"tencent.com/vcuda-memory", "20"}}}}}}})}}}};
 }
 
 void Report(benchmark::State& state, std::vector<double>& us) {
@@ -101,7 +110,8 @@ void BM_FilterPrioritize(benchmark::State& state, const char* policy) {
     std::string p = e->PrioritizeWire(pargs);
     benchmark::DoNotOptimize(f);
     benchmark::DoNotOptimize(p);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   Report(state, us);
 }
@@ -122,7 +132,8 @@ void BM_FilterPrioritizeJson(benchmark::State& state, const char* policy) {
     std::string p = e->PrioritizeWire(json::parse(pbody));
     benchmark::DoNotOptimize(f);
     benchmark::DoNotOptimize(p);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   Report(state, us);
 }
@@ -155,7 +166,8 @@ void BM_FilterPrioritizeHttp(benchmark::State& state, const char* policy) {
     }
     auto p = cli.Post("/scheduler/prioritize", pbody, "application/json");
     benchmark::DoNotOptimize(p);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   server.stop();
   t.join();

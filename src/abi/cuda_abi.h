@@ -2,7 +2,8 @@
 // declared from NVIDIA's published driver API reference (names, signatures, struct layouts and
 // enum values are ABI facts). We never include NVIDIA's cuda.h/nvml.h: a Debian machine has
 // neither, and the interposer must build without them (DESIGN.md "Headers for NVML and CUDA").
-// NVML types come from the GPU layer's ABI header. Plain C types only, so both the extern "C" shims and the fake can share it.
+// NVML types come from the GPU layer's ABI header. Plain C types only, so both the extern "C" shims
+// and the fake can share it.
 #pragma once
 
 #include <stddef.h>
@@ -178,9 +179,8 @@ using cuDevicePrimaryCtxRetain_t = CUresult (*)(CUcontext*, CUdevice);
 using cuDevicePrimaryCtxRelease_t = CUresult (*)(CUdevice);
 using cuLaunchKernel_t = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                       unsigned, unsigned, CUstream, void**, void**);
-using cuLaunchCooperativeKernel_t = CUresult (*)(CUfunction, unsigned, unsigned, unsigned,
-                                                 unsigned, unsigned, unsigned, unsigned, CUstream,
-                                                 void**);
+using cuLaunchCooperativeKernel_t = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                                 unsigned, unsigned, unsigned, CUstream, void**);
 using cuLaunchKernelEx_t = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using cuGraphLaunch_t = CUresult (*)(CUgraphExec, CUstream);
 // Helpers the core calls on the real driver (never hooked).

@@ -50,7 +50,7 @@ typedef struct {
   unsigned int domain;
   unsigned int bus;
   unsigned int device;
-  unsigned int pciDeviceId;     // device id << 16 | vendor id
+  unsigned int pciDeviceId;  // device id << 16 | vendor id
   unsigned int pciSubSystemId;
   char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];  // "00000000:18:00.0"
 } nvmlPciInfo_t;
@@ -155,17 +155,35 @@ enum : int { NVML_PCIE_UTIL_TX_BYTES = 0, NVML_PCIE_UTIL_RX_BYTES = 1 };
 
 // nvmlBrandType_t
 enum : int {
-  NVML_BRAND_UNKNOWN = 0, NVML_BRAND_QUADRO = 1, NVML_BRAND_TESLA = 2, NVML_BRAND_NVS = 3,
-  NVML_BRAND_GRID = 4, NVML_BRAND_GEFORCE = 5, NVML_BRAND_TITAN = 6, NVML_BRAND_NVIDIA_VAPPS = 7,
-  NVML_BRAND_NVIDIA_VPC = 8, NVML_BRAND_NVIDIA_VCS = 9, NVML_BRAND_NVIDIA_VWS = 10,
-  NVML_BRAND_NVIDIA_CLOUD_GAMING = 11, NVML_BRAND_QUADRO_RTX = 12, NVML_BRAND_NVIDIA_RTX = 13,
-  NVML_BRAND_NVIDIA = 14, NVML_BRAND_GEFORCE_RTX = 15, NVML_BRAND_TITAN_RTX = 16,
+  NVML_BRAND_UNKNOWN = 0,
+  NVML_BRAND_QUADRO = 1,
+  NVML_BRAND_TESLA = 2,
+  NVML_BRAND_NVS = 3,
+  NVML_BRAND_GRID = 4,
+  NVML_BRAND_GEFORCE = 5,
+  NVML_BRAND_TITAN = 6,
+  NVML_BRAND_NVIDIA_VAPPS = 7,
+  NVML_BRAND_NVIDIA_VPC = 8,
+  NVML_BRAND_NVIDIA_VCS = 9,
+  NVML_BRAND_NVIDIA_VWS = 10,
+  NVML_BRAND_NVIDIA_CLOUD_GAMING = 11,
+  NVML_BRAND_QUADRO_RTX = 12,
+  NVML_BRAND_NVIDIA_RTX = 13,
+  NVML_BRAND_NVIDIA = 14,
+  NVML_BRAND_GEFORCE_RTX = 15,
+  NVML_BRAND_TITAN_RTX = 16,
 };
 // nvmlDeviceArchitecture_t
 enum : unsigned {
-  NVML_DEVICE_ARCH_KEPLER = 2, NVML_DEVICE_ARCH_MAXWELL = 3, NVML_DEVICE_ARCH_PASCAL = 4,
-  NVML_DEVICE_ARCH_VOLTA = 5, NVML_DEVICE_ARCH_TURING = 6, NVML_DEVICE_ARCH_AMPERE = 7,
-  NVML_DEVICE_ARCH_ADA = 8, NVML_DEVICE_ARCH_HOPPER = 9, NVML_DEVICE_ARCH_BLACKWELL = 10,
+  NVML_DEVICE_ARCH_KEPLER = 2,
+  NVML_DEVICE_ARCH_MAXWELL = 3,
+  NVML_DEVICE_ARCH_PASCAL = 4,
+  NVML_DEVICE_ARCH_VOLTA = 5,
+  NVML_DEVICE_ARCH_TURING = 6,
+  NVML_DEVICE_ARCH_AMPERE = 7,
+  NVML_DEVICE_ARCH_ADA = 8,
+  NVML_DEVICE_ARCH_HOPPER = 9,
+  NVML_DEVICE_ARCH_BLACKWELL = 10,
 };
 
 // nvmlDeviceGetFieldValues ids of the nvidia-smi set: power averaged over 1 s and instantaneous
@@ -180,8 +198,11 @@ enum : unsigned {
 };
 
 enum : int { NVML_INFOROM_OEM = 0, NVML_INFOROM_ECC = 1 };
-enum : unsigned { NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE = 16, NVML_DEVICE_SERIAL_BUFFER_SIZE = 30,
-                  NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE = 32 };
+enum : unsigned {
+  NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE = 16,
+  NVML_DEVICE_SERIAL_BUFFER_SIZE = 30,
+  NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE = 32
+};
 // nvmlMemoryLocation_t for nvmlDeviceGetMemoryErrorCounter (DRAM and DEVICE_MEMORY share 2).
 enum : int { NVML_MEMORY_LOCATION_DRAM = 2, NVML_MEMORY_LOCATION_SRAM = 7 };
 
@@ -214,7 +235,7 @@ typedef struct {
     char* shortName;
     char* longName;
     char* unit;
-  } metricInfo;             // OUT: may be NULL
+  } metricInfo;  // OUT: may be NULL
 } nvmlGpmMetric_t;
 typedef struct {
   unsigned int version;     // IN: NVML_GPM_METRICS_GET_VERSION
@@ -251,21 +272,20 @@ typedef nvmlReturn_t (*nvmlDeviceGetMemoryInfoV2Fn)(nvmlDevice_t, nvmlMemory_v2_
 typedef nvmlReturn_t (*nvmlDeviceGetCudaComputeCapabilityFn)(nvmlDevice_t, int*, int*);
 typedef nvmlReturn_t (*nvmlDeviceGetMigModeFn)(nvmlDevice_t, unsigned int*, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetMigDeviceHandleByIndexFn)(nvmlDevice_t, unsigned int,
-                                                               nvmlDevice_t*);
+                                                              nvmlDevice_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetAttributesFn)(nvmlDevice_t, nvmlDeviceAttributes_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetTopologyCommonAncestorFn)(nvmlDevice_t, nvmlDevice_t,
-                                                               nvmlGpuTopologyLevel_t*);
+                                                              nvmlGpuTopologyLevel_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetNvLinkStateFn)(nvmlDevice_t, unsigned int, nvmlEnableState_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemotePciInfoFn)(nvmlDevice_t, unsigned int,
-                                                            nvmlPciInfo_t*);
+                                                           nvmlPciInfo_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetNvLinkRemoteDeviceTypeFn)(nvmlDevice_t, unsigned int,
-                                                               nvmlIntNvLinkDeviceType_t*);
+                                                              nvmlIntNvLinkDeviceType_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetTemperatureFn)(nvmlDevice_t, int, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetFieldValuesFn)(nvmlDevice_t, int, nvmlFieldValue_t*);
 typedef nvmlReturn_t (*nvmlDeviceGetClockInfoFn)(nvmlDevice_t, int, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetUtilizationRatesFn)(nvmlDevice_t, nvmlUtilization_t*);
-typedef nvmlReturn_t (*nvmlDeviceGetCodecUtilizationFn)(nvmlDevice_t, unsigned int*,
-                                                         unsigned int*);
+typedef nvmlReturn_t (*nvmlDeviceGetCodecUtilizationFn)(nvmlDevice_t, unsigned int*, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetTotalEccErrorsFn)(nvmlDevice_t, int, int, unsigned long long*);
 typedef nvmlReturn_t (*nvmlDeviceGetPcieThroughputFn)(nvmlDevice_t, int, unsigned int*);
 typedef nvmlReturn_t (*nvmlDeviceGetProcessesFn)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*);

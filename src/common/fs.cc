@@ -85,30 +85,36 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   return absl::OkStatus();
 }
 
-RealFilesystem::RealFilesystem(std::string root) : root_(std::move(root)) {
+bool PathExists(const std::string& path) { return RootedFilesystem().Exists(path); }
+
+absl::Status MakeDirs(const std::string& path, mode_t mode) {
+  return RootedFilesystem().MakeDirs(path, mode);
+}
+
+RootedFilesystem::RootedFilesystem(std::string root) : root_(std::move(root)) {
   while (!root_.empty() && root_.back() == '/') root_.pop_back();
 }
 
-std::string RealFilesystem::Resolve(const std::string& path) const {
+std::string RootedFilesystem::Resolve(const std::string& path) const {
   if (root_.empty()) return path;
   return path.empty() || path[0] != '/' ? absl::StrCat(root_, "/", path) : root_ + path;
 }
 
-absl::StatusOr<std::string> RealFilesystem::ReadFile(const std::string& path) const {
+absl::StatusOr<std::string> RootedFilesystem::ReadFile(const std::string& path) const {
   return ReadFileToString(Resolve(path));
 }
 
-absl::Status RealFilesystem::WriteFileAtomic(const std::string& path, const std::string& content,
-                                             mode_t mode) {
+absl::Status RootedFilesystem::WriteFileAtomic(const std::string& path, const std::string& content,
+                                               mode_t mode) const {
   return gpulet::WriteFileAtomic(Resolve(path), content, mode);
 }
 
-bool RealFilesystem::Exists(const std::string& path) const {
+bool RootedFilesystem::Exists(const std::string& path) const {
   struct stat st;
   return ::stat(Resolve(path).c_str(), &st) == 0;
 }
 
-absl::StatusOr<std::vector<std::string>> RealFilesystem::ListDir(const std::string& path) const {
+absl::StatusOr<std::vector<std::string>> RootedFilesystem::ListDir(const std::string& path) const {
   std::string host = Resolve(path);
   DIR* d = ::opendir(host.c_str());
   if (d == nullptr) return ErrnoStatus(errno, "cannot list", host);
@@ -122,15 +128,16 @@ absl::StatusOr<std::vector<std::string>> RealFilesystem::ListDir(const std::stri
   return names;
 }
 
-absl::Status RealFilesystem::MakeDirs(const std::string& path, mode_t mode) {
+absl::Status RootedFilesystem::MakeDirs(const std::string& path, mode_t mode) const {
   std::error_code ec;
   std::filesystem::create_directories(Resolve(path), ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", Resolve(path), ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", Resolve(path), ": ", ec.message()));
   ::chmod(Resolve(path).c_str(), mode);
   return absl::OkStatus();
 }
 
-absl::Status RealFilesystem::Remove(const std::string& path) {
+absl::Status RootedFilesystem::Remove(const std::string& path) const {
   if (::unlink(Resolve(path).c_str()) != 0 && errno != ENOENT) {
     return ErrnoStatus(errno, "cannot remove", Resolve(path));
   }

@@ -1,5 +1,9 @@
-// The filesystem as an outside world: everything gpulet reads from /sys, /proc, /dev, /etc or writes
-// as state goes through this interface so tests can use a temporary tree or an in-memory fake.
+// Files gpulet reads (/sys, /proc, /dev, /etc) and writes (state, specs): one concrete type and
+// helpers on host paths, no interface (issue 18). Tests are hermetic without a fake: every reader
+// that looks at the host takes a root (a temporary tree in tests, the simulated node's --sim-root),
+// and the outside worlds that do need scripting (NVML, CUDA, the kubelet, the API server) have
+// their fakes. An abstract Filesystem was injected in one place and bypassed in forty, and no fake
+// of it was ever written: two ways to touch a file and a seam that tested nothing.
 #pragma once
 
 #include <sys/types.h>
@@ -13,33 +17,21 @@
 
 namespace gpulet {
 
-class Filesystem {
+// The filesystem seen through `root`: with root "/sim" a read of "/sys/x" reads "/sim/sys/x".
+// Used with "/" in production and a temporary tree for simulated nodes and tests. Thread-safe.
+class RootedFilesystem {
  public:
-  virtual ~Filesystem() = default;
-  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) const = 0;
+  explicit RootedFilesystem(std::string root = "/");
+  absl::StatusOr<std::string> ReadFile(const std::string& path) const;
   // Writes to a temporary file beside `path`, fsyncs, then renames: readers see the old or the new
   // content, never a half-written file.
-  virtual absl::Status WriteFileAtomic(const std::string& path, const std::string& content,
-                                       mode_t mode = 0644) = 0;
-  virtual bool Exists(const std::string& path) const = 0;
-  // Entry names (not paths), sorted; NotFound when `path` is not a directory.
-  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) const = 0;
-  virtual absl::Status MakeDirs(const std::string& path, mode_t mode = 0755) = 0;
-  virtual absl::Status Remove(const std::string& path) = 0;
-};
-
-// The real filesystem, seen through `root`: with root "/sim" a read of "/sys/x" reads "/sim/sys/x".
-// Used with "/" in production and a temporary tree for simulated nodes and tests. Thread-safe.
-class RealFilesystem : public Filesystem {
- public:
-  explicit RealFilesystem(std::string root = "/");
-  absl::StatusOr<std::string> ReadFile(const std::string& path) const override;
   absl::Status WriteFileAtomic(const std::string& path, const std::string& content,
-                               mode_t mode = 0644) override;
-  bool Exists(const std::string& path) const override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) const override;
-  absl::Status MakeDirs(const std::string& path, mode_t mode = 0755) override;
-  absl::Status Remove(const std::string& path) override;
+                               mode_t mode = 0644) const;
+  bool Exists(const std::string& path) const;
+  // Entry names (not paths), sorted; NotFound when `path` is not a directory.
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) const;
+  absl::Status MakeDirs(const std::string& path, mode_t mode = 0755) const;
+  absl::Status Remove(const std::string& path) const;
 
   // The host path that `path` maps to.
   std::string Resolve(const std::string& path) const;
@@ -49,9 +41,11 @@ class RealFilesystem : public Filesystem {
   std::string root_;  // without trailing slash; empty for "/"
 };
 
-// Free-standing helpers on host paths (no root), for code that has no Filesystem to hand.
+// The same on host paths (a RootedFilesystem at "/").
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 absl::Status WriteFileAtomic(const std::string& path, const std::string& content,
                              mode_t mode = 0644);
+bool PathExists(const std::string& path);
+absl::Status MakeDirs(const std::string& path, mode_t mode = 0755);
 
 }  // namespace gpulet

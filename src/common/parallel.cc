@@ -19,8 +19,8 @@ ParallelFor::~ParallelFor() {
 
 void ParallelFor::Run(size_t n, size_t grain, const std::function<void(size_t, size_t)>& body) {
   if (n == 0) return;
-  const size_t parts = std::min(workers_.size() + 1, (n + std::max<size_t>(grain, 1) - 1) /
-                                                         std::max<size_t>(grain, 1));
+  const size_t parts = std::min(workers_.size() + 1,
+                                (n + std::max<size_t>(grain, 1) - 1) / std::max<size_t>(grain, 1));
   if (parts <= 1) {
     body(0, n);
     return;

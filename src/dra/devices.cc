@@ -76,7 +76,9 @@ std::vector<int> NvlinkDomains(const gpu::Inventory& inv) {
   size_t n = inv.devices.size();
   std::vector<int> parent(n);
   std::iota(parent.begin(), parent.end(), 0);
-  std::function<int(int)> find = [&](int x) { return parent[x] == x ? x : parent[x] = find(parent[x]); };
+  std::function<int(int)> find = [&](int x) {
+    return parent[x] == x ? x : parent[x] = find(parent[x]);
+  };
   std::vector<bool> linked(n, false);
   for (size_t i = 0; i < n && i < inv.topology.size(); ++i)
     for (size_t j = 0; j < n && j < inv.topology[i].size(); ++j) {
@@ -146,13 +148,12 @@ absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
       if (opt.consumable_capacity) {
         // A share is at least one vcuda-memory unit (256 MiB) and a multiple of it, and 1..100
         // percent of the compute; a claim that names no amount takes the whole GPU.
-        cap["memory"]["requestPolicy"] = {
-            {"default", Quantity(d.memory_bytes)},
-            {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
-        cap["cores"] = {{"value", "100"},
-                        {"requestPolicy",
-                         {{"default", "100"},
-                          {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
+        cap["memory"]["requestPolicy"] = {{"default", Quantity(d.memory_bytes)},
+                                          {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
+        cap["cores"] = {
+            {"value", "100"},
+            {"requestPolicy",
+             {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
       }
       if (d.sm_count > 0) cap["multiprocessors"] = {{"value", absl::StrCat(d.sm_count)}};
       dev.entry = {{"name", dev.name}, {"attributes", attrs}, {"capacity", cap}};
@@ -163,8 +164,8 @@ absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
     for (size_t m = 0; m < d.mig_devices.size(); ++m) {
       const gpu::MigDevice& mig = d.mig_devices[m];
       DraDevice dev;
-      dev.name = absl::StrCat("gpu-", d.index, "-mig-", mig.gpu_instance_id, "-",
-                              mig.compute_instance_id);
+      dev.name =
+          absl::StrCat("gpu-", d.index, "-mig-", mig.gpu_instance_id, "-", mig.compute_instance_id);
       dev.gpu = g;
       dev.mig = static_cast<int>(m);
       dev.uuid = mig.uuid;

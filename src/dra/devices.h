@@ -25,12 +25,12 @@ inline constexpr char kDriverName[] = "gpu.gpulet.io";
 inline constexpr char kConfigApiVersion[] = "gpu.gpulet.io/v1alpha1";
 
 struct DraDevice {
-  std::string name;       // a DNS label, unique in the pool
-  uint32_t gpu = 0;       // position in Inventory::devices
-  int mig = -1;           // position in Device::mig_devices, -1 for a whole GPU
-  std::string uuid;       // GPU-... or MIG-...
+  std::string name;  // a DNS label, unique in the pool
+  uint32_t gpu = 0;  // position in Inventory::devices
+  int mig = -1;      // position in Device::mig_devices, -1 for a whole GPU
+  std::string uuid;  // GPU-... or MIG-...
   uint64_t memory_bytes = 0;
-  json entry;             // the ResourceSlice spec.devices[] element
+  json entry;  // the ResourceSlice spec.devices[] element
 };
 
 struct DeviceOptions {

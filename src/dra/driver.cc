@@ -35,7 +35,8 @@ constexpr int kCheckpointVersion = 1;
 bool IsDnsName(const std::string& s, bool subdomain) {
   if (s.empty() || s.size() > (subdomain ? 253u : 63u)) return false;
   for (char c : s) {
-    bool ok = absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' || (subdomain && c == '.');
+    bool ok =
+        absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' || (subdomain && c == '.');
     if (!ok) return false;
   }
   return absl::ascii_isalnum(s.front()) && absl::ascii_isalnum(s.back());
@@ -76,10 +77,14 @@ std::string InventoryKey(const gpu::Inventory& inv) {
 
 absl::StatusOr<int64_t> ParseQuantity(const std::string& in) {
   std::string q(absl::StripAsciiWhitespace(in));
-  static const std::pair<const char*, int64_t> kSuffixes[] = {
-      {"Ki", int64_t{1} << 10}, {"Mi", int64_t{1} << 20}, {"Gi", int64_t{1} << 30},
-      {"Ti", int64_t{1} << 40}, {"k", 1000},              {"M", 1000000},
-      {"G", 1000000000},        {"T", 1000000000000}};
+  static const std::pair<const char*, int64_t> kSuffixes[] = {{"Ki", int64_t{1} << 10},
+                                                              {"Mi", int64_t{1} << 20},
+                                                              {"Gi", int64_t{1} << 30},
+                                                              {"Ti", int64_t{1} << 40},
+                                                              {"k", 1000},
+                                                              {"M", 1000000},
+                                                              {"G", 1000000000},
+                                                              {"T", 1000000000000}};
   int64_t mult = 1;
   std::string num = q;
   for (const auto& [s, m] : kSuffixes) {
@@ -99,13 +104,13 @@ absl::StatusOr<int64_t> ParseQuantity(const std::string& in) {
 absl::StatusOr<VgpuLimits> ParseVgpuConfig(const nlohmann::json& p) {
   if (!p.is_object()) return absl::InvalidArgumentError("parameters: not an object");
   if (p.value("apiVersion", "") != kConfigApiVersion || p.value("kind", "") != "VgpuConfig")
-    return absl::InvalidArgumentError(
-        absl::StrCat("parameters: apiVersion/kind must be ", kConfigApiVersion,
-                     "/VgpuConfig, not \"", p.value("apiVersion", ""), "/", p.value("kind", ""),
-                     "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameters: apiVersion/kind must be ", kConfigApiVersion, "/VgpuConfig, not \"",
+        p.value("apiVersion", ""), "/", p.value("kind", ""), "\""));
   for (const auto& [k, v] : p.items())
     if (k != "apiVersion" && k != "kind" && k != "memory" && k != "cores")
-      return absl::InvalidArgumentError(absl::StrCat("parameters.", k, ": unknown field "
+      return absl::InvalidArgumentError(absl::StrCat("parameters.", k,
+                                                     ": unknown field "
                                                      "(known: memory, cores)"));
   VgpuLimits l;
   if (p.contains("memory")) {
@@ -114,19 +119,20 @@ absl::StatusOr<VgpuLimits> ParseVgpuConfig(const nlohmann::json& p) {
                  : m.is_number_integer() ? absl::StatusOr<int64_t>(m.get<int64_t>())
                                          : absl::InvalidArgumentError("not a quantity");
     if (!bytes.ok())
-      return absl::InvalidArgumentError(absl::StrCat("parameters.memory: ", bytes.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameters.memory: ", bytes.status().message()));
     if (*bytes < static_cast<int64_t>(vgpu::kMemoryUnitBytes) ||
         *bytes % static_cast<int64_t>(vgpu::kMemoryUnitBytes) != 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameters.memory: ", m.dump(), " must be a multiple of 256Mi, at least 256Mi"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameters.memory: ", m.dump(), " must be a multiple of 256Mi, at least 256Mi"));
     l.memory_bytes = *bytes;
   }
   if (p.contains("cores")) {
     const auto& c = p["cores"];
     int64_t v = 0;
     if (!c.is_number_integer() || (v = c.get<int64_t>()) < 1 || v > 100)
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameters.cores: ", c.dump(), " must be an integer 1..100 (percent of the GPU)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameters.cores: ", c.dump(), " must be an integer 1..100 (percent of the GPU)"));
     l.cores = v;
   }
   return l;
@@ -176,17 +182,25 @@ class DraService final : public Api::DRAPlugin::Service {
 };
 
 struct V1 {
-  using NodePrepareResourcesRequest = ::k8s::io::kubelet::pkg::apis::dra::v1::NodePrepareResourcesRequest;
-  using NodePrepareResourcesResponse = ::k8s::io::kubelet::pkg::apis::dra::v1::NodePrepareResourcesResponse;
-  using NodeUnprepareResourcesRequest = ::k8s::io::kubelet::pkg::apis::dra::v1::NodeUnprepareResourcesRequest;
-  using NodeUnprepareResourcesResponse = ::k8s::io::kubelet::pkg::apis::dra::v1::NodeUnprepareResourcesResponse;
+  using NodePrepareResourcesRequest =
+      ::k8s::io::kubelet::pkg::apis::dra::v1::NodePrepareResourcesRequest;
+  using NodePrepareResourcesResponse =
+      ::k8s::io::kubelet::pkg::apis::dra::v1::NodePrepareResourcesResponse;
+  using NodeUnprepareResourcesRequest =
+      ::k8s::io::kubelet::pkg::apis::dra::v1::NodeUnprepareResourcesRequest;
+  using NodeUnprepareResourcesResponse =
+      ::k8s::io::kubelet::pkg::apis::dra::v1::NodeUnprepareResourcesResponse;
   using DRAPlugin = ::k8s::io::kubelet::pkg::apis::dra::v1::DRAPlugin;
 };
 struct V1beta1 {
-  using NodePrepareResourcesRequest = ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodePrepareResourcesRequest;
-  using NodePrepareResourcesResponse = ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodePrepareResourcesResponse;
-  using NodeUnprepareResourcesRequest = ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodeUnprepareResourcesRequest;
-  using NodeUnprepareResourcesResponse = ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodeUnprepareResourcesResponse;
+  using NodePrepareResourcesRequest =
+      ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodePrepareResourcesRequest;
+  using NodePrepareResourcesResponse =
+      ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodePrepareResourcesResponse;
+  using NodeUnprepareResourcesRequest =
+      ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodeUnprepareResourcesRequest;
+  using NodeUnprepareResourcesResponse =
+      ::k8s::io::kubelet::pkg::apis::dra::v1beta1::NodeUnprepareResourcesResponse;
   using DRAPlugin = ::k8s::io::kubelet::pkg::apis::dra::v1beta1::DRAPlugin;
 };
 
@@ -228,8 +242,12 @@ struct Driver::Served {
 
 Driver::Driver(gpu::GpuLayer* gpu, k8s::Client* api, HealthFn healthy,
                const kubelet::ChangeNotifier* health_changes, DriverOptions options)
-    : gpu_(gpu), api_(api), healthy_(std::move(healthy)), changes_(health_changes),
-      options_(std::move(options)), publisher_(api, options_.node_name, options_.driver) {}
+    : gpu_(gpu),
+      api_(api),
+      healthy_(std::move(healthy)),
+      changes_(health_changes),
+      options_(std::move(options)),
+      publisher_(api, options_.node_name, options_.driver) {}
 
 Driver::~Driver() { Stop(); }
 
@@ -276,7 +294,7 @@ absl::Status Driver::RefreshInventory() {
 absl::Status Driver::Start() {
   if (options_.node_name.empty()) return absl::InvalidArgumentError("DRA: no node name");
   if (!api_) return absl::InvalidArgumentError("DRA: no API server client");
-  RealFilesystem fs;
+  RootedFilesystem fs;
   {
     absl::MutexLock l(&mu_);
     RETURN_IF_ERROR(RefreshInventory());
@@ -417,17 +435,16 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
     absl::MutexLock l(&mu_);
     if (auto it = claims_.find(uid); it != claims_.end()) return it->second;  // idempotent
   }
-  auto claim = api_->Call("GET", absl::StrCat(kResourceApi, "/namespaces/", ns,
-                                              "/resourceclaims/", name));
+  auto claim =
+      api_->Call("GET", absl::StrCat(kResourceApi, "/namespaces/", ns, "/resourceclaims/", name));
   if (!claim.ok())
-    return absl::Status(claim.status().code(),
-                        absl::StrCat("reading ResourceClaim ", ns, "/", name, ": ",
-                                     claim.status().message()));
+    return absl::Status(claim.status().code(), absl::StrCat("reading ResourceClaim ", ns, "/", name,
+                                                            ": ", claim.status().message()));
   const nlohmann::json& c = *claim;
   if (c["metadata"].value("uid", "") != uid)
-    return absl::FailedPreconditionError(
-        absl::StrCat("ResourceClaim ", ns, "/", name, " has uid ", c["metadata"].value("uid", ""),
-                     ", not ", uid, " (deleted and created again?)"));
+    return absl::FailedPreconditionError(absl::StrCat("ResourceClaim ", ns, "/", name, " has uid ",
+                                                      c["metadata"].value("uid", ""), ", not ", uid,
+                                                      " (deleted and created again?)"));
   const nlohmann::json* alloc = nullptr;
   if (c.contains("status") && c["status"].contains("allocation") &&
       c["status"]["allocation"].contains("devices"))
@@ -469,13 +486,13 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
     std::string pool = r.value("pool", ""), device = r.value("device", "");
     std::string request = r.value("request", "");
     if (pool != options_.node_name)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ResourceClaim ", ns, "/", name, ": device ", device, " is from pool ", pool,
-          ", not this node's (", options_.node_name, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ResourceClaim ", ns, "/", name, ": device ", device, " is from pool ", pool,
+                       ", not this node's (", options_.node_name, ")"));
     auto at = by_name_.find(device);
     if (at == by_name_.end())
-      return absl::NotFoundError(absl::StrCat("ResourceClaim ", ns, "/", name, ": device ",
-                                              device, " is not on node ", options_.node_name,
+      return absl::NotFoundError(absl::StrCat("ResourceClaim ", ns, "/", name, ": device ", device,
+                                              " is not on node ", options_.node_name,
                                               " (any more)"));
     const DraDevice& d = devices_[at->second];
     if (healthy_ && !healthy_(d.gpu, d.mig))
@@ -500,14 +517,13 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
       }
     }
     if (lim.memory_bytes > static_cast<int64_t>(d.memory_bytes))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ResourceClaim ", ns, "/", name, ": memory limit ", lim.memory_bytes >> 20,
-          "Mi is more than device ", device, " has (", d.memory_bytes >> 20, "Mi)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ResourceClaim ", ns, "/", name, ": memory limit ", lim.memory_bytes >> 20,
+                       "Mi is more than device ", device, " has (", d.memory_bytes >> 20, "Mi)"));
     const runtime::CdiDevice* base = nullptr;
     for (const auto& bd : base_spec_.devices)
       if (bd.name == d.uuid) base = &bd;
-    if (!base)
-      return absl::InternalError(absl::StrCat("no CDI edits for ", d.uuid));
+    if (!base) return absl::InternalError(absl::StrCat("no CDI edits for ", d.uuid));
     runtime::CdiDevice cd;
     int n = used[device]++;
     cd.name = absl::StrCat(uid, "-", device, n ? absl::StrCat("-", n) : "");
@@ -518,7 +534,7 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
             "ResourceClaim ", ns, "/", name,
             ": more than one device with vGPU limits (a fractional claim takes one device)"));
       out.accounting_dir = absl::StrCat(options_.state_dir, "/claims/", uid);
-      RealFilesystem fs;
+      RootedFilesystem fs;
       RETURN_IF_ERROR(fs.MakeDirs(out.accounting_dir, 0700));
       std::string file = out.accounting_dir + "/accounting";
       // Containers of any user open it (the claim's pods are not known here); the directory is
@@ -567,7 +583,8 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
 }
 
 absl::Status Driver::Unprepare(const std::string& uid) {
-  if (!IsUid(uid)) return absl::InvalidArgumentError(absl::StrCat("claim uid \"", uid, "\": not valid"));
+  if (!IsUid(uid))
+    return absl::InvalidArgumentError(absl::StrCat("claim uid \"", uid, "\": not valid"));
   absl::MutexLock l(&mu_);
   auto it = claims_.find(uid);
   if (it == claims_.end()) return absl::OkStatus();  // never prepared, or already unprepared
@@ -593,19 +610,25 @@ std::string Driver::ClaimFile(const std::string& uid) const {
 absl::Status Driver::SaveClaim(const PreparedClaim& c) {
   nlohmann::json devs = nlohmann::json::array();
   for (const auto& d : c.devices)
-    devs.push_back({{"requests", d.requests}, {"pool", d.pool}, {"device", d.device},
+    devs.push_back({{"requests", d.requests},
+                    {"pool", d.pool},
+                    {"device", d.device},
                     {"cdiDeviceIDs", d.cdi_ids}});
   // The spec itself, so a CDI directory on tmpfs (lost at reboot) is rewritten at start.
-  nlohmann::json entry = {{"version", kCheckpointVersion}, {"uid", c.uid},
-                          {"namespace", c.ns},             {"name", c.name},
-                          {"devices", devs},               {"specFile", c.spec_file},
-                          {"accountingDir", c.accounting_dir}, {"spec", c.spec_text}};
+  nlohmann::json entry = {{"version", kCheckpointVersion},
+                          {"uid", c.uid},
+                          {"namespace", c.ns},
+                          {"name", c.name},
+                          {"devices", devs},
+                          {"specFile", c.spec_file},
+                          {"accountingDir", c.accounting_dir},
+                          {"spec", c.spec_text}};
   return WriteFileAtomic(ClaimFile(c.uid), entry.dump(), 0600);
 }
 
 absl::Status Driver::LoadCheckpoint() {
   std::string dir = options_.state_dir + "/prepared";
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(dir, 0700));
+  RETURN_IF_ERROR(RootedFilesystem().MakeDirs(dir, 0700));
   std::error_code ec;
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
     std::string path = f.path().string();
@@ -613,8 +636,9 @@ absl::Status Driver::LoadCheckpoint() {
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
     nlohmann::json e = nlohmann::json::parse(text, nullptr, false);
     if (!e.is_object() || e.value("version", 0) != kCheckpointVersion)
-      return absl::DataLossError(absl::StrCat(path, ": not a gpulet DRA claim checkpoint of version ",
-                                              kCheckpointVersion, "; move it away to forget the claim"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": not a gpulet DRA claim checkpoint of version ", kCheckpointVersion,
+                       "; move it away to forget the claim"));
     PreparedClaim c;
     try {
       c.uid = e.at("uid").get<std::string>();
@@ -634,7 +658,7 @@ absl::Status Driver::LoadCheckpoint() {
     } catch (const nlohmann::json::exception& ex) {
       return absl::DataLossError(absl::StrCat(path, ": ", ex.what()));
     }
-    if (!RealFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
+    if (!RootedFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));
       spdlog::info("DRA: rewrote the CDI spec of claim {}/{} from the checkpoint", c.ns, c.name);
     }
@@ -666,7 +690,8 @@ absl::Status Driver::WriteDeviceStatus(const PreparedClaim& c) {
     for (const auto& o : old)  // keep the transition time while the status does not change
       if (o.value("driver", "") == options_.driver && o.value("device", "") == d.device)
         for (const auto& cond : o.value("conditions", nlohmann::json::array()))
-          if (cond.value("type", "") == "Ready" && cond.value("status", "") == (bad ? "False" : "True"))
+          if (cond.value("type", "") == "Ready" &&
+              cond.value("status", "") == (bad ? "False" : "True"))
             since = cond.value("lastTransitionTime", since);
     devices.push_back(
         {{"driver", options_.driver},

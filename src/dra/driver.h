@@ -60,7 +60,7 @@ struct DriverOptions {
   runtime::CdiGenerateOptions cdi;  // driver root, hook: the device edits of the claim specs
   // Host path of the interposer library, mounted read-only into fractional claims' containers.
   std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
-  bool write_device_status = true;  // ResourceClaim status.devices with conditions
+  bool write_device_status = true;            // ResourceClaim status.devices with conditions
   absl::Duration resync = absl::Seconds(30);  // slice check even without a change signal
 };
 
@@ -122,7 +122,7 @@ class Driver {
   std::string ClaimFile(const std::string& uid) const;
   absl::Status RefreshInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteDeviceStatus(const PreparedClaim& c);
-  void WritePendingStatus();  // the claims prepared since the last call
+  void WritePendingStatus();              // the claims prepared since the last call
   void Loop(uint64_t seen, bool failed);  // `seen`: the health generation of the first sync
 
   gpu::GpuLayer* const gpu_;
@@ -136,7 +136,7 @@ class Driver {
   std::map<std::string, size_t> by_name_ ABSL_GUARDED_BY(mu_);
   runtime::CdiSpec base_spec_ ABSL_GUARDED_BY(mu_);  // device edits by UUID, shared edits
   std::map<std::string, PreparedClaim> claims_ ABSL_GUARDED_BY(mu_);  // by uid
-  std::set<std::string> unhealthy_ ABSL_GUARDED_BY(mu_);  // device names, as last synced
+  std::set<std::string> unhealthy_ ABSL_GUARDED_BY(mu_);       // device names, as last synced
   std::set<std::string> status_pending_ ABSL_GUARDED_BY(mu_);  // claims whose status to write
   absl::Mutex sync_mu_;  // one Sync at a time (publisher state)
   SlicePublisher publisher_ ABSL_GUARDED_BY(sync_mu_);

@@ -8,7 +8,9 @@ namespace gpulet::dra {
 using nlohmann::json;
 
 SlicePublisher::SlicePublisher(k8s::Client* api, std::string node, std::string driver)
-    : api_(api), node_(std::move(node)), driver_(std::move(driver)),
+    : api_(api),
+      node_(std::move(node)),
+      driver_(std::move(driver)),
       name_(absl::StrCat(node_, "-", driver_)) {}
 
 absl::Status SlicePublisher::Publish(const json& devices) {
@@ -60,19 +62,21 @@ absl::Status SlicePublisher::PublishOnce(const json& devices) {
   next["kind"] = "ResourceSlice";
   next["metadata"]["name"] = name_;
   if (!node_uid_.empty())
-    next["metadata"]["ownerReferences"] = json::array(
-        {{{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_}, {"uid", node_uid_},
-          {"controller", true}}});
+    next["metadata"]["ownerReferences"] = json::array({{{"apiVersion", "v1"},
+                                                        {"kind", "Node"},
+                                                        {"name", node_},
+                                                        {"uid", node_uid_},
+                                                        {"controller", true}}});
   // A new list is a new generation of the pool: the scheduler uses only the slices of the
   // highest generation it sees, so a device that left is never allocated from a stale slice.
-  next["spec"] = {{"driver", driver_},
-                  {"nodeName", node_},
-                  {"pool", {{"name", node_}, {"generation", exists ? generation_ + 1 : 1},
-                            {"resourceSliceCount", 1}}},
-                  {"devices", devices}};
-  absl::StatusOr<json> written =
-      exists ? api_->Call("PUT", absl::StrCat(base, "/", name_), &next)
-             : api_->Call("POST", base, &next);
+  next["spec"] = {
+      {"driver", driver_},
+      {"nodeName", node_},
+      {"pool",
+       {{"name", node_}, {"generation", exists ? generation_ + 1 : 1}, {"resourceSliceCount", 1}}},
+      {"devices", devices}};
+  absl::StatusOr<json> written = exists ? api_->Call("PUT", absl::StrCat(base, "/", name_), &next)
+                                        : api_->Call("POST", base, &next);
   if (!written.ok()) return written.status();
   generation_ = (*written)["spec"]["pool"].value("generation", int64_t{0});
   published_ = devices;

@@ -13,12 +13,18 @@ namespace gpulet::gpu {
 const char* PcieRelationName(PcieRelation r) {
   switch (r) {
     case PcieRelation::kSameBoard:
-    case PcieRelation::kSingleSwitch: return "PIX";
-    case PcieRelation::kMultiSwitch: return "PXB";
-    case PcieRelation::kHostBridge: return "PHB";
-    case PcieRelation::kSameNuma: return "NODE";
-    case PcieRelation::kCrossNuma: return "SYS";
-    default: return "N/A";
+    case PcieRelation::kSingleSwitch:
+      return "PIX";
+    case PcieRelation::kMultiSwitch:
+      return "PXB";
+    case PcieRelation::kHostBridge:
+      return "PHB";
+    case PcieRelation::kSameNuma:
+      return "NODE";
+    case PcieRelation::kCrossNuma:
+      return "SYS";
+    default:
+      return "N/A";
   }
 }
 
@@ -53,7 +59,8 @@ absl::StatusOr<std::unique_ptr<GpuLayer>> OpenGpuLayer(const GpuOptions& options
   if (o.sim_root.empty()) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("cannot create a temporary sim root: ", strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot create a temporary sim root: ", strerror(errno)));
     }
     o.sim_root = o.owned_dir = tmpl;
   } else {

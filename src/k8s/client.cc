@@ -68,7 +68,8 @@ absl::StatusOr<Endpoint> ParseServer(const std::string& server) {
   if (!port.empty() && (!absl::SimpleAtoi(port, &e.port) || e.port <= 0 || e.port > 65535)) {
     return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": bad port"));
   }
-  if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": no host"));
+  if (rest.empty())
+    return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": no host"));
   e.host = rest;
   return e;
 }
@@ -91,8 +92,8 @@ absl::Status StatusFromHttp(int code, const std::string& body, const std::string
     message = j.value("message", message);
     reason = j.value("reason", "");
   }
-  std::string text = absl::StrCat(what, ": HTTP ", code, reason.empty() ? "" : " ", reason, ": ",
-                                  message);
+  std::string text =
+      absl::StrCat(what, ": HTTP ", code, reason.empty() ? "" : " ", reason, ": ", message);
   switch (code) {
     case 400:
     case 422:
@@ -172,7 +173,8 @@ std::string QueryString(const ListOptions& opts, bool watch) {
   if (watch) {
     parts.push_back("watch=true");
     parts.push_back("allowWatchBookmarks=true");
-    if (opts.timeout_seconds > 0) parts.push_back(absl::StrCat("timeoutSeconds=", opts.timeout_seconds));
+    if (opts.timeout_seconds > 0)
+      parts.push_back(absl::StrCat("timeoutSeconds=", opts.timeout_seconds));
   }
   if (parts.empty()) return "";
   std::string q = "?";
@@ -221,8 +223,8 @@ absl::StatusOr<json> Client::Call(const std::string& method, const std::string& 
     bool retry = false;
     std::chrono::milliseconds wait = backoff;
     if (!r) {
-      last = absl::UnavailableError(absl::StrCat(what, ": cannot reach API server ",
-                                                 config_.server, ": ", httplib::to_string(r.error())));
+      last = absl::UnavailableError(absl::StrCat(what, ": cannot reach API server ", config_.server,
+                                                 ": ", httplib::to_string(r.error())));
       retry = true;
     } else if (r->status >= 200 && r->status < 300) {
       if (r->body.empty()) return json::object();
@@ -258,8 +260,7 @@ absl::StatusOr<json> Client::ListPods(const std::string& ns, const ListOptions& 
 absl::StatusOr<json> Client::PatchPod(const std::string& ns, const std::string& name,
                                       PatchType type, const json& patch) {
   return Call("PATCH", absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name)),
-              &patch,
-              ContentType(type));
+              &patch, ContentType(type));
 }
 
 absl::Status Client::CreateBinding(const std::string& ns, const std::string& name,
@@ -283,8 +284,7 @@ absl::StatusOr<json> Client::ListNodes(const ListOptions& opts) {
   return Call("GET", "/api/v1/nodes" + QueryString(opts, false));
 }
 
-absl::StatusOr<json> Client::PatchNode(const std::string& name, PatchType type,
-                                       const json& patch) {
+absl::StatusOr<json> Client::PatchNode(const std::string& name, PatchType type, const json& patch) {
   return Call("PATCH", "/api/v1/nodes/" + Encode(name), &patch, ContentType(type));
 }
 
@@ -304,8 +304,8 @@ json MakeEvent(const json& involved, const std::string& type, const std::string&
   std::string kind = involved.value("kind", "");
   std::string name = md.value("name", "");
   std::string ns = md.value("namespace", "");
-  std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(clock->UnixSeconds()),
-                                    absl::UTCTimeZone());
+  std::string ts = absl::FormatTime(
+      "%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(clock->UnixSeconds()), absl::UTCTimeZone());
   // The suffix only has to be unique per involved object: real nanoseconds since the epoch in hex
   // (not the injected clock, which tests may freeze) plus a per-process counter.
   static std::atomic<uint32_t> seq{0};
@@ -318,8 +318,8 @@ json MakeEvent(const json& involved, const std::string& type, const std::string&
   if (!host.empty()) source["host"] = host;
   return {{"apiVersion", "v1"},
           {"kind", "Event"},
-          {"metadata", {{"name", absl::StrCat(name, ".", suffix)},
-                        {"namespace", ns.empty() ? "default" : ns}}},
+          {"metadata",
+           {{"name", absl::StrCat(name, ".", suffix)}, {"namespace", ns.empty() ? "default" : ns}}},
           {"involvedObject", ref},
           {"type", type},
           {"reason", reason},
@@ -338,8 +338,8 @@ absl::Status Client::Watch(const std::string& collection_path, const ListOptions
   if (cancelled_) return absl::CancelledError("watch cancelled");
   auto cli = MakeHttp(config_, ep, tls_->cert, tls_->key);
   // A watch is quiet for long stretches; the server ends it after timeoutSeconds.
-  cli->set_read_timeout(std::chrono::seconds(opts.timeout_seconds > 0 ? opts.timeout_seconds + 30
-                                                                       : 3600));
+  cli->set_read_timeout(
+      std::chrono::seconds(opts.timeout_seconds > 0 ? opts.timeout_seconds + 30 : 3600));
   {
     std::lock_guard<std::mutex> l(watches_mu_);
     watches_.push_back(cli.get());
@@ -390,8 +390,8 @@ absl::Status Client::Watch(const std::string& collection_path, const ListOptions
     return StatusFromHttp(status, buf, absl::StrCat("watch ", collection_path));
   }
   if (!r) {
-    return absl::UnavailableError(absl::StrCat("watch ", collection_path, ": ",
-                                               httplib::to_string(r.error())));
+    return absl::UnavailableError(
+        absl::StrCat("watch ", collection_path, ": ", httplib::to_string(r.error())));
   }
   return absl::OkStatus();
 }
@@ -440,9 +440,7 @@ absl::StatusOr<Config> LoadKubeconfig(const std::string& path, const std::string
     }
     return YAML::Node();
   };
-  auto where = [&](const YAML::Node& n) {
-    return absl::StrCat(path, ":", n.Mark().line + 1);
-  };
+  auto where = [&](const YAML::Node& n) { return absl::StrCat(path, ":", n.Mark().line + 1); };
   try {
     std::string ctx_name = context.empty() ? root["current-context"].as<std::string>("") : context;
     if (ctx_name.empty()) {
@@ -450,7 +448,8 @@ absl::StatusOr<Config> LoadKubeconfig(const std::string& path, const std::string
     }
     YAML::Node ctx = find("contexts", ctx_name);
     if (!ctx || !ctx["context"]) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": context \"", ctx_name, "\" not found"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": context \"", ctx_name, "\" not found"));
     }
     std::string cluster_name = ctx["context"]["cluster"].as<std::string>("");
     std::string user_name = ctx["context"]["user"].as<std::string>("");
@@ -483,15 +482,18 @@ absl::StatusOr<Config> LoadKubeconfig(const std::string& path, const std::string
       }
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(data_or_file(cl, "certificate-authority-data", "certificate-authority", &c.ca_pem));
+    RETURN_IF_ERROR(
+        data_or_file(cl, "certificate-authority-data", "certificate-authority", &c.ca_pem));
     if (YAML::Node user = find("users", user_name); user && user["user"]) {
       const YAML::Node u = user["user"];
       c.token = u["token"].as<std::string>("");
       if (c.token.empty() && u["tokenFile"]) {
         ASSIGN_OR_RETURN(c.token, ReadFileToString(u["tokenFile"].as<std::string>("")));
-        while (!c.token.empty() && isspace(static_cast<unsigned char>(c.token.back()))) c.token.pop_back();
+        while (!c.token.empty() && isspace(static_cast<unsigned char>(c.token.back())))
+          c.token.pop_back();
       }
-      RETURN_IF_ERROR(data_or_file(u, "client-certificate-data", "client-certificate", &c.client_cert_pem));
+      RETURN_IF_ERROR(
+          data_or_file(u, "client-certificate-data", "client-certificate", &c.client_cert_pem));
       RETURN_IF_ERROR(data_or_file(u, "client-key-data", "client-key", &c.client_key_pem));
     }
     return c;
@@ -511,7 +513,7 @@ absl::StatusOr<Config> ResolveConfig(const std::string& kubeconfig_flag) {
   if (in_cluster.ok()) return in_cluster;
   if (const char* home = std::getenv("HOME"); home && *home) {
     std::string p = absl::StrCat(home, "/.kube/config");
-    if (RealFilesystem().Exists(p)) return LoadKubeconfig(p);
+    if (PathExists(p)) return LoadKubeconfig(p);
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "no Kubernetes API configuration: give --kubeconfig, set KUBECONFIG, or run in a cluster (",
@@ -520,8 +522,8 @@ absl::StatusOr<Config> ResolveConfig(const std::string& kubeconfig_flag) {
 
 // ---- Reflector ----
 
-Reflector::Reflector(Client* client, std::string collection_path, ListOptions opts,
-                     SyncFn on_sync, EventFn on_event)
+Reflector::Reflector(Client* client, std::string collection_path, ListOptions opts, SyncFn on_sync,
+                     EventFn on_event)
     : client_(client),
       path_(std::move(collection_path)),
       opts_(std::move(opts)),
@@ -531,7 +533,9 @@ Reflector::Reflector(Client* client, std::string collection_path, ListOptions op
 
 Reflector::~Reflector() { Stop(); }
 
-void Reflector::Start() { thread_ = std::thread([this] { Run(); }); }
+void Reflector::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void Reflector::Stop() {
   stop_ = true;
@@ -551,9 +555,8 @@ bool Reflector::WaitSynced(std::chrono::milliseconds timeout) {
 void Reflector::Run() {
   auto backoff = std::chrono::milliseconds(50);
   while (!stop_) {
-    auto list = client_->Call("GET", path_ + QueryString(ListOptions{opts_.label_selector,
-                                                                     opts_.field_selector},
-                                                         false));
+    auto list = client_->Call(
+        "GET", path_ + QueryString(ListOptions{opts_.label_selector, opts_.field_selector}, false));
     if (!list.ok()) {
       spdlog::warn("list {}: {}", path_, list.status().ToString());
       std::this_thread::sleep_for(backoff);

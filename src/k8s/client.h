@@ -4,9 +4,9 @@
 //
 // Errors map HTTP codes onto absl codes (404 NotFound, 409 AlreadyExists/Aborted, 400/422
 // InvalidArgument, 401 Unauthenticated, 403 PermissionDenied, 410 FailedPrecondition "expired",
-// 429 ResourceExhausted, 5xx/transport Unavailable); the message carries the server's Status.message.
-// Calls are retried with exponential backoff on 409 Conflict (not AlreadyExists), 429 (honouring
-// Retry-After) and 5xx / transport errors.
+// 429 ResourceExhausted, 5xx/transport Unavailable); the message carries the server's
+// Status.message. Calls are retried with exponential backoff on 409 Conflict (not AlreadyExists),
+// 429 (honouring Retry-After) and 5xx / transport errors.
 //
 // Thread-safety: Client is thread-safe (each call uses its own connection). Watch runs on the
 // caller's thread until the handler returns false, the server ends it, or Cancel() is called.
@@ -36,10 +36,10 @@ struct Config {
   std::string client_cert_pem;  // client certificate auth (kubeconfig), with client_key_pem
   std::string client_key_pem;
   bool insecure_skip_verify = false;
-  int max_attempts = 5;                                        // per call, including the first
-  std::chrono::milliseconds initial_backoff{100};              // doubles per retry
+  int max_attempts = 5;                            // per call, including the first
+  std::chrono::milliseconds initial_backoff{100};  // doubles per retry
   std::chrono::milliseconds max_backoff{5000};
-  std::chrono::seconds timeout{30};                            // connect/read for plain calls
+  std::chrono::seconds timeout{30};  // connect/read for plain calls
 };
 
 // In-cluster config: KUBERNETES_SERVICE_HOST/PORT and the service-account token and CA under
@@ -85,13 +85,12 @@ class Client {
   absl::StatusOr<json> PatchPod(const std::string& ns, const std::string& name, PatchType type,
                                 const json& patch);
   // POST pods/<name>/binding. `uid` (may be empty) guards against binding a re-created pod.
-  absl::Status CreateBinding(const std::string& ns, const std::string& name,
-                             const std::string& uid, const std::string& node);
+  absl::Status CreateBinding(const std::string& ns, const std::string& name, const std::string& uid,
+                             const std::string& node);
   absl::StatusOr<json> GetNode(const std::string& name);
   absl::StatusOr<json> ListNodes(const ListOptions& opts = {});
   absl::StatusOr<json> PatchNode(const std::string& name, PatchType type, const json& patch);
-  absl::StatusOr<json> PatchNodeStatus(const std::string& name, PatchType type,
-                                       const json& patch);
+  absl::StatusOr<json> PatchNodeStatus(const std::string& name, PatchType type, const json& patch);
   // POST a core/v1 Event into `ns` (an event about a cluster-scoped object such as a Node goes
   // to "default", as kubectl shows it). Returns the created object. Build it with MakeEvent().
   absl::StatusOr<json> CreateEvent(const std::string& ns, const json& event);

@@ -61,7 +61,7 @@ struct GuardedServer::Conn {
   Clock::time_point request_started;  // first byte of the request being received
   bool busy = false;                  // queued for or held by a worker
   int served = 0;
-  std::string in;   // received bytes; a worker consumes from `pos`
+  std::string in;  // received bytes; a worker consumes from `pos`
   size_t pos = 0;
 };
 
@@ -146,7 +146,7 @@ class BufferStream : public httplib::Stream {
           continue;
         }
         int e = SSL_get_error(ssl_, n);
-        if (e == SSL_ERROR_WANT_WRITE ? !WaitFd(fd_, POLLOUT, deadline_)
+        if (e == SSL_ERROR_WANT_WRITE  ? !WaitFd(fd_, POLLOUT, deadline_)
             : e == SSL_ERROR_WANT_READ ? !WaitFd(fd_, POLLIN, deadline_)
                                        : true) {
           return -1;
@@ -477,8 +477,7 @@ void GuardedServer::Serve(Conn* c) {
     bool last = stopping_ || c->served >= limits_.max_requests_per_connection;
     bool closed = false;
     SSL* ssl = c->ssl;
-    bool ok = process_request(strm, last, closed,
-                              [ssl](httplib::Request& req) { req.ssl = ssl; });
+    bool ok = process_request(strm, last, closed, [ssl](httplib::Request& req) { req.ssl = ssl; });
     std::lock_guard<std::mutex> l(mu_);
     // Drop what the request consumed.
     buffered_ -= c->pos;
@@ -503,9 +502,9 @@ absl::StatusOr<SSL_CTX*> ServerTlsContext(const std::string& cert_pem, const std
                                           const std::string& client_ca_pem) {
   SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
   if (!ctx) return absl::InternalError("OpenSSL: cannot create a TLS context");
-  auto fail = [ctx](std::string why) {
+  auto fail = [ctx](const std::string& why) {
     SSL_CTX_free(ctx);
-    return absl::InvalidArgumentError(std::move(why));
+    return absl::InvalidArgumentError(why);
   };
   // Explicitly, whatever the system's OpenSSL defaults: no TLS 1.0/1.1 (item of the hardening).
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);

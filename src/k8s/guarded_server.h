@@ -41,7 +41,7 @@ namespace gpulet::k8s {
 
 struct ServerLimits {
   size_t max_body_bytes = 1 << 20;
-  size_t max_header_bytes = 64 << 10;  // request line and headers
+  size_t max_header_bytes = 64 << 10;               // request line and headers
   std::chrono::milliseconds request_timeout{5000};  // handshake + one request, first byte to last
   std::chrono::milliseconds idle_timeout{30000};    // keep-alive wait for the next request
   int workers = 8;

@@ -97,8 +97,8 @@ std::string CertPem(X509* cert) {
 
 int NoPassphrase(char*, int, int, void*) { return -1; }
 
-absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names,
-                                              int valid_days, const std::string& usage) {
+absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& names, int valid_days,
+                                              const std::string& usage) {
   if (names.empty()) return absl::InvalidArgumentError("certificate needs at least one name");
   PKey ca_key(EVP_EC_gen("P-256"));
   PKey key(EVP_EC_gen("P-256"));
@@ -112,11 +112,11 @@ absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& na
   // The CA only signs this one leaf (pathlen 0) and its key is dropped right after; the leaf may
   // not sign anything (CA:FALSE), so a stolen serving key cannot mint certificates the API server
   // would trust.
-  ASSIGN_OR_RETURN(Cert ca, Issue(ca_key.get(), "gpulet self-issued CA", nullptr, nullptr,
-                                  valid_days + 1,
-                                  {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
-                                   {NID_key_usage, "critical,keyCertSign,cRLSign"},
-                                   {NID_subject_key_identifier, "hash"}}));
+  ASSIGN_OR_RETURN(Cert ca,
+                   Issue(ca_key.get(), "gpulet self-issued CA", nullptr, nullptr, valid_days + 1,
+                         {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+                          {NID_key_usage, "critical,keyCertSign,cRLSign"},
+                          {NID_subject_key_identifier, "hash"}}));
   auto leaf = Issue(key.get(), names[0], ca.get(), ca_key.get(), valid_days,
                     {{NID_subject_alt_name, san},
                      {NID_basic_constraints, "critical,CA:FALSE"},
@@ -167,13 +167,16 @@ absl::StatusOr<std::unique_ptr<CertReloader>> CertReloader::Load(
   ASSIGN_OR_RETURN(auto pair, Parse(cert_file, key_file));
   std::unique_ptr<CertReloader> r(
       new CertReloader(std::move(cert_file), std::move(key_file), check_interval));
-  r->current_ = std::move(pair);
-  r->checked_ = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&r->mu_);
+    r->current_ = std::move(pair);
+    r->checked_ = std::chrono::steady_clock::now();
+  }
   return r;
 }
 
 absl::StatusOr<bool> CertReloader::ReloadIfChanged() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   checked_ = std::chrono::steady_clock::now();
   auto cert = ReadFileToString(cert_file_);
   auto key = ReadFileToString(key_file_);
@@ -197,12 +200,12 @@ int CertReloader::OnHandshake(ssl_st* ssl, void* arg) {
   std::shared_ptr<const Pair> pair;
   bool check;
   {
-    std::lock_guard<std::mutex> lock(self->mu_);
+    absl::MutexLock lock(&self->mu_);
     check = std::chrono::steady_clock::now() - self->checked_ >= self->interval_;
   }
   if (check) (void)self->ReloadIfChanged();  // a refused pair is in last_error(); keep serving
   {
-    std::lock_guard<std::mutex> lock(self->mu_);
+    absl::MutexLock lock(&self->mu_);
     pair = self->current_;
   }
   // The connection takes its own references: a later rotation cannot free them under it.
@@ -212,18 +215,20 @@ int CertReloader::OnHandshake(ssl_st* ssl, void* arg) {
              : 0;
 }
 
-void CertReloader::Install(ssl_ctx_st* ctx) { SSL_CTX_set_cert_cb(ctx, &CertReloader::OnHandshake, this); }
+void CertReloader::Install(ssl_ctx_st* ctx) {
+  SSL_CTX_set_cert_cb(ctx, &CertReloader::OnHandshake, this);
+}
 
 std::string CertReloader::cert_pem() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return current_->cert_pem;
 }
 int CertReloader::reloads() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return reloads_;
 }
 std::string CertReloader::last_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_error_;
 }
 

@@ -7,11 +7,12 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
@@ -39,8 +40,8 @@ int NoPassphrase(char* buf, int size, int rwflag, void* userdata);
 bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within);
 
 // A serving certificate read from PEM files and read again when they change (cert-manager renewing
-// its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX as
-// the certificate callback: every new TLS handshake takes the current pair, connections already
+// its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX
+// as the certificate callback: every new TLS handshake takes the current pair, connections already
 // established keep the one they negotiated, so a rotation drops no request. Files are checked at
 // most once per `check_interval`, on a handshake; new files that do not parse or whose key does not
 // match the certificate are refused (the old pair keeps serving; last_error() says why) and tried
@@ -70,11 +71,11 @@ class CertReloader {
 
   const std::string cert_file_, key_file_;
   const std::chrono::milliseconds interval_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const Pair> current_;
-  std::chrono::steady_clock::time_point checked_{};
-  int reloads_ = 0;
-  std::string last_error_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Pair> current_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point checked_ ABSL_GUARDED_BY(mu_){};
+  int reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpulet::k8s

@@ -14,8 +14,8 @@ namespace gpulet::kubelet {
 absl::StatusOr<std::vector<PodDevice>> GrpcPodResourcesLister::List() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);  // thousands of pods fit; the kubelet's own cap is 16M
-  auto channel =
-      grpc::CreateCustomChannel("unix://" + options_.socket, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel("unix://" + options_.socket,
+                                           grpc::InsecureChannelCredentials(), args);
   auto stub = v1::PodResourcesLister::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
@@ -65,20 +65,14 @@ std::optional<DeviceRef> ResolveDeviceId(const gpu::Inventory& inv, std::string_
     return std::nullopt;
   }
   // Index forms: "3" or "3:1".
-  absl::string_view gpu_part = id, mig_part;
-  if (size_t p = id.find(':'); p != absl::string_view::npos) {
-    gpu_part = id.substr(0, p);
-    mig_part = id.substr(p + 1);
-  }
-  uint32_t gpu_index = 0, mig_index = 0;
-  if (!absl::SimpleAtoi(gpu_part, &gpu_index)) return std::nullopt;
-  if (!mig_part.empty() && !absl::SimpleAtoi(mig_part, &mig_index)) return std::nullopt;
+  auto name = gpu::ParseIndexName(std::string_view(id.data(), id.size()));
+  if (!name) return std::nullopt;
   for (size_t i = 0; i < inv.devices.size(); ++i) {
-    if (inv.devices[i].index != gpu_index) continue;
-    if (mig_part.empty()) return DeviceRef{i, -1};
+    if (inv.devices[i].index != name->gpu) continue;
+    if (!name->mig) return DeviceRef{i, -1};
     const auto& migs = inv.devices[i].mig_devices;
     for (size_t m = 0; m < migs.size(); ++m) {
-      if (migs[m].index == mig_index) return DeviceRef{i, static_cast<int>(m)};
+      if (migs[m].index == *name->mig) return DeviceRef{i, static_cast<int>(m)};
     }
   }
   return std::nullopt;

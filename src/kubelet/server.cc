@@ -1,6 +1,8 @@
 #include "kubelet/server.h"
 
+#include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,9 +11,6 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
-
-#include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -96,7 +95,8 @@ class PluginServer final : public v1beta1::DevicePlugin::Service {
   }
 
   absl::Status Register(const std::string& kubelet_socket, absl::Duration timeout) {
-    auto channel = grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel("unix:" + kubelet_socket, grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(channel);
     v1beta1::RegisterRequest req;
     req.set_version("v1beta1");
@@ -293,7 +293,8 @@ void PluginManager::Run() {
     }
     Tick();
     // Sleep until something happens in the directory, or one poll interval. The inotify events
-    // only wake us; Tick() decides from what is on disk, so a missed or coalesced event is harmless.
+    // only wake us; Tick() decides from what is on disk, so a missed or coalesced event is
+    // harmless.
     struct pollfd p = {inotify_fd_, POLLIN, 0};
     int ms = static_cast<int>(absl::ToInt64Milliseconds(options_.poll_interval));
     if (::poll(&p, inotify_fd_ >= 0 ? 1 : 0, ms) > 0) {
@@ -318,20 +319,21 @@ void PluginManager::Tick() {
     if (kubelet_wait_since_ == absl::InfiniteFuture()) kubelet_wait_since_ = now;
     if (now >= next_wait_log_) {
       absl::Duration waited = absl::Trunc(now - kubelet_wait_since_, absl::Seconds(1));
-      spdlog::info("waiting for the kubelet: {} does not exist yet ({}serving {} resource(s) "
-                   "meanwhile, registering as soon as it appears)",
-                   kubelet_sock,
-                   waited > absl::ZeroDuration()
-                       ? absl::StrCat("waited ", absl::FormatDuration(waited), "; ")
-                       : "",
-                   entries.size());
+      spdlog::info(
+          "waiting for the kubelet: {} does not exist yet ({}serving {} resource(s) "
+          "meanwhile, registering as soon as it appears)",
+          kubelet_sock,
+          waited > absl::ZeroDuration()
+              ? absl::StrCat("waited ", absl::FormatDuration(waited), "; ")
+              : "",
+          entries.size());
       next_wait_log_ = now + wait_log_step_;
       wait_log_step_ = std::min(wait_log_step_ * 2, absl::Minutes(1));
     }
   } else if (kubelet_wait_since_ != absl::InfiniteFuture()) {
     spdlog::info("the kubelet appeared at {} after {}", kubelet_sock,
-                 absl::FormatDuration(absl::Trunc(absl::Now() - kubelet_wait_since_,
-                                                  absl::Milliseconds(1))));
+                 absl::FormatDuration(
+                     absl::Trunc(absl::Now() - kubelet_wait_since_, absl::Milliseconds(1))));
     kubelet_wait_since_ = absl::InfiniteFuture();
     next_wait_log_ = absl::InfinitePast();
     wait_log_step_ = absl::Seconds(1);

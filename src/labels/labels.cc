@@ -1,5 +1,6 @@
 #include "labels/labels.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -16,18 +17,29 @@ constexpr char P[] = "nvidia.com/";
 // gpu-feature-discovery's architecture family by compute capability.
 std::string Family(int major, int minor) {
   switch (major) {
-    case 1: return "tesla";
-    case 2: return "fermi";
-    case 3: return "kepler";
-    case 5: return "maxwell";
-    case 6: return "pascal";
-    case 7: return minor < 5 ? "volta" : "turing";
-    case 8: return minor < 9 ? "ampere" : "ada-lovelace";
-    case 9: return "hopper";
+    case 1:
+      return "tesla";
+    case 2:
+      return "fermi";
+    case 3:
+      return "kepler";
+    case 5:
+      return "maxwell";
+    case 6:
+      return "pascal";
+    case 7:
+      return minor < 5 ? "volta" : "turing";
+    case 8:
+      return minor < 9 ? "ampere" : "ada-lovelace";
+    case 9:
+      return "hopper";
     case 10:
-    case 12: return "blackwell";
-    case 13: return "rubin";
-    default: return "undefined";
+    case 12:
+      return "blackwell";
+    case 13:
+      return "rubin";
+    default:
+      return "undefined";
   }
 }
 
@@ -61,20 +73,20 @@ std::string SanitizeLabelValue(const std::string& s) {
 
 absl::Status ValidateOptions(const LabelOptions& o) {
   if (o.mig_strategy != "none" && o.mig_strategy != "single" && o.mig_strategy != "mixed") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--mig-strategy '", o.mig_strategy, "': expected none, single or mixed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mig-strategy '", o.mig_strategy, "': expected none, single or mixed"));
   }
   if (o.sharing_strategy != "none" && o.sharing_strategy != "time-slicing" &&
       o.sharing_strategy != "mps") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--sharing-strategy '", o.sharing_strategy, "': expected none, time-slicing or mps"));
+    return absl::InvalidArgumentError(absl::StrCat("--sharing-strategy '", o.sharing_strategy,
+                                                   "': expected none, time-slicing or mps"));
   }
   if (o.replicas < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--replicas ", o.replicas, ": must be >= 0"));
   }
   if (o.replicas > 1 && o.sharing_strategy == "none") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--replicas ", o.replicas, " needs --sharing-strategy time-slicing or mps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replicas ", o.replicas, " needs --sharing-strategy time-slicing or mps"));
   }
   return absl::OkStatus();
 }
@@ -110,13 +122,16 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   }
   if (o.timestamp) set("gfd.timestamp", absl::StrCat(unix_now));
   if (!o.machine_type.empty()) set("gpu.machine", SanitizeLabelValue(o.machine_type));
-  if (inv.devices.empty()) {
+  // A GPU NVML could not read (lost) has no name or UUID to label: GFD does not see it either.
+  auto readable = std::find_if(inv.devices.begin(), inv.devices.end(),
+                               [](const gpu::Device& d) { return d.Readable(); });
+  if (readable == inv.devices.end()) {
     set("gpu.count", "0");
     return l;
   }
 
   // GFD assumes a homogeneous node and describes it by its first GPU.
-  const gpu::Device& first = inv.devices.front();
+  const gpu::Device& first = *readable;
   set("gpu.compute.major", absl::StrCat(first.cc_major));
   set("gpu.compute.minor", absl::StrCat(first.cc_minor));
   set("gpu.family", Family(first.cc_major, first.cc_minor));
@@ -137,6 +152,7 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
   std::vector<const gpu::Device*> full;
   std::vector<const gpu::MigDevice*> migs;
   for (const gpu::Device& d : inv.devices) {
+    if (!d.Readable()) continue;
     if (d.mig_enabled && o.mig_strategy != "none") {
       for (const gpu::MigDevice& m : d.mig_devices) migs.push_back(&m);
     } else {
@@ -190,7 +206,8 @@ std::string FormatFeatureFile(const Labels& labels) {
   return out;
 }
 
-absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Labels& labels) {
+absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path,
+                              const Labels& labels) {
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     absl::Status st = fs.MakeDirs(path.substr(0, slash));
@@ -199,7 +216,7 @@ absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Lab
   return fs.WriteFileAtomic(path, FormatFeatureFile(labels), 0644);
 }
 
-LabelRefresher::LabelRefresher(gpu::GpuLayer* gpu, Filesystem* fs, std::string path,
+LabelRefresher::LabelRefresher(gpu::GpuLayer* gpu, const RootedFilesystem* fs, std::string path,
                                LabelOptions options, std::chrono::milliseconds interval,
                                Clock* clock)
     : gpu_(gpu),

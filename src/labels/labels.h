@@ -44,7 +44,8 @@ Labels GenerateLabels(const gpu::Inventory& inventory, const LabelOptions& optio
 std::string FormatFeatureFile(const Labels& labels);
 
 // Creates the parent directory if needed and replaces `path` atomically.
-absl::Status WriteFeatureFile(Filesystem& fs, const std::string& path, const Labels& labels);
+absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path,
+                              const Labels& labels);
 
 // GFD's sanitising of a model name: characters outside [A-Za-z0-9-_. ] dropped, spaces -> '-'.
 std::string SanitizeLabelValue(const std::string& s);
@@ -53,8 +54,8 @@ std::string SanitizeLabelValue(const std::string& s);
 // --sleep-interval). Thread-safe; owns its thread; `gpu` and `fs` must outlive it.
 class LabelRefresher {
  public:
-  LabelRefresher(gpu::GpuLayer* gpu, Filesystem* fs, std::string path, LabelOptions options,
-                 std::chrono::milliseconds interval, Clock* clock = nullptr);
+  LabelRefresher(gpu::GpuLayer* gpu, const RootedFilesystem* fs, std::string path,
+                 LabelOptions options, std::chrono::milliseconds interval, Clock* clock = nullptr);
   ~LabelRefresher();
   // One refresh: inventory -> labels -> atomic write. Errors name the file or the GPU layer.
   absl::Status WriteOnce();
@@ -65,7 +66,7 @@ class LabelRefresher {
 
  private:
   gpu::GpuLayer* gpu_;
-  Filesystem* fs_;
+  const RootedFilesystem* fs_;
   std::string path_;
   LabelOptions options_ ABSL_GUARDED_BY(mu_);
   std::chrono::milliseconds interval_;

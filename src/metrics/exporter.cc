@@ -31,9 +31,9 @@ absl::StatusOr<unsigned> ParseFamilies(const std::string& list) {
     } else if (part == "gpu-manager") {
       out |= kGpuManagerFamilies;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--families: unknown family set '", part, "' (known: gpulet, dcgm, nvidia-smi, "
-          "gpu-manager)"));
+      return absl::InvalidArgumentError(absl::StrCat("--families: unknown family set '", part,
+                                                     "' (known: gpulet, dcgm, nvidia-smi, "
+                                                     "gpu-manager)"));
     }
   }
   if (out == 0) return absl::InvalidArgumentError("--families: empty list");

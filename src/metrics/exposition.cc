@@ -1,10 +1,10 @@
 #include "metrics/exposition.h"
 
+#include <zlib.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-
-#include <zlib.h>
 
 #include "absl/strings/ascii.h"
 
@@ -30,8 +30,10 @@ bool AcceptsGzip(std::string_view header) {
     size_t semi = item.find(';');
     std::string_view coding = item.substr(0, semi), params;
     if (semi != std::string_view::npos) params = item.substr(semi + 1);
-    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.remove_prefix(1);
-    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.remove_suffix(1);
+    while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t'))
+      coding.remove_prefix(1);
+    while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t'))
+      coding.remove_suffix(1);
     if (coding != "gzip" && coding != "x-gzip") continue;
     // "q=0", "q=0.0", "q=0.000": explicitly refused (RFC 9110 12.4.2).
     size_t q = params.find("q=");
@@ -96,10 +98,10 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
   for (size_t k = 1; k < n; ++k) {
     if ((b(i + k) & 0xC0) != 0x80) return 0;
   }
-  if (n == 2 && c < 0xC2) return 0;                          // overlong
-  if (n == 3 && c == 0xE0 && b(i + 1) < 0xA0) return 0;      // overlong
-  if (n == 3 && c == 0xED && b(i + 1) >= 0xA0) return 0;     // surrogate
-  if (n == 4 && c == 0xF0 && b(i + 1) < 0x90) return 0;      // overlong
+  if (n == 2 && c < 0xC2) return 0;                                       // overlong
+  if (n == 3 && c == 0xE0 && b(i + 1) < 0xA0) return 0;                   // overlong
+  if (n == 3 && c == 0xED && b(i + 1) >= 0xA0) return 0;                  // surrogate
+  if (n == 4 && c == 0xF0 && b(i + 1) < 0x90) return 0;                   // overlong
   if (n == 4 && (c > 0xF4 || (c == 0xF4 && b(i + 1) >= 0x90))) return 0;  // > U+10FFFF
   return n;
 }

@@ -88,27 +88,27 @@ std::optional<double> GpmInstance(const DeviceSample& d, const gpu::MigDevice& m
 
 #define FACT(field, scale) \
   +[](const DeviceSample& d) { return Fact(d, &gpu::DeviceFacts::field, scale); }
-#define FLAG(field) \
-  +[](const DeviceSample& d) -> std::optional<double> { \
+#define FLAG(field)                                               \
+  +[](const DeviceSample& d) -> std::optional<double> {           \
     return d.telemetry ? Flag(d.telemetry->field) : std::nullopt; \
   }
 #define REASON(bit) +[](const DeviceSample& d) { return ReasonBit(d, bit); }
-#define ARRAY(field, i, j) \
-  +[](const DeviceSample& d) -> std::optional<double> { \
+#define ARRAY(field, i, j)                                              \
+  +[](const DeviceSample& d) -> std::optional<double> {                 \
     if (!d.telemetry || !d.telemetry->field[i][j]) return std::nullopt; \
-    return static_cast<double>(*d.telemetry->field[i][j]); \
+    return static_cast<double>(*d.telemetry->field[i][j]);              \
   }
-#define HISTOGRAM(i) \
-  +[](const DeviceSample& d) -> std::optional<double> { \
+#define HISTOGRAM(i)                                                           \
+  +[](const DeviceSample& d) -> std::optional<double> {                        \
     if (!d.telemetry || !d.telemetry->remap_histogram[i]) return std::nullopt; \
-    return *d.telemetry->remap_histogram[i]; \
+    return *d.telemetry->remap_histogram[i];                                   \
   }
 // GPU-level value, and the per-GPU-instance one on MIG-enabled GPUs.
-#define GPM(field) \
+#define GPM(field)                                                                 \
   +[](const DeviceSample& d) { return GpmGpu(d, &gpu::GpmMetrics::field); }, true, \
-  +[](const DeviceSample& d, const gpu::MigDevice& m) { \
-    return GpmInstance(d, m, &gpu::GpmMetrics::field); \
-  }
+      +[](const DeviceSample& d, const gpu::MigDevice& m) {                        \
+        return GpmInstance(d, m, &gpu::GpmMetrics::field);                         \
+      }
 
 #define TEL(field, scale) \
   +[](const DeviceSample& d) { return Tel(d, &gpu::Telemetry::field, scale); }
@@ -214,10 +214,9 @@ const DeviceFamily kDeviceFamilies[] = {
 
     // --- dcgm-exporter's default counters (etc/default-counters.csv) that NVML provides ---
     {DCGM, "DCGM_FI_DEV_SM_CLOCK", G, "SM clock frequency (in MHz).", TEL(sm_clock_mhz, 1), true},
-    {DCGM, "DCGM_FI_DEV_MEM_CLOCK", G, "Memory clock frequency (in MHz).",
-     TEL(memory_clock_mhz, 1), true},
-    {DCGM, "DCGM_FI_DEV_MEMORY_TEMP", G, "Memory temperature (in C).", TEL(memory_temp_c, 1),
+    {DCGM, "DCGM_FI_DEV_MEM_CLOCK", G, "Memory clock frequency (in MHz).", TEL(memory_clock_mhz, 1),
      true},
+    {DCGM, "DCGM_FI_DEV_MEMORY_TEMP", G, "Memory temperature (in C).", TEL(memory_temp_c, 1), true},
     {DCGM, "DCGM_FI_DEV_GPU_TEMP", G, "GPU temperature (in C).", TEL(gpu_temp_c, 1), true},
     {DCGM, "DCGM_FI_DEV_POWER_USAGE", G, "Power draw (in W).", TEL(power_usage_mw, 1e-3), true},
     {DCGM, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", C,
@@ -495,9 +494,9 @@ std::string SmiUuid(const gpu::Device& d) {
 
 // The label blocks of one GPU for each family set, built once per render.
 struct DeviceBlocks {
-  std::string own;                 // {gpu,uuid}
-  std::string smi;                 // {uuid}
-  std::string dcgm_gpu;            // GPU level (also: not MIG-enabled), one per container
+  std::string own;       // {gpu,uuid}
+  std::string smi;       // {uuid}
+  std::string dcgm_gpu;  // GPU level (also: not MIG-enabled), one per container
   std::vector<std::string> dcgm_gpu_pods;
   // Per MIG device (its index in mig_devices) x its containers (or one pod-less block).
   std::vector<std::pair<size_t, std::string>> dcgm_mig;
@@ -507,8 +506,11 @@ std::string DcgmBlock(const Sample& s, const RenderOptions& o, const gpu::Device
                       const gpu::MigDevice* mig, const ContainerDevice* c) {
   std::string gpu = absl::StrCat(d.index), dev = DeviceName(d);
   std::string gi = mig ? absl::StrCat(mig->gpu_instance_id) : "";
-  std::vector<Label> l = {{"gpu", gpu}, {"UUID", d.uuid}, {"pci_bus_id", d.pci_bus_id},
-                          {"device", dev}, {"modelName", d.name}};
+  std::vector<Label> l = {{"gpu", gpu},
+                          {"UUID", d.uuid},
+                          {"pci_bus_id", d.pci_bus_id},
+                          {"device", dev},
+                          {"modelName", d.name}};
   if (mig) {
     l.push_back({"GPU_I_PROFILE", mig->profile});
     l.push_back({"GPU_I_ID", gi});
@@ -605,8 +607,7 @@ void RenderGpuletExtras(const Sample& s, ExpositionWriter& w) {
     for (const DeviceSample& ds : s.devices) {
       const gpu::Device& d = ds.device;
       std::string idx = absl::StrCat(d.index), minor = absl::StrCat(d.minor),
-                  numa = absl::StrCat(d.numa_node),
-                  cc = absl::StrCat(d.cc_major, ".", d.cc_minor);
+                  numa = absl::StrCat(d.numa_node), cc = absl::StrCat(d.cc_major, ".", d.cc_minor);
       w.Sample({{"gpu", idx},
                 {"uuid", d.uuid},
                 {"name", d.name},
@@ -639,7 +640,8 @@ void RenderGpuletExtras(const Sample& s, ExpositionWriter& w) {
                      static_cast<double>(m.memory_bytes));
             continue;
           }
-          std::string gi = absl::StrCat(m.gpu_instance_id), ci = absl::StrCat(m.compute_instance_id);
+          std::string gi = absl::StrCat(m.gpu_instance_id),
+                      ci = absl::StrCat(m.compute_instance_id);
           w.Sample({{"gpu", idx},
                     {"uuid", ds.device.uuid},
                     {"mig_uuid", m.uuid},
@@ -885,7 +887,8 @@ void RenderGpuManager(const Sample& s, Format format, std::string* out) {
   for (const F& f : fs) {
     w.Family(f.name, G, f.help);
     for (const auto& [key, r] : rows) {
-      auto emit = [&](std::string_view per, double v) {
+      // An init-capture: clang 14 (make lint) cannot capture structured bindings.
+      auto emit = [&, &r = r](std::string_view per, double v) {
         std::string b = absl::StrCat("{", r.block, ",", f.per_label, "=\"");
         b.append(per).append("\"}");
         w.SampleWithBlock(b, v);

@@ -46,9 +46,9 @@ struct VgpuUsage {
   std::string namespace_, pod, container;
   size_t device = 0;  // index into Sample::devices
   uint64_t memory_used_bytes = 0;
-  uint64_t memory_limit_bytes = 0;           // 0 = no limit (the whole device)
-  std::optional<double> utilization_ratio;   // 0..1 of the whole GPU, when measured
-  double core_limit_ratio = 0;               // requested share of the GPU (vcuda-core / 100)
+  uint64_t memory_limit_bytes = 0;          // 0 = no limit (the whole device)
+  std::optional<double> utilization_ratio;  // 0..1 of the whole GPU, when measured
+  double core_limit_ratio = 0;              // requested share of the GPU (vcuda-core / 100)
 };
 
 // The exporter's own state, exported so that a missing source is visible, not silent.
@@ -57,8 +57,8 @@ struct SelfStats {
   bool kubelet_enabled = false, kubelet_up = false;
   bool vgpu_enabled = false, vgpu_up = false;
   uint64_t nvml_errors = 0, kubelet_errors = 0, vgpu_errors = 0;
-  double collect_seconds = 0;    // wall time of the cycle that produced this sample
-  int64_t collect_unix_ms = 0;   // when it finished
+  double collect_seconds = 0;   // wall time of the cycle that produced this sample
+  int64_t collect_unix_ms = 0;  // when it finished
   uint64_t cycles = 0;
   // Bare pods the reboot readiness controller reported (they had no controller to recreate them);
   // -1 when no controller runs in this process, and then the family is left out.

@@ -21,7 +21,7 @@ int64_t SteadyMs() {
 }  // namespace
 
 absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read() {
-  RealFilesystem fs("/");
+  RootedFilesystem fs("/");
   absl::StatusOr<std::vector<std::string>> pods = fs.ListDir(root_);
   if (!pods.ok()) {
     // No vGPU container has started on this node yet: nothing to report, not an error.
@@ -45,7 +45,8 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
     }
     for (const std::string& c : *containers) {
       std::string path = absl::StrCat(pod_dir, "/", c, "/accounting");
-      // Never mapped: the file is the container's to truncate (see vgpu/interposer/accounting_read.h).
+      // Never mapped: the file is the container's to truncate (see
+      // vgpu/interposer/accounting_read.h).
       bool cut = false;
       absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
       if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);
@@ -214,6 +215,7 @@ Sample Sampler::Collect() {
       what.extended = options_.render.families & kNvidiaSmiFamilies;
       what.profiling = options_.render.families & (kDcgmFamilies | kGpuletFamilies);
       for (gpu::Device& d : inv->devices) {
+        if (!d.Readable()) continue;  // no UUID to label its series with
         DeviceSample ds;
         absl::StatusOr<gpu::Telemetry> t = layer->ReadTelemetry(d.index, what);
         ds.device = std::move(d);

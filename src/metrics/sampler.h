@@ -23,8 +23,9 @@
 
 namespace gpulet::metrics {
 
-// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An interface so
-// the exporter does not depend on the accounting's storage; `gpu_uuid` names the physical GPU.
+// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An
+// interface so the exporter does not depend on the accounting's storage; `gpu_uuid` names the
+// physical GPU.
 struct VgpuContainerUsage {
   std::string namespace_, pod, container, gpu_uuid;
   uint64_t memory_used_bytes = 0, memory_limit_bytes = 0;
@@ -124,7 +125,7 @@ class Sampler {
     uint64_t tx_kib = 0, rx_kib = 0;
     Clock::TimePoint at{};
   };
-  gpu::GpuLayer* Layer();  // the usable layer or null
+  gpu::GpuLayer* Layer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);  // the usable layer or null
   void NvlinkRates(DeviceSample& ds, Clock::TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
   void OnEvent(const gpu::Event& e);
   Sample Collect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);

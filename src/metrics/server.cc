@@ -102,9 +102,8 @@ class GuardedServer final : public httplib::Server {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     // The accept loop's own pool only parks sockets.
     new_task_queue = [] { return new httplib::ThreadPool(1); };
-    set_keep_alive_timeout(std::max<time_t>(1, std::chrono::duration_cast<std::chrono::seconds>(
-                                                   opt_.idle_timeout)
-                                                   .count()));
+    set_keep_alive_timeout(std::max<time_t>(
+        1, std::chrono::duration_cast<std::chrono::seconds>(opt_.idle_timeout).count()));
     set_payload_max_length(0);
     // Announced in the Keep-Alive header and enforced in Work(). A kept-alive connection costs no
     // worker while idle (it waits in the poller), so reconnecting every few requests buys nothing.
@@ -189,8 +188,8 @@ class GuardedServer final : public httplib::Server {
         if (socket_bytes_ >= o_.max_request_head_bytes) return -1;
         if (!WaitFd(c_.fd, POLLIN, read_deadline_)) return -1;
         char tmp[4096];
-        ssize_t n = recv(c_.fd, tmp,
-                         std::min(sizeof tmp, o_.max_request_head_bytes - socket_bytes_), 0);
+        ssize_t n =
+            recv(c_.fd, tmp, std::min(sizeof tmp, o_.max_request_head_bytes - socket_bytes_), 0);
         if (n <= 0) return n < 0 ? -1 : 0;
         socket_bytes_ += static_cast<size_t>(n);
         c_.buf.assign(tmp, static_cast<size_t>(n));
@@ -285,8 +284,7 @@ class GuardedServer final : public httplib::Server {
         return false;
       }
       char tmp[4096];
-      ssize_t n =
-          recv(c.fd, tmp, std::min(sizeof tmp, opt_.max_request_head_bytes - pending), 0);
+      ssize_t n = recv(c.fd, tmp, std::min(sizeof tmp, opt_.max_request_head_bytes - pending), 0);
       if (n == 0) return false;
       if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
       if (pending == 0) {
@@ -422,8 +420,8 @@ void ServeSnapshot(httplib::Response& res, std::shared_ptr<const std::string> bo
   size_t total = body_size + tail_ptr->size();
   res.set_content_provider(
       total, std::string(content_type),
-      [body, tail_ptr, body_size, total, duration_out, start](
-          size_t offset, size_t length, httplib::DataSink& sink) {
+      [body, tail_ptr, body_size, total, duration_out, start](size_t offset, size_t length,
+                                                              httplib::DataSink& sink) {
         size_t end = offset + length;
         if (offset < body_size) {
           size_t n = std::min(end, body_size) - offset;
@@ -531,8 +529,8 @@ absl::Status MetricsServer::Start() {
     auto limit = 3 * sampler_->options().interval + std::chrono::seconds(30);
     bool ok = snap->self.cycles > 0 && age < limit;
     res.status = ok ? 200 : 503;
-    res.set_content(absl::StrCat(ok ? "ok" : "sampling stalled", "\nnvml_up ",
-                                 snap->self.nvml_up, "\nkubelet_up ", snap->self.kubelet_up, "\n"),
+    res.set_content(absl::StrCat(ok ? "ok" : "sampling stalled", "\nnvml_up ", snap->self.nvml_up,
+                                 "\nkubelet_up ", snap->self.kubelet_up, "\n"),
                     "text/plain; charset=utf-8");
   });
   http_->Get("/", [](const httplib::Request&, httplib::Response& res) {

@@ -39,10 +39,10 @@ namespace gpulet::metrics {
 class GuardedServer;  // cpp-httplib server with the limits above (server.cc)
 
 struct ServerOptions {
-  std::string address = ":9400";     // [host]:port; ":9400" = every IPv4 address; port 0 = any
-  std::string gpu_manager_address;   // GPU Manager's /metric listener; empty = off
-  int threads = 4;                   // worker threads per listener (complete requests only)
-  size_t max_request_head_bytes = 16 << 10;  // request line + headers
+  std::string address = ":9400";    // [host]:port; ":9400" = every IPv4 address; port 0 = any
+  std::string gpu_manager_address;  // GPU Manager's /metric listener; empty = off
+  int threads = 4;                  // worker threads per listener (complete requests only)
+  size_t max_request_head_bytes = 16 << 10;         // request line + headers
   std::chrono::milliseconds head_deadline{5000};    // first byte of a request to its blank line
   std::chrono::milliseconds idle_timeout{5000};     // keep-alive connection without a request
   std::chrono::milliseconds write_deadline{10000};  // one whole response

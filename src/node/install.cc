@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -39,12 +40,13 @@ bool IsFile(const std::string& p) {
 absl::StatusOr<bool> CopyIfChanged(const std::string& from, const std::string& to, mode_t mode) {
   ASSIGN_OR_RETURN(std::string data, ReadFileToString(from));
   if (auto old = ReadFileToString(to); old.ok() && *old == data) return false;
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to.substr(0, to.rfind('/'))));
+  RETURN_IF_ERROR(MakeDirs(to.substr(0, to.rfind('/'))));
   RETURN_IF_ERROR(WriteFileAtomic(to, data, mode));
   return true;
 }
 
-// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees them.
+// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees
+// them.
 void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
   if (host_root == "/" || host_root.empty()) return;
   auto strip = [&](std::string& p) {
@@ -57,14 +59,17 @@ void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
   for (auto& m : e.mounts) strip(m.host_path);
 }
 
-absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) { return runtime::ParseEngine(name); }
+absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) {
+  return runtime::ParseEngine(name);
+}
 
 std::string EngineUnit(const std::string& engine) { return engine == "docker" ? "docker" : engine; }
 
 absl::Status Restart(const std::string& command, const std::string& host_root,
                      const std::string& engine, std::vector<std::string>* actions) {
   if (command == "none") {
-    actions->push_back("engine configuration changed; not restarting " + engine + " (--restart none)");
+    actions->push_back("engine configuration changed; not restarting " + engine +
+                       " (--restart none)");
     return absl::OkStatus();
   }
   std::string cmd = command;
@@ -74,8 +79,8 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
   }
   int rc = std::system(cmd.c_str());
   if (rc != 0)
-    return absl::UnavailableError(absl::StrCat("restarting ", engine, " with `", cmd,
-                                               "` failed (status ", rc, ")"));
+    return absl::UnavailableError(
+        absl::StrCat("restarting ", engine, " with `", cmd, "` failed (status ", rc, ")"));
   actions->push_back("restarted " + engine + ": " + cmd);
   return absl::OkStatus();
 }
@@ -83,7 +88,35 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
 }  // namespace
 
 std::string UnderRoot(const std::string& root, const std::string& p) {
-  return root == "/" || root.empty() ? p : root + p;
+  if (root == "/" || root.empty()) return p;
+  // The host's symlinks are followed as the host follows them: an absolute target starts again at
+  // `root`, not at this container's "/". Most hosts have /var/run -> /run; without this the
+  // default CDI directory /var/run/cdi led into the installer container's own (missing) /run.
+  std::vector<std::string> rest = absl::StrSplit(p, '/', absl::SkipEmpty());
+  std::reverse(rest.begin(), rest.end());  // a stack: the next component at the back
+  std::string done;                        // the resolved host path so far ("" is the root)
+  int links = 0;
+  while (!rest.empty()) {
+    std::string c = std::move(rest.back());
+    rest.pop_back();
+    if (c == ".") continue;
+    if (c == "..") {
+      done = done.substr(0, done.empty() ? 0 : done.rfind('/'));
+      continue;
+    }
+    std::string next = done + "/" + c;
+    char buf[PATH_MAX];
+    ssize_t n = ::readlink((root + next).c_str(), buf, sizeof buf - 1);
+    if (n <= 0 || ++links > 40) {  // not a link, absent, or a loop: taken as it is
+      done = next;
+      continue;
+    }
+    std::string target(buf, static_cast<size_t>(n));
+    std::vector<std::string> parts = absl::StrSplit(target, '/', absl::SkipEmpty());
+    rest.insert(rest.end(), parts.rbegin(), parts.rend());
+    if (target[0] == '/') done.clear();
+  }
+  return root + (done.empty() ? "/" : done);
 }
 
 absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
@@ -184,7 +217,8 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   };
   for (const auto& p : pieces)
     if (p.required && !IsFile(p.from))
-      return absl::NotFoundError(absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
+      return absl::NotFoundError(
+          absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
   for (const auto& p : pieces) {
     if (!IsFile(p.from)) {
       r.actions.push_back(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
@@ -200,7 +234,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   std::string cdi_text = runtime::CdiSpecToYaml(spec);
   bool cdi_changed = ReadFileToString(UnderRoot(o.host_root, cdi_path)).value_or("") != cdi_text;
   if (cdi_changed) {
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, o.cdi_dir)));
+    RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, o.cdi_dir)));
     RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, cdi_path), cdi_text, 0644));
   }
   remember_file(cdi_path);
@@ -219,7 +253,7 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
     json entry = {{"path", host_path}, {"existed", c.existed}};
     if (c.existed) {
       std::string backup = std::string(kBackupDir) + host_path;
-      RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, backup.substr(0, backup.rfind('/')))));
+      RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, backup.substr(0, backup.rfind('/')))));
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, backup), c.before, 0600));
       entry["backup"] = backup;
     }
@@ -227,15 +261,16 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   }
   // The record goes down before the engine files change: an interrupted install can be undone.
   record["engine"] = r.engine;
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(UnderRoot(o.host_root, "/var/lib/gpulet")));
+  RETURN_IF_ERROR(MakeDirs(UnderRoot(o.host_root, "/var/lib/gpulet")));
   RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, kRecord), record.dump(2) + "\n", 0600));
   RETURN_IF_ERROR(runtime::ApplyChanges(changes));
   for (const auto& c : changes) {
     r.engine_config_changed |= c.changed();
-    r.actions.push_back(absl::StrCat(c.changed() ? "configured " : "unchanged ",
-                                     c.path.substr(co.root.size())));
+    r.actions.push_back(
+        absl::StrCat(c.changed() ? "configured " : "unchanged ", c.path.substr(co.root.size())));
   }
-  if (r.engine_config_changed) RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
+  if (r.engine_config_changed)
+    RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
   return r;
 }
 
@@ -253,31 +288,37 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
     return absl::DataLossError(absl::StrCat(UnderRoot(host_root, kRecord),
                                             ": install record is not valid; nothing was changed"));
   r.engine = record.value("engine", "");
-  RealFilesystem fs(host_root);
+  // Host paths through UnderRoot (the host's own symlinks, e.g. /var/run -> /run, followed inside
+  // host_root): a plain host_root + path could name a dangling link and remove nothing.
+  auto remove = [&](const std::string& path) {
+    return RootedFilesystem().Remove(UnderRoot(host_root, path));
+  };
   // Engine configuration first, so the engine never points at a shim that is already gone.
   for (const auto& c : record["configs"]) {
     std::string path = c.value("path", "");
     if (c.value("existed", false)) {
-      ASSIGN_OR_RETURN(std::string before, ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
+      ASSIGN_OR_RETURN(std::string before,
+                       ReadFileToString(UnderRoot(host_root, c.value("backup", ""))));
       // The file keeps its mode (install kept it too): a 0600 config may hold credentials.
       struct stat st;
-      mode_t mode = ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
+      mode_t mode =
+          ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, mode));
       r.actions.push_back("restored " + path);
     } else {
-      RETURN_IF_ERROR(fs.Remove(path));
+      RETURN_IF_ERROR(remove(path));
       r.actions.push_back("removed " + path);
     }
     r.engine_config_changed = true;
-    if (c.contains("backup")) RETURN_IF_ERROR(fs.Remove(c.value("backup", "")));
+    if (c.contains("backup")) RETURN_IF_ERROR(remove(c.value("backup", "")));
   }
   if (r.engine_config_changed && !r.engine.empty())
     RETURN_IF_ERROR(Restart(restart_command, host_root, r.engine, &r.actions));
   for (const auto& f : record["files"]) {
-    RETURN_IF_ERROR(fs.Remove(f.get<std::string>()));
+    RETURN_IF_ERROR(remove(f.get<std::string>()));
     r.actions.push_back("removed " + f.get<std::string>());
   }
-  RETURN_IF_ERROR(fs.Remove(kRecord));
+  RETURN_IF_ERROR(remove(kRecord));
   r.actions.push_back(absl::StrCat("removed ", kRecord));
   // The directories install created, deepest first, each only when empty (something else may
   // have put files there since).

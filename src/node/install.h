@@ -17,15 +17,15 @@ namespace gpulet::node {
 
 struct InstallOptions {
   std::string host_root = "/";
-  std::string runtime = "auto";            // containerd | docker | crio | auto (detect)
-  std::string artifacts_dir;               // holds bin/ and lib/; empty: beside this executable
+  std::string runtime = "auto";              // containerd | docker | crio | auto (detect)
+  std::string artifacts_dir;                 // holds bin/ and lib/; empty: beside this executable
   std::string prefix = "/usr/local/gpulet";  // host path of the installed bin/ and lib/
   std::string cdi_dir = "/var/run/cdi";
   // "auto": `systemctl restart <engine>` (inside `chroot <host_root>` when it is not "/");
   // "none": do not restart; anything else: a shell command run as is.
   std::string restart_command = "auto";
   bool set_as_default = false;
-  gpu::GpuOptions gpu;                     // for the CDI spec
+  gpu::GpuOptions gpu;  // for the CDI spec
 };
 
 struct InstallResult {
@@ -34,7 +34,8 @@ struct InstallResult {
   bool engine_config_changed = false;
 };
 
-// Host path `p` as this process sees it with the host's root at `host_root` ("/" leaves it alone).
+// Host path `p` as this process sees it with the host's root at `host_root` ("/" leaves it alone):
+// symlinks on the way, the last component included, are followed within `host_root`.
 std::string UnderRoot(const std::string& host_root, const std::string& p);
 
 // The engine whose configuration exists under `host_root`: containerd, then crio, then docker.

@@ -33,7 +33,10 @@ std::string StringField(const json& j, std::initializer_list<std::string_view> p
 
 ReadinessController::ReadinessController(k8s::Client* client, Validator validate,
                                          ReadinessOptions options, Clock* clock)
-    : client_(client), validate_(std::move(validate)), options_(std::move(options)), clock_(clock) {}
+    : client_(client),
+      validate_(std::move(validate)),
+      options_(std::move(options)),
+      clock_(clock) {}
 
 ReadinessController::~ReadinessController() { Stop(); }
 
@@ -45,8 +48,8 @@ absl::Status ReadinessController::SetTaint(bool present) {
     ASSIGN_OR_RETURN(json node, client_->GetNode(options_.node_name));
     json taints = json::array();
     bool has = false;
-    for (const json& t : Field(node, {"spec", "taints"}).is_array() ? node["spec"]["taints"]
-                                                                     : json::array()) {
+    for (const json& t :
+         Field(node, {"spec", "taints"}).is_array() ? node["spec"]["taints"] : json::array()) {
       if (StringField(t, {"key"}) == options_.taint_key) {
         has = true;
         if (!present) continue;
@@ -55,10 +58,12 @@ absl::Status ReadinessController::SetTaint(bool present) {
     }
     if (has == present) return absl::OkStatus();
     if (present) {
-      taints.push_back({{"key", options_.taint_key}, {"value", "validating"}, {"effect", "NoSchedule"}});
+      taints.push_back(
+          {{"key", options_.taint_key}, {"value", "validating"}, {"effect", "NoSchedule"}});
     }
-    json patch = {{"metadata", {{"resourceVersion", StringField(node, {"metadata", "resourceVersion"})}}},
-                  {"spec", {{"taints", taints}}}};
+    json patch = {
+        {"metadata", {{"resourceVersion", StringField(node, {"metadata", "resourceVersion"})}}},
+        {"spec", {{"taints", taints}}}};
     auto r = client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch);
     if (r.ok()) {
       spdlog::info("node {}: taint {} {}", options_.node_name, options_.taint_key,
@@ -66,7 +71,8 @@ absl::Status ReadinessController::SetTaint(bool present) {
       return absl::OkStatus();
     }
     last = r.status();
-    if (last.code() != absl::StatusCode::kAborted && last.code() != absl::StatusCode::kAlreadyExists)
+    if (last.code() != absl::StatusCode::kAborted &&
+        last.code() != absl::StatusCode::kAlreadyExists)
       return last;
   }
   return last;
@@ -97,6 +103,12 @@ bool ReadinessController::RequestsOurResources(const json& pod) const {
   return false;
 }
 
+void ReadinessController::StartRemediation(const std::string& boot_id) {
+  remediated_boot_ = boot_id;
+  remediate_until_ = clock_->Now() + options_.remediate_window;
+  reported_bare_.clear();
+}
+
 absl::Status ReadinessController::RemediateRejectedPods() {
   k8s::ListOptions opts;
   opts.field_selector = "spec.nodeName=" + options_.node_name;
@@ -106,7 +118,8 @@ absl::Status ReadinessController::RemediateRejectedPods() {
     // it knows the resource from its checkpoint, OutOf<resource> when it does not know it at all.
     std::string reason = StringField(pod, {"status", "reason"});
     bool rejected = reason == "UnexpectedAdmissionError" || absl::StartsWith(reason, "OutOf");
-    if (StringField(pod, {"status", "phase"}) != "Failed" || !rejected || !RequestsOurResources(pod)) {
+    if (StringField(pod, {"status", "phase"}) != "Failed" || !rejected ||
+        !RequestsOurResources(pod)) {
       continue;
     }
     std::string ns = StringField(pod, {"metadata", "namespace"});
@@ -119,12 +132,17 @@ absl::Status ReadinessController::RemediateRejectedPods() {
       auto r = client_->Call("DELETE", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name));
       if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
       ++deleted_pods_;
-      spdlog::info("deleted pod {}/{} rejected before the GPU stack was ready; its controller "
-                   "recreates it", ns, name);
+      spdlog::info(
+          "deleted pod {}/{} rejected before the GPU stack was ready; its controller "
+          "recreates it",
+          ns, name);
     } else {
+      if (!reported_bare_.insert(ns + "/" + name).second) continue;  // one event per pod and boot
       ++reported_bare_pods_;
-      spdlog::warn("pod {}/{} was rejected before the GPU stack was ready and has no controller; "
-                   "delete and recreate it to run it", ns, name);
+      spdlog::warn(
+          "pod {}/{} was rejected before the GPU stack was ready and has no controller; "
+          "delete and recreate it to run it",
+          ns, name);
       // List items carry no kind; the event must say what it is about.
       json involved = {{"kind", "Pod"}, {"apiVersion", "v1"}, {"metadata", pod["metadata"]}};
       json event = k8s::MakeEvent(
@@ -133,7 +151,9 @@ absl::Status ReadinessController::RemediateRejectedPods() {
           "recreated automatically: delete and recreate it",
           "gpulet-agent", options_.node_name, clock_);
       auto r = client_->CreateEvent(ns, event);
-      if (!r.ok()) spdlog::warn("cannot record event for pod {}/{}: {}", ns, name, std::string(r.status().message()));
+      if (!r.ok())
+        spdlog::warn("cannot record event for pod {}/{}: {}", ns, name,
+                     std::string(r.status().message()));
     }
   }
   return absl::OkStatus();
@@ -147,10 +167,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
 
   if (validated == boot_id && !boot_id.empty() && labelled) {
     RETURN_IF_ERROR(SetTaint(false));  // e.g. a previous run died between label and untaint
-    if (remediated_boot_ != boot_id) {
-      RETURN_IF_ERROR(RemediateRejectedPods());
-      remediated_boot_ = boot_id;
-    }
+    if (remediated_boot_ != boot_id) StartRemediation(boot_id);
+    if (clock_->Now() < remediate_until_) RETURN_IF_ERROR(RemediateRejectedPods());
     return NodeStackState::kReady;
   }
 
@@ -169,8 +187,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   // Order matters: label first (our pods and users can see why), then admit new pods, then heal.
   RETURN_IF_ERROR(MarkValidated(boot_id));
   RETURN_IF_ERROR(SetTaint(false));
+  StartRemediation(boot_id);
   RETURN_IF_ERROR(RemediateRejectedPods());
-  remediated_boot_ = boot_id;
   last_failure_logged_.clear();
   spdlog::info("node {}: GPU stack validated for boot {}", options_.node_name, boot_id);
   return NodeStackState::kReady;

@@ -1,11 +1,11 @@
 // Reboot self-healing for a GPU node (what the GPU Operator lacks). After every boot -- detected by
 // the node's boot ID (status.nodeInfo.bootID, as the kubelet reports it) differing from the boot ID
-// gpulet last validated -- the node carries a NoSchedule taint so new GPU pods stay off it until the
-// whole stack validates (driver, runtime, device plugin). Then, in this order: the node is labelled
-// gpulet.io/gpu-stack=ready and annotated with the validated boot ID, the taint is removed, and pods
-// the kubelet rejected meanwhile (UnexpectedAdmissionError for GPU resources) are dealt with once:
-// controller-owned ones are deleted so their controllers recreate them, bare ones are reported
-// (a Warning event and a counter) and left alone.
+// gpulet last validated -- the node carries a NoSchedule taint so new GPU pods stay off it until
+// the whole stack validates (driver, runtime, device plugin). Then, in this order: the node is
+// labelled gpulet.io/gpu-stack=ready and annotated with the validated boot ID, the taint is
+// removed, and pods the kubelet rejected meanwhile (UnexpectedAdmissionError for GPU resources) are
+// dealt with once: controller-owned ones are deleted so their controllers recreate them, bare ones
+// are reported (a Warning event and a counter) and left alone.
 //
 // Thread-safety: ReconcileOnce() must not run concurrently with itself; Start() runs it on a thread
 // owned by the controller; counters may be read from any thread.
@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,11 @@ struct ReadinessOptions {
   // Resources whose admission failures are ours to heal.
   std::vector<std::string> resource_prefixes = {"nvidia.com/", "tencent.com/vcuda-"};
   std::chrono::milliseconds interval{2000};
+  // How long after a boot is first seen validated rejected pods keep being looked for on each pass.
+  // The kubelet posts its verdict (phase Failed) seconds after it starts, which on the real kubelet
+  // can be after the agent's first pass (tests/cluster/reboot_checks.sh); once per boot missed
+  // them. Afterwards no more passes: no delete/recreate storm, no list every interval forever.
+  std::chrono::milliseconds remediate_window{120000};
 };
 
 enum class NodeStackState { kNotReady, kReady };
@@ -61,6 +67,7 @@ class ReadinessController {
   absl::Status SetTaint(bool present);
   absl::Status MarkValidated(const std::string& boot_id);
   absl::Status ClearReadyLabel();
+  void StartRemediation(const std::string& boot_id);
   absl::Status RemediateRejectedPods();
   bool RequestsOurResources(const k8s::json& pod) const;
 
@@ -70,7 +77,9 @@ class ReadinessController {
   Clock* clock_;
   ValidationReport last_report_;
   std::string last_failure_logged_;
-  std::string remediated_boot_;  // boot ID whose rejected pods were handled
+  std::string remediated_boot_;  // boot ID whose rejected pods are being (or were) handled
+  Clock::TimePoint remediate_until_{};
+  std::set<std::string> reported_bare_;  // namespace/name of bare pods reported for this boot
   std::atomic<int64_t> deleted_pods_{0};
   std::atomic<int64_t> reported_bare_pods_{0};
 

@@ -51,6 +51,11 @@ StepResult Driver(const ValidateOptions& o, gpu::Inventory* inv) {
     s.detail = "NVML answers but reports no GPUs";
     return s;
   }
+  for (const gpu::Device& d : inv->devices) {
+    if (d.Readable()) continue;
+    s.detail = absl::StrCat("GPU ", d.index, " cannot be read: ", d.error);
+    return s;
+  }
   s.ok = true;
   s.detail = absl::StrCat(inv->devices.size(), " GPUs (", inv->devices[0].name, "), driver ",
                           inv->driver_version, ", CUDA ", inv->cuda_driver_version / 1000, ".",
@@ -82,11 +87,13 @@ absl::StatusOr<std::string> FindRunc(const ValidateOptions& o) {
   std::string out;
   if (Shell("command -v runc", &out) == 0 && !out.empty())
     return std::string(absl::StripTrailingAsciiWhitespace(out));
-  for (const char* d : {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
+  for (const char* d :
+       {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
     std::string p = UnderRoot(o.host_root, std::string(d) + "/runc");
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
-  return absl::NotFoundError(absl::StrCat("no runc under ", o.host_root, " or on PATH (--probe-runc)"));
+  return absl::NotFoundError(
+      absl::StrCat("no runc under ", o.host_root, " or on PATH (--probe-runc)"));
 }
 
 // The host's CDI specs with their host paths made reachable from this process (host root prefixed);
@@ -94,7 +101,7 @@ absl::StatusOr<std::string> FindRunc(const ValidateOptions& o) {
 // ldconfig as this process reaches it).
 absl::Status RelocateCdiSpecs(const std::string& host_root, const std::string& from,
                               const std::string& to, const std::string& hook_config) {
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(to));
+  RETURN_IF_ERROR(MakeDirs(to));
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
     std::string ext = e.path().extension().string();
@@ -143,7 +150,8 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
     std::string dir, runc, id;
     ~Cleanup() {
       std::string ignored;
-      Shell(absl::StrCat(Quote(runc), " --root ", Quote(dir + "/state"), " delete -f ", id), &ignored);
+      Shell(absl::StrCat(Quote(runc), " --root ", Quote(dir + "/state"), " delete -f ", id),
+            &ignored);
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
     }
@@ -153,15 +161,19 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
   for (const char* d : {"/bin", "/proc", "/dev", "/sys", "/tmp", "/etc"})
     std::filesystem::create_directories(rootfs + d, ec);
   std::filesystem::copy_file(o.probe_busybox, rootfs + "/bin/busybox", ec);
-  for (const char* a : {"sh", "ls"}) std::filesystem::create_symlink("busybox", rootfs + "/bin/" + a, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot build the probe rootfs in ", rootfs, ": ", ec.message()));
+  for (const char* a : {"sh", "ls"})
+    std::filesystem::create_symlink("busybox", rootfs + "/bin/" + a, ec);
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot build the probe rootfs in ", rootfs, ": ", ec.message()));
   std::string out;
   if (Shell(absl::StrCat(Quote(runc), " spec --bundle ", Quote(bundle)), &out) != 0)
     return absl::InternalError(absl::StrCat("`", runc, " spec` failed: ", out));
   ASSIGN_OR_RETURN(runtime::Json spec, runtime::LoadOciSpec(bundle + "/config.json"));
   spec["process"]["terminal"] = false;
   // The marker tells "ran and saw no GPU node" from "did not run".
-  spec["process"]["args"] = {"sh", "-c", std::string("ls -1 /dev/nvidia* 2>/dev/null; echo ") + kProbeDone};
+  spec["process"]["args"] = {"sh", "-c",
+                             std::string("ls -1 /dev/nvidia* 2>/dev/null; echo ") + kProbeDone};
   spec["annotations"]["cdi.k8s.io/gpulet-validate"] = device;
   RETURN_IF_ERROR(runtime::SaveOciSpec(bundle + "/config.json", spec));
 
@@ -179,19 +191,21 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
   // wrapper script, static ELF only); the gpulet image has none of its own.
   // None under the host root (a test's fake host): the hook's own default on this machine.
   absl::StatusOr<runtime::Ldconfig> ld = runtime::OpenLdconfig("", o.host_root);
-  if (ld.ok()) config["ldconfig"] = ld->path;
-  else if (ld.status().code() != absl::StatusCode::kNotFound) return ld.status();
+  if (ld.ok())
+    config["ldconfig"] = ld->path;
+  else if (ld.status().code() != absl::StatusCode::kNotFound)
+    return ld.status();
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/runtime.json", config.dump(), 0644));
 
   // Output goes to a file, not our pipe: a container left running past the timeout (its PID 1
   // ignores SIGTERM) must not keep us reading; the cleanup's `runc delete -f` ends it.
   out.clear();
-  int rc = Shell(absl::StrCat("GPULET_RUNTIME_CONFIG=", Quote(dir + "/runtime.json"),
-                              " timeout -k 5 ", o.probe_timeout_seconds, " ",
-                              Quote(UnderRoot(o.host_root, shim)), " --root ", Quote(dir + "/state"),
-                              " run --bundle ", Quote(bundle), " ", id, " >", Quote(dir + "/out"),
-                              " 2>&1"),
-                 &out);
+  int rc =
+      Shell(absl::StrCat("GPULET_RUNTIME_CONFIG=", Quote(dir + "/runtime.json"), " timeout -k 5 ",
+                         o.probe_timeout_seconds, " ", Quote(UnderRoot(o.host_root, shim)),
+                         " --root ", Quote(dir + "/state"), " run --bundle ", Quote(bundle), " ",
+                         id, " >", Quote(dir + "/out"), " 2>&1"),
+            &out);
   std::string shown(absl::StripAsciiWhitespace(ReadFileToString(dir + "/out").value_or(out)));
   if (rc == 124 || rc == 137)
     return absl::DeadlineExceededError(
@@ -200,8 +214,8 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
   for (absl::string_view line : absl::StrSplit(shown, '\n'))
     if (absl::StartsWith(line, "/dev/nvidia")) nodes.emplace_back(line);
   if (rc != 0 || !absl::StrContains(shown, kProbeDone))
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the probe container failed (exit ", rc, "): ", shown.substr(0, 400)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the probe container failed (exit ", rc, "): ", shown.substr(0, 400)));
   return nodes;
 }
 
@@ -239,8 +253,9 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
   }
   for (const auto& c : *plan)
     if (c.changed()) {
-      s.detail = absl::StrCat(engine, " is not configured for gpulet (",
-                              c.path.substr(co.root.size()), " lacks the runtime; run `gpulet install`)");
+      s.detail =
+          absl::StrCat(engine, " is not configured for gpulet (", c.path.substr(co.root.size()),
+                       " lacks the runtime; run `gpulet install`)");
       return s;
     }
   // What a container asking for the first GPU gets, from the CDI spec on disk.
@@ -285,9 +300,9 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
     return s;
   }
   if (std::find(seen->begin(), seen->end(), want) == seen->end()) {
-    s.detail = absl::StrCat("a container started through ", shim, " with ", first, " does not see ",
-                            want, " (it sees: ",
-                            seen->empty() ? "no /dev/nvidia* nodes" : absl::StrJoin(*seen, " "), ")");
+    s.detail = absl::StrCat(
+        "a container started through ", shim, " with ", first, " does not see ", want,
+        " (it sees: ", seen->empty() ? "no /dev/nvidia* nodes" : absl::StrJoin(*seen, " "), ")");
     return s;
   }
   s.ok = true;
@@ -303,8 +318,8 @@ bool Ours(const ValidateOptions& o, const std::string& resource) {
 
 StepResult Plugin(const ValidateOptions& o) {
   StepResult s{"device-plugin"};
-  auto channel = grpc::CreateChannel("unix://" + o.pod_resources_socket,
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("unix://" + o.pod_resources_socket, grpc::InsecureChannelCredentials());
   auto stub = v1::PodResourcesLister::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -1,9 +1,9 @@
-// `gpulet validate`: checks a node's GPU stack in order and says, per step, what it found or what is
-// wrong. Steps: driver (NVML answers with GPUs), runtime (the engine is configured for the installed
-// shim, the CDI spec parses, and a container asking for the first GPU would get its device node and
-// the driver libraries), device plugin (the kubelet lists our resources as allocatable through its
-// PodResources API and, with API access, the node's capacity shows them). A failed step stops the
-// steps after it (they depend on it).
+// `gpulet validate`: checks a node's GPU stack in order and says, per step, what it found or what
+// is wrong. Steps: driver (NVML answers with GPUs), runtime (the engine is configured for the
+// installed shim, the CDI spec parses, and a container asking for the first GPU would get its
+// device node and the driver libraries), device plugin (the kubelet lists our resources as
+// allocatable through its PodResources API and, with API access, the node's capacity shows them). A
+// failed step stops the steps after it (they depend on it).
 #pragma once
 
 #include <string>
@@ -24,7 +24,7 @@ struct ValidateOptions {
   std::string cdi_dir = "/var/run/cdi";
   std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::vector<std::string> resource_prefixes = {"nvidia.com/", "tencent.com/vcuda-"};
-  std::string node_name;         // with `client`: the node whose capacity is checked
+  std::string node_name;          // with `client`: the node whose capacity is checked
   k8s::Client* client = nullptr;  // not owned; null: the capacity check is skipped (and said so)
   // The container probe of the runtime step. Paths are as this process sees them.
   bool container_probe = true;

@@ -8,7 +8,7 @@
 namespace gpulet::node {
 
 struct StepResult {
-  std::string name;    // "driver", "runtime", "device-plugin"
+  std::string name;  // "driver", "runtime", "device-plugin"
   bool ok = false;
   std::string detail;  // what was found, or what is wrong and what to check
 };

@@ -116,8 +116,8 @@ bool PlanGreedy(const Node& node, const PodRequest& pod, Plan* plan, std::string
       if (reason) {
         int whole = 0;
         for (int g = 0; g < ngpu; ++g) whole += allowed[g] && WholeFree(node.gpus[g]);
-        *reason = absl::StrCat("needs ", pod.containers[c].whole_gpus, " whole GPU(s), ", whole,
-                               " free");
+        *reason =
+            absl::StrCat("needs ", pod.containers[c].whole_gpus, " whole GPU(s), ", whole, " free");
       }
       return false;
     }
@@ -140,11 +140,10 @@ bool PlanGreedy(const Node& node, const PodRequest& pod, Plan* plan, std::string
             largest = std::max(largest, free[g]);
           }
         }
-        *reason = absl::StrCat("no GPU with ", req.milli, " milli", 
-                               req.memory_bytes ? absl::StrCat(" and ", req.memory_bytes,
-                                                               " bytes memory")
-                                                : "",
-                               " free (largest free share: ", largest, " milli)");
+        *reason = absl::StrCat(
+            "no GPU with ", req.milli, " milli",
+            req.memory_bytes ? absl::StrCat(" and ", req.memory_bytes, " bytes memory") : "",
+            " free (largest free share: ", largest, " milli)");
       }
       return false;
     }
@@ -219,9 +218,9 @@ namespace {
 absl::Status Update(Node& node, const PodRequest& pod, const Assignment& a, int sign) {
   const char* verb = sign > 0 ? "apply" : "release";
   if (a.containers.size() != pod.containers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(verb, " pod ", pod.name, " on ", node.name, ": ",
-                                                   a.containers.size(), " container assignments for ",
-                                                   pod.containers.size(), " containers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(verb, " pod ", pod.name, " on ", node.name, ": ", a.containers.size(),
+                     " container assignments for ", pod.containers.size(), " containers"));
   }
   const int ngpu = static_cast<int>(node.gpus.size());
   std::vector<int32_t> free(ngpu);
@@ -301,7 +300,8 @@ absl::Status Release(Node& node, const PodRequest& pod, const Assignment& assign
 
 Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
   // Key: cpu, per-container (whole, milli), models. Memory is deliberately not part of it.
-  using Key = std::tuple<int64_t, std::vector<std::pair<int32_t, int32_t>>, std::vector<std::string>>;
+  using Key =
+      std::tuple<int64_t, std::vector<std::pair<int32_t, int32_t>>, std::vector<std::string>>;
   std::map<Key, std::pair<const PodRequest*, int64_t>> counts;
   std::map<Key, int64_t> mem_sum;
   for (const PodRequest& p : pods) {
@@ -355,7 +355,9 @@ uint64_t StateHash(const Node& n) {
     h = (h ^ static_cast<uint64_t>(g.free_milli) ^ (static_cast<uint64_t>(g.healthy) << 20) ^
          (static_cast<uint64_t>(g.fractional_allowed) << 21) ^
          (static_cast<uint64_t>(g.memory_free_bytes) << 22) ^ (g.model.size() << 40) ^
-         (g.model.empty() ? 0 : static_cast<uint64_t>(static_cast<unsigned char>(g.model.back())) << 48)) *
+         (g.model.empty()
+              ? 0
+              : static_cast<uint64_t>(static_cast<unsigned char>(g.model.back())) << 48)) *
         0x100000001B3ull;
   }
   return h;
@@ -441,7 +443,8 @@ absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, c
     std::vector<std::string> why;
     for (int i = 0; i < n && why.size() < 3; ++i) {
       std::string r;
-      if (!Fits(cluster.nodes[i], pod, &r)) why.push_back(absl::StrCat(cluster.nodes[i].name, ": ", r));
+      if (!Fits(cluster.nodes[i], pod, &r))
+        why.push_back(absl::StrCat(cluster.nodes[i].name, ": ", r));
     }
     return absl::NotFoundError(absl::StrCat("no node fits pod ", pod.name, " (", n, " nodes",
                                             why.empty() ? "" : "; ", absl::StrJoin(why, "; "),
@@ -459,6 +462,9 @@ std::vector<int64_t> ScaleScores(std::span<const double> scores, int64_t lo, int
   if (*mx == *mn) return out;
   for (size_t i = 0; i < scores.size(); ++i) {
     const double f = (scores[i] - *mn) / (*mx - *mn);
+    // Non-negative, so + 0.5 rounds; kept as written so scores stay bit-identical to the published
+    // simulation results.
+    // NOLINTNEXTLINE(bugprone-incorrect-roundings)
     out[i] = lo + static_cast<int64_t>(f * static_cast<double>(hi - lo) + 0.5);
   }
   return out;

@@ -2,14 +2,16 @@
 //
 // Used by two callers with one code path:
 //  - the scheduler extender (src/scheduler): builds a Cluster snapshot from the API server, calls
-//    Fits() in `filter` and Policy::Score() in `prioritize` (ScaleScores() maps to 0..10), and writes
-//    the chosen Assignment into the pod's annotations at bind;
-//  - the trace simulator (gpulet-sched simulate): replays the openb trace through Schedule()/Apply().
+//    Fits() in `filter` and Policy::Score() in `prioritize` (ScaleScores() maps to 0..10), and
+//    writes the chosen Assignment into the pod's annotations at bind;
+//  - the trace simulator (gpulet-sched simulate): replays the openb trace through
+//  Schedule()/Apply().
 //
 // CMake target: gpulet_placement (static library; links absl only).
 // The model knows nothing of Kubernetes, JSON or files: plain structs, plain numbers.
-// Units: GPU compute in milli-GPU (1000 = one whole GPU; one tencent.com/vcuda-core unit = 10 milli),
-// node CPU in milli-cores, node memory in MiB, GPU memory in bytes (0 = not tracked, as in openb).
+// Units: GPU compute in milli-GPU (1000 = one whole GPU; one tencent.com/vcuda-core unit = 10
+// milli), node CPU in milli-cores, node memory in MiB, GPU memory in bytes (0 = not tracked, as in
+// openb).
 #pragma once
 
 #include <cstdint>
@@ -29,12 +31,12 @@ inline constexpr int32_t kMilliPerVcudaCore = 10;  // vcuda-core 100 = one GPU
 
 // One physical GPU as the scheduler sees it.
 struct Gpu {
-  std::string model;                // e.g. "V100M16", "T4", or a product name; matched exactly
+  std::string model;                  // e.g. "V100M16", "T4", or a product name; matched exactly
   int32_t free_milli = kMilliPerGpu;  // compute share not yet given out, 0..1000
-  int64_t memory_total_bytes = 0;   // 0 = memory not tracked: memory requests are not checked
+  int64_t memory_total_bytes = 0;     // 0 = memory not tracked: memory requests are not checked
   int64_t memory_free_bytes = 0;
-  bool healthy = true;              // unhealthy GPUs take nothing
-  bool fractional_allowed = true;   // false = whole-only (e.g. exclusive-mode GPU, no vGPU)
+  bool healthy = true;             // unhealthy GPUs take nothing
+  bool fractional_allowed = true;  // false = whole-only (e.g. exclusive-mode GPU, no vGPU)
 };
 
 // One node: its free and total CPU/memory and its GPUs (index = position in `gpus`).

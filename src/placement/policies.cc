@@ -12,7 +12,6 @@
 #include <functional>
 #include <map>
 
-
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -58,8 +57,8 @@ class RandomPolicy final : public PolicyImpl {
   bool TriesEveryGpu() const override { return true; }
   double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,
                   Context&) const override {
-    const uint64_t h = Mix(Mix(seed_, std::hash<std::string>{}(pod.name)),
-                           std::hash<std::string>{}(node.name));
+    const uint64_t h =
+        Mix(Mix(seed_, std::hash<std::string>{}(pod.name)), std::hash<std::string>{}(node.name));
     // Node part: an integer 0..99 like kube-scheduler's score; GPU part below 1 picks the GPU.
     double s = static_cast<double>(h % 100);
     if (!plan.empty()) s += static_cast<double>(Mix(h, plan[0].gpu) >> 11) * 0x1p-53;
@@ -169,7 +168,7 @@ class FragModel {
       s.free[s.n++] = g.free_milli;
       auto it = model_bit_.find(g.model);
       s.models |= (it != model_bit_.end() && it->second < 63) ? uint64_t{1} << it->second
-                                                               : uint64_t{1} << 63;
+                                                              : uint64_t{1} << 63;
     }
     return s;
   }
@@ -351,8 +350,8 @@ class FragModel {
   struct Group {
     int64_t cpu = 0;
     uint64_t models = 0;
-    double weight = 0;         // every class of the group
-    double no_gpu_weight = 0;  // classes asking no GPU (they never fit a GPU measure)
+    double weight = 0;             // every class of the group
+    double no_gpu_weight = 0;      // classes asking no GPU (they never fit a GPU measure)
     std::vector<double> share_le;  // [x] = weight of share classes with milli <= x, x 0..1000
     std::vector<Class> multi;      // whole-GPU and multi-container classes
   };
@@ -485,11 +484,10 @@ class FragPolicy final : public PolicyImpl {
       if (o_.avoid_stranding) {
         const double g0 = static_cast<double>(NodeGpuFree(node));
         const double g1 = g0 - static_cast<double>(pod.TotalGpuMilli());
-        const double more =
-            Stranded(g1, static_cast<double>(node.cpu_milli_free - pod.cpu_milli),
-                     static_cast<double>(node.memory_mib_free - pod.memory_mib)) -
-            Stranded(g0, static_cast<double>(node.cpu_milli_free),
-                     static_cast<double>(node.memory_mib_free));
+        const double more = Stranded(g1, static_cast<double>(node.cpu_milli_free - pod.cpu_milli),
+                                     static_cast<double>(node.memory_mib_free - pod.memory_mib)) -
+                            Stranded(g0, static_cast<double>(node.cpu_milli_free),
+                                     static_cast<double>(node.memory_mib_free));
         score -= kStrandPenaltyPerGpu * more / kMilliPerGpu;
       }
     }

@@ -2,11 +2,11 @@
 #include "placement/sim.h"
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -38,7 +38,8 @@ class Csv {
     for (size_t i = 0; i < cols.size(); ++i) index_[cols[i]] = static_cast<int>(i);
     ncols_ = cols.size();
     for (SV r : required) {
-      if (!index_.contains(r)) return Error(1, absl::StrCat("missing column \"", r, "\" in header"));
+      if (!index_.contains(r))
+        return Error(1, absl::StrCat("missing column \"", r, "\" in header"));
     }
     if (lines_.size() < 2) return Error(1, "no data rows after the header");
     return absl::OkStatus();
@@ -60,11 +61,9 @@ class Csv {
     }
     return f;
   }
-  SV Field(const std::vector<SV>& f, SV col) const {
-    return f[index_.at(col)];
-  }
-  absl::StatusOr<int64_t> Int(const std::vector<SV>& f, size_t row,
-                              SV col, int64_t lo, int64_t hi) const {
+  SV Field(const std::vector<SV>& f, SV col) const { return f[index_.at(col)]; }
+  absl::StatusOr<int64_t> Int(const std::vector<SV>& f, size_t row, SV col, int64_t lo,
+                              int64_t hi) const {
     SV s = Field(f, col);
     int64_t v = 0;
     if (!absl::SimpleAtoi(s, &v)) {
@@ -280,8 +279,7 @@ SimResult Simulate(const Cluster& cluster_in, std::span<const PodRequest> trace,
     arrived += req;
     ++res.tasks;
     auto choice = Schedule(cluster, pod, policy, options.random_ties ? &tie_rng : nullptr);
-    if (choice.ok() &&
-        Apply(cluster.nodes[choice->node], pod, choice->placement.assignment).ok()) {
+    if (choice.ok() && Apply(cluster.nodes[choice->node], pod, choice->placement.assignment).ok()) {
       placed += req;
     } else {
       ++res.failed;

@@ -39,8 +39,8 @@ std::vector<PodRequest> ArrivalStream(std::span<const PodRequest> trace, int64_t
                                       double arrivals, uint64_t seed);
 
 struct SimOptions {
-  double arrivals = 1.3;  // stop when requested GPU reaches this multiple of capacity
-  uint64_t seed = 42;     // arrival order, resampling and tie-breaking
+  double arrivals = 1.3;     // stop when requested GPU reaches this multiple of capacity
+  uint64_t seed = 42;        // arrival order, resampling and tie-breaking
   double curve_step = 0.01;  // a curve point each time arrivals pass another step
   // Equal scores: a uniformly random node among them (kube-scheduler's selectHost) or the first
   // in node order. Node order is itself shuffled per seed, as the paper's simulator does by
@@ -67,13 +67,44 @@ struct SimResult {
   double arrived = 0;    // final
   double allocated = 0;  // final: the figure of merit
   int64_t tasks = 0;
-  int64_t failed = 0;          // tasks no node could take
+  int64_t failed = 0;            // tasks no node could take
   int64_t failed_gpu_milli = 0;  // GPU those failed tasks asked
-  double seconds = 0;          // wall time of the run
+  double seconds = 0;            // wall time of the run
 };
 
 // One run. `policy` must already know the workload (Policy::SetWorkload) if it needs it.
 SimResult Simulate(const Cluster& cluster, std::span<const PodRequest> trace, const Policy& policy,
                    const SimOptions& options);
+
+// `gpulet-sched simulate` as a library call: files in, one result per (policy, seed) out.
+struct SimulationRequest {
+  std::string nodes, pods;                                                      // openb CSV files
+  std::string policies = "random,best-fit,gpu-packing,dot-product,fgd,gpulet";  // comma-separated
+  uint64_t seed = 42;                                                           // first seed
+  int seeds = 1;                                                                // seed, seed+1, ...
+  double arrivals = 1.3;
+  int jobs = 0;  // parallel runs; 0: one per CPU
+  bool random_ties = false;
+  bool offline = false;  // SimOptions::offline
+};
+
+struct SimulationReport {
+  std::vector<std::string> policies;  // names, in request order
+  std::vector<SimResult> results;     // policy-major: results[p * seeds + s]
+  int64_t capacity_milli = 0;
+};
+
+// Loads the files, checks the request (InvalidArgument naming the file:line or the flag) and runs
+// every (policy, seed) on up to `jobs` threads; the results do not depend on the thread count.
+absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& request);
+
+// The curves as CSV (policy,seed,arrived,allocated), written to a temporary name and renamed so a
+// failed run never leaves half a file.
+absl::Status WriteSimulationCurves(const SimulationReport& report, const std::string& path);
+
+// The summary table: per policy, mean allocated share (+- sd, min, max over seeds), failed tasks
+// and seconds per run.
+std::string FormatSimulationSummary(const SimulationRequest& request,
+                                    const SimulationReport& report);
 
 }  // namespace gpulet::placement

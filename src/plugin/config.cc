@@ -1,12 +1,12 @@
 #include "plugin/config.h"
 
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/duration.h"
 #include "common/fs.h"
 #include "common/status.h"
 
@@ -23,81 +24,137 @@ namespace {
 constexpr char kPrefix[] = "nvidia.com/";
 
 const std::vector<Setting> kSettings = {
-    {"flags.migStrategy", "mig-strategy", {"MIG_STRATEGY"},
-     "MIG strategy: none | single | mixed"},
-    {"flags.failOnInitError", "fail-on-init-error", {"FAIL_ON_INIT_ERROR"},
+    {"flags.migStrategy", "mig-strategy", {"MIG_STRATEGY"}, "MIG strategy: none | single | mixed"},
+    {"flags.failOnInitError",
+     "fail-on-init-error",
+     {"FAIL_ON_INIT_ERROR"},
      "Exit when NVML cannot be initialised at start (false: wait and retry)"},
-    {"flags.nvidiaDriverRoot", "nvidia-driver-root", {"NVIDIA_DRIVER_ROOT"},
+    {"flags.nvidiaDriverRoot",
+     "nvidia-driver-root",
+     {"NVIDIA_DRIVER_ROOT"},
      "Root of the NVIDIA driver installation"},
-    {"flags.nvidiaDevRoot", "nvidia-dev-root", {"NVIDIA_DEV_ROOT"},
+    {"flags.nvidiaDevRoot",
+     "nvidia-dev-root",
+     {"NVIDIA_DEV_ROOT"},
      "Root of the NVIDIA device nodes (default: the driver root)"},
-    {"flags.mpsRoot", "mps-root", {"MPS_ROOT"},
+    {"flags.mpsRoot",
+     "mps-root",
+     {"MPS_ROOT"},
      "Host directory of the MPS control daemons' pipe, log and shm directories (sharing.mps)"},
-    {"flags.gdrcopyEnabled", "gdrcopy-enabled", {"GDRCOPY_ENABLED"},
+    {"flags.gdrcopyEnabled",
+     "gdrcopy-enabled",
+     {"GDRCOPY_ENABLED"},
      "Request GDRCopy in containers (NVIDIA_GDRCOPY=enabled)"},
-    {"flags.gdsEnabled", "gds-enabled", {"GDS_ENABLED"},
+    {"flags.gdsEnabled",
+     "gds-enabled",
+     {"GDS_ENABLED"},
      "Request GPUDirect Storage in containers (NVIDIA_GDS=enabled)"},
-    {"flags.mofedEnabled", "mofed-enabled", {"MOFED_ENABLED"},
+    {"flags.mofedEnabled",
+     "mofed-enabled",
+     {"MOFED_ENABLED"},
      "Request MOFED in containers (NVIDIA_MOFED=enabled)"},
-    {"flags.plugin.passDeviceSpecs", "pass-device-specs", {"PASS_DEVICE_SPECS"},
+    {"flags.plugin.passDeviceSpecs",
+     "pass-device-specs",
+     {"PASS_DEVICE_SPECS"},
      "Return /dev/nvidia* device specs in Allocate (CPUManager compatibility)"},
-    {"flags.plugin.deviceListStrategy", "device-list-strategy", {"DEVICE_LIST_STRATEGY"},
+    {"flags.plugin.deviceListStrategy",
+     "device-list-strategy",
+     {"DEVICE_LIST_STRATEGY"},
      "How devices reach the runtime: envvar, volume-mounts, cdi-annotations, cdi-cri "
      "(comma list)"},
-    {"flags.plugin.deviceIDStrategy", "device-id-strategy", {"DEVICE_ID_STRATEGY"},
+    {"flags.plugin.deviceIDStrategy",
+     "device-id-strategy",
+     {"DEVICE_ID_STRATEGY"},
      "How containers are told their devices: uuid | index"},
-    {"flags.plugin.cdiAnnotationPrefix", "cdi-annotation-prefix", {"CDI_ANNOTATION_PREFIX"},
+    {"flags.plugin.cdiAnnotationPrefix",
+     "cdi-annotation-prefix",
+     {"CDI_ANNOTATION_PREFIX"},
      "Key prefix of CDI annotations"},
-    {"flags.plugin.sharedDevicesAllocationPolicy", "shared-devices-allocation-policy",
+    {"flags.plugin.sharedDevicesAllocationPolicy",
+     "shared-devices-allocation-policy",
      {"SHARED_DEVICES_ALLOCATION_POLICY"},
      "Preferred allocation of shared replicas: distributed | packed"},
-    {"gpulet.checkpointDeviceIDStrategy", "checkpoint-device-id-strategy",
+    {"gpulet.checkpointDeviceIDStrategy",
+     "checkpoint-device-id-strategy",
      {"CHECKPOINT_DEVICE_ID_STRATEGY"},
      "Device IDs shown to the kubelet: uuid | index (index survives UUID changes)"},
-    {"gpulet.health.disable", "disable-healthchecks", {"DP_DISABLE_HEALTHCHECKS"},
+    {"gpulet.health.disable",
+     "disable-healthchecks",
+     {"DP_DISABLE_HEALTHCHECKS"},
      "Health checks to skip: all | xids | comma list of XIDs"},
-    {"gpulet.health.enable", "enable-healthchecks", {"DP_ENABLE_HEALTHCHECKS"},
+    {"gpulet.health.enable",
+     "enable-healthchecks",
+     {"DP_ENABLE_HEALTHCHECKS"},
      "XIDs that always make a device unhealthy (comma list; wins over disable)"},
-    {"gpulet.health.holdDown", "health-hold-down", {"GPULET_HEALTH_HOLD_DOWN"},
+    {"gpulet.health.holdDown",
+     "health-hold-down",
+     {"GPULET_HEALTH_HOLD_DOWN"},
      "How long a device must answer normally before it is Healthy again (e.g. 30s)"},
-    {"gpulet.health.probeInterval", "health-probe-interval", {"GPULET_HEALTH_PROBE_INTERVAL"},
+    {"gpulet.health.probeInterval",
+     "health-probe-interval",
+     {"GPULET_HEALTH_PROBE_INTERVAL"},
      "How often devices are probed (e.g. 1s)"},
-    {"gpulet.health.unhealthyDevicesFile", "unhealthy-devices-file", {"UNHEALTHY_DEVICES_FILE"},
+    {"gpulet.health.unhealthyDevicesFile",
+     "unhealthy-devices-file",
+     {"UNHEALTHY_DEVICES_FILE"},
      "Manual isolation list {\"index\": [...], \"uuid\": [...]}, watched live"},
-    {"gpulet.mps.binDir", "mps-bin-dir", {"GPULET_MPS_BIN_DIR"},
+    {"gpulet.mps.binDir",
+     "mps-bin-dir",
+     {"GPULET_MPS_BIN_DIR"},
      "Directory of nvidia-cuda-mps-control and nvidia-smi for sharing.mps (empty: $PATH)"},
-    {"gpulet.vgpu.gpus", "vgpu-gpus", {"GPULET_VGPU_GPUS"},
+    {"gpulet.vgpu.gpus",
+     "vgpu-gpus",
+     {"GPULET_VGPU_GPUS"},
      "GPUs shared fractionally as tencent.com/vcuda-core/-memory (not offered as nvidia.com/gpu): "
      "empty (off, the default) | all | comma list of indexes or UUIDs"},
-    {"gpulet.vgpu.nominalMemory", "vgpu-nominal-memory", {"GPULET_VGPU_NOMINAL_MEMORY"},
+    {"gpulet.vgpu.nominalMemory",
+     "vgpu-nominal-memory",
+     {"GPULET_VGPU_NOMINAL_MEMORY"},
      "vcuda-memory units from the GPU's whole-GiB size (true: 320 on an H100 80GB) or from the "
      "memory NVML reports (false: 318)"},
-    {"gpulet.vgpu.stateDir", "vgpu-state-dir", {"GPULET_VGPU_STATE_DIR"},
+    {"gpulet.vgpu.stateDir",
+     "vgpu-state-dir",
+     {"GPULET_VGPU_STATE_DIR"},
      "vGPU checkpoint and per-container accounting files (<dir>/<pod-uid>/<container>/accounting)"},
-    {"gpulet.vgpu.library", "vgpu-library", {"GPULET_VGPU_LIBRARY"},
+    {"gpulet.vgpu.library",
+     "vgpu-library",
+     {"GPULET_VGPU_LIBRARY"},
      "Host path of libgpulet-vcuda.so, mounted read-only into vGPU containers"},
-    {"gpulet.vgpu.policy", "vgpu-policy", {"GPULET_VGPU_POLICY"},
+    {"gpulet.vgpu.policy",
+     "vgpu-policy",
+     {"GPULET_VGPU_POLICY"},
      "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
-    {"gpulet.vgpu.reconcileInterval", "vgpu-reconcile-interval", {"GPULET_VGPU_RECONCILE_INTERVAL"},
+    {"gpulet.vgpu.reconcileInterval",
+     "vgpu-reconcile-interval",
+     {"GPULET_VGPU_RECONCILE_INTERVAL"},
      "How often vGPU grants of deleted pods are released (e.g. 5s)"},
-    {"gpulet.dra.gpus", "dra-gpus", {"GPULET_DRA_GPUS"},
+    {"gpulet.dra.gpus",
+     "dra-gpus",
+     {"GPULET_DRA_GPUS"},
      "GPUs served as a DRA driver (gpu.gpulet.io ResourceSlices; agent with --node-name), not "
      "as device-plugin resources: empty (off, the default) | all | comma list of indexes or UUIDs"},
-    {"gpulet.dra.stateDir", "dra-state-dir", {"GPULET_DRA_STATE_DIR"},
+    {"gpulet.dra.stateDir",
+     "dra-state-dir",
+     {"GPULET_DRA_STATE_DIR"},
      "DRA checkpoint of prepared claims and fractional claims' accounting files"},
-    {"gpulet.dra.cdiDir", "dra-cdi-dir", {"GPULET_DRA_CDI_DIR"},
+    {"gpulet.dra.cdiDir",
+     "dra-cdi-dir",
+     {"GPULET_DRA_CDI_DIR"},
      "Where the DRA claims' CDI specs are written (the container runtime's CDI spec directory)"},
-    {"gpulet.dra.kubeletDir", "dra-kubelet-dir", {"GPULET_DRA_KUBELET_DIR"},
+    {"gpulet.dra.kubeletDir",
+     "dra-kubelet-dir",
+     {"GPULET_DRA_KUBELET_DIR"},
      "The kubelet's root directory (plugins_registry/ and plugins/ for the DRA sockets)"},
-    {"gpulet.dra.consumableCapacity", "dra-consumable-capacity",
+    {"gpulet.dra.consumableCapacity",
+     "dra-consumable-capacity",
      {"GPULET_DRA_CONSUMABLE_CAPACITY"},
      "Publish DRA GPUs as shareable with consumable memory/cores capacity (needs the "
      "DRAConsumableCapacity feature gate, alpha in Kubernetes 1.34)"},
 };
 
 // Keys NVIDIA defines that concern other programs (GFD, CDI spec generation): accepted and ignored
-// so NVIDIA's files load unchanged. Each with why, said once per load (Config::notes). The GFD keys are ignored by NVIDIA's device
-// plugin too, so they load silently.
+// so NVIDIA's files load unchanged. Each with why, said once per load (Config::notes). The GFD keys
+// are ignored by NVIDIA's device plugin too, so they load silently.
 const std::map<std::string, const char*> kIgnored = {
     {"flags.useNodeFeatureAPI", ""},
     {"flags.gfd", ""},
@@ -123,19 +180,22 @@ absl::StatusOr<IdStrategy> ParseId(const std::string& v) {
 }
 
 absl::StatusOr<absl::Duration> ParseDur(const std::string& v) {
-  absl::Duration d;
-  if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration())
-    return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not a duration like 30s"));
-  return d;
+  // The caller names the key; one syntax with every flag (common/duration.h).
+  ASSIGN_OR_RETURN(ParsedDuration d, ParseDuration("duration", v, {.allow_zero = true}));
+  return d.value;
 }
 
 // Applies one scalar setting; the error names only the value (callers add where and which key).
 absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
   if (key == "flags.migStrategy") {
-    if (v == "none") c.mig_strategy = MigStrategy::kNone;
-    else if (v == "single") c.mig_strategy = MigStrategy::kSingle;
-    else if (v == "mixed") c.mig_strategy = MigStrategy::kMixed;
-    else return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not none, single or mixed"));
+    if (v == "none")
+      c.mig_strategy = MigStrategy::kNone;
+    else if (v == "single")
+      c.mig_strategy = MigStrategy::kSingle;
+    else if (v == "mixed")
+      c.mig_strategy = MigStrategy::kMixed;
+    else
+      return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not none, single or mixed"));
   } else if (key == "flags.failOnInitError") {
     ASSIGN_OR_RETURN(c.fail_on_init_error, ParseBool(v));
   } else if (key == "flags.nvidiaDriverRoot") {
@@ -169,13 +229,17 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
     ListStrategies l{false, false, false, false};
     for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
       s = absl::StripAsciiWhitespace(s);
-      if (s == "envvar") l.envvar = true;
-      else if (s == "volume-mounts") l.volume_mounts = true;
-      else if (s == "cdi-annotations") l.cdi_annotations = true;
-      else if (s == "cdi-cri") l.cdi_cri = true;
+      if (s == "envvar")
+        l.envvar = true;
+      else if (s == "volume-mounts")
+        l.volume_mounts = true;
+      else if (s == "cdi-annotations")
+        l.cdi_annotations = true;
+      else if (s == "cdi-cri")
+        l.cdi_cri = true;
       else
-        return absl::InvalidArgumentError(absl::StrCat(
-            "\"", s, "\" is not envvar, volume-mounts, cdi-annotations or cdi-cri"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("\"", s, "\" is not envvar, volume-mounts, cdi-annotations or cdi-cri"));
     }
     if (!l.envvar && !l.volume_mounts && !l.cdi_annotations && !l.cdi_cri)
       return absl::InvalidArgumentError("empty list");
@@ -185,18 +249,24 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
   } else if (key == "flags.plugin.cdiAnnotationPrefix") {
     c.cdi_annotation_prefix = v;
   } else if (key == "flags.plugin.sharedDevicesAllocationPolicy") {
-    if (v == "distributed") c.shared_policy = SharedPolicy::kDistributed;
-    else if (v == "packed") c.shared_policy = SharedPolicy::kPacked;
-    else return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not distributed or packed"));
+    if (v == "distributed")
+      c.shared_policy = SharedPolicy::kDistributed;
+    else if (v == "packed")
+      c.shared_policy = SharedPolicy::kPacked;
+    else
+      return absl::InvalidArgumentError(absl::StrCat("\"", v, "\" is not distributed or packed"));
   } else if (key == "gpulet.checkpointDeviceIDStrategy") {
     ASSIGN_OR_RETURN(c.checkpoint_id_strategy, ParseId(v));
   } else if (key == "gpulet.health.disable") {
     c.health.disabled = c.health.xids_disabled = false;
     c.health.disabled_xids.clear();
     std::string l = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
-    if (l == "all") c.health.disabled = true;
-    else if (l == "xids") c.health.xids_disabled = true;
-    else RETURN_IF_ERROR(ParseXidList(v, &c.health.disabled_xids));
+    if (l == "all")
+      c.health.disabled = true;
+    else if (l == "xids")
+      c.health.xids_disabled = true;
+    else
+      RETURN_IF_ERROR(ParseXidList(v, &c.health.disabled_xids));
   } else if (key == "gpulet.health.enable") {
     c.health.enabled_xids.clear();
     RETURN_IF_ERROR(ParseXidList(v, &c.health.enabled_xids));
@@ -268,7 +338,8 @@ struct FileParser {
       const YAML::Node& v = kv.second;
       if (auto ig = kIgnored.find(key); ig != kIgnored.end()) {
         if (*ig->second)
-          c.notes.push_back(absl::StrCat(At(kv.first, key), ": accepted and ignored: ", ig->second));
+          c.notes.push_back(
+              absl::StrCat(At(kv.first, key), ": accepted and ignored: ", ig->second));
         continue;
       }
       if (key == "flags.plugin" || key == "gpulet.health" || key == "gpulet.vgpu" ||
@@ -301,9 +372,12 @@ struct FileParser {
       NamedPattern p;
       for (const auto& kv : item) {
         std::string k = kv.first.Scalar();
-        if (k == "pattern") { ASSIGN_OR_RETURN(p.pattern, Scalar(kv.second, key + ".pattern")); }
-        else if (k == "name") { ASSIGN_OR_RETURN(p.name, Scalar(kv.second, key + ".name")); }
-        else return Err(kv.first, key + "." + k, "unknown key");
+        if (k == "pattern") {
+          ASSIGN_OR_RETURN(p.pattern, Scalar(kv.second, key + ".pattern"));
+        } else if (k == "name") {
+          ASSIGN_OR_RETURN(p.name, Scalar(kv.second, key + ".name"));
+        } else
+          return Err(kv.first, key + "." + k, "unknown key");
       }
       if (p.pattern.empty() || p.name.empty())
         return Err(item, key, "entries need both pattern and name");
@@ -321,7 +395,8 @@ struct FileParser {
       return Err(n, key, absl::StrCat("\"", name, "\" must be in the nvidia.com domain"));
     std::string rest = name.substr(sizeof(kPrefix) - 1);
     bool ok = !rest.empty() && rest.size() <= 63;
-    for (char ch : rest) ok = ok && (absl::ascii_isalnum(ch) || ch == '-' || ch == '.' || ch == '_');
+    for (char ch : rest)
+      ok = ok && (absl::ascii_isalnum(ch) || ch == '-' || ch == '.' || ch == '_');
     if (!ok) return Err(n, key, absl::StrCat("\"", name, "\" is not a valid resource name"));
     return name;
   }
@@ -420,9 +495,12 @@ struct FileParser {
         if (v.IsNull()) continue;
         for (const auto& r : v) {
           std::string rk = r.first.Scalar();
-          if (rk == "gpus") RETURN_IF_ERROR(Patterns(r.second, "resources.gpus", &c.gpus));
-          else if (rk == "mig") RETURN_IF_ERROR(Patterns(r.second, "resources.mig", &c.migs));
-          else return Err(r.first, "resources." + rk, "unknown key");
+          if (rk == "gpus")
+            RETURN_IF_ERROR(Patterns(r.second, "resources.gpus", &c.gpus));
+          else if (rk == "mig")
+            RETURN_IF_ERROR(Patterns(r.second, "resources.mig", &c.migs));
+          else
+            return Err(r.first, "resources." + rk, "unknown key");
         }
       } else if (k == "sharing") {
         RETURN_IF_ERROR(NeedMap(v, k));
@@ -430,14 +508,14 @@ struct FileParser {
         for (const auto& s : v) {
           std::string sk = s.first.Scalar();
           if (sk == "timeSlicing") {
-            RETURN_IF_ERROR(Sharing(s.second, "sharing.timeSlicing",
-                                    {&c.rename_by_default, &c.fail_requests_greater_than_one,
-                                     &c.time_slicing, false}));
+            RETURN_IF_ERROR(Sharing(
+                s.second, "sharing.timeSlicing",
+                {&c.rename_by_default, &c.fail_requests_greater_than_one, &c.time_slicing, false}));
           } else if (sk == "mps") {
             // An MPS section without resources is how NVIDIA's defaults spell "off".
-            RETURN_IF_ERROR(Sharing(s.second, "sharing.mps",
-                                    {&c.mps_rename_by_default,
-                                     &c.mps_fail_requests_greater_than_one, &c.mps, true}));
+            RETURN_IF_ERROR(Sharing(
+                s.second, "sharing.mps",
+                {&c.mps_rename_by_default, &c.mps_fail_requests_greater_than_one, &c.mps, true}));
             if (!c.mps.empty() && !c.time_slicing.empty())
               return Err(s.first, "sharing.mps",
                          "sharing.timeSlicing and sharing.mps are mutually exclusive (NVIDIA's "
@@ -517,18 +595,19 @@ absl::StatusOr<Config> ParseConfig(const std::string& text, const std::string& f
     return absl::InvalidArgumentError(absl::StrCat(filename, ":", e.mark.line + 1, ": ", e.msg));
   }
   if (!base.mps.empty() && !base.time_slicing.empty())
-    return absl::InvalidArgumentError(absl::StrCat(
-        base.mps.front().where, ": sharing.mps: sharing.timeSlicing and sharing.mps are mutually "
-        "exclusive (NVIDIA's plugin silently drops timeSlicing then); keep one"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(base.mps.front().where,
+                     ": sharing.mps: sharing.timeSlicing and sharing.mps are mutually "
+                     "exclusive (NVIDIA's plugin silently drops timeSlicing then); keep one"));
   // A shared resource is renamed to <name>.shared by default when asked to.
   for (auto* list : {&base.time_slicing, &base.mps})
-  for (auto& r : *list) {
-    bool by_default = list == &base.mps ? base.mps_rename_by_default : base.rename_by_default;
-    if (r.rename.empty() && by_default) r.rename = r.name + ".shared";
-    if (!r.rename.empty() && r.rename.size() - (sizeof(kPrefix) - 1) > 63)
-      return absl::InvalidArgumentError(
-          absl::StrCat(r.where, ": rename: \"", r.rename, "\" is longer than 63 characters"));
-  }
+    for (auto& r : *list) {
+      bool by_default = list == &base.mps ? base.mps_rename_by_default : base.rename_by_default;
+      if (r.rename.empty() && by_default) r.rename = r.name + ".shared";
+      if (!r.rename.empty() && r.rename.size() - (sizeof(kPrefix) - 1) > 63)
+        return absl::InvalidArgumentError(
+            absl::StrCat(r.where, ": rename: \"", r.rename, "\" is longer than 63 characters"));
+    }
   return base;
 }
 
@@ -587,22 +666,24 @@ absl::Status Validate(const Config& c) {
   // gdrcopy=all, .../imex-channel=0); gpulet's CDI spec defines no such devices, so the
   // combination would silently lose them.
   if (c.list.cdi_annotations || c.list.cdi_cri) {
-    for (const auto& [on, key] : {std::pair{c.gdrcopy, "flags.gdrcopyEnabled"},
-                                  std::pair{c.gds, "flags.gdsEnabled"},
-                                  std::pair{c.mofed, "flags.mofedEnabled"},
-                                  std::pair{!c.imex_channels.empty(), "imex.channelIDs"}})
+    for (const auto& [on, key] :
+         {std::pair{c.gdrcopy, "flags.gdrcopyEnabled"}, std::pair{c.gds, "flags.gdsEnabled"},
+          std::pair{c.mofed, "flags.mofedEnabled"},
+          std::pair{!c.imex_channels.empty(), "imex.channelIDs"}})
       if (on)
         return absl::InvalidArgumentError(absl::StrCat(
-            key, " with a CDI deviceListStrategy (cdi-annotations, cdi-cri) is not supported: "
+            key,
+            " with a CDI deviceListStrategy (cdi-annotations, cdi-cri) is not supported: "
             "gpulet's CDI spec defines no such device (NVIDIA's adds its own); use envvar or "
             "volume-mounts"));
   }
   if (!c.UsesMps()) return absl::OkStatus();
   // NVIDIA's validateFlags: one MPS daemon per resource cannot serve mixed MIG resources.
   if (c.mig_strategy == MigStrategy::kMixed)
-    return absl::InvalidArgumentError(absl::StrCat(
-        c.mps.front().where, ": sharing.mps: not supported with migStrategy mixed (MPS does not "
-        "share MIG devices; NVIDIA's plugin refuses this too)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.mps.front().where,
+                     ": sharing.mps: not supported with migStrategy mixed (MPS does not "
+                     "share MIG devices; NVIDIA's plugin refuses this too)"));
   return absl::OkStatus();
 }
 

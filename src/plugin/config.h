@@ -46,7 +46,7 @@ struct HealthConfig {
   bool disabled = false;       // DP_DISABLE_HEALTHCHECKS=all
   bool xids_disabled = false;  // DP_DISABLE_HEALTHCHECKS=xids
   std::set<uint64_t> disabled_xids, enabled_xids;
-  absl::Duration hold_down = absl::Seconds(30);   // healthy answers needed before recovery
+  absl::Duration hold_down = absl::Seconds(30);  // healthy answers needed before recovery
   absl::Duration probe_interval = absl::Seconds(1);
   std::string unhealthy_devices_file = "/etc/nvidia-device-plugin/unhealthyDevices.json";
 };
@@ -54,8 +54,8 @@ struct HealthConfig {
 // gpulet.vgpu: which GPUs are shared fractionally as tencent.com/vcuda-core / vcuda-memory
 // (src/vgpu/node/node.h, docs/vgpu.md). Pool GPUs are not offered as nvidia.com/gpu.
 struct VgpuConfig {
-  std::string gpus;             // "" (default): vGPU off; "all": every non-MIG GPU; or "0,3,GPU-..."
-  bool nominal_memory = true;   // memory units from the whole-GiB size (H100 80GB: 320), not NVML's
+  std::string gpus;            // "" (default): vGPU off; "all": every non-MIG GPU; or "0,3,GPU-..."
+  bool nominal_memory = true;  // memory units from the whole-GiB size (H100 80GB: 320), not NVML's
   std::string state_dir = "/var/lib/gpulet/vgpu";  // checkpoint + per-container accounting files
   // Host path of the interposer: where `gpulet install` puts it (node/install.h prefix).
   std::string library = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
@@ -67,7 +67,7 @@ struct VgpuConfig {
 // through the device plugin. DRA GPUs (and their MIG devices) are not offered as device-plugin
 // resources, so one GPU is never served both ways.
 struct DraConfig {
-  std::string gpus;  // "" (default): DRA off; "all"; or "0,3,GPU-..."
+  std::string gpus;                               // "" (default): DRA off; "all"; or "0,3,GPU-..."
   std::string state_dir = "/var/lib/gpulet/dra";  // checkpoint + fractional claims' accounting
   std::string cdi_dir = "/var/run/cdi";           // the claims' CDI specs
   std::string kubelet_dir = "/var/lib/kubelet";   // plugins_registry/ and plugins/ live here
@@ -123,9 +123,9 @@ struct Setting {
 const std::vector<Setting>& Settings();
 
 struct ConfigSources {
-  std::string file;                           // config file path; empty: none
-  std::map<std::string, std::string> env;     // variable -> value (EnvironmentSnapshot())
-  std::map<std::string, std::string> flags;   // Setting::key -> value, only for flags given
+  std::string file;                          // config file path; empty: none
+  std::map<std::string, std::string> env;    // variable -> value (EnvironmentSnapshot())
+  std::map<std::string, std::string> flags;  // Setting::key -> value, only for flags given
 };
 
 // The environment variables of Settings() that are set in this process.

@@ -1,11 +1,10 @@
 #include "plugin/health.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,41 +22,47 @@ struct XidEntry {
   XidBucket bucket;
 };
 constexpr XidEntry kXids[] = {
-    {13, XidBucket::kRestartApp},      // graphics engine exception
-    {31, XidBucket::kRestartApp},      // GPU memory page fault
-    {32, XidBucket::kRestartApp},      // invalid or corrupted push buffer stream
-    {43, XidBucket::kRestartApp},      // GPU stopped processing (the channel, not the GPU)
-    {45, XidBucket::kIgnore},          // preemptive cleanup after a process ended
-    {48, XidBucket::kResetGpu},        // double-bit ECC error
-    {61, XidBucket::kResetGpu},        // internal micro-controller breakpoint
-    {62, XidBucket::kResetGpu},        // internal micro-controller halt
-    {63, XidBucket::kIgnore},          // row remapping / page retirement recorded
-    {64, XidBucket::kResetGpu},        // row remapping / page retirement failed
-    {68, XidBucket::kRestartApp},      // video processor exception
-    {69, XidBucket::kRestartApp},      // graphics engine class error
-    {74, XidBucket::kResetGpu},        // NVLink error
-    {79, XidBucket::kRestartBm},       // GPU has fallen off the bus
-    {92, XidBucket::kIgnore},          // high single-bit ECC rate (corrected)
-    {94, XidBucket::kRestartApp},      // contained ECC error: only the faulting context dies
-    {95, XidBucket::kResetGpu},        // uncontained ECC error
-    {109, XidBucket::kResetGpu},       // context switch timeout: the catalogue says reset, while
-                                       // NVIDIA's plugin ignores it (its issue #1974)
-    {119, XidBucket::kResetGpu},       // GSP RPC timeout
-    {120, XidBucket::kResetGpu},       // GSP error
-    {121, XidBucket::kResetGpu},       // C2C link error
-    {140, XidBucket::kContactSupport}, // unrecovered ECC error
+    {13, XidBucket::kRestartApp},       // graphics engine exception
+    {31, XidBucket::kRestartApp},       // GPU memory page fault
+    {32, XidBucket::kRestartApp},       // invalid or corrupted push buffer stream
+    {43, XidBucket::kRestartApp},       // GPU stopped processing (the channel, not the GPU)
+    {45, XidBucket::kIgnore},           // preemptive cleanup after a process ended
+    {48, XidBucket::kResetGpu},         // double-bit ECC error
+    {61, XidBucket::kResetGpu},         // internal micro-controller breakpoint
+    {62, XidBucket::kResetGpu},         // internal micro-controller halt
+    {63, XidBucket::kIgnore},           // row remapping / page retirement recorded
+    {64, XidBucket::kResetGpu},         // row remapping / page retirement failed
+    {68, XidBucket::kRestartApp},       // video processor exception
+    {69, XidBucket::kRestartApp},       // graphics engine class error
+    {74, XidBucket::kResetGpu},         // NVLink error
+    {79, XidBucket::kRestartBm},        // GPU has fallen off the bus
+    {92, XidBucket::kIgnore},           // high single-bit ECC rate (corrected)
+    {94, XidBucket::kRestartApp},       // contained ECC error: only the faulting context dies
+    {95, XidBucket::kResetGpu},         // uncontained ECC error
+    {109, XidBucket::kResetGpu},        // context switch timeout: the catalogue says reset, while
+                                        // NVIDIA's plugin ignores it (its issue #1974)
+    {119, XidBucket::kResetGpu},        // GSP RPC timeout
+    {120, XidBucket::kResetGpu},        // GSP error
+    {121, XidBucket::kResetGpu},        // C2C link error
+    {140, XidBucket::kContactSupport},  // unrecovered ECC error
 };
 
 }  // namespace
 
 const char* XidBucketName(XidBucket b) {
   switch (b) {
-    case XidBucket::kIgnore: return "IGNORE";
-    case XidBucket::kRestartApp: return "RESTART_APP";
-    case XidBucket::kResetGpu: return "RESET_GPU";
-    case XidBucket::kRestartBm: return "RESTART_BM";
-    case XidBucket::kContactSupport: return "CONTACT_SUPPORT";
-    default: return "UNKNOWN";
+    case XidBucket::kIgnore:
+      return "IGNORE";
+    case XidBucket::kRestartApp:
+      return "RESTART_APP";
+    case XidBucket::kResetGpu:
+      return "RESET_GPU";
+    case XidBucket::kRestartBm:
+      return "RESTART_BM";
+    case XidBucket::kContactSupport:
+      return "CONTACT_SUPPORT";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -82,15 +87,15 @@ absl::StatusOr<Isolation> ParseIsolation(const std::string& text, const std::str
     size_t line = 1, col = 1;
     for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i, ++col)
       if (text[i] == '\n') ++line, col = 0;
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ":", line, ":", col, ": not valid JSON"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ":", line, ":", col, ": not valid JSON"));
   } catch (const nlohmann::json::exception& e) {
     // Valid syntax the library still refuses, e.g. a number too large for a double (1e999 is
     // out_of_range, not parse_error): an error like any other, never an abort of the agent.
     return absl::InvalidArgumentError(absl::StrCat(where, ": not usable JSON: ", e.what()));
   }
   if (!j.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(where, ": must be an object {\"index\": [...], "
+    return absl::InvalidArgumentError(absl::StrCat(where,
+                                                   ": must be an object {\"index\": [...], "
                                                    "\"uuid\": [...]}"));
   Isolation out;
   for (const auto& [key, value] : j.items()) {
@@ -176,9 +181,9 @@ std::string HealthMonitor::Reason(uint32_t index, int mig) const {
   const std::string idx = std::to_string(index);
   if (isolation_.indices.count(idx) || isolation_.uuids.count(g.uuid))
     return "isolated by " + cfg_.unhealthy_devices_file;
-  if (mig >= 0 && (isolation_.indices.count(absl::StrCat(idx, ":", mig)) ||
-                   (mig < static_cast<int>(g.mig_uuids.size()) &&
-                    isolation_.uuids.count(g.mig_uuids[mig]))))
+  if (mig >= 0 &&
+      (isolation_.indices.count(absl::StrCat(idx, ":", mig)) ||
+       (mig < static_cast<int>(g.mig_uuids.size()) && isolation_.uuids.count(g.mig_uuids[mig]))))
     return "isolated by " + cfg_.unhealthy_devices_file;
   return "";
 }
@@ -225,8 +230,8 @@ void HealthMonitor::OnEvent(const gpu::Event& e) {
     g.xid_reason = reason;
   }
   g.ok_since.reset();  // the hold-down starts over
-  spdlog::warn("GPU {}{}: {} -> Unhealthy", e.device_index,
-               mig >= 0 ? absl::StrCat(":", mig) : "", reason);
+  spdlog::warn("GPU {}{}: {} -> Unhealthy", e.device_index, mig >= 0 ? absl::StrCat(":", mig) : "",
+               reason);
   changes_.Notify();
 }
 
@@ -276,8 +281,8 @@ void HealthMonitor::CheckIsolationFile() {
   if (parsed->indices != isolation_.indices || parsed->uuids != isolation_.uuids) {
     isolation_ = std::move(*parsed);
     std::vector<std::string> unmatched = UnmatchedIsolationEntries();
-    spdlog::info("{}: {} index and {} uuid entries isolated", path,
-                 isolation_.indices.size(), isolation_.uuids.size());
+    spdlog::info("{}: {} index and {} uuid entries isolated", path, isolation_.indices.size(),
+                 isolation_.uuids.size());
     if (!unmatched.empty()) {
       // Said plainly: an entry naming no device isolates nothing (a typo would otherwise read as
       // "isolated" while the GPU meant stays in service).

@@ -78,10 +78,10 @@ class HealthMonitor {
     std::string uuid;
     std::vector<std::string> mig_uuids;
     std::vector<std::pair<uint32_t, uint32_t>> mig_ids;  // (GI, CI) per MIG device
-    std::string xid_reason;         // whole GPU marked by an XID
-    std::map<int, std::string> mig_xid;  // MIG devices marked by an XID
-    std::string probe_reason;       // probe failed
-    std::optional<Clock::TimePoint> ok_since;  // probes answering normally since
+    std::string xid_reason;                              // whole GPU marked by an XID
+    std::map<int, std::string> mig_xid;                  // MIG devices marked by an XID
+    std::string probe_reason;                            // probe failed
+    std::optional<Clock::TimePoint> ok_since;            // probes answering normally since
   };
   void CheckIsolationFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Entries of the isolation list that name no GPU or MIG device here ("index 9", "uuid GPU-x").

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,12 +16,11 @@
 #include <filesystem>
 #include <map>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/fs.h"
 #include "common/status.h"
 
@@ -58,8 +58,8 @@ absl::StatusOr<std::string> Which(const std::string& bin_dir, const std::string&
 }
 
 struct RunResult {
-  int status = -1;  // exit code; -1: killed or did not exit in time
-  std::string out;  // stdout and stderr
+  int status = -1;     // exit code; -1: killed or did not exit in time
+  std::string out;     // stdout and stderr
   int bind_errno = 0;  // the /dev/shm bind in the child failed with this
 };
 
@@ -139,8 +139,10 @@ absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv,
       if (::poll(&p, 1, 5) > 0) {
         char buf[4096];
         ssize_t n = ::read(out[0], buf, sizeof buf);
-        if (n > 0) r.out.append(buf, n);
-        else if (n == 0 || errno != EINTR) out_open = false;
+        if (n > 0)
+          r.out.append(buf, n);
+        else if (n == 0 || errno != EINTR)
+          out_open = false;
       }
     } else {
       ::usleep(2000);
@@ -187,10 +189,10 @@ absl::Status ValidateMpsShare(const MpsShare& share) {
     const bool turing_on = g.cc_major > 7 || (g.cc_major == 7 && g.cc_minor >= 5);
     const int max = turing_on ? 48 : 16;
     if (share.replicas > max)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sharing.mps: ", share.resource, ": ", share.replicas, " replicas on GPU ", g.index,
-          " (compute capability ", g.cc_major, ".", g.cc_minor, ") exceed the ", max,
-          " clients an MPS server takes there"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharing.mps: ", share.resource, ": ", share.replicas, " replicas on GPU ",
+                       g.index, " (compute capability ", g.cc_major, ".", g.cc_minor,
+                       ") exceed the ", max, " clients an MPS server takes there"));
   }
   return absl::OkStatus();
 }
@@ -219,9 +221,9 @@ absl::StatusOr<std::string> MpsDaemon::Command(const std::string& command) const
   ASSIGN_OR_RETURN(RunResult r,
                    Run({bin}, env, command + "\n", options_.command_timeout, /*detach=*/false));
   if (r.status != 0)
-    return absl::UnavailableError(absl::StrCat("MPS control of ", share_.resource, ": \"",
-                                               command, "\" failed (exit ", r.status, "): ",
-                                               Trimmed(r.out)));
+    return absl::UnavailableError(absl::StrCat("MPS control of ", share_.resource, ": \"", command,
+                                               "\" failed (exit ", r.status,
+                                               "): ", Trimmed(r.out)));
   return r.out;
 }
 
@@ -232,7 +234,8 @@ absl::Status MpsDaemon::SetComputeMode(const std::string& mode) const {
                                       options_.command_timeout, /*detach=*/false));
     if (r.status != 0)
       return absl::UnavailableError(absl::StrCat("nvidia-smi -i ", g.uuid, " -c ", mode,
-                                                 " failed (exit ", r.status, "): ", Trimmed(r.out)));
+                                                 " failed (exit ", r.status,
+                                                 "): ", Trimmed(r.out)));
   }
   return absl::OkStatus();
 }
@@ -249,23 +252,36 @@ absl::Status MpsDaemon::Launch() {
   std::error_code ec;
   for (const std::string& d : {pipe, log, shm}) {
     std::filesystem::create_directories(d, ec);
-    if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", d, ": ", ec.message()));
+    if (ec)
+      return absl::PermissionDeniedError(absl::StrCat("cannot create ", d, ": ", ec.message()));
   }
   ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
   // Clients get <root>/shm as /dev/shm; the daemon must see the same directory there.
   const bool bind = !SameDir(shm, "/dev/shm");
-  ASSIGN_OR_RETURN(RunResult r, Run({bin, "-d"},
-                                    {{"CUDA_MPS_PIPE_DIRECTORY", pipe},
-                                     {"CUDA_MPS_LOG_DIRECTORY", log}},
-                                    "", options_.command_timeout, /*detach=*/true,
-                                    bind ? shm : ""));
+  ASSIGN_OR_RETURN(
+      RunResult r,
+      Run({bin, "-d"}, {{"CUDA_MPS_PIPE_DIRECTORY", pipe}, {"CUDA_MPS_LOG_DIRECTORY", log}}, "",
+          options_.command_timeout, /*detach=*/true, bind ? shm : ""));
   if (r.bind_errno != 0)
-    spdlog::warn("MPS {}: cannot bind {} on the daemon's /dev/shm ({}); clients reach it only if "
-                 "/dev/shm already is {}",
-                 share_.resource, shm, std::strerror(r.bind_errno), shm);
+    spdlog::warn(
+        "MPS {}: cannot bind {} on the daemon's /dev/shm ({}); clients reach it only if "
+        "/dev/shm already is {}",
+        share_.resource, shm, std::strerror(r.bind_errno), shm);
   if (r.status != 0)
-    return absl::UnavailableError(absl::StrCat(bin, " -d for ", share_.resource, " failed (exit ",
-                                               r.status, ")"));
+    return absl::UnavailableError(
+        absl::StrCat(bin, " -d for ", share_.resource, " failed (exit ", r.status, ")"));
+  // `-d` may return before the daemon listens (the real one forks first): limits sent too early
+  // are refused with "Cannot find MPS control daemon process", so wait for its first answer.
+  const absl::Time deadline = absl::Now() + options_.command_timeout;
+  for (;;) {
+    absl::Status up = Command("get_default_active_thread_percentage").status();
+    if (up.ok()) break;
+    if (absl::Now() >= deadline)
+      return absl::UnavailableError(
+          absl::StrCat(bin, " -d for ", share_.resource, ": the daemon did not answer within ",
+                       absl::FormatDuration(options_.command_timeout), ": ", up.message()));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   return SetLimits();
 }
 
@@ -345,7 +361,8 @@ void MpsDaemon::Stop() {
     stopping_ = true;
   }
   if (supervisor_.joinable()) supervisor_.join();
-  if (auto q = Command("quit"); !q.ok()) spdlog::warn("MPS {}: {}", share_.resource, q.status().ToString());
+  if (auto q = Command("quit"); !q.ok())
+    spdlog::warn("MPS {}: {}", share_.resource, q.status().ToString());
   if (absl::Status s = SetComputeMode("DEFAULT"); !s.ok())
     spdlog::warn("MPS {}: {}", share_.resource, s.ToString());
   std::error_code ec;

@@ -9,8 +9,9 @@
 // Start: compute mode EXCLUSIVE_PROCESS on each GPU (nvidia-smi -i <uuid> -c), then
 // `nvidia-cuda-mps-control -d`, then through the control's stdin
 // `set_default_device_pinned_mem_limit <index> <memory/replicas in MiB>M` per GPU and
-// `set_default_active_thread_percentage <100/replicas>`. Health: `get_default_active_thread_percentage`
-// answers. A daemon that stops answering is started again and its limits set again.
+// `set_default_active_thread_percentage <100/replicas>`. Health:
+// `get_default_active_thread_percentage` answers. A daemon that stops answering is started again
+// and its limits set again.
 #pragma once
 
 #include <atomic>

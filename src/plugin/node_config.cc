@@ -1,13 +1,12 @@
 #include "plugin/node_config.h"
 
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/inotify.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -58,12 +57,14 @@ std::string NodeConfigWatcher::Wanted(std::string* label) const {
 
 void NodeConfigWatcher::Report(const std::string& type, const std::string& reason,
                                const std::string& message) {
-  if (type == "Warning") spdlog::error("config: {}", message);
-  else spdlog::info("config: {}", message);
+  if (type == "Warning")
+    spdlog::error("config: {}", message);
+  else
+    spdlog::info("config: {}", message);
   if (!options_.api || !node_.is_object()) return;
   auto ev = options_.api->CreateEvent(
-      "default", k8s::MakeEvent(node_, type, reason, message, options_.component,
-                                options_.node_name));
+      "default",
+      k8s::MakeEvent(node_, type, reason, message, options_.component, options_.node_name));
   if (!ev.ok()) spdlog::warn("config: cannot create the Event: {}", ev.status().ToString());
 }
 
@@ -71,10 +72,11 @@ absl::StatusOr<std::string> NodeConfigWatcher::Initial() {
   if (options_.api && !options_.node_name.empty()) {
     auto node = options_.api->GetNode(options_.node_name);
     absl::MutexLock l(&mu_);
-    if (node.ok()) node_ = *node;
+    if (node.ok())
+      node_ = *node;
     else
-      spdlog::warn("config: cannot read Node {} ({}); using the default config",
-                   options_.node_name, node.status().ToString());
+      spdlog::warn("config: cannot read Node {} ({}); using the default config", options_.node_name,
+                   node.status().ToString());
   }
   absl::MutexLock l(&mu_);
   std::string label;
@@ -85,8 +87,8 @@ absl::StatusOr<std::string> NodeConfigWatcher::Initial() {
   };
   if (!name.empty() && !known(name)) {
     std::string msg = absl::StrCat(
-        label.empty() ? "the default config \"" : "node label " + options_.node_label + "=\"",
-        name, "\" names no config in ", options_.dir, " (have: ", absl::StrJoin(names, ", "), ")");
+        label.empty() ? "the default config \"" : "node label " + options_.node_label + "=\"", name,
+        "\" names no config in ", options_.dir, " (have: ", absl::StrJoin(names, ", "), ")");
     if (!label.empty() && (options_.default_name.empty() || known(options_.default_name))) {
       Report("Warning", "UnknownDevicePluginConfig", msg + "; starting with the default");
       failed_key_ = "unknown\n" + name;
@@ -103,8 +105,8 @@ void NodeConfigWatcher::Start(const std::string& applied_path) {
   {
     absl::MutexLock l(&mu_);
     current_name_ = Base(applied_path);
-    auto text = applied_path.empty() ? absl::StatusOr<std::string>("")
-                                     : ReadFileToString(applied_path);
+    auto text =
+        applied_path.empty() ? absl::StatusOr<std::string>("") : ReadFileToString(applied_path);
     applied_key_ = current_name_ + "\n" + (text.ok() ? *text : "");
     stopping_ = false;
   }
@@ -134,10 +136,9 @@ void NodeConfigWatcher::OnNode(const nlohmann::json& node) {
 
 void NodeConfigWatcher::WatchDir() {
   int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (fd >= 0 &&
-      ::inotify_add_watch(fd, options_.dir.c_str(),
-                          IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE |
-                              IN_ATTRIB) < 0)
+  if (fd >= 0 && ::inotify_add_watch(fd, options_.dir.c_str(),
+                                     IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                         IN_CLOSE_WRITE | IN_ATTRIB) < 0)
     spdlog::warn("config: cannot watch {}: re-checking every {}", options_.dir,
                  absl::FormatDuration(options_.recheck));
   absl::Time next = absl::Now() + options_.recheck;
@@ -184,10 +185,10 @@ void NodeConfigWatcher::Evaluate() {
       if (failed_key_ == key) return;
       failed_key_ = key;
       Report("Warning", "UnknownDevicePluginConfig",
-             absl::StrCat(label.empty() ? "the default config \"" : "node label " +
-                                                                      options_.node_label + "=\"",
-                          name, "\" names no config in ", options_.dir, " (have: ",
-                          absl::StrJoin(ConfigNames(options_.dir), ", "),
+             absl::StrCat(label.empty() ? "the default config \""
+                                        : "node label " + options_.node_label + "=\"",
+                          name, "\" names no config in ", options_.dir,
+                          " (have: ", absl::StrJoin(ConfigNames(options_.dir), ", "),
                           "); keeping config \"", current_name_, "\""));
       return;
     }

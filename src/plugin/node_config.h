@@ -31,8 +31,8 @@ struct NodeConfigOptions {
   std::string dir;           // --config-dir
   std::string default_name;  // --config-default; empty: the only file when there is one
   std::string node_label = kDefaultConfigNodeLabel;
-  std::string node_name;           // NODE_NAME; empty: no label, no Events
-  k8s::Client* api = nullptr;      // not owned; null: no label, no Events
+  std::string node_name;       // NODE_NAME; empty: no label, no Events
+  k8s::Client* api = nullptr;  // not owned; null: no label, no Events
   absl::Duration recheck = absl::Seconds(1);
   std::string component = "gpulet-device-plugin";  // Event source
 };

@@ -1,28 +1,21 @@
 #include "plugin/plugin.h"
 
 #include <signal.h>
-
 #include <spdlog/spdlog.h>
 
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "dra/devices.h"
+#include "placement/vgpu_policy.h"
 #include "plugin/resources.h"
 #include "vgpu/node/node.h"
-#include "placement/vgpu_policy.h"
 
 namespace gpulet::plugin {
 namespace {
-
-sigset_t HandledSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGHUP, SIGINT, SIGTERM, SIGQUIT}) sigaddset(&set, s);
-  return set;
-}
 
 // An NVIDIA resource without the GPUs of the vGPU pool: a pool GPU is offered only as vcuda
 // units, so the kubelet can never book it whole and fractionally at once. `hidden` holds the pool
@@ -45,8 +38,8 @@ class WithoutPool final : public kubelet::Resource {
       const std::vector<std::string>& ids) override {
     for (const auto& id : ids)
       if (Hidden(id))
-        return absl::InvalidArgumentError(absl::StrCat("device ID \"", id, "\" of ", name(),
-                                                       " belongs to ", owner_));
+        return absl::InvalidArgumentError(
+            absl::StrCat("device ID \"", id, "\" of ", name(), " belongs to ", owner_));
     return inner_->Allocate(ids);
   }
   absl::StatusOr<std::vector<std::string>> Preferred(const std::vector<std::string>& available,
@@ -102,13 +95,12 @@ class MpsGated final : public kubelet::Resource {
 
 }  // namespace
 
-void BlockSignals() {
-  sigset_t set = HandledSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
+void BlockSignals() { BlockStopSignals(/*with_reload=*/true); }
 
 DevicePlugin::DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config)
-    : gpu_(gpu), options_(std::move(options)), sources_(options_.sources),
+    : gpu_(gpu),
+      options_(std::move(options)),
+      sources_(options_.sources),
       config_(std::move(config)) {}
 
 DevicePlugin::~DevicePlugin() { Stop(); }
@@ -125,8 +117,7 @@ absl::Status DevicePlugin::Start() {
       {
         absl::MutexLock l(&mu_);
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop), config_.vgpu.reconcile_interval))
-          return;
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), config_.vgpu.reconcile_interval)) return;
       }
       if (absl::Status s = ReconcileVgpu(); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
     }
@@ -148,12 +139,13 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     // never also book them through the device plugin.
     auto dra_ids = dra::DevicePluginIds(inventory_, cfg.dra.gpus);
     if (!dra_ids.ok())
-      return absl::InvalidArgumentError(absl::StrCat("gpulet.dra.gpus: ", dra_ids.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpulet.dra.gpus: ", dra_ids.status().message()));
     for (const auto& g : *pool)
       if (dra_ids->count(g.uuid))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gpulet.dra.gpus and gpulet.vgpu.gpus both name GPU ", g.index, " (", g.uuid,
-            "); a GPU is served one way"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("gpulet.dra.gpus and gpulet.vgpu.gpus both name GPU ", g.index, " (",
+                         g.uuid, "); a GPU is served one way"));
     for (auto& r : resources) r = std::make_shared<WithoutPool>(std::move(r), *dra_ids, "DRA");
     std::erase_if(resources, [](const auto& r) { return r->Devices().empty(); });
   }
@@ -173,17 +165,18 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     no.policy = cfg.vgpu.policy;
     no.nominal_memory = cfg.vgpu.nominal_memory;
     // The same settings keep the assigner (and a container's half-done Allocate pair).
-    key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|",
-                       cfg.vgpu.state_dir, "|", cfg.vgpu.library, "|", cfg.vgpu.policy);
+    key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|", cfg.vgpu.state_dir, "|",
+                       cfg.vgpu.library, "|", cfg.vgpu.policy);
     if (vgpu_ && key == vgpu_key_) {
       assigner = vgpu_;
     } else {
       assigner = std::make_shared<vgpu::NodeAssigner>(no, *pool, options_.api);
       RETURN_IF_ERROR(assigner->Load());
       if (!options_.api)
-        spdlog::info("vGPU: no API server (agent --node-name not set): containers are placed "
-                     "from the kubelet's counts by policy {}; pods are named from PodResources",
-                     cfg.vgpu.policy);
+        spdlog::info(
+            "vGPU: no API server (agent --node-name not set): containers are placed "
+            "from the kubelet's counts by policy {}; pods are named from PodResources",
+            cfg.vgpu.policy);
     }
     std::map<std::string, uint32_t> position;
     for (size_t i = 0; i < inventory_.devices.size(); ++i)
@@ -216,8 +209,8 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     HealthMonitor* health = health_.get();
     mo.on_health_change = [health] { health->NotifyChanged(); };
     auto it = mps_.find(share.resource);
-    if (it != mps_.end() && it->second->share() == share &&
-        it->second->options().root == mo.root && it->second->options().bin_dir == mo.bin_dir) {
+    if (it != mps_.end() && it->second->share() == share && it->second->options().root == mo.root &&
+        it->second->options().bin_dir == mo.bin_dir) {
       next[share.resource] = it->second;
       continue;
     }
@@ -332,13 +325,14 @@ absl::Status DevicePlugin::ReloadFrom(const std::string& file) {
   if (s.ok()) {
     spdlog::info("configuration reloaded");
   } else {
-    spdlog::error("reload failed, keeping the previous configuration: {}", std::string(s.message()));
+    spdlog::error("reload failed, keeping the previous configuration: {}",
+                  std::string(s.message()));
   }
   return s;
 }
 
 int DevicePlugin::Run() {
-  const sigset_t set = HandledSignals();
+  const sigset_t set = StopSignals(/*with_reload=*/true);
   const std::string file = options_.watch_file ? options_.sources.file : "";
   auto read = [&] {
     auto t = ReadFileToString(file);

@@ -39,7 +39,7 @@ class DevicePlugin {
  public:
   struct Options {
     kubelet::ManagerOptions manager;
-    ConfigSources sources;       // re-read on every reload
+    ConfigSources sources;        // re-read on every reload
     std::string host_root = "/";  // where /proc and /dev are looked up (sim root when simulating)
     // vGPU (config gpulet.vgpu): the API server to find the pod of an Allocate (may be null: then
     // containers are placed from the kubelet's counts), this node's name, and the kubelet's

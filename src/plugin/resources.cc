@@ -1,14 +1,13 @@
 #include "plugin/resources.h"
 
 #include <fnmatch.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <tuple>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -37,9 +36,9 @@ struct Node {
   Config cfg;
   const HealthMonitor* health = nullptr;
   std::unique_ptr<TopologyScorer> scorer;
-  std::map<std::string, int> mig_minors;    // "gpu0/gi1/access" -> minor
-  std::vector<std::string> control_nodes;   // /dev/nvidiactl, ... that exist on this host
-  std::vector<std::string> imex_channels;   // imex.channelIDs whose device node exists
+  std::map<std::string, int> mig_minors;   // "gpu0/gi1/access" -> minor
+  std::vector<std::string> control_nodes;  // /dev/nvidiactl, ... that exist on this host
+  std::vector<std::string> imex_channels;  // imex.channelIDs whose device node exists
 
   std::string Uuid(const Unit& u) const {
     const auto& d = inv.devices[u.gpu];
@@ -48,7 +47,7 @@ struct Node {
   std::string Index(const Unit& u) const {
     const auto& d = inv.devices[u.gpu];
     return u.mig < 0 ? std::to_string(d.index)
-                     : absl::StrCat(d.index, ":", d.mig_devices[u.mig].index);
+                     : gpu::MigIndexName(d.index, d.mig_devices[u.mig].index);
   }
   std::string Visible(const Unit& u) const {
     return cfg.id_strategy == IdStrategy::kIndex ? Index(u) : Uuid(u);
@@ -113,9 +112,8 @@ class NvidiaResource final : public kubelet::Resource {
     // Replicas of one GPU are one device to the container.
     std::vector<Unit> units;
     for (const Entry* e : req)
-      if (std::none_of(units.begin(), units.end(), [&](const Unit& u) {
-            return u.gpu == e->unit.gpu && u.mig == e->unit.mig;
-          }))
+      if (std::none_of(units.begin(), units.end(),
+                       [&](const Unit& u) { return u.gpu == e->unit.gpu && u.mig == e->unit.mig; }))
         units.push_back(e->unit);
     return Edits(units);
   }
@@ -143,8 +141,8 @@ class NvidiaResource final : public kubelet::Resource {
       return absl::InvalidArgumentError(
           absl::StrCat("allocation size ", size, " exceeds the ", pool.size(), " available"));
     std::vector<size_t> chosen =
-        replicated_ ? Spread(pool, required, size) : (whole_gpus_ ? Topo(pool, required, size)
-                                                                  : Pack(pool, required, size));
+        replicated_ ? Spread(pool, required, size)
+                    : (whole_gpus_ ? Topo(pool, required, size) : Pack(pool, required, size));
     std::vector<std::string> out;
     for (size_t i : chosen) out.push_back(entries_[i].id);
     return out;
@@ -164,7 +162,8 @@ class NvidiaResource final : public kubelet::Resource {
                            int size) const {
     uint64_t avail = 0, req = 0;
     std::map<int, size_t> entry_of;
-    for (size_t i : pool) avail |= uint64_t{1} << entries_[i].unit.gpu, entry_of[entries_[i].unit.gpu] = i;
+    for (size_t i : pool)
+      avail |= uint64_t{1} << entries_[i].unit.gpu, entry_of[entries_[i].unit.gpu] = i;
     for (size_t i : required) req |= uint64_t{1} << entries_[i].unit.gpu;
     auto best = node_->scorer->Best(avail, req, size);
     std::vector<size_t> out;
@@ -190,7 +189,10 @@ class NvidiaResource final : public kubelet::Resource {
       size_t best = SIZE_MAX;
       for (size_t i : pool) {
         if (taken.count(i)) continue;
-        if (best == SIZE_MAX) { best = i; continue; }
+        if (best == SIZE_MAX) {
+          best = i;
+          continue;
+        }
         int a = used[{entries_[i].unit.gpu, entries_[i].unit.mig}];
         int b = used[{entries_[best].unit.gpu, entries_[best].unit.mig}];
         if (packed ? a > b : a < b) best = i;
@@ -309,8 +311,8 @@ class NvidiaResource final : public kubelet::Resource {
       // A MIG device also needs the capability nodes of its GPU and compute instance.
       const auto& m = d.mig_devices[u.mig];
       std::string gi = absl::StrCat("gpu", d.minor, "/gi", m.gpu_instance_id);
-      for (const auto& cap : {gi + "/access", absl::StrCat(gi, "/ci", m.compute_instance_id,
-                                                           "/access")}) {
+      for (const auto& cap :
+           {gi + "/access", absl::StrCat(gi, "/ci", m.compute_instance_id, "/access")}) {
         auto it = node_->mig_minors.find(cap);
         if (it != node_->mig_minors.end())
           add(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second));
@@ -349,7 +351,7 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   node->cfg = cfg;
   node->health = health;
   node->scorer = std::make_unique<TopologyScorer>(inv);
-  RealFilesystem host(host_root);
+  RootedFilesystem host(host_root);
   if (auto text = host.ReadFile("/proc/driver/nvidia-caps/mig-minors"); text.ok()) {
     for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
       std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
@@ -357,8 +359,8 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
       if (f.size() == 2 && absl::SimpleAtoi(f[1], &minor)) node->mig_minors[f[0]] = minor;
     }
   }
-  for (const char* p : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                        "/dev/nvidia-modeset"})
+  for (const char* p :
+       {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"})
     if (host.Exists(JoinPath(cfg.DevRoot(), p))) node->control_nodes.push_back(p);
   // IMEX channels are injected only when their device node exists (as NVIDIA's); imex.required
   // makes a missing one an error.
@@ -369,9 +371,9 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
                                            ec)) {
       node->imex_channels.push_back(std::to_string(id));
     } else if (cfg.imex_required) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "imex.required: IMEX channel ", path, " does not exist (under nvidiaDevRoot ",
-          cfg.DevRoot(), ")"));
+      return absl::FailedPreconditionError(absl::StrCat("imex.required: IMEX channel ", path,
+                                                        " does not exist (under nvidiaDevRoot ",
+                                                        cfg.DevRoot(), ")"));
     } else {
       spdlog::warn("imex.channelIDs: {} does not exist; not injected", path);
     }
@@ -388,6 +390,10 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
   std::string first_profile;
   for (const auto& d : inv.devices) {
     const int g = static_cast<int>(&d - inv.devices.data());
+    if (!d.Readable()) {
+      spdlog::warn("GPU {} cannot be read ({}); it offers nothing", d.index, d.error);
+      continue;
+    }
     if (d.mig_enabled && cfg.mig_strategy != MigStrategy::kNone) {
       if (d.mig_devices.empty()) {
         if (cfg.mig_strategy == MigStrategy::kSingle)
@@ -415,8 +421,8 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
           std::replace(name.begin(), name.end(), '+', '.');
         }
         if (name.empty())
-          return absl::InvalidArgumentError(absl::StrCat(
-              "MIG profile ", profile, " (GPU ", d.index, ") matches no resources.mig pattern"));
+          return absl::InvalidArgumentError(absl::StrCat("MIG profile ", profile, " (GPU ", d.index,
+                                                         ") matches no resources.mig pattern"));
         units[name].push_back({g, static_cast<int>(&m - d.mig_devices.data())});
         any_mig = true;
       }
@@ -429,8 +435,8 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
         break;
       }
     if (name.empty())
-      return absl::InvalidArgumentError(absl::StrCat("GPU ", d.index, " (", d.name,
-                                                     ") matches no resources.gpus pattern"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU ", d.index, " (", d.name, ") matches no resources.gpus pattern"));
     units[name].push_back({g, -1});
     any_whole = true;
   }
@@ -457,17 +463,16 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     std::vector<Unit>& pool = it->second;
     std::vector<bool> pick(pool.size(), r.all_devices);
     if (r.device_count > static_cast<int>(pool.size()))
-      return absl::InvalidArgumentError(absl::StrCat(r.where, ": devices: ", r.device_count,
-                                                     " requested but ", r.name, " has ",
-                                                     pool.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.where, ": devices: ", r.device_count, " requested but ", r.name, " has ", pool.size()));
     for (int i = 0; i < r.device_count; ++i) pick[i] = true;
     for (const auto& want : r.device_list) {
       auto at = std::find_if(pool.begin(), pool.end(), [&](const Unit& u) {
         return node->Index(u) == want || node->Uuid(u) == want;
       });
       if (at == pool.end())
-        return absl::InvalidArgumentError(absl::StrCat(r.where, ": devices: \"", want,
-                                                       "\" is not a device of ", r.name));
+        return absl::InvalidArgumentError(
+            absl::StrCat(r.where, ": devices: \"", want, "\" is not a device of ", r.name));
       pick[at - pool.begin()] = true;
     }
     const std::string name = r.rename.empty() ? r.name : r.rename;
@@ -477,9 +482,9 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
         if (!pick[i]) continue;
         const gpu::Device& d = inv.devices[pool[i].gpu];
         if (pool[i].mig >= 0)
-          return absl::InvalidArgumentError(absl::StrCat(
-              r.where, ": sharing.mps: ", r.name, " holds MIG devices (GPU ", d.index,
-              "); MPS does not share MIG devices (as NVIDIA's plugin)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(r.where, ": sharing.mps: ", r.name, " holds MIG devices (GPU ", d.index,
+                           "); MPS does not share MIG devices (as NVIDIA's plugin)"));
         share.gpus.push_back({d.index, d.uuid, d.memory_bytes, d.cc_major, d.cc_minor});
       }
       if (absl::Status s = ValidateMpsShare(share); !s.ok())

@@ -10,13 +10,20 @@ namespace {
 
 int PcieRank(gpu::PcieRelation r) {
   switch (r) {
-    case gpu::PcieRelation::kSameBoard: return 6;
-    case gpu::PcieRelation::kSingleSwitch: return 5;
-    case gpu::PcieRelation::kMultiSwitch: return 4;
-    case gpu::PcieRelation::kHostBridge: return 3;
-    case gpu::PcieRelation::kSameNuma: return 2;
-    case gpu::PcieRelation::kCrossNuma: return 1;
-    default: return 0;
+    case gpu::PcieRelation::kSameBoard:
+      return 6;
+    case gpu::PcieRelation::kSingleSwitch:
+      return 5;
+    case gpu::PcieRelation::kMultiSwitch:
+      return 4;
+    case gpu::PcieRelation::kHostBridge:
+      return 3;
+    case gpu::PcieRelation::kSameNuma:
+      return 2;
+    case gpu::PcieRelation::kCrossNuma:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -24,7 +31,7 @@ int PcieRank(gpu::PcieRelation r) {
 // node adds one candidate or skips it; `link[k]` is candidate k's score towards the chosen set.
 struct Search {
   const TopologyScorer& t;
-  int m = 0;                                     // candidates
+  int m = 0;  // candidates
   int cand[TopologyScorer::kMaxGpus];
   int64_t link[TopologyScorer::kMaxGpus];
   // top[k * m + j]: sum of candidate k's j best pair scores towards the other candidates.
@@ -84,12 +91,11 @@ TopologyScorer::TopologyScorer(const gpu::Inventory& inv)
     for (int b = 0; b < n_; ++b) {
       if (a == b) continue;
       gpu::Link l;
-      if (a < static_cast<int>(inv.topology.size()) &&
-          b < static_cast<int>(inv.topology[a].size()))
+      if (a < static_cast<int>(inv.topology.size()) && b < static_cast<int>(inv.topology[a].size()))
         l = inv.topology[a][b];
       int na = inv.devices[a].numa_node, nb = inv.devices[b].numa_node;
-      pair_[a * n_ + b] = int64_t{l.nvlinks} * 1000000 + PcieRank(l.pcie) * 1000 +
-                          (na >= 0 && na == nb ? 1 : 0);
+      pair_[a * n_ + b] =
+          int64_t{l.nvlinks} * 1000000 + PcieRank(l.pcie) * 1000 + (na >= 0 && na == nb ? 1 : 0);
     }
   }
   // Links must count the same both ways; NVML can disagree (NVIDIA's allocator panics on that,
@@ -128,7 +134,8 @@ absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t requi
     return v;
   };
   std::pair<int64_t, int64_t> key[kMaxGpus];
-  for (int k = 0; k < s.m; ++k) key[s.cand[k]] = {pull(s.cand[k], required), pull(s.cand[k], available)};
+  for (int k = 0; k < s.m; ++k)
+    key[s.cand[k]] = {pull(s.cand[k], required), pull(s.cand[k], available)};
   std::stable_sort(s.cand, s.cand + s.m, [&](int a, int b) { return key[a] > key[b]; });
   for (int k = 0; k < s.m; ++k) s.link[k] = key[s.cand[k]].first;
   if (need > 0) s.Prepare();

@@ -21,13 +21,13 @@ namespace gpulet::runtime {
 namespace {
 
 const std::set<std::string>& KnownVersions() {
-  static const std::set<std::string> k = {"0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0",
-                                          "0.8.0", "1.0.0", "1.1.0"};
+  static const std::set<std::string> k = {"0.3.0", "0.4.0", "0.5.0", "0.6.0",
+                                          "0.7.0", "0.8.0", "1.0.0", "1.1.0"};
   return k;
 }
 const std::set<std::string>& HookNames() {
-  static const std::set<std::string> k = {"prestart",        "createRuntime", "createContainer",
-                                          "startContainer",  "poststart",     "poststop"};
+  static const std::set<std::string> k = {"prestart",       "createRuntime", "createContainer",
+                                          "startContainer", "poststart",     "poststop"};
   return k;
 }
 
@@ -79,8 +79,7 @@ bool IsUtf8(const std::string& s) {
 struct Parser {
   std::string source;
   absl::Status Err(const YAML::Node& n, const std::string& msg) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ":", n.Mark().line + 1, ": ", msg));
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", n.Mark().line + 1, ": ", msg));
   }
   absl::StatusOr<std::string> Str(const YAML::Node& n, const char* what) {
     if (!n.IsScalar()) return Err(n, absl::StrCat(what, " must be a string"));
@@ -135,7 +134,8 @@ struct Parser {
         }
         if (!node.type.empty() && node.type != "c" && node.type != "b" && node.type != "u" &&
             node.type != "p")
-          return Err(d["type"], absl::StrCat("device type \"", node.type, "\" is not c, b, u or p"));
+          return Err(d["type"],
+                     absl::StrCat("device type \"", node.type, "\" is not c, b, u or p"));
         if (d["major"]) {
           ASSIGN_OR_RETURN(node.major, Num<int64_t>(d["major"], "major"));
         }
@@ -320,7 +320,8 @@ absl::StatusOr<CdiSpec> ParseCdiTree(const YAML::Node& root, const std::string& 
     if (!root["cdiVersion"]) return p.Err(root, "no cdiVersion");
     ASSIGN_OR_RETURN(spec.cdi_version, p.Str(root["cdiVersion"], "cdiVersion"));
     if (!KnownVersions().count(spec.cdi_version))
-      return p.Err(root["cdiVersion"], absl::StrCat("unsupported cdiVersion \"", spec.cdi_version, "\""));
+      return p.Err(root["cdiVersion"],
+                   absl::StrCat("unsupported cdiVersion \"", spec.cdi_version, "\""));
     if (!root["kind"]) return p.Err(root, "no kind");
     ASSIGN_OR_RETURN(spec.kind, p.Str(root["kind"], "kind"));
     if (!ValidKind(spec.kind))
@@ -337,7 +338,8 @@ absl::StatusOr<CdiSpec> ParseCdiTree(const YAML::Node& root, const std::string& 
         return p.Err(d["name"], absl::StrCat("invalid device name \"", dev.name, "\""));
       if (!names.insert(dev.name).second)
         return p.Err(d["name"], absl::StrCat("duplicate device name \"", dev.name, "\""));
-      if (!d["containerEdits"]) return p.Err(d, absl::StrCat("device ", dev.name, " has no containerEdits"));
+      if (!d["containerEdits"])
+        return p.Err(d, absl::StrCat("device ", dev.name, " has no containerEdits"));
       ASSIGN_OR_RETURN(dev.edits, p.Edits(d["containerEdits"]));
       spec.devices.push_back(std::move(dev));
     }
@@ -353,7 +355,8 @@ absl::StatusOr<CdiSpec> ParseCdiTree(const YAML::Node& root, const std::string& 
 absl::StatusOr<CdiSpec> ParseCdiSpec(const std::string& text, const std::string& source) {
   // JSON (what `gpulet cdi generate --format json` and the agent write) takes the fast path. A
   // JSON spec the checks reject is read again below only to name the line of the problem.
-  if (size_t first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '{') {
+  if (size_t first = text.find_first_not_of(" \t\r\n");
+      first != std::string::npos && text[first] == '{') {
     Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_discarded()) {
       auto spec = ParseCdiTree(FromJson(j), source);
@@ -422,8 +425,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
       root = opt.driver_container_root;
       found = std::move(in_container);
       if (warnings)
-        warnings->push_back(absl::StrCat("no NVIDIA driver libraries under /: using the driver "
-                                         "container's root ", root, " (--driver-root)"));
+        warnings->push_back(
+            absl::StrCat("no NVIDIA driver libraries under /: using the driver "
+                         "container's root ",
+                         root, " (--driver-root)"));
     }
   }
   if (!found.ok()) return found.status();
@@ -457,6 +462,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   }
   ContainerEdits all;
   for (const auto& dev : inv.devices) {
+    if (!dev.Readable()) continue;  // lost before we knew its minor: nothing to mount
     ContainerEdits e;
     e.device_nodes.push_back(node(absl::StrCat("/dev/nvidia", dev.minor)));
     all.Merge(e);
@@ -476,7 +482,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
         me.device_nodes.push_back(node(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second)));
       }
       all.Merge(me);  // "all" includes the MIG capability nodes, as nvidia-ctk's does
-      add(absl::StrCat(dev.index, ":", mig.index), mig.uuid, me);
+      add(gpu::MigIndexName(dev.index, mig.index), mig.uuid, me);
     }
   }
   if (inv.devices.empty()) return absl::FailedPreconditionError("no GPUs in the inventory");
@@ -486,9 +492,9 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   spec.edits.env.push_back("NVIDIA_VISIBLE_DEVICES=void");
   spec.edits.env.push_back(absl::StrCat("GPULET_DRIVER_VERSION=", driver.version));
   if (inv.cuda_driver_version > 0)
-    spec.edits.env.push_back(absl::StrCat("GPULET_CUDA_DRIVER_VERSION=",
-                                          inv.cuda_driver_version / 1000, ".",
-                                          inv.cuda_driver_version % 1000 / 10));
+    spec.edits.env.push_back(
+        absl::StrCat("GPULET_CUDA_DRIVER_VERSION=", inv.cuda_driver_version / 1000, ".",
+                     inv.cuda_driver_version % 1000 / 10));
   if (!opt.hook_path.empty() && !driver.libraries.empty()) {
     Hook h;
     h.hook_name = "createRuntime";

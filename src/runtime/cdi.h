@@ -23,8 +23,8 @@ struct CdiSpec {
   std::string cdi_version;  // as read; set by MinimumCdiVersion when generating
   std::string kind;         // "vendor/class", e.g. "nvidia.com/gpu"
   std::vector<CdiDevice> devices;
-  ContainerEdits edits;     // applied once when any device of the spec is used
-  std::string source;       // file it was read from (for messages)
+  ContainerEdits edits;  // applied once when any device of the spec is used
+  std::string source;    // file it was read from (for messages)
 };
 
 // Parses a CDI spec (JSON is YAML). Validates cdiVersion, kind, device names, absolute paths and

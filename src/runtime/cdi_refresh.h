@@ -42,7 +42,7 @@ class CdiRefresher {
   std::chrono::milliseconds interval_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a GPU event asked for an early refresh
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;       // a GPU event asked for an early refresh
   std::string last_error_ ABSL_GUARDED_BY(mu_);  // logged once, not every interval
   std::unique_ptr<gpu::GpuLayer::Subscription> events_;
   std::thread thread_;

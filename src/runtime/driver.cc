@@ -33,26 +33,47 @@ uint32_t U32(const std::string& d, size_t off) {
 
 // Capability of the libraries and binaries libnvidia-container knows (by file-name stem).
 const std::map<std::string, std::string>& FileCapabilities() {
-  static const auto* k = new std::map<std::string, std::string>{
-      {"libnvidia-ml", "utility"}, {"libnvidia-cfg", "utility"}, {"libnvidia-nscq", "utility"},
-      {"nvidia-smi", "utility"}, {"nvidia-debugdump", "utility"},
-      {"nvidia-persistenced", "utility"}, {"nv-fabricmanager", "utility"},
-      {"libcuda", "compute"}, {"libcudadebugger", "compute"}, {"libnvidia-opencl", "compute"},
-      {"libnvidia-gpucomp", "compute"}, {"libnvidia-ptxjitcompiler", "compute"},
-      {"libnvidia-fatbinaryloader", "compute"}, {"libnvidia-allocator", "compute"},
-      {"libnvidia-compiler", "compute"}, {"libnvidia-pkcs11", "compute"},
-      {"libnvidia-pkcs11-openssl3", "compute"}, {"libnvidia-nvvm", "compute"},
-      {"libnvidia-tileiras", "compute"}, {"nvidia-cuda-mps-control", "compute"},
-      {"nvidia-cuda-mps-server", "compute"},
-      {"libvdpau_nvidia", "video"}, {"libnvidia-encode", "video"},
-      {"libnvidia-opticalflow", "video"}, {"libnvcuvid", "video"},
-      {"libnvidia-eglcore", "graphics"}, {"libnvidia-glcore", "graphics"},
-      {"libnvidia-tls", "graphics"}, {"libnvidia-glsi", "graphics"}, {"libnvidia-fbc", "graphics"},
-      {"libnvidia-ifr", "graphics"}, {"libnvidia-rtcore", "graphics"}, {"libnvoptix", "graphics"},
-      {"libGLX_nvidia", "graphics"}, {"libEGL_nvidia", "graphics"},
-      {"libGLESv2_nvidia", "graphics"}, {"libGLESv1_CM_nvidia", "graphics"},
-      {"libnvidia-glvkspirv", "graphics"}, {"libnvidia-cbl", "graphics"},
-      {"libnvidia-ngx", "ngx"}};
+  static const auto* k =
+      new std::map<std::string, std::string>{{"libnvidia-ml", "utility"},
+                                             {"libnvidia-cfg", "utility"},
+                                             {"libnvidia-nscq", "utility"},
+                                             {"nvidia-smi", "utility"},
+                                             {"nvidia-debugdump", "utility"},
+                                             {"nvidia-persistenced", "utility"},
+                                             {"nv-fabricmanager", "utility"},
+                                             {"libcuda", "compute"},
+                                             {"libcudadebugger", "compute"},
+                                             {"libnvidia-opencl", "compute"},
+                                             {"libnvidia-gpucomp", "compute"},
+                                             {"libnvidia-ptxjitcompiler", "compute"},
+                                             {"libnvidia-fatbinaryloader", "compute"},
+                                             {"libnvidia-allocator", "compute"},
+                                             {"libnvidia-compiler", "compute"},
+                                             {"libnvidia-pkcs11", "compute"},
+                                             {"libnvidia-pkcs11-openssl3", "compute"},
+                                             {"libnvidia-nvvm", "compute"},
+                                             {"libnvidia-tileiras", "compute"},
+                                             {"nvidia-cuda-mps-control", "compute"},
+                                             {"nvidia-cuda-mps-server", "compute"},
+                                             {"libvdpau_nvidia", "video"},
+                                             {"libnvidia-encode", "video"},
+                                             {"libnvidia-opticalflow", "video"},
+                                             {"libnvcuvid", "video"},
+                                             {"libnvidia-eglcore", "graphics"},
+                                             {"libnvidia-glcore", "graphics"},
+                                             {"libnvidia-tls", "graphics"},
+                                             {"libnvidia-glsi", "graphics"},
+                                             {"libnvidia-fbc", "graphics"},
+                                             {"libnvidia-ifr", "graphics"},
+                                             {"libnvidia-rtcore", "graphics"},
+                                             {"libnvoptix", "graphics"},
+                                             {"libGLX_nvidia", "graphics"},
+                                             {"libEGL_nvidia", "graphics"},
+                                             {"libGLESv2_nvidia", "graphics"},
+                                             {"libGLESv1_CM_nvidia", "graphics"},
+                                             {"libnvidia-glvkspirv", "graphics"},
+                                             {"libnvidia-cbl", "graphics"},
+                                             {"libnvidia-ngx", "ngx"}};
   return *k;
 }
 
@@ -63,7 +84,8 @@ absl::StatusOr<std::vector<LdCacheEntry>> ParseLdCache(const std::string& d,
   size_t base = 0;
   if (d.compare(0, sizeof kOldMagic - 1, kOldMagic) == 0) {
     // Old format first: 12-byte header and 12-byte entries, then the new format 8-byte aligned.
-    if (d.size() < 16) return absl::InvalidArgumentError(absl::StrCat(what, ": truncated ld cache"));
+    if (d.size() < 16)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": truncated ld cache"));
     uint64_t n = U32(d, 12);
     base = (16 + n * 12 + 7) & ~size_t{7};
   }
@@ -104,7 +126,8 @@ std::string CapabilityOfFile(const std::string& file_name) {
 
 bool ControlNodeWanted(const std::string& path, const std::set<std::string>& caps) {
   // As libnvidia-container: uvm nodes only with the compute libraries, modeset only for display.
-  if (absl::StartsWith(path, "/dev/nvidia-uvm")) return caps.count("compute") || caps.count("video");
+  if (absl::StartsWith(path, "/dev/nvidia-uvm"))
+    return caps.count("compute") || caps.count("video");
   if (path == "/dev/nvidia-modeset") return caps.count("display") > 0;
   return true;
 }
@@ -120,8 +143,12 @@ namespace {
 // installs (/usr/local/nvidia), Debian/Ubuntu packages (multiarch), the RHEL family (lib64), then
 // the generic and merged-/usr names. The order decides which path of a library listed twice (the
 // same file reached from two directories) is mounted.
-constexpr const char* kLibDirs[] = {"/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu",
-                                    "/usr/lib64", "/lib/x86_64-linux-gnu", "/lib64", "/usr/lib",
+constexpr const char* kLibDirs[] = {"/usr/local/nvidia/lib64",
+                                    "/usr/lib/x86_64-linux-gnu",
+                                    "/usr/lib64",
+                                    "/lib/x86_64-linux-gnu",
+                                    "/lib64",
+                                    "/usr/lib",
                                     "/lib"};
 // The directories read directly (not only through the cache): those that hold x86-64 libraries
 // only. /usr/lib and /lib are ranked above but not read: on the RHEL family they hold the 32-bit
@@ -157,8 +184,12 @@ int FileKind(const std::string& host_path) {
   if (fd < 0) return 0;
   ssize_t n = ::read(fd, head, sizeof head);
   ::close(fd);
-  if (n == sizeof head && std::memcmp(head, "\x7f" "ELF", 4) == 0 && head[4] == 2 /* 64-bit */ &&
-      head[18] == 62 /* EM_X86_64, little-endian */ && head[19] == 0)
+  if (n == sizeof head &&
+      std::memcmp(head,
+                  "\x7f"
+                  "ELF",
+                  4) == 0 &&
+      head[4] == 2 /* 64-bit */ && head[18] == 62 /* EM_X86_64, little-endian */ && head[19] == 0)
     return 1;
   if (n >= 2 && head[0] == '#' && head[1] == '!') return 2;
   return 0;
@@ -172,8 +203,8 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
   std::string cache_path = InRoot(root, "/etc/ld.so.cache");
   auto data = ReadFileToString(cache_path);
   if (!data.ok())
-    return absl::NotFoundError(absl::StrCat("driver root ", root, ": no ld cache (",
-                                            data.status().message(), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("driver root ", root, ": no ld cache (", data.status().message(), ")"));
   ASSIGN_OR_RETURN(auto entries, ParseLdCache(*data, cache_path));
   if (version.empty()) {
     if (auto v = ReadFileToString(InRoot(root, "/proc/driver/nvidia/version")); v.ok()) {
@@ -198,9 +229,10 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     }
   }
   if (version.empty())
-    return absl::NotFoundError(absl::StrCat("driver root ", root,
-                                            ": cannot tell the NVIDIA driver version (no "
-                                            "/proc/driver/nvidia/version, no libcuda.so.<version>)"));
+    return absl::NotFoundError(
+        absl::StrCat("driver root ", root,
+                     ": cannot tell the NVIDIA driver version (no "
+                     "/proc/driver/nvidia/version, no libcuda.so.<version>)"));
   out.version = version;
   // The driver's own directories too, for libraries the cache does not list (a cache made before
   // the driver was installed under /usr/local/nvidia).
@@ -263,8 +295,8 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     out.binaries.push_back(*elf);
     out.binary_aliases.push_back({*elf, found[0]});
   }
-  for (const char* node : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                           "/dev/nvidia-modeset"}) {
+  for (const char* node :
+       {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}) {
     struct stat st;
     if (::stat(InRoot(root, node).c_str(), &st) == 0 && S_ISCHR(st.st_mode))
       out.control_nodes.push_back(node);
@@ -282,11 +314,11 @@ ContainerEdits CommonEdits(const DriverFiles& driver) {
   }
   for (const auto* list : {&driver.libraries, &driver.binaries})
     for (const auto& p : *list)
-      e.mounts.push_back(Mount{InRoot(driver.root, p), p, "",
-                               {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
+      e.mounts.push_back(
+          Mount{InRoot(driver.root, p), p, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   for (const auto& [from, at] : driver.binary_aliases)
-    e.mounts.push_back(Mount{InRoot(driver.root, from), at, "",
-                             {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
+    e.mounts.push_back(
+        Mount{InRoot(driver.root, from), at, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   return e;
 }
 

@@ -42,8 +42,8 @@ std::string CapabilityOfFile(const std::string& file_name);
 bool ControlNodeWanted(const std::string& path, const std::set<std::string>& caps);
 
 struct DriverFiles {
-  std::string root;     // driver root, as given
-  std::string version;  // "550.54.15"
+  std::string root;                    // driver root, as given
+  std::string version;                 // "550.54.15"
   std::vector<std::string> libraries;  // paths inside the driver root ("/usr/lib/.../libcuda.so.X")
   std::vector<std::string> binaries;   // paths inside the driver root, mounted at the same path
   // {ELF binary (path inside the driver root), another container path it is mounted at}: the

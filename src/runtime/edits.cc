@@ -73,7 +73,10 @@ absl::Status AddDeviceRules(const std::vector<DeviceNode>& nodes, Json& spec) {
   for (const auto& d : nodes) {
     if (!d.major || !d.minor)
       return absl::InternalError(absl::StrCat("device node ", d.path, " has no major/minor"));
-    Json rule = {{"allow", true}, {"type", d.type}, {"major", *d.major}, {"minor", *d.minor},
+    Json rule = {{"allow", true},
+                 {"type", d.type},
+                 {"major", *d.major},
+                 {"minor", *d.minor},
                  {"access", d.permissions.empty() ? "rwm" : d.permissions}};
     if (std::find(rules.begin(), rules.end(), rule) == rules.end()) rules.push_back(rule);
   }
@@ -125,9 +128,9 @@ absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
       Json mount = {{"destination", m.container_path},
                     {"type", m.type.empty() ? "bind" : m.type},
                     {"source", m.host_path}};
-      mount["options"] = m.options.empty()
-                             ? std::vector<std::string>{"ro", "nosuid", "nodev", "rbind", "rprivate"}
-                             : m.options;
+      mount["options"] =
+          m.options.empty() ? std::vector<std::string>{"ro", "nosuid", "nodev", "rbind", "rprivate"}
+                            : m.options;
       spec["mounts"].push_back(mount);
     }
   }
@@ -137,8 +140,8 @@ absl::Status ApplyTo(const ContainerEdits& edits, Json& spec) {
       Json& list = spec["hooks"][h.hook_name];
       if (list.is_null()) list = Json::array();
       if (!list.is_array())
-        return absl::InvalidArgumentError(absl::StrCat("OCI spec: hooks.", h.hook_name,
-                                                       " is not an array"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("OCI spec: hooks.", h.hook_name, " is not an array"));
       Json hook = {{"path", h.path}};
       if (!h.args.empty()) hook["args"] = h.args;
       if (!h.env.empty()) hook["env"] = h.env;
@@ -179,7 +182,8 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
   }
-  if (!spec.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  if (!spec.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   for (const char* key : {"ociVersion", "process", "root"}) {
     if (!spec.contains(key))
       return absl::InvalidArgumentError(absl::StrCat(path, ": OCI spec has no \"", key, "\""));
@@ -201,7 +205,8 @@ absl::Status SaveOciSpec(const std::string& path, const Json& spec) {
   mode_t mode = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
   std::string tmp = absl::StrCat(path, ".gpulet-", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
   std::string text;
   try {
     text = spec.dump() + "\n";
@@ -240,8 +245,10 @@ std::string CleanPath(const std::string& path) {
     i = j + 1;
     if (part.empty() || part == ".") continue;
     if (part == "..") {
-      if (!parts.empty() && parts.back() != "..") parts.pop_back();
-      else if (!abs) parts.push_back(part);
+      if (!parts.empty() && parts.back() != "..")
+        parts.pop_back();
+      else if (!abs)
+        parts.push_back(part);
       continue;
     }
     parts.push_back(part);

@@ -34,7 +34,8 @@ struct Mount {
 };
 
 struct Hook {
-  std::string hook_name;  // createRuntime, createContainer, startContainer, prestart, poststart, poststop
+  std::string
+      hook_name;  // createRuntime, createContainer, startContainer, prestart, poststart, poststop
   std::string path;
   std::vector<std::string> args, env;
   std::optional<int> timeout;
@@ -54,12 +55,13 @@ struct ContainerEdits {
 };
 
 // Fills missing major/minor/type/file_mode of each device node from the host node (stat of
-// host_path, or path when host_path is empty). A missing or non-device host node is an error naming it.
+// host_path, or path when host_path is empty). A missing or non-device host node is an error naming
+// it.
 absl::Status ResolveDeviceNodes(std::vector<DeviceNode>& nodes);
 
 // Applies edits to an OCI runtime spec: process.env (replacing same keys), linux.devices and the
-// matching linux.resources.devices allow rules, mounts (bind), hooks. Device nodes must be resolved.
-// Only touches what it adds; fails (spec unchanged) when the spec's shape is wrong.
+// matching linux.resources.devices allow rules, mounts (bind), hooks. Device nodes must be
+// resolved. Only touches what it adds; fails (spec unchanged) when the spec's shape is wrong.
 absl::Status ApplyEdits(const ContainerEdits& edits, Json& spec);
 
 // Adds only the cgroup allow rules (linux.resources.devices, type/major/minor/access) for resolved

@@ -46,12 +46,16 @@ void DropCdiPassThrough(toml::table& entry, std::initializer_list<const char*> k
     std::vector<std::string> dropped;
     for (const auto& e : *list) {
       auto s = e.value<std::string>();
-      if (s && PassesCdiAnnotations(*s)) dropped.push_back(*s);
-      else kept.push_back(e);
+      if (s && PassesCdiAnnotations(*s))
+        dropped.push_back(*s);
+      else
+        kept.push_back(e);
     }
     if (dropped.empty()) continue;
-    if (kept.empty()) entry.erase(key);
-    else entry.insert_or_assign(key, kept);
+    if (kept.empty())
+      entry.erase(key);
+    else
+      entry.insert_or_assign(key, kept);
     if (notes)
       notes->push_back(absl::StrCat(where, ": not copied into the gpulet runtime's ", key, ": ",
                                     absl::StrJoin(dropped, ", "),
@@ -75,8 +79,8 @@ absl::StatusOr<toml::table> ParseToml(const std::string& text, const std::string
   try {
     return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", e.source().begin.line, ": invalid TOML: ",
-                                                   std::string(e.description())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ":", e.source().begin.line, ": invalid TOML: ", std::string(e.description())));
   }
 }
 
@@ -100,23 +104,28 @@ toml::table* Path(toml::table& t, std::initializer_list<std::string> keys) {
 absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
                                                    std::vector<std::string>* notes) {
   std::string cfg = o.config_path.empty() ? "/etc/containerd/config.toml" : o.config_path;
-  std::string drop = o.drop_in_path.empty() ? DirOf(cfg) + "/conf.d/99-gpulet.toml" : o.drop_in_path;
+  std::string drop =
+      o.drop_in_path.empty() ? DirOf(cfg) + "/conf.d/99-gpulet.toml" : o.drop_in_path;
   ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
   toml::table top;
-  if (main.existed) { ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg)); }
+  if (main.existed) {
+    ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg));
+  }
   int64_t version = 2;  // no file or an empty one: version 2, as containerd 1.x reads it
   if (main.existed && !top.empty()) {
     auto v = top["version"].value<int64_t>();
     if (!v)
       return absl::FailedPreconditionError(absl::StrCat(
-          cfg, ": containerd config version 1 (no \"version\" key) is not supported; migrate it "
-               "with `containerd config migrate`"));
+          cfg,
+          ": containerd config version 1 (no \"version\" key) is not supported; migrate it "
+          "with `containerd config migrate`"));
     version = *v;
   }
   if (version != 2 && version != 3)
     return absl::FailedPreconditionError(
         absl::StrCat(cfg, ": unsupported containerd config version ", version, " (2 or 3)"));
-  const std::string cri = version == 2 ? "io.containerd.grpc.v1.cri" : "io.containerd.cri.v1.runtime";
+  const std::string cri =
+      version == 2 ? "io.containerd.grpc.v1.cri" : "io.containerd.cri.v1.runtime";
 
   // The drop-in starts from a copy of the main file's CRI section: containerd before 2.1 replaces
   // a plugin's section from an imported file instead of merging it (containerd#5837).
@@ -125,9 +134,12 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   toml::table* cri_in = Path(d, {"plugins", cri});
   if (auto* src = top["plugins"][cri].as_table()) *cri_in = *src;
   toml::table* runtimes = Path(*cri_in, {"containerd", "runtimes"});
-  if (!runtimes) return absl::FailedPreconditionError(absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
+  if (!runtimes)
+    return absl::FailedPreconditionError(
+        absl::StrCat(cfg, ": plugins.\"", cri, "\".containerd.runtimes is not a table"));
   toml::table entry;
-  if (auto* runc = (*runtimes)["runc"].as_table()) entry = *runc;  // keep the operator's runc options
+  if (auto* runc = (*runtimes)["runc"].as_table())
+    entry = *runc;  // keep the operator's runc options
   DropCdiPassThrough(entry, {"pod_annotations"}, cfg, notes);
   // Container annotations, unlike pod annotations, are written by the kubelet (a device plugin's
   // Allocate answer among them), never by the pod author: containerd 1.6 passes only those listed
@@ -148,17 +160,20 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   }
   entry.insert_or_assign("runtime_type", "io.containerd.runc.v2");
   toml::table* opts = Path(entry, {"options"});
-  if (!opts) return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));
+  if (!opts)
+    return absl::FailedPreconditionError(absl::StrCat(cfg, ": runc options are not a table"));
   opts->insert_or_assign("BinaryName", o.runtime_path);
   runtimes->insert_or_assign(o.runtime_name, entry);
-  if (o.set_as_default) Path(*cri_in, {"containerd"})->insert_or_assign("default_runtime_name", o.runtime_name);
+  if (o.set_as_default)
+    Path(*cri_in, {"containerd"})->insert_or_assign("default_runtime_name", o.runtime_name);
   if (o.enable_cdi) {
     cri_in->insert_or_assign("enable_cdi", true);
     if (!cri_in->contains("cdi_spec_dirs"))
       cri_in->insert("cdi_spec_dirs", toml::array{"/etc/cdi", "/var/run/cdi"});
   }
   ASSIGN_OR_RETURN(FileChange dropin, Current(o.root + drop));
-  dropin.after = absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
+  dropin.after =
+      absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
 
   // The main file imports the drop-in and states its version.
   bool imported = false;
@@ -174,8 +189,10 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
     top.insert_or_assign("version", version);
     main.after = TomlText(top);
     if (main.existed && notes)
-      notes->push_back(absl::StrCat(cfg, " is rewritten to add \"imports\": comments in it are not kept "
-                                    "(the original is saved as ", cfg, ".bak)"));
+      notes->push_back(absl::StrCat(cfg,
+                                    " is rewritten to add \"imports\": comments in it are not kept "
+                                    "(the original is saved as ",
+                                    cfg, ".bak)"));
   }
   std::vector<FileChange> out{dropin, main};
 
@@ -193,7 +210,8 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
       glob_t g{};
       std::vector<std::string> found;
       if (::glob((o.root + *pattern).c_str(), 0, nullptr, &g) == 0)
-        for (size_t k = 0; k < g.gl_pathc; ++k) found.push_back(std::string(g.gl_pathv[k]).substr(o.root.size()));
+        for (size_t k = 0; k < g.gl_pathc; ++k)
+          found.push_back(std::string(g.gl_pathv[k]).substr(o.root.size()));
       ::globfree(&g);
       // Ours may not be written yet: where containerd will find it.
       if (std::find(found.begin(), found.end(), drop) == found.end() &&
@@ -216,8 +234,10 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
                                "# The original is ", *it, ".bak.\nversion = ", version, "\n");
     if (notes)
       notes->push_back(absl::StrCat(*it, " (another tool's drop-in, loaded after ", drop,
-                                    ") set plugins.\"", cri, "\" and would override gpulet's runtime: "
-                                    "emptied, the original saved as ", *it, ".bak"));
+                                    ") set plugins.\"", cri,
+                                    "\" and would override gpulet's runtime: "
+                                    "emptied, the original saved as ",
+                                    *it, ".bak"));
     out.push_back(std::move(other));
   }
   if (notes) notes->push_back("restart containerd to apply the change");
@@ -227,7 +247,8 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
 absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
                                                std::vector<std::string>* notes) {
   using Json = nlohmann::ordered_json;
-  if (!o.drop_in_path.empty()) return absl::InvalidArgumentError("docker has no drop-in configuration");
+  if (!o.drop_in_path.empty())
+    return absl::InvalidArgumentError("docker has no drop-in configuration");
   std::string cfg = o.config_path.empty() ? "/etc/docker/daemon.json" : o.config_path;
   ASSIGN_OR_RETURN(FileChange c, Current(o.root + cfg));
   Json j = Json::object();
@@ -271,7 +292,9 @@ absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
       o.drop_in_path.empty() ? DirOf(cfg) + "/crio.conf.d/99-gpulet.toml" : o.drop_in_path;
   ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
   toml::table top;
-  if (main.existed) { ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg)); }
+  if (main.existed) {
+    ASSIGN_OR_RETURN(top, ParseToml(main.before, cfg));
+  }
   toml::table d;
   toml::table entry;
   for (const char* base : {"runc", "crun"})
@@ -283,10 +306,13 @@ absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
   entry.insert_or_assign("runtime_path", o.runtime_path);
   entry.insert_or_assign("runtime_type", "oci");
   Path(d, {"crio", "runtime", "runtimes"})->insert_or_assign(o.runtime_name, entry);
-  if (o.set_as_default) Path(d, {"crio", "runtime"})->insert_or_assign("default_runtime", o.runtime_name);
-  if (o.enable_cdi && notes) notes->push_back("CRI-O reads CDI specs by default; --enable-cdi changes nothing");
+  if (o.set_as_default)
+    Path(d, {"crio", "runtime"})->insert_or_assign("default_runtime", o.runtime_name);
+  if (o.enable_cdi && notes)
+    notes->push_back("CRI-O reads CDI specs by default; --enable-cdi changes nothing");
   ASSIGN_OR_RETURN(FileChange dropin, Current(o.root + drop));
-  dropin.after = absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
+  dropin.after =
+      absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
   if (notes) notes->push_back("restart crio to apply the change");
   return std::vector<FileChange>{dropin};
 }
@@ -297,18 +323,23 @@ absl::StatusOr<Engine> ParseEngine(const std::string& s) {
   if (s == "containerd") return Engine::kContainerd;
   if (s == "docker") return Engine::kDocker;
   if (s == "crio" || s == "cri-o") return Engine::kCrio;
-  return absl::InvalidArgumentError(absl::StrCat("runtime \"", s, "\" is not containerd, docker or crio"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("runtime \"", s, "\" is not containerd, docker or crio"));
 }
 
 absl::StatusOr<std::vector<FileChange>> PlanConfigure(const ConfigureOptions& o,
                                                       std::vector<std::string>* notes) {
   if (o.runtime_path.empty() || o.runtime_path[0] != '/')
-    return absl::InvalidArgumentError(absl::StrCat("the runtime path \"", o.runtime_path, "\" is not absolute"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the runtime path \"", o.runtime_path, "\" is not absolute"));
   if (o.runtime_name.empty()) return absl::InvalidArgumentError("empty runtime name");
   switch (o.engine) {
-    case Engine::kContainerd: return Containerd(o, notes);
-    case Engine::kDocker: return Docker(o, notes);
-    case Engine::kCrio: return Crio(o, notes);
+    case Engine::kContainerd:
+      return Containerd(o, notes);
+    case Engine::kDocker:
+      return Docker(o, notes);
+    case Engine::kCrio:
+      return Crio(o, notes);
   }
   return absl::InternalError("unknown engine");
 }
@@ -331,13 +362,13 @@ absl::Status ApplyChanges(const std::vector<FileChange>& changes) {
     std::string dir = DirOf(c.path);
     if (::access(dir.c_str(), F_OK) != 0) {
       // drop-in directories (conf.d) may not exist yet
-      if (absl::Status s = RealFilesystem().MakeDirs(dir); !s.ok()) return named(s);
+      if (absl::Status s = MakeDirs(dir); !s.ok()) return named(s);
     }
     if (absl::Status s = WriteFileAtomic(c.path, c.after, mode); !s.ok()) return named(s);
     if (had && (::chown(c.path.c_str(), st.st_uid, st.st_gid) != 0 ||
                 ::chmod(c.path.c_str(), mode) != 0))  // chown may clear set-id bits: mode again
-      return absl::InternalError(absl::StrCat("cannot keep the owner and mode of ", c.path, ": ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot keep the owner and mode of ", c.path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -383,9 +414,12 @@ std::string UnifiedDiff(const FileChange& c) {
   std::vector<Op> ops;
   size_t i = 0, j = 0;
   while (i < n || j < m) {
-    if (i < n && j < m && a[i] == b[j]) ops.push_back({' ', &a[i++]}), ++j;
-    else if (i < n && (j == m || l[i + 1][j] >= l[i][j + 1])) ops.push_back({'-', &a[i++]});
-    else ops.push_back({'+', &b[j++]});
+    if (i < n && j < m && a[i] == b[j])
+      ops.push_back({' ', &a[i++]}), ++j;
+    else if (i < n && (j == m || l[i + 1][j] >= l[i][j + 1]))
+      ops.push_back({'-', &a[i++]});
+    else
+      ops.push_back({'+', &b[j++]});
   }
   std::string out = absl::StrCat("--- ", c.existed ? c.path : "/dev/null", "\n+++ ", c.path, "\n");
   // Hunks: changed ops with 3 lines of context, merged when their contexts touch.
@@ -397,7 +431,7 @@ std::string UnifiedDiff(const FileChange& c) {
     if (first == ops.size()) break;
     size_t start = first >= k + kContext ? first - kContext : k;
     for (size_t x = k; x < start; ++x) ++old_line, ++new_line;  // unchanged lines skipped
-    size_t end = first;  // one past the hunk's last op
+    size_t end = first;                                         // one past the hunk's last op
     for (size_t x = first; x < ops.size(); ++x) {
       if (ops[x].kind != ' ') {
         end = x + 1;

@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -123,7 +123,8 @@ absl::StatusOr<ContainerState> ReadState() {
   ssize_t n;
   while ((n = ::read(0, buf, sizeof buf)) > 0) {
     text.append(buf, static_cast<size_t>(n));
-    if (text.size() > kMaxState) return absl::InvalidArgumentError("container state on stdin is too large");
+    if (text.size() > kMaxState)
+      return absl::InvalidArgumentError("container state on stdin is too large");
   }
   if (n < 0) return Errno("cannot read the container state from stdin");
   return ParseContainerState(text);
@@ -191,7 +192,8 @@ absl::StatusOr<ContainerState> ParseContainerState(const std::string& text) {
   const char* key = j.contains("bundle") ? "bundle" : "bundlePath";
   if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty() ||
       j[key].get<std::string>()[0] != '/')
-    return absl::InvalidArgumentError("container state on stdin: \"bundle\" is not an absolute path");
+    return absl::InvalidArgumentError(
+        "container state on stdin: \"bundle\" is not an absolute path");
   s.bundle = j[key].get<std::string>();
   return s;
 }
@@ -200,7 +202,8 @@ int HookMain(int argc, char** argv) {
   // First thing: forget the inherited environment, whoever set it.
   ::clearenv();
   for (const auto& kv : CleanEnvironment()) ::putenv(const_cast<char*>(kv.c_str()));
-  if (argc < 2) return Fail("usage: gpulet-container-hook prestart|update-ldcache|poststart|poststop");
+  if (argc < 2)
+    return Fail("usage: gpulet-container-hook prestart|update-ldcache|poststart|poststop");
   std::string cmd = argv[1];
   if (cmd == "--version" || cmd == "-v") {
     std::printf("gpulet-container-hook %s\n", GPULET_VERSION);

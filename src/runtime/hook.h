@@ -1,6 +1,7 @@
 // gpulet-container-hook: OCI hooks run by the runtime with the container state on stdin.
 //   prestart        legacy mode: gives the container its GPUs from inside the runtime's lifecycle
-//                   (device nodes, read-only library mounts, ld cache) after checking NVIDIA_REQUIRE_*
+//                   (device nodes, read-only library mounts, ld cache) after checking
+//                   NVIDIA_REQUIRE_*
 //   update-ldcache  CDI mode (createRuntime hook of the generated spec): refreshes the container's
 //                   ld cache for the mounted driver libraries
 //   poststart, poststop: nothing

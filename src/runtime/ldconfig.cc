@@ -63,21 +63,23 @@ absl::Status CheckStaticElf(int fd, const std::string& what) {
   if (!ReadAt(fd, id, 2, 0))
     return absl::FailedPreconditionError(absl::StrCat(what, ": empty or unreadable"));
   if (id[0] == '#' && id[1] == '!')
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " is a script (#!): run chrooted in the container it would start the image's "
-              "interpreter; set \"ldconfig\" to the static ELF binary it wraps"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " is a script (#!): run chrooted in the container it would start the image's "
+                     "interpreter; set \"ldconfig\" to the static ELF binary it wraps"));
   if (!ReadAt(fd, id, sizeof id, 0) || std::memcmp(id, ELFMAG, SELFMAG) != 0)
     return absl::FailedPreconditionError(absl::StrCat(what, ": not an ELF executable"));
   absl::StatusOr<bool> interp =
-      id[EI_CLASS] == ELFCLASS64   ? HasInterp<Elf64_Ehdr, Elf64_Phdr>(fd, what)
-      : id[EI_CLASS] == ELFCLASS32 ? HasInterp<Elf32_Ehdr, Elf32_Phdr>(fd, what)
-                                   : absl::FailedPreconditionError(
-                                         absl::StrCat(what, ": unknown ELF class"));
+      id[EI_CLASS] == ELFCLASS64 ? HasInterp<Elf64_Ehdr, Elf64_Phdr>(fd, what)
+      : id[EI_CLASS] == ELFCLASS32
+          ? HasInterp<Elf32_Ehdr, Elf32_Phdr>(fd, what)
+          : absl::FailedPreconditionError(absl::StrCat(what, ": unknown ELF class"));
   if (!interp.ok()) return interp.status();
   if (*interp)
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " is dynamically linked (PT_INTERP): run chrooted in the container it would load "
-              "the image's ld.so and libc as host root; use a statically linked ldconfig"));
+        what,
+        " is dynamically linked (PT_INTERP): run chrooted in the container it would load "
+        "the image's ld.so and libc as host root; use a statically linked ldconfig"));
   return absl::OkStatus();
 }
 

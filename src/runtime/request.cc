@@ -96,8 +96,10 @@ absl::StatusOr<bool> Holds(absl::string_view cond, const DriverFacts& facts) {
     absl::string_view want = cond.substr(at + strlen(op));
     if (want.size() && want[0] == '=') want.remove_prefix(1);  // "==" reads as "="
     std::string have;
-    if (key == "cuda") have = facts.cuda_version;
-    else if (key == "driver") have = facts.driver_version;
+    if (key == "cuda")
+      have = facts.cuda_version;
+    else if (key == "driver")
+      have = facts.driver_version;
     else
       return absl::InvalidArgumentError(
           absl::StrCat("requirement \"", cond, "\": unsupported constraint \"", key, "\""));
@@ -109,8 +111,12 @@ absl::StatusOr<bool> Holds(absl::string_view cond, const DriverFacts& facts) {
           absl::StrCat("requirement \"", cond, "\": the ", key, " version is unknown"));
     int c = CompareVersions(h, w);
     std::string o = op;
-    return o == ">=" ? c >= 0 : o == "<=" ? c <= 0 : o == "!=" ? c != 0 : o == "=" ? c == 0
-           : o == ">" ? c > 0 : c < 0;
+    return o == ">="   ? c >= 0
+           : o == "<=" ? c <= 0
+           : o == "!=" ? c != 0
+           : o == "="  ? c == 0
+           : o == ">"  ? c > 0
+                       : c < 0;
   }
   return absl::InvalidArgumentError(absl::StrCat("requirement \"", cond, "\" has no operator"));
 }
@@ -123,11 +129,19 @@ absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path) {
   if (j.is_discarded() || !j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   static const std::set<std::string> kKeys = {
-      "mode", "runtimes", "spec-dirs", "annotation-prefixes", "default-kind", "hook-path",
-      "ldconfig", "accept-nvidia-visible-devices-envvar-when-unprivileged",
-      "accept-nvidia-visible-devices-as-volume-mounts", "disable-require"};
+      "mode",
+      "runtimes",
+      "spec-dirs",
+      "annotation-prefixes",
+      "default-kind",
+      "hook-path",
+      "ldconfig",
+      "accept-nvidia-visible-devices-envvar-when-unprivileged",
+      "accept-nvidia-visible-devices-as-volume-mounts",
+      "disable-require"};
   for (const auto& [k, v] : j.items())
-    if (!kKeys.count(k)) return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", k, "\""));
+    if (!kKeys.count(k))
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", k, "\""));
   RuntimeConfig c;
   c.source = path;
   RETURN_IF_ERROR(Get(j, "mode", c.mode, path));
@@ -139,13 +153,14 @@ absl::StatusOr<RuntimeConfig> LoadRuntimeConfig(const std::string& path) {
   RETURN_IF_ERROR(Get(j, "ldconfig", c.ldconfig, path));
   RETURN_IF_ERROR(Get(j, "accept-nvidia-visible-devices-envvar-when-unprivileged",
                       c.accept_envvar_when_unprivileged, path));
-  RETURN_IF_ERROR(Get(j, "accept-nvidia-visible-devices-as-volume-mounts", c.accept_volume_mounts,
-                      path));
+  RETURN_IF_ERROR(
+      Get(j, "accept-nvidia-visible-devices-as-volume-mounts", c.accept_volume_mounts, path));
   RETURN_IF_ERROR(Get(j, "disable-require", c.disable_require, path));
   if (c.mode != "auto" && c.mode != "cdi" && c.mode != "legacy")
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": mode \"", c.mode, "\" is not auto, cdi or legacy"));
-  if (c.runtimes.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": runtimes is empty"));
+  if (c.runtimes.empty())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": runtimes is empty"));
   if ((j.contains("ldconfig") && (c.ldconfig.empty() || c.ldconfig[0] != '/')) ||
       c.hook_path.empty() || c.hook_path[0] != '/')
     return absl::InvalidArgumentError(
@@ -189,7 +204,8 @@ absl::StatusOr<GpuRequest> ResolveRequest(const Json& spec, const RuntimeConfig&
       bool match = false;
       for (const auto& p : config.annotation_prefixes) match |= absl::StartsWith(k, p);
       if (!match || !v.is_string()) continue;
-      for (absl::string_view id : absl::StrSplit(v.get<std::string>(), ',', absl::SkipWhitespace())) {
+      for (absl::string_view id :
+           absl::StrSplit(v.get<std::string>(), ',', absl::SkipWhitespace())) {
         std::string s(absl::StripAsciiWhitespace(id)), kind, name;
         if (!SplitQualifiedName(s, &kind, &name))
           return absl::InvalidArgumentError(absl::StrCat(
@@ -258,9 +274,9 @@ absl::StatusOr<GpuRequest> ResolveRequest(const Json& spec, const RuntimeConfig&
       continue;
     }
     if (!AllCapabilities().count(s))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "NVIDIA_DRIVER_CAPABILITIES: unknown capability \"", s, "\" (known: ",
-          absl::StrJoin(AllCapabilities(), ","), ", all)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("NVIDIA_DRIVER_CAPABILITIES: unknown capability \"", s,
+                       "\" (known: ", absl::StrJoin(AllCapabilities(), ","), ", all)"));
     r.capabilities.insert(s);
   }
   if (!config.disable_require && !GetEnv(spec, "NVIDIA_DISABLE_REQUIRE")) {
@@ -269,7 +285,8 @@ absl::StatusOr<GpuRequest> ResolveRequest(const Json& spec, const RuntimeConfig&
       for (const auto& e : spec["process"]["env"]) {
         if (!e.is_string()) continue;
         std::string kv = e.get<std::string>();
-        if (absl::StartsWith(kv, "NVIDIA_REQUIRE_") && !absl::StartsWith(kv, "NVIDIA_REQUIRE_JETPACK"))
+        if (absl::StartsWith(kv, "NVIDIA_REQUIRE_") &&
+            !absl::StartsWith(kv, "NVIDIA_REQUIRE_JETPACK"))
           if (size_t eq = kv.find('='); eq != std::string::npos && eq + 1 < kv.size())
             r.requirements.push_back(kv.substr(eq + 1));
       }
@@ -295,10 +312,10 @@ absl::Status CheckRequirements(const std::vector<std::string>& requirements,
       any |= all;
     }
     if (!any)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "unsatisfied requirement \"", req, "\" (driver ", facts.driver_version, ", CUDA ",
-          facts.cuda_version.empty() ? "unknown" : facts.cuda_version, ")",
-          last.ok() ? "" : absl::StrCat(": ", last.message())));
+      return absl::FailedPreconditionError(
+          absl::StrCat("unsatisfied requirement \"", req, "\" (driver ", facts.driver_version,
+                       ", CUDA ", facts.cuda_version.empty() ? "unknown" : facts.cuda_version, ")",
+                       last.ok() ? "" : absl::StrCat(": ", last.message())));
   }
   return absl::OkStatus();
 }

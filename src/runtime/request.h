@@ -17,7 +17,7 @@ class CdiRegistry;
 
 // Configuration shared by the shim and the hook (JSON file, see docs/runtime.md).
 struct RuntimeConfig {
-  std::string mode = "auto";  // auto | cdi | legacy
+  std::string mode = "auto";                             // auto | cdi | legacy
   std::vector<std::string> runtimes = {"runc", "crun"};  // first found is exec'd (PATH or absolute)
   std::vector<std::string> spec_dirs = {"/etc/cdi", "/var/run/cdi"};
   std::vector<std::string> annotation_prefixes = {"cdi.k8s.io/"};

@@ -38,7 +38,8 @@ int OpenAt2(int dirfd, const std::string& path, uint64_t flags) {
 
 // Splits a container path into (parent, last component); rejects "." and "..".
 absl::Status Split(const std::string& path, std::string* parent, std::string* base) {
-  if (path.empty() || path[0] != '/') return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is not absolute"));
+  if (path.empty() || path[0] != '/')
+    return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\" is not absolute"));
   size_t slash = path.find_last_of('/');
   *parent = path.substr(0, slash);
   *base = path.substr(slash + 1);
@@ -102,7 +103,8 @@ absl::StatusOr<Fd> CreateFileInRoot(const Fd& root, const std::string& path) {
   // O_PATH fds cannot create: reopen the parent (already resolved inside the root) for writing.
   Fd wdir(::openat(dir.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (wdir.get() < 0) return Errno("cannot open " + parent + " in the container rootfs");
-  int fd = ::openat(wdir.get(), base.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int fd = ::openat(wdir.get(), base.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC,
+                    0644);
   if (fd >= 0) {
     ::close(fd);
   } else if (errno != EEXIST) {

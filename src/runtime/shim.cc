@@ -42,11 +42,12 @@ void ReportError(const RuncArgs& args, const std::string& msg) {
     char when[32];
     std::time_t now = std::time(nullptr);
     std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "%s\n",
-                 Json({{"level", "error"}, {"msg", "gpulet-container-runtime: " + msg}, {"time", when}})
-                     // paths need not be UTF-8: replaced, never a throw
-                     .dump(-1, ' ', false, Json::error_handler_t::replace)
-                     .c_str());
+    std::fprintf(
+        f, "%s\n",
+        Json({{"level", "error"}, {"msg", "gpulet-container-runtime: " + msg}, {"time", when}})
+            // paths need not be UTF-8: replaced, never a throw
+            .dump(-1, ' ', false, Json::error_handler_t::replace)
+            .c_str());
   } else {
     std::fprintf(f, "gpulet-container-runtime: %s\n", msg.c_str());
   }
@@ -97,7 +98,8 @@ absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const Runtim
   CdiRegistry registry;
   RETURN_IF_ERROR(registry.Load(config.spec_dirs));
   std::string mode = config.mode;
-  if (mode == "auto") mode = (req.from_cdi || registry.HasKind(config.default_kind)) ? "cdi" : "legacy";
+  if (mode == "auto")
+    mode = (req.from_cdi || registry.HasKind(config.default_kind)) ? "cdi" : "legacy";
 
   if (mode == "legacy") {
     if (req.from_cdi)
@@ -114,8 +116,8 @@ absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const Runtim
     std::vector<std::string> args = {"gpulet-container-hook", "prestart"};
     if (!config.source.empty()) args.insert(args.end(), {"--config", config.source});
     // An explicit env: the runtime would otherwise hand the hook the container's environment.
-    e.hooks.push_back(Hook{"prestart", config.hook_path, args,
-                           {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, std::nullopt});
+    e.hooks.push_back(Hook{
+        "prestart", config.hook_path, args, {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, std::nullopt});
     RETURN_IF_ERROR(ApplyEdits(e, spec));
     RETURN_IF_ERROR(SaveOciSpec(path, spec));
     return std::string("legacy: prestart hook added");
@@ -145,7 +147,8 @@ absl::StatusOr<std::string> FindRuntime(const RuntimeConfig& config, const std::
            ::realpath(p.c_str(), real) && std::string(real) != self_real;
   };
   const char* path_env = std::getenv("PATH");
-  std::string search = path_env ? path_env : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  std::string search =
+      path_env ? path_env : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   for (const auto& r : config.runtimes) {
     if (r.find('/') != std::string::npos) {
       if (usable(r)) return r;
@@ -167,9 +170,10 @@ int ShimMain(int argc, char** argv) {
   bool identify = argc == 2 && (args[0] == "--version" || args[0] == "-v" || args[0] == "--help" ||
                                 args[0] == "-h");
   if (identify) {
-    std::printf("gpulet-container-runtime %s: OCI runtime shim; edits GPU containers' bundles on "
-                "create/run, then runs the runtime below (docs/runtime.md)\n",
-                GPULET_VERSION);
+    std::printf(
+        "gpulet-container-runtime %s: OCI runtime shim; edits GPU containers' bundles on "
+        "create/run, then runs the runtime below (docs/runtime.md)\n",
+        GPULET_VERSION);
     std::fflush(stdout);
   }
   RuncArgs runc = ParseRuncArgs(args);

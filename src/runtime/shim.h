@@ -15,9 +15,9 @@ namespace gpulet::runtime {
 
 // The parts of a runc command line the shim needs.
 struct RuncArgs {
-  std::string command;    // "create", "run", "start", ...; empty when none
-  std::string bundle;     // --bundle/-b value, else "."
-  std::string log_file;   // --log value (the engine reads errors from there)
+  std::string command;   // "create", "run", "start", ...; empty when none
+  std::string bundle;    // --bundle/-b value, else "."
+  std::string log_file;  // --log value (the engine reads errors from there)
   std::string log_format = "text";
 };
 RuncArgs ParseRuncArgs(const std::vector<std::string>& args);
@@ -26,8 +26,8 @@ RuncArgs ParseRuncArgs(const std::vector<std::string>& args);
 // request", "cdi: 3 devices", ...). Errors leave the file untouched.
 absl::StatusOr<std::string> ModifyBundle(const std::string& bundle, const RuntimeConfig& config);
 
-// Finds the real runtime: the first of config.runtimes that is an executable (absolute, or on PATH),
-// skipping this very binary.
+// Finds the real runtime: the first of config.runtimes that is an executable (absolute, or on
+// PATH), skipping this very binary.
 absl::StatusOr<std::string> FindRuntime(const RuntimeConfig& config, const std::string& self);
 
 // main() of gpulet-container-runtime.

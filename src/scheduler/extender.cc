@@ -11,8 +11,8 @@
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/guarded_server.h"
-#include "spdlog/spdlog.h"
 #include "placement/vgpu_policy.h"
+#include "spdlog/spdlog.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -129,19 +129,6 @@ std::string FilterResult(const json& args, const std::vector<const std::string*>
 
 bool IsLabelChar(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
 
-// A GPU UUID as NVML prints it ("GPU-8c5b...", "MIG-...") or our "<node>-gpu<i>": short, and
-// nothing that could break the comma-separated annotation or a log line.
-bool IsUuidToken(std::string_view s) {
-  if (s.empty() || s.size() > 128) return false;
-  for (char c : s) {
-    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
-          c == ':')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 bool IsDns1123Label(std::string_view s) {
@@ -157,50 +144,11 @@ bool IsDns1123Subdomain(std::string_view s) {
   return true;
 }
 
-absl::StatusOr<std::vector<NodeGpu>> ParseNodeGpuAnnotation(std::string_view text) {
-  const std::string what = absl::StrCat("annotation ", vgpu::kAnnotationNodeGpus);
-  if (k8s::JsonDepth(text, 4) > 2) {
-    return absl::InvalidArgumentError(what + ": nests deeper than a list of objects");
-  }
-  json list = json::parse(text.begin(), text.end(), nullptr, false);
-  if (!list.is_array()) return absl::InvalidArgumentError(what + ": not a JSON list");
-  if (static_cast<int64_t>(list.size()) > kMaxNodeGpus) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", list.size(), " GPUs (at most ", kMaxNodeGpus, ")"));
-  }
-  std::vector<NodeGpu> out;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const json& g = list[i];
-    std::string where = absl::StrCat(what, "[", i, "]");
-    if (!g.is_object()) return absl::InvalidArgumentError(where + ": not an object");
-    NodeGpu gpu;
-    if (auto u = g.find("uuid"); u != g.end()) {
-      if (!u->is_string() || !IsUuidToken(u->get_ref<const std::string&>())) {
-        return absl::InvalidArgumentError(where + ".uuid: not a GPU UUID string");
-      }
-      gpu.uuid = u->get<std::string>();
-    }
-    if (auto m = g.find("memoryUnits"); m != g.end()) {
-      if (!m->is_number_integer() || m->get<int64_t>() < 0 ||
-          m->get<int64_t>() > vgpu::kMaxMemoryUnitsPerGpu) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ".memoryUnits: not an integer in 0..", vgpu::kMaxMemoryUnitsPerGpu));
-      }
-      gpu.memory_units = m->get<int64_t>();
-    }
-    if (auto h = g.find("healthy"); h != g.end()) {
-      if (!h->is_boolean()) return absl::InvalidArgumentError(where + ".healthy: not a boolean");
-      gpu.healthy = h->get<bool>();
-    }
-    out.push_back(std::move(gpu));
-  }
-  return out;
-}
-
 Extender::Extender(k8s::Client* api, ExtenderOptions options)
     : api_(api), options_(std::move(options)) {
   int threads = options_.score_threads;
-  if (threads < 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 7);
+  if (threads < 0)
+    threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 0, 7);
   scorers_ = std::make_unique<ParallelFor>(threads);
   for (const std::string& n : vgpu::VgpuPolicyNames()) {
     if (auto p = vgpu::MakeVgpuPolicy(n); p.ok()) policies_[n] = std::move(*p);
@@ -217,26 +165,20 @@ absl::StatusOr<const placement::Policy*> Extender::PolicyFor(const json& pod) co
     std::vector<std::string> known;
     for (const auto& [k, v] : policies_) known.push_back(k);
     return absl::InvalidArgumentError(absl::StrCat("unknown placement policy \"", name, "\" (",
-                                                   vgpu::kAnnotationPolicy, "; known: ",
-                                                   absl::StrJoin(known, ", "), ")"));
+                                                   vgpu::kAnnotationPolicy,
+                                                   "; known: ", absl::StrJoin(known, ", "), ")"));
   }
   return it->second.get();
 }
 
 absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> Extender::RequestOf(
     const json& pod) const {
-  ASSIGN_OR_RETURN(vgpu::PodRequest req, vgpu::ParsePod(pod, options_.names, 0));
+  ASSIGN_OR_RETURN(vgpu::PodUnits req, vgpu::ParsePod(pod, options_.names, 0));
   std::pair<placement::PodRequest, std::vector<int>> out;
-  out.first.name = absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
+  out.first.name =
+      absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
   for (const auto& c : req.containers) {
-    placement::ContainerRequest pc;
-    if (c.fractional()) {
-      pc.milli = static_cast<int32_t>(c.cores * placement::kMilliPerVcudaCore);
-      pc.memory_bytes = static_cast<int64_t>(c.memory_units * vgpu::kMemoryUnitBytes);
-    } else {
-      pc.whole_gpus = static_cast<int32_t>(c.whole_gpus());
-    }
-    out.first.containers.push_back(pc);
+    out.first.containers.push_back(vgpu::PlacementRequestOf(c));
     out.second.push_back(c.index);
   }
   return out;
@@ -297,7 +239,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
   st.node.name = name;
   std::string inv = Annotation(node, vgpu::kAnnotationNodeGpus);
   if (!inv.empty()) {
-    auto gpus = ParseNodeGpuAnnotation(inv);
+    auto gpus = vgpu::DecodeNodePool(inv);
     if (!gpus.ok()) {
       // The agent writes this annotation; a malformed one (a bug, or someone with node patch
       // rights) must not take the scheduler down: the node offers no vGPU GPUs until fixed.
@@ -306,9 +248,9 @@ void Extender::UpsertNodeUnguarded(const json& node) {
       RemoveNode(name);
       return;
     }
-    for (const NodeGpu& g : *gpus) {
+    for (const vgpu::PoolGpu& g : *gpus) {
       placement::Gpu gpu;
-      gpu.memory_total_bytes = g.memory_units * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_total_bytes = vgpu::MemoryUnitsToBytes(g.memory_units);
       gpu.memory_free_bytes = gpu.memory_total_bytes;
       gpu.healthy = g.healthy;
       st.uuids.push_back(g.uuid.empty() ? absl::StrCat(name, "-gpu", st.uuids.size()) : g.uuid);
@@ -333,8 +275,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
                                         kMaxNodeGpus * vgpu::kMaxMemoryUnitsPerGpu);
     for (int64_t i = 0; i < gpus; ++i) {
       placement::Gpu gpu;
-      gpu.memory_total_bytes =
-          units / gpus * static_cast<int64_t>(vgpu::kMemoryUnitBytes);
+      gpu.memory_total_bytes = vgpu::MemoryUnitsToBytes(units / gpus);
       gpu.memory_free_bytes = gpu.memory_total_bytes;
       st.uuids.push_back(absl::StrCat(name, "-gpu", i));
       st.node.gpus.push_back(gpu);
@@ -413,8 +354,8 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   }
   for (size_t c = 0; c < b.request.containers.size(); ++c) {
     const auto& rc = b.request.containers[c];
-    std::string list = Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix,
-                                                    b.container_index[c]));
+    std::string list =
+        Annotation(pod, absl::StrCat(vgpu::kAnnotationGpusPrefix, b.container_index[c]));
     placement::ContainerAssignment a;
     for (auto uuid : absl::StrSplit(list, ',', absl::SkipEmpty())) {
       int idx = -1;
@@ -423,7 +364,8 @@ void Extender::UpsertPodUnguarded(const json& pod) {
         if (it != ns->second.index_of.end()) idx = it->second;
       }
       if (idx < 0) {
-        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name, std::string(uuid), node);
+        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name,
+                     std::string(uuid), node);
         return;
       }
       a.gpus.push_back(idx);
@@ -496,8 +438,9 @@ placement::Workload Extender::workload() const {
 absl::Status Extender::Sync() {
   if (!api_) return absl::FailedPreconditionError("no API client");
   ASSIGN_OR_RETURN(json nodes, api_->ListNodes());
-  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector =
-                                                     "status.phase!=Succeeded,status.phase!=Failed"}));
+  ASSIGN_OR_RETURN(
+      json pods,
+      api_->ListPods("", {.field_selector = "status.phase!=Succeeded,status.phase!=Failed"}));
   {
     std::unique_lock<std::shared_mutex> l(mu_);
     nodes_.clear();
@@ -532,50 +475,53 @@ auto Guarded(const char* what, Fn fn) {
 
 void Extender::StartWatching() {
   if (!api_ || node_reflector_) return;
-  node_reflector_ = std::make_unique<k8s::Reflector>(
-      api_, "/api/v1/nodes", k8s::ListOptions{},
-      Guarded("node", [this](const std::vector<json>& items) {
-        std::vector<std::string> gone;
-        {
-          std::shared_lock<std::shared_mutex> l(mu_);
-          for (const auto& [name, st] : nodes_) gone.push_back(name);
-        }
-        for (const auto& n : items) {
-          std::erase(gone, Str(n, "metadata", "name"));
-          UpsertNode(n);
-        }
-        for (const auto& g : gone) RemoveNode(g);
-      }),
-      Guarded("node", [this](const k8s::WatchEvent& ev) {
-        if (ev.type == "DELETED") {
-          RemoveNode(Str(ev.object, "metadata", "name"));
-        } else {
-          UpsertNode(ev.object);
-        }
-      }));
-  pod_reflector_ = std::make_unique<k8s::Reflector>(
-      api_, "/api/v1/pods", k8s::ListOptions{},
-      Guarded("pod", [this](const std::vector<json>& items) {
-        {
-          std::unique_lock<std::shared_mutex> l(mu_);
-          orphans_.clear();
-          shapes_.clear();
-          workload_dirty_ = true;
-          std::vector<std::string> drop;
-          for (const auto& [uid, b] : bookings_) {
-            if (!b.assumed) drop.push_back(uid);
-          }
-          for (const auto& uid : drop) ReleaseLocked(uid);
-        }
-        for (const auto& p : items) UpsertPod(p);
-      }),
-      Guarded("pod", [this](const k8s::WatchEvent& ev) {
-        if (ev.type == "DELETED") {
-          RemovePod(ev.object);
-        } else {
-          UpsertPod(ev.object);
-        }
-      }));
+  node_reflector_ =
+      std::make_unique<k8s::Reflector>(api_, "/api/v1/nodes", k8s::ListOptions{},
+                                       Guarded("node",
+                                               [this](const std::vector<json>& items) {
+                                                 std::vector<std::string> gone;
+                                                 {
+                                                   std::shared_lock<std::shared_mutex> l(mu_);
+                                                   for (const auto& [name, st] : nodes_)
+                                                     gone.push_back(name);
+                                                 }
+                                                 for (const auto& n : items) {
+                                                   std::erase(gone, Str(n, "metadata", "name"));
+                                                   UpsertNode(n);
+                                                 }
+                                                 for (const auto& g : gone) RemoveNode(g);
+                                               }),
+                                       Guarded("node", [this](const k8s::WatchEvent& ev) {
+                                         if (ev.type == "DELETED") {
+                                           RemoveNode(Str(ev.object, "metadata", "name"));
+                                         } else {
+                                           UpsertNode(ev.object);
+                                         }
+                                       }));
+  pod_reflector_ =
+      std::make_unique<k8s::Reflector>(api_, "/api/v1/pods", k8s::ListOptions{},
+                                       Guarded("pod",
+                                               [this](const std::vector<json>& items) {
+                                                 {
+                                                   std::unique_lock<std::shared_mutex> l(mu_);
+                                                   orphans_.clear();
+                                                   shapes_.clear();
+                                                   workload_dirty_ = true;
+                                                   std::vector<std::string> drop;
+                                                   for (const auto& [uid, b] : bookings_) {
+                                                     if (!b.assumed) drop.push_back(uid);
+                                                   }
+                                                   for (const auto& uid : drop) ReleaseLocked(uid);
+                                                 }
+                                                 for (const auto& p : items) UpsertPod(p);
+                                               }),
+                                       Guarded("pod", [this](const k8s::WatchEvent& ev) {
+                                         if (ev.type == "DELETED") {
+                                           RemovePod(ev.object);
+                                         } else {
+                                           UpsertPod(ev.object);
+                                         }
+                                       }));
   node_reflector_->Start();
   pod_reflector_->Start();
   node_reflector_->WaitSynced(std::chrono::seconds(10));
@@ -650,7 +596,8 @@ std::string Extender::FilterWire(const json& args) {
         if (s.node == nullptr) {
           unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
         } else if (!s.fits) {
-          failed.emplace_back(i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
+          failed.emplace_back(
+              i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
         } else if (s.score) {
           fresh.names.push_back(*names[i]);
           fresh.scores.push_back(*s.score);
@@ -782,8 +729,8 @@ json Extender::Bind(const json& args) {
   if (std::string phase = Str(*pod, "status", "phase"); phase != "Pending") {
     return error(absl::StrCat(who, " is not Pending (phase \"", phase, "\")"));
   }
-  if (auto md = pod->find("metadata"); md != pod->end() && md->is_object() &&
-                                       md->contains("deletionTimestamp")) {
+  if (auto md = pod->find("metadata");
+      md != pod->end() && md->is_object() && md->contains("deletionTimestamp")) {
     return error(absl::StrCat(who, " is being deleted"));
   }
   std::string scheduler = Str(*pod, "spec", "schedulerName");
@@ -818,8 +765,8 @@ json Extender::Bind(const json& args) {
     if (!score) {
       std::string reason;
       placement::Fits(ns_it->second.node, req->first, &reason);
-      return error(absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ",
-                                reason));
+      return error(
+          absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ", reason));
     }
     for (size_t c = 0; c < req->second.size(); ++c) {
       std::vector<std::string> uuids;
@@ -899,10 +846,8 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
       for (size_t g = 0; g < n.gpus.size(); ++g) {
         gpus.push_back({{"uuid", uuids[n.name][g]},
                         {"freeCores", n.gpus[g].free_milli / placement::kMilliPerVcudaCore},
-                        {"freeMemoryUnits",
-                         n.gpus[g].memory_free_bytes / int64_t(vgpu::kMemoryUnitBytes)},
-                        {"memoryUnits",
-                         n.gpus[g].memory_total_bytes / int64_t(vgpu::kMemoryUnitBytes)}});
+                        {"freeMemoryUnits", vgpu::MemoryUnitsOf(n.gpus[g].memory_free_bytes)},
+                        {"memoryUnits", vgpu::MemoryUnitsOf(n.gpus[g].memory_total_bytes)}});
       }
       out[n.name] = gpus;
     }

@@ -31,11 +31,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/parallel.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/parallel.h"
 #include "k8s/client.h"
 #include "placement/placement.h"
+#include "vgpu/rules/node_pool.h"
 #include "vgpu/rules/rules.h"
 
 namespace httplib {
@@ -46,20 +47,7 @@ namespace gpulet::scheduler {
 
 using nlohmann::json;
 
-// Most GPUs one node may declare (annotation or capacity): bounds the state a node can create.
-inline constexpr int64_t kMaxNodeGpus = 256;
-
-// One GPU of the node annotation gpulet.io/vgpu-gpus (written by the agent).
-struct NodeGpu {
-  std::string uuid;  // empty: not given
-  int64_t memory_units = 0;
-  bool healthy = true;
-};
-
-// Parses the node annotation gpulet.io/vgpu-gpus: a JSON list of {"uuid","index","memoryUnits",
-// "healthy"}. Every field is type- and bounds-checked (at most kMaxNodeGpus GPUs, memoryUnits in
-// 0..vgpu::kMaxMemoryUnitsPerGpu, uuid a short token); errors say which GPU and field.
-absl::StatusOr<std::vector<NodeGpu>> ParseNodeGpuAnnotation(std::string_view text);
+using vgpu::kMaxNodeGpus;
 
 // The Kubernetes name rules the extender checks before it uses a name in an API path.
 bool IsDns1123Label(std::string_view s);      // namespaces: [a-z0-9]([-a-z0-9]*[a-z0-9])?, <= 63
@@ -141,8 +129,8 @@ class Extender {
 
  private:
   struct NodeState {
-    placement::Node node;            // free amounts = capacity minus bookings
-    std::vector<std::string> uuids;  // per GPU
+    placement::Node node;                           // free amounts = capacity minus bookings
+    std::vector<std::string> uuids;                 // per GPU
     std::unordered_map<std::string, int> index_of;  // uuid -> position
   };
   void UpsertNodeUnguarded(const json& node);

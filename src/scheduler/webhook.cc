@@ -64,7 +64,7 @@ std::string TrustedAnnotationIn(const json& annotations) {
 
 // Where `pod` asks to switch the vGPU limits off: the annotation, or the env variable on a
 // fractional container (any value and any valueFrom: the webhook cannot see what it resolves to).
-std::string DisableRequestIn(const json& pod, const vgpu::PodRequest& req) {
+std::string DisableRequestIn(const json& pod, const vgpu::PodUnits& req) {
   const json& annotations = Member(Member(pod, "metadata"), "annotations");
   if (!Member(annotations, kAnnotationVgpuDisable).is_null()) {
     return absl::StrCat("annotation ", kAnnotationVgpuDisable);
@@ -93,9 +93,9 @@ int64_t NodeMaxGpuUnits(const json& node, const vgpu::ResourceNames& names) {
   const json& inv =
       Member(Member(Member(node, "metadata"), "annotations"), vgpu::kAnnotationNodeGpus);
   if (inv.is_string()) {
-    auto gpus = ParseNodeGpuAnnotation(inv.get_ref<const std::string&>());
+    auto gpus = vgpu::DecodeNodePool(inv.get_ref<const std::string&>());
     if (gpus.ok()) {
-      for (const NodeGpu& g : *gpus) best = std::max(best, g.memory_units);
+      for (const vgpu::PoolGpu& g : *gpus) best = std::max(best, g.memory_units);
       if (best > 0) return best;
     }
   }
@@ -126,7 +126,7 @@ bool AdmissionWebhook::NamespaceAllowsDisable(const std::string& ns) {
 
 int64_t AdmissionWebhook::MaxMemoryUnits() {
   if (options_.max_memory_units > 0 || !api_) return options_.max_memory_units;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto now = std::chrono::steady_clock::now();
   if (cached_units_ > 0 && now - cached_at_ < std::chrono::seconds(30)) return cached_units_;
   auto nodes = api_->ListNodes();
@@ -166,7 +166,7 @@ absl::StatusOr<json> AdmissionWebhook::Validate(const json& review) {
     return out;
   }
   if (std::any_of(pod->containers.begin(), pod->containers.end(),
-                  [](const vgpu::ContainerRequest& c) { return c.fractional(); })) {
+                  [](const vgpu::ContainerUnits& c) { return c.fractional(); })) {
     if (std::string where = DisableRequestIn(pod_json, *pod); !where.empty()) {
       std::string ns = StringMember(request, "namespace");
       if (ns.empty()) ns = StringMember(md, "namespace");
@@ -187,8 +187,8 @@ absl::StatusOr<json> AdmissionWebhook::Mutate(const json& review) {
   if (!req.second || options_.scheduler_name.empty()) return out;
   auto pod = vgpu::ParsePod(*req.second, options_.names, 0);
   if (!pod.ok() || pod->empty()) return out;  // invalid pods are the validator's to deny
-  json patch = json::array({{{"op", "add"}, {"path", "/spec/schedulerName"},
-                             {"value", options_.scheduler_name}}});
+  json patch = json::array(
+      {{{"op", "add"}, {"path", "/spec/schedulerName"}, {"value", options_.scheduler_name}}});
   out["response"]["patchType"] = "JSONPatch";
   out["response"]["patch"] = absl::Base64Escape(patch.dump());
   return out;

@@ -1,16 +1,17 @@
 // The vGPU admission webhook: AdmissionReview v1 (admission.k8s.io/v1) for pod CREATE. The
-// validating endpoint applies the vGPU rules (vgpu/rules/rules.h) and denies with the rule's message;
-// the mutating endpoint (optional) points vGPU pods at a scheduler profile (spec.schedulerName)
-// so clusters can route them to the kube-scheduler that calls the extender.
+// validating endpoint applies the vGPU rules (vgpu/rules/rules.h) and denies with the rule's
+// message; the mutating endpoint (optional) points vGPU pods at a scheduler profile
+// (spec.schedulerName) so clusters can route them to the kube-scheduler that calls the extender.
 // "Memory must fit one GPU" needs the largest GPU of the cluster: a fixed option, or learned from
 // the nodes through the API server (cached for 30 s).
 // Thread-safe.
 #pragma once
 
 #include <chrono>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "k8s/client.h"
 #include "vgpu/rules/rules.h"
 
@@ -56,9 +57,9 @@ class AdmissionWebhook {
 
   WebhookOptions options_;
   k8s::Client* api_;
-  std::mutex mu_;
-  int64_t cached_units_ = 0;
-  std::chrono::steady_clock::time_point cached_at_{};
+  absl::Mutex mu_;
+  int64_t cached_units_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point cached_at_ ABSL_GUARDED_BY(mu_){};
 };
 
 // Largest per-GPU memory, in units, that a node object offers (gpulet.io/vgpu-gpus annotation,

@@ -18,9 +18,13 @@ namespace gpulet::testing {
 namespace {
 
 json StatusObject(int code, const std::string& reason, const std::string& message) {
-  return {{"kind", "Status"},   {"apiVersion", "v1"}, {"metadata", json::object()},
+  return {{"kind", "Status"},
+          {"apiVersion", "v1"},
+          {"metadata", json::object()},
           {"status", code < 300 ? "Success" : "Failure"},
-          {"message", message}, {"reason", reason},   {"code", code}};
+          {"message", message},
+          {"reason", reason},
+          {"code", code}};
 }
 
 void Reply(httplib::Response& res, int code, const json& body) {
@@ -51,12 +55,18 @@ struct Term {
 };
 
 bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, std::string* err) {
-  static const char* kFields[] = {"metadata.name",          "metadata.namespace",
-                                  "spec.nodeName",          "status.phase",
-                                  "spec.schedulerName",     "involvedObject.name",
-                                  "involvedObject.namespace", "involvedObject.kind",
-                                  "involvedObject.uid",     "reason",
-                                  "type",                   "spec.driver",
+  static const char* kFields[] = {"metadata.name",
+                                  "metadata.namespace",
+                                  "spec.nodeName",
+                                  "status.phase",
+                                  "spec.schedulerName",
+                                  "involvedObject.name",
+                                  "involvedObject.namespace",
+                                  "involvedObject.kind",
+                                  "involvedObject.uid",
+                                  "reason",
+                                  "type",
+                                  "spec.driver",
                                   "spec.pool.name"};
   std::vector<std::string> parts;
   int depth = 0;
@@ -91,14 +101,16 @@ bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, st
       t.op = Term::kNotIn;
       t.key = p.substr(0, pos);
       std::string v(absl::StripAsciiWhitespace(p.substr(pos + 7)));
-      if (v.size() < 2 || v.front() != '(' || v.back() != ')') return *err = "bad set in " + p, false;
+      if (v.size() < 2 || v.front() != '(' || v.back() != ')')
+        return *err = "bad set in " + p, false;
       for (auto x : absl::StrSplit(v.substr(1, v.size() - 2), ','))
         t.values.emplace_back(absl::StripAsciiWhitespace(x));
     } else if (labels && (pos = p.find(" in ")) != std::string::npos) {
       t.op = Term::kIn;
       t.key = p.substr(0, pos);
       std::string v(absl::StripAsciiWhitespace(p.substr(pos + 4)));
-      if (v.size() < 2 || v.front() != '(' || v.back() != ')') return *err = "bad set in " + p, false;
+      if (v.size() < 2 || v.front() != '(' || v.back() != ')')
+        return *err = "bad set in " + p, false;
       for (auto x : absl::StrSplit(v.substr(1, v.size() - 2), ','))
         t.values.emplace_back(absl::StripAsciiWhitespace(x));
     } else if (labels) {
@@ -123,7 +135,8 @@ bool Matches(const json& obj, const std::vector<Term>& fields, const std::vector
     if (eq != (t.op == Term::kEq)) return false;
   }
   const json* lab = nullptr;
-  if (obj.contains("metadata") && obj["metadata"].contains("labels")) lab = &obj["metadata"]["labels"];
+  if (obj.contains("metadata") && obj["metadata"].contains("labels"))
+    lab = &obj["metadata"]["labels"];
   for (const Term& t : labels) {
     bool has = lab && lab->contains(t.key);
     std::string v = has && (*lab)[t.key].is_string() ? (*lab)[t.key].get<std::string>() : "";
@@ -160,7 +173,9 @@ std::string NewUid() {
   return buf;
 }
 
-std::string Now() { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone()); }
+std::string Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
 
 }  // namespace
 
@@ -175,8 +190,8 @@ std::string FakeApiServer::url() const {
 
 bool FakeApiServer::Start() {
   if (!options_.cert_file.empty()) {
-    server_ = std::make_unique<httplib::SSLServer>(options_.cert_file.c_str(),
-                                                   options_.key_file.c_str());
+    server_ =
+        std::make_unique<httplib::SSLServer>(options_.cert_file.c_str(), options_.key_file.c_str());
   } else {
     server_ = std::make_unique<httplib::Server>();
   }
@@ -190,9 +205,9 @@ bool FakeApiServer::Start() {
   // Watches hold a worker each for their whole life.
   server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
   Routes();
-  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
-                             : (server_->bind_to_port(options_.host, options_.port) ? options_.port
-                                                                                   : -1);
+  port_ = options_.port == 0
+              ? server_->bind_to_any_port(options_.host)
+              : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   if (port_ <= 0) {
     spdlog::error("fake apiserver: cannot bind {}:{}", options_.host, options_.port);
     return false;
@@ -358,7 +373,9 @@ void FakeApiServer::Routes() {
         }
       }
       return Reply(res, 200,
-                   {{"kind", kind == "pods" ? "PodList" : kind == "events" ? "EventList" : "NodeList"},
+                   {{"kind", kind == "pods"     ? "PodList"
+                             : kind == "events" ? "EventList"
+                                                : "NodeList"},
                     {"apiVersion", "v1"},
                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
                     {"items", items}});
@@ -379,8 +396,8 @@ void FakeApiServer::Routes() {
     auto cursor = std::make_shared<int64_t>(from);
     auto initial = std::make_shared<bool>(from == 0);
     res.set_chunked_content_provider(
-        "application/json", [this, kind, in_scope, deadline, cursor, initial](
-                                size_t, httplib::DataSink& sink) {
+        "application/json",
+        [this, kind, in_scope, deadline, cursor, initial](size_t, httplib::DataSink& sink) {
           std::string out;
           bool done = false;
           {
@@ -394,9 +411,8 @@ void FakeApiServer::Routes() {
             } else if (!history_.empty() && *cursor < history_.front().rv - 1) {
               out = json{{"type", "ERROR"},
                          {"object", StatusObject(410, "Expired",
-                                                 absl::StrCat("too old resource version: ",
-                                                              *cursor, " (",
-                                                              history_.front().rv - 1, ")"))}}
+                                                 absl::StrCat("too old resource version: ", *cursor,
+                                                              " (", history_.front().rv - 1, ")"))}}
                         .dump() +
                     "\n";
               done = true;
@@ -408,8 +424,8 @@ void FakeApiServer::Routes() {
               std::map<std::string, const json*> prev;
               for (const Event& e : history_) {
                 if (e.kind != kind) continue;
-                std::string key = Field(e.object, "metadata.namespace") + "/" +
-                                  Field(e.object, "metadata.name");
+                std::string key =
+                    Field(e.object, "metadata.namespace") + "/" + Field(e.object, "metadata.name");
                 const json* before = prev.count(key) ? prev[key] : nullptr;
                 prev[key] = e.type == "DELETED" ? nullptr : &e.object;
                 if (e.rv <= *cursor) continue;
@@ -417,9 +433,12 @@ void FakeApiServer::Routes() {
                 bool is = in_scope(e.object);
                 std::string type = e.type;
                 if (e.type == "MODIFIED") {
-                  if (!was && is) type = "ADDED";
-                  else if (was && !is) type = "DELETED";
-                  else if (!was && !is) continue;
+                  if (!was && is)
+                    type = "ADDED";
+                  else if (was && !is)
+                    type = "DELETED";
+                  else if (!was && !is)
+                    continue;
                 } else if (!is) {
                   continue;
                 }
@@ -491,16 +510,16 @@ void FakeApiServer::Routes() {
     Reply(res, 200, obj);
   };
 
-  s.Get("/api/v1/pods", [list](const httplib::Request& q, httplib::Response& r) {
-    list("pods", "", q, r);
-  });
+  s.Get("/api/v1/pods",
+        [list](const httplib::Request& q, httplib::Response& r) { list("pods", "", q, r); });
   s.Get(R"(/api/v1/namespaces/([^/]+)/pods)",
-        [list](const httplib::Request& q, httplib::Response& r) { list("pods", q.matches[1], q, r); });
-  s.Get("/api/v1/nodes", [list](const httplib::Request& q, httplib::Response& r) {
-    list("nodes", "", q, r);
-  });
+        [list](const httplib::Request& q, httplib::Response& r) {
+          list("pods", q.matches[1], q, r);
+        });
+  s.Get("/api/v1/nodes",
+        [list](const httplib::Request& q, httplib::Response& r) { list("nodes", "", q, r); });
   s.Post(R"(/api/v1/namespaces/([^/]+)/pods)", [this](const httplib::Request& q,
-                                                       httplib::Response& r) {
+                                                      httplib::Response& r) {
     json pod = json::parse(q.body, nullptr, false);
     if (!pod.is_object() || Field(pod, "metadata.name").empty()) {
       return Fail(r, 422, "Invalid", "pod needs metadata.name");
@@ -544,16 +563,15 @@ void FakeApiServer::Routes() {
   };
   s.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
   s.Put(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
-  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
-           [this](const httplib::Request& q, httplib::Response& r) {
-             json pod;
-             if (!GetPod(q.matches[1], q.matches[2], &pod) ||
-                 !DeletePod(q.matches[1], q.matches[2])) {
-               return Fail(r, 404, "NotFound",
-                           absl::StrCat("pods \"", std::string(q.matches[2]), "\" not found"));
-             }
-             Reply(r, 200, pod);
-           });
+  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))", [this](const httplib::Request& q,
+                                                                httplib::Response& r) {
+    json pod;
+    if (!GetPod(q.matches[1], q.matches[2], &pod) || !DeletePod(q.matches[1], q.matches[2])) {
+      return Fail(r, 404, "NotFound",
+                  absl::StrCat("pods \"", std::string(q.matches[2]), "\" not found"));
+    }
+    Reply(r, 200, pod);
+  });
   // Binding, both the pods/<name>/binding subresource and the legacy namespaced bindings.
   auto bind = [this, get_pod](const std::string& ns, const std::string& name,
                               const httplib::Request& q, httplib::Response& r) {
@@ -571,10 +589,10 @@ void FakeApiServer::Routes() {
                                ", UID in object meta: ", Field(*pod, "metadata.uid")));
     }
     if (!Field(*pod, "spec.nodeName").empty()) {
-      return Fail(r, 409, "Conflict",
-                  absl::StrCat("Operation cannot be fulfilled on pods/binding \"", name,
-                               "\": pod ", name, " is already assigned to node \"",
-                               Field(*pod, "spec.nodeName"), "\""));
+      return Fail(
+          r, 409, "Conflict",
+          absl::StrCat("Operation cannot be fulfilled on pods/binding \"", name, "\": pod ", name,
+                       " is already assigned to node \"", Field(*pod, "spec.nodeName"), "\""));
     }
     json next = *pod;
     next["spec"]["nodeName"] = Field(b, "target.name");
@@ -593,21 +611,21 @@ void FakeApiServer::Routes() {
            json b = json::parse(q.body, nullptr, false);
            bind(q.matches[1], b.is_object() ? Field(b, "metadata.name") : "", q, r);
          });
-  s.Get(R"(/api/v1/nodes/([^/]+)(/status)?)", [this](const httplib::Request& q,
-                                                      httplib::Response& r) {
-    json node;
-    if (!GetNode(q.matches[1], &node)) {
-      return Fail(r, 404, "NotFound", absl::StrCat("nodes \"", std::string(q.matches[1]),
-                                                   "\" not found"));
-    }
-    Reply(r, 200, node);
-  });
+  s.Get(R"(/api/v1/nodes/([^/]+)(/status)?)",
+        [this](const httplib::Request& q, httplib::Response& r) {
+          json node;
+          if (!GetNode(q.matches[1], &node)) {
+            return Fail(r, 404, "NotFound",
+                        absl::StrCat("nodes \"", std::string(q.matches[1]), "\" not found"));
+          }
+          Reply(r, 200, node);
+        });
   auto node_modify = [this, modify](const httplib::Request& q, httplib::Response& r) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = nodes_.find(q.matches[1]);
     if (it == nodes_.end()) {
-      return Fail(r, 404, "NotFound", absl::StrCat("nodes \"", std::string(q.matches[1]),
-                                                   "\" not found"));
+      return Fail(r, 404, "NotFound",
+                  absl::StrCat("nodes \"", std::string(q.matches[1]), "\" not found"));
     }
     modify(it->second, "nodes", q, r, q.matches[2].length() > 0);
   };
@@ -615,7 +633,7 @@ void FakeApiServer::Routes() {
   s.Put(R"(/api/v1/nodes/([^/]+)(/status)?)", node_modify);
   // Events: created as given (core/v1 Event), listed in creation order.
   s.Post(R"(/api/v1/namespaces/([^/]+)/events)", [this](const httplib::Request& q,
-                                                         httplib::Response& r) {
+                                                        httplib::Response& r) {
     json ev = json::parse(q.body, nullptr, false);
     if (!ev.is_object() || !ev["metadata"].is_object()) {
       return Fail(r, 400, "BadRequest", "event body is not a JSON object with metadata");
@@ -650,29 +668,28 @@ void FakeApiServer::Routes() {
     event_order_.push_back(key);
     Reply(r, 201, ev);
   });
-  s.Get("/api/v1/events", [list](const httplib::Request& q, httplib::Response& r) {
-    list("events", "", q, r);
-  });
-  s.Get(R"(/api/v1/namespaces/([^/]+)/events)", [list](const httplib::Request& q,
-                                                        httplib::Response& r) {
-    list("events", q.matches[1], q, r);
-  });
-  s.Get(R"(/api/v1/namespaces/([^/]+)/events/([^/]+))", [this](const httplib::Request& q,
-                                                              httplib::Response& r) {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = events_.find(std::string(q.matches[1]) + "/" + std::string(q.matches[2]));
-    if (it == events_.end()) {
-      return Fail(r, 404, "NotFound",
-                  absl::StrCat("events \"", std::string(q.matches[2]), "\" not found"));
-    }
-    Reply(r, 200, it->second);
-  });
+  s.Get("/api/v1/events",
+        [list](const httplib::Request& q, httplib::Response& r) { list("events", "", q, r); });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/events)",
+        [list](const httplib::Request& q, httplib::Response& r) {
+          list("events", q.matches[1], q, r);
+        });
+  s.Get(R"(/api/v1/namespaces/([^/]+)/events/([^/]+))",
+        [this](const httplib::Request& q, httplib::Response& r) {
+          std::lock_guard<std::mutex> l(mu_);
+          auto it = events_.find(std::string(q.matches[1]) + "/" + std::string(q.matches[2]));
+          if (it == events_.end()) {
+            return Fail(r, 404, "NotFound",
+                        absl::StrCat("events \"", std::string(q.matches[2]), "\" not found"));
+          }
+          Reply(r, 200, it->second);
+        });
   ResourceRoutes(modify);
   s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (r.body.empty()) {
       Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",
-           absl::StrCat("the server could not find the requested resource (", q.method, " ",
-                        q.path, ")"));
+           absl::StrCat("the server could not find the requested resource (", q.method, " ", q.path,
+                        ")"));
     }
   });
 }
@@ -729,8 +746,8 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
   };
   for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false},
                         Kind{"resourceclaims", "ResourceClaim", true}}) {
-    std::string coll = k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural
-                                    : base + "/" + k.plural;
+    std::string coll =
+        k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural : base + "/" + k.plural;
     auto ns_of = [k](const httplib::Request& q) {
       return k.namespaced ? std::string(q.matches[1]) : std::string();
     };
@@ -748,8 +765,11 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
       for (const auto& [key, o] : objects_[k.plural])
         if ((ns.empty() || Field(o, "metadata.namespace") == ns) && Matches(o, fields, labels))
           items.push_back(o);
-      Reply(r, 200, {{"kind", k.singular + "List"}, {"apiVersion", "resource.k8s.io/v1"},
-                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}}, {"items", items}});
+      Reply(r, 200,
+            {{"kind", k.singular + "List"},
+             {"apiVersion", "resource.k8s.io/v1"},
+             {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
+             {"items", items}});
     };
     s.Get(coll, list);
     if (k.namespaced) s.Get(base + "/" + k.plural, list);
@@ -769,16 +789,16 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
     });
     std::string one = coll + "/([^/]+)";
     auto not_found = [k](httplib::Response& r, const std::string& name) {
-      Fail(r, 404, "NotFound",
-           absl::StrCat(k.plural, ".resource.k8s.io \"", name, "\" not found"));
+      Fail(r, 404, "NotFound", absl::StrCat(k.plural, ".resource.k8s.io \"", name, "\" not found"));
     };
-    s.Get(one + "(/status)?", [this, k, not_found](const httplib::Request& q, httplib::Response& r) {
-      std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
-      std::string name = q.matches[k.namespaced ? 2 : 1];
-      json obj;
-      if (!GetObject(k.plural, ns, name, &obj)) return not_found(r, name);
-      Reply(r, 200, obj);
-    });
+    s.Get(one + "(/status)?",
+          [this, k, not_found](const httplib::Request& q, httplib::Response& r) {
+            std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
+            std::string name = q.matches[k.namespaced ? 2 : 1];
+            json obj;
+            if (!GetObject(k.plural, ns, name, &obj)) return not_found(r, name);
+            Reply(r, 200, obj);
+          });
     auto change = [this, k, not_found, modify](const httplib::Request& q, httplib::Response& r) {
       std::string ns = k.namespaced ? std::string(q.matches[1]) : "";
       std::string name = q.matches[k.namespaced ? 2 : 1];

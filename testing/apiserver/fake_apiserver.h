@@ -37,7 +37,7 @@ namespace httplib {
 class Server;
 struct Request;
 struct Response;
-}
+}  // namespace httplib
 
 namespace gpulet::testing {
 
@@ -47,9 +47,9 @@ class FakeApiServer {
  public:
   struct Options {
     std::string host = "127.0.0.1";
-    int port = 0;                  // 0: any free port
+    int port = 0;                     // 0: any free port
     std::string cert_file, key_file;  // both set: HTTPS
-    size_t history = 1000;         // watch events retained
+    size_t history = 1000;            // watch events retained
   };
   FakeApiServer();
   explicit FakeApiServer(Options options);
@@ -64,7 +64,8 @@ class FakeApiServer {
   std::string Kubeconfig() const {
     return "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
            "contexts:\n- name: t\n  context: {cluster: c}\n"
-           "clusters:\n- name: c\n  cluster: {server: \"" + url() + "\"}\n";
+           "clusters:\n- name: c\n  cluster: {server: \"" +
+           url() + "\"}\n";
   }
 
   // Direct access (as an admin would through kubectl). Objects get uid, resourceVersion,
@@ -115,8 +116,8 @@ class FakeApiServer {
   std::condition_variable changed_;
   bool stopping_ = false;
   int64_t rv_ = 1;
-  std::map<std::string, json> pods_;   // "ns/name"
-  std::map<std::string, json> nodes_;  // name
+  std::map<std::string, json> pods_;    // "ns/name"
+  std::map<std::string, json> nodes_;   // name
   std::map<std::string, json> events_;  // "ns/name"
   std::vector<std::string> event_order_;
   std::map<std::string, std::map<std::string, json>> objects_;  // kind -> "ns/name"

@@ -52,7 +52,8 @@ absl::Status NodeSync::SyncOnce() {
                  {"reason", known->reason},
                  {"message", known->message}}}};
     RETURN_IF_ERROR(client_
-                        ->Call("PATCH", absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name, "/status"),
+                        ->Call("PATCH",
+                               absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name, "/status"),
                                &up, "application/merge-patch+json")
                         .status());
   }
@@ -67,22 +68,24 @@ absl::Status ReplicaSetController::SyncOnce() {
   ASSIGN_OR_RETURN(json list, client_->ListPods("default", opts));
   if (!list["items"].empty()) return absl::OkStatus();
   ++created_;
-  json pod = {
-      {"apiVersion", "v1"},
-      {"kind", "Pod"},
-      {"metadata",
-       {{"name", absl::StrCat(name_, "-", created_)},
-        {"namespace", "default"},
-        {"labels", {{"app", name_}}},
-        {"ownerReferences",
-         json::array({{{"apiVersion", "apps/v1"}, {"kind", "ReplicaSet"}, {"name", name_},
-                       {"uid", "rs-" + name_}, {"controller", true}}})}}},
-      {"spec",
-       {{"nodeName", node_},
-        {"containers",
-         json::array({{{"name", "main"},
-                       {"image", "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"},
-                       {"resources", {{"limits", {{"nvidia.com/gpu", absl::StrCat(gpus_)}}}}}}})}}}};
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", absl::StrCat(name_, "-", created_)},
+                {"namespace", "default"},
+                {"labels", {{"app", name_}}},
+                {"ownerReferences", json::array({{{"apiVersion", "apps/v1"},
+                                                  {"kind", "ReplicaSet"},
+                                                  {"name", name_},
+                                                  {"uid", "rs-" + name_},
+                                                  {"controller", true}}})}}},
+              {"spec",
+               {{"nodeName", node_},
+                {"containers",
+                 json::array({{{"name", "main"},
+                               {"image", "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"},
+                               {"resources",
+                                {{"limits", {{"nvidia.com/gpu", absl::StrCat(gpus_)}}}}}}})}}}};
   return client_->Call("POST", "/api/v1/namespaces/default/pods", &pod).status();
 }
 

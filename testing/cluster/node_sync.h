@@ -16,7 +16,8 @@ namespace gpulet::cluster {
 class NodeSync {
  public:
   // Neither pointer is owned; the emulator may be replaced between calls (a "reboot").
-  NodeSync(k8s::Client* client, std::string node_name) : client_(client), node_(std::move(node_name)) {}
+  NodeSync(k8s::Client* client, std::string node_name)
+      : client_(client), node_(std::move(node_name)) {}
   void set_emulator(emu::KubeletEmulator* e) { emulator_ = e; }
   void set_boot_id(std::string id) { boot_id_ = std::move(id); }
 

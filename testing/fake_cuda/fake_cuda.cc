@@ -18,17 +18,17 @@
 // processes under test; the time-sliced timeline is per process (tests that share a GPU's time
 // run their tenants as contexts of one process, see fakecuda_set_context_pid).
 //
-// Environment: FAKE_CUDA_DEVICE_COUNT (1), FAKE_CUDA_DEVICE_MEMORY (16 GiB), FAKE_CUDA_CONTEXT_BYTES
-// (0; a real context holds ~518 MiB on an H200), FAKE_CUDA_ALLOC_GRANULE (1: allocations are
-// rounded up to it on the device, 2 MiB on real GPUs), FAKE_CUDA_MODULE_BYTES (0: device memory a
-// cuModuleLoadData holds), FAKE_CUDA_NVML_PID_OFFSET (0: NVML's pids are getpid() + this, as in
-// a container's pid namespace), FAKE_CUDA_NO_PROCESS_INFO (NVML cannot list processes),
-// FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_TIMESLICE_NS (2000000),
-// FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG
-// (append one "symbol:version:flags" line per cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes
-// or GPU-UUID prefixes, applied at cuInit like the real driver).
-// Test-only entry points (fakecuda_*) set a virtual clock and read the timeline.
-// Thread-safety: every entry point may be called from any thread (one mutex; it is a fake).
+// Environment: FAKE_CUDA_DEVICE_COUNT (1), FAKE_CUDA_DEVICE_MEMORY (16 GiB),
+// FAKE_CUDA_CONTEXT_BYTES (0; a real context holds ~518 MiB on an H200), FAKE_CUDA_ALLOC_GRANULE
+// (1: allocations are rounded up to it on the device, 2 MiB on real GPUs), FAKE_CUDA_MODULE_BYTES
+// (0: device memory a cuModuleLoadData holds), FAKE_CUDA_NVML_PID_OFFSET (0: NVML's pids are
+// getpid() + this, as in a container's pid namespace), FAKE_CUDA_NO_PROCESS_INFO (NVML cannot list
+// processes), FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_TIMESLICE_NS
+// (2000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG (append one "symbol:version:flags" line per
+// cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes, applied at cuInit
+// like the real driver). Test-only entry points (fakecuda_*) set a virtual clock and read the
+// timeline. Thread-safety: every entry point may be called from any thread (one mutex; it is a
+// fake).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -202,7 +202,8 @@ int64_t Now() {
 void SleepUntil(int64_t t) {
   if (g_test_sleep_until) return g_test_sleep_until(t);
   for (int64_t now = Now(); now < t; now = Now()) {
-    timespec d{static_cast<time_t>((t - now) / 1000000000), static_cast<long>((t - now) % 1000000000)};
+    timespec d{static_cast<time_t>((t - now) / 1000000000),
+               static_cast<long>((t - now) % 1000000000)};
     nanosleep(&d, nullptr);
   }
 }
@@ -231,30 +232,31 @@ struct Driver {
   std::vector<Queue*> dev_queues[kMaxDevices];     // their queues, in the same order
   SliceState slice[kMaxDevices];
   int foreign_channel[kMaxDevices];  // -1 until a neighbour's work arrives
-  int proc_slot[kMaxDevices];  // this process's entry in shared->procs[dev], -1 none
-  std::vector<int> visible;  // ordinal -> physical index
+  int proc_slot[kMaxDevices];        // this process's entry in shared->procs[dev], -1 none
+  std::vector<int> visible;          // ordinal -> physical index
   SharedState local{};
   SharedState* shared = &local;
   std::map<uint64_t, Alloc> allocs;  // device pointers, arrays, mipmaps, VMM handles
   uint64_t next_ptr = 0x7f0000000000ull;
   uint64_t next_ptr32 = 0x10000000ull;  // the 32-bit (v1) entry points get addresses below 4 GiB
-  std::map<int, int> primary_refs;  // physical device -> retain count
+  std::map<int, int> primary_refs;      // physical device -> retain count
   std::map<int, CUcontext> primary;
   thread_local static CUcontext current;
   std::vector<std::pair<int64_t, int64_t>> intervals;  // this process's kernels ran [start, end)
-  uint64_t allocated = 0;                               // this process's live bytes
-  uint64_t charged[kMaxDevices] = {};                   // ... per physical device
+  uint64_t allocated = 0;                              // this process's live bytes
+  uint64_t charged[kMaxDevices] = {};                  // ... per physical device
 
   Driver() {
-    physical_count = std::clamp<int>(static_cast<int>(EnvU64("FAKE_CUDA_DEVICE_COUNT", 1)), 1,
-                                     kMaxDevices);
+    physical_count =
+        std::clamp<int>(static_cast<int>(EnvU64("FAKE_CUDA_DEVICE_COUNT", 1)), 1, kMaxDevices);
     memory = EnvU64("FAKE_CUDA_DEVICE_MEMORY", memory);
     context_bytes = EnvU64("FAKE_CUDA_CONTEXT_BYTES", 0);
     ns_per_block = EnvU64("FAKE_CUDA_NS_PER_BLOCK", ns_per_block);
     graph_ns = EnvU64("FAKE_CUDA_GRAPH_NS", graph_ns);
     granule = std::max<uint64_t>(1, EnvU64("FAKE_CUDA_ALLOC_GRANULE", 1));
     module_bytes = EnvU64("FAKE_CUDA_MODULE_BYTES", 0);
-    timeslice_ns = std::max<int64_t>(1000, static_cast<int64_t>(EnvU64("FAKE_CUDA_TIMESLICE_NS", 2'000'000)));
+    timeslice_ns =
+        std::max<int64_t>(1000, static_cast<int64_t>(EnvU64("FAKE_CUDA_TIMESLICE_NS", 2'000'000)));
     for (int& s : proc_slot) s = -1;
     for (int& c : foreign_channel) c = -1;
     if (const char* path = getenv("FAKE_CUDA_STATE")) {
@@ -564,13 +566,13 @@ extern "C" {
 
 // --- test-only controls ------------------------------------------------------------------------
 __attribute__((visibility("default"))) void fakecuda_set_clock(int64_t (*now)(),
-                                                              void (*sleep_until)(int64_t)) {
+                                                               void (*sleep_until)(int64_t)) {
   g_test_now = now;
   g_test_sleep_until = sleep_until;
 }
 // Host time of each launch and event record, on the virtual clock (fakecuda_set_clock).
 __attribute__((visibility("default"))) void fakecuda_set_host_costs(int64_t launch_ns,
-                                                                   int64_t event_ns) {
+                                                                    int64_t event_ns) {
   D().launch_ns.store(launch_ns);
   D().event_ns.store(event_ns);
 }
@@ -583,10 +585,9 @@ namespace {
 // Time covered by `v` (ordered, non-overlapping intervals: kernels of one process run in order on
 // the device timeline, so starts and ends never decrease) within [t0, t1), by bisection.
 int64_t CoveredBetween(const std::vector<std::pair<int64_t, int64_t>>& v, int64_t t0, int64_t t1) {
-  auto it = std::lower_bound(v.begin(), v.end(), t0,
-                             [](const std::pair<int64_t, int64_t>& i, int64_t t) {
-                               return i.second <= t;
-                             });
+  auto it = std::lower_bound(
+      v.begin(), v.end(), t0,
+      [](const std::pair<int64_t, int64_t>& i, int64_t t) { return i.second <= t; });
   int64_t sum = 0;
   for (; it != v.end() && it->first < t1; ++it)
     sum += std::max<int64_t>(0, std::min(it->second, t1) - std::max(it->first, t0));
@@ -601,7 +602,8 @@ __attribute__((visibility("default"))) int64_t fakecuda_busy_between(int64_t t0,
 }
 // One context's device time within [t0, t1) (several tenants in one test process).
 __attribute__((visibility("default"))) int64_t fakecuda_context_busy_between(CUcontext c,
-                                                                           int64_t t0, int64_t t1) {
+                                                                             int64_t t0,
+                                                                             int64_t t1) {
   LOCK;
   if (c == nullptr) return 0;
   Channel& ch = *D().channels[reinterpret_cast<Ctx*>(c)->channel];
@@ -635,7 +637,8 @@ __attribute__((visibility("default"))) void fakecuda_hold_hidden(int physical, u
 __attribute__((visibility("default"))) void fakecuda_foreign_work(int physical, int64_t duration) {
   LOCK;
   if (physical < 0 || physical >= kMaxDevices) return;
-  if (D().foreign_channel[physical] < 0) D().foreign_channel[physical] = D().NewChannel(physical, true);
+  if (D().foreign_channel[physical] < 0)
+    D().foreign_channel[physical] = D().NewChannel(physical, true);
   D().Enqueue(D().foreign_channel[physical], duration, 0);
 }
 
@@ -714,7 +717,9 @@ CUresult cuCtxCreate_v2(CUcontext* c, unsigned int flags, CUdevice d) {
   if (r == CUDA_SUCCESS) Driver::current = *c;
   return r;
 }
-CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
+CUresult cuCtxCreate(CUcontext* c, unsigned int flags, CUdevice d) {
+  return cuCtxCreate_v2(c, flags, d);
+}
 CUresult cuCtxCreate_v3(CUcontext* c, void*, int, unsigned int flags, CUdevice d) {
   return cuCtxCreate_v2(c, flags, d);
 }
@@ -793,7 +798,8 @@ CUresult cuMemAlloc(CUdeviceptr_v1* p, unsigned int bytes) {
   if (!p) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr q;
   CUresult r = D().AllocOnCurrent(D().next_ptr32, bytes, &q);
-  if (r == CUDA_SUCCESS) *p = static_cast<CUdeviceptr_v1>(q), D().next_ptr32 += (bytes + 0xfffff) & ~0xfffffull;
+  if (r == CUDA_SUCCESS)
+    *p = static_cast<CUdeviceptr_v1>(q), D().next_ptr32 += (bytes + 0xfffff) & ~0xfffffull;
   return r;
 }
 CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t w, size_t h, unsigned int elem) {
@@ -819,7 +825,9 @@ CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int flags) {
   return cuMemAlloc_v2(p, bytes);
 }
 CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) { return cuMemAlloc_v2(p, bytes); }
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t bytes, CUstream s) { return cuMemAllocAsync(p, bytes, s); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t bytes, CUstream s) {
+  return cuMemAllocAsync(p, bytes, s);
+}
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream) {
   return cuMemAlloc_v2(p, bytes);
 }
@@ -891,8 +899,9 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray* m, const CUDA_ARRAY3D_DESCRIPT
   if (!m || !d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t bytes = 0;
   for (unsigned l = 0; l < levels; ++l)
-    bytes += ArrayBytes(std::max<size_t>(d->Width >> l, 1), d->Height ? std::max<size_t>(d->Height >> l, 1) : 0,
-                        d->Depth ? std::max<size_t>(d->Depth >> l, 1) : 0, d->Format, d->NumChannels);
+    bytes += ArrayBytes(
+        std::max<size_t>(d->Width >> l, 1), d->Height ? std::max<size_t>(d->Height >> l, 1) : 0,
+        d->Depth ? std::max<size_t>(d->Depth >> l, 1) : 0, d->Format, d->NumChannels);
   unsigned long long key;
   CUresult r = D().AllocOnCurrent(0, bytes, &key);
   if (r == CUDA_SUCCESS) *m = reinterpret_cast<CUmipmappedArray>(key);
@@ -925,9 +934,7 @@ CUresult cuStreamCreate(CUstream* s, unsigned int) {
   *s = reinterpret_cast<CUstream>(Keep(new Stream()));
   return CUDA_SUCCESS;
 }
-CUresult cuStreamDestroy_v2(CUstream s) {
-  return CUDA_SUCCESS;
-}
+CUresult cuStreamDestroy_v2(CUstream s) { return CUDA_SUCCESS; }
 // A context's work runs in order, so a stream is done when its context's queue is.
 CUresult cuStreamSynchronize(CUstream s) {
   int id;
@@ -945,9 +952,7 @@ CUresult cuEventCreate(CUevent* e, unsigned int) {
   *e = reinterpret_cast<CUevent>(Keep(new Event()));
   return CUDA_SUCCESS;
 }
-CUresult cuEventDestroy_v2(CUevent e) {
-  return CUDA_SUCCESS;
-}
+CUresult cuEventDestroy_v2(CUevent e) { return CUDA_SUCCESS; }
 CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 CUresult cuEventRecord(CUevent e, CUstream) {
   D().HostCost(D().event_ns.load());  // the device sees the event when the call has submitted it
@@ -990,7 +995,9 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   *ms = static_cast<float>(tb - ta) / 1e6f;
   return CUDA_SUCCESS;
 }
-CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+CUresult cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) {
+  return cuEventElapsedTime(ms, a, b);
+}
 // A module's code lives in device memory no allocation call shows (FAKE_CUDA_MODULE_BYTES on the
 // current context's device, for the rest of the process).
 CUresult cuModuleLoadData(CUmodule* m, const void*) {
@@ -1014,7 +1021,8 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   return D().Launch(static_cast<int64_t>(uint64_t{gx} * gy * gz * D().ns_per_block));
 }
 CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                             unsigned by, unsigned bz, unsigned sh, CUstream s, void** p, void** e) {
+                             unsigned by, unsigned bz, unsigned sh, CUstream s, void** p,
+                             void** e) {
   return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
 }
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -1056,25 +1064,80 @@ struct Entry {
   const char* name;
   void* fn;
 };
-#define E(f) {#f, reinterpret_cast<void*>(&f)}
+#define E(f) \
+  { #f, reinterpret_cast < void*>(&f) }
 static const Entry kEntries[] = {
-    E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetUuid),
-    E(cuDeviceGetUuid_v2), E(cuDeviceGetName), E(cuDeviceGetAttribute), E(cuDeviceTotalMem),
-    E(cuDeviceTotalMem_v2), E(cuCtxCreate), E(cuCtxCreate_v2), E(cuCtxCreate_v3), E(cuCtxCreate_v4),
-    E(cuCtxDestroy), E(cuCtxDestroy_v2), E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease),
-    E(cuDevicePrimaryCtxRelease_v2), E(cuCtxSetCurrent), E(cuCtxGetCurrent), E(cuCtxGetDevice),
-    E(cuCtxSynchronize), E(cuMemAlloc), E(cuMemAlloc_v2), E(cuMemAllocPitch), E(cuMemAllocPitch_v2),
-    E(cuMemAllocManaged), E(cuMemAllocAsync), E(cuMemAllocAsync_ptsz), E(cuMemAllocFromPoolAsync),
-    E(cuMemAllocFromPoolAsync_ptsz), E(cuMemFree), E(cuMemFree_v2), E(cuMemFreeAsync),
-    E(cuMemFreeAsync_ptsz), E(cuMemCreate), E(cuMemRelease), E(cuArrayCreate), E(cuArrayCreate_v2),
-    E(cuArray3DCreate), E(cuArray3DCreate_v2), E(cuArrayDestroy), E(cuMipmappedArrayCreate),
-    E(cuMipmappedArrayDestroy), E(cuMemGetInfo), E(cuMemGetInfo_v2), E(cuStreamCreate),
-    E(cuStreamDestroy_v2), E(cuStreamSynchronize), E(cuEventCreate), E(cuEventDestroy),
-    E(cuEventDestroy_v2), E(cuEventRecord), E(cuEventRecord_ptsz), E(cuEventQuery),
-    E(cuEventSynchronize), E(cuEventElapsedTime), E(cuEventElapsedTime_v2), E(cuModuleLoadData),
-    E(cuModuleGetFunction), E(cuLaunchKernel), E(cuLaunchKernel_ptsz), E(cuLaunchCooperativeKernel),
-    E(cuLaunchCooperativeKernel_ptsz), E(cuLaunchKernelEx), E(cuLaunchKernelEx_ptsz),
-    E(cuGraphCreate), E(cuGraphInstantiateWithFlags), E(cuGraphLaunch), E(cuGraphLaunch_ptsz),
+    E(cuInit),
+    E(cuDriverGetVersion),
+    E(cuDeviceGetCount),
+    E(cuDeviceGet),
+    E(cuDeviceGetUuid),
+    E(cuDeviceGetUuid_v2),
+    E(cuDeviceGetName),
+    E(cuDeviceGetAttribute),
+    E(cuDeviceTotalMem),
+    E(cuDeviceTotalMem_v2),
+    E(cuCtxCreate),
+    E(cuCtxCreate_v2),
+    E(cuCtxCreate_v3),
+    E(cuCtxCreate_v4),
+    E(cuCtxDestroy),
+    E(cuCtxDestroy_v2),
+    E(cuDevicePrimaryCtxRetain),
+    E(cuDevicePrimaryCtxRelease),
+    E(cuDevicePrimaryCtxRelease_v2),
+    E(cuCtxSetCurrent),
+    E(cuCtxGetCurrent),
+    E(cuCtxGetDevice),
+    E(cuCtxSynchronize),
+    E(cuMemAlloc),
+    E(cuMemAlloc_v2),
+    E(cuMemAllocPitch),
+    E(cuMemAllocPitch_v2),
+    E(cuMemAllocManaged),
+    E(cuMemAllocAsync),
+    E(cuMemAllocAsync_ptsz),
+    E(cuMemAllocFromPoolAsync),
+    E(cuMemAllocFromPoolAsync_ptsz),
+    E(cuMemFree),
+    E(cuMemFree_v2),
+    E(cuMemFreeAsync),
+    E(cuMemFreeAsync_ptsz),
+    E(cuMemCreate),
+    E(cuMemRelease),
+    E(cuArrayCreate),
+    E(cuArrayCreate_v2),
+    E(cuArray3DCreate),
+    E(cuArray3DCreate_v2),
+    E(cuArrayDestroy),
+    E(cuMipmappedArrayCreate),
+    E(cuMipmappedArrayDestroy),
+    E(cuMemGetInfo),
+    E(cuMemGetInfo_v2),
+    E(cuStreamCreate),
+    E(cuStreamDestroy_v2),
+    E(cuStreamSynchronize),
+    E(cuEventCreate),
+    E(cuEventDestroy),
+    E(cuEventDestroy_v2),
+    E(cuEventRecord),
+    E(cuEventRecord_ptsz),
+    E(cuEventQuery),
+    E(cuEventSynchronize),
+    E(cuEventElapsedTime),
+    E(cuEventElapsedTime_v2),
+    E(cuModuleLoadData),
+    E(cuModuleGetFunction),
+    E(cuLaunchKernel),
+    E(cuLaunchKernel_ptsz),
+    E(cuLaunchCooperativeKernel),
+    E(cuLaunchCooperativeKernel_ptsz),
+    E(cuLaunchKernelEx),
+    E(cuLaunchKernelEx_ptsz),
+    E(cuGraphCreate),
+    E(cuGraphInstantiateWithFlags),
+    E(cuGraphLaunch),
+    E(cuGraphLaunch_ptsz),
     E(cuGetExportTable),
 };
 CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
@@ -1097,14 +1160,22 @@ static std::string Versioned(const std::string& s, int v, cuuint64_t flags) {
     const char* suffix;
   };
   static const Bump kBumps[] = {
-      {"cuGetProcAddress", 12000, "_v2"}, {"cuMemAlloc", 3020, "_v2"},
-      {"cuMemAllocPitch", 3020, "_v2"},   {"cuMemFree", 3020, "_v2"},
-      {"cuMemGetInfo", 3020, "_v2"},      {"cuDeviceTotalMem", 3020, "_v2"},
-      {"cuCtxCreate", 12050, "_v4"},      {"cuCtxCreate", 11040, "_v3"},
-      {"cuCtxCreate", 3020, "_v2"},       {"cuCtxDestroy", 4000, "_v2"},
-      {"cuArrayCreate", 3020, "_v2"},     {"cuArray3DCreate", 3020, "_v2"},
-      {"cuDevicePrimaryCtxRelease", 11000, "_v2"}, {"cuStreamDestroy", 4000, "_v2"},
-      {"cuEventDestroy", 4000, "_v2"},    {"cuEventElapsedTime", 12080, "_v2"},
+      {"cuGetProcAddress", 12000, "_v2"},
+      {"cuMemAlloc", 3020, "_v2"},
+      {"cuMemAllocPitch", 3020, "_v2"},
+      {"cuMemFree", 3020, "_v2"},
+      {"cuMemGetInfo", 3020, "_v2"},
+      {"cuDeviceTotalMem", 3020, "_v2"},
+      {"cuCtxCreate", 12050, "_v4"},
+      {"cuCtxCreate", 11040, "_v3"},
+      {"cuCtxCreate", 3020, "_v2"},
+      {"cuCtxDestroy", 4000, "_v2"},
+      {"cuArrayCreate", 3020, "_v2"},
+      {"cuArray3DCreate", 3020, "_v2"},
+      {"cuDevicePrimaryCtxRelease", 11000, "_v2"},
+      {"cuStreamDestroy", 4000, "_v2"},
+      {"cuEventDestroy", 4000, "_v2"},
+      {"cuEventElapsedTime", 12080, "_v2"},
       {"cuDeviceGetUuid", 11040, "_v2"},
   };
   for (const Bump& b : kBumps)
@@ -1151,7 +1222,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* d) {
   return NVML_ERROR_INVALID_ARGUMENT;
 }
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char* out, unsigned int len) {
-  snprintf(out, len, "%s", Driver::UuidText(static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1).c_str());
+  snprintf(out, len, "%s",
+           Driver::UuidText(static_cast<int>(reinterpret_cast<uintptr_t>(d)) - 1).c_str());
   return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t* m) {
@@ -1225,8 +1297,12 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
   unsigned n = 0;
   for (auto& [pid, ns] : busy) {
     out[n++] = nvmlProcessUtilizationSample_t{
-        static_cast<unsigned>(pid), static_cast<unsigned long long>(now / 1000),
-        static_cast<unsigned>(std::min<int64_t>(100, ns * 100 / (now - from))), 0, 0, 0};
+        static_cast<unsigned>(pid),
+        static_cast<unsigned long long>(now / 1000),
+        static_cast<unsigned>(std::min<int64_t>(100, ns * 100 / (now - from))),
+        0,
+        0,
+        0};
   }
   *count = n;
   return NVML_SUCCESS;
@@ -1253,9 +1329,9 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u)
   D().Advance(dev, now);
   uint64_t busy = D().shared->dev[dev].busy_total.load();
   int64_t dt = now - last_t[dev];
-  u->gpu = dt > 0 && last_t[dev] ? static_cast<unsigned>(
-                                       std::min<uint64_t>(100, (busy - last_busy[dev]) * 100 / dt))
-                                 : 0;
+  u->gpu = dt > 0 && last_t[dev]
+               ? static_cast<unsigned>(std::min<uint64_t>(100, (busy - last_busy[dev]) * 100 / dt))
+               : 0;
   u->memory = 0;
   last_t[dev] = now;
   last_busy[dev] = busy;

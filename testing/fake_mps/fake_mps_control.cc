@@ -50,20 +50,23 @@ sockaddr_un Address(const std::string& pipe) {
   return a;
 }
 
-int Daemon(const std::string& pipe) {
+int Daemon(const std::string& pipe, int ready) {
   int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a = Address(pipe);
   ::unlink(a.sun_path);
   if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s, 16) != 0) {
     std::perror("fake mps daemon: bind");
+    (void)!::write(ready, "n", 1);
     return 1;
   }
-  // Tell the parent (still waiting in main) that the socket is up: it exits 0 then.
   std::string pidfile = pipe + "/nvidia-cuda-mps-control.pid";
   FILE* f = std::fopen(pidfile.c_str(), "w");
   if (f) std::fprintf(f, "%d\n", ::getpid()), std::fclose(f);
   Record("daemon pipe=" + pipe + " log=" + Env("CUDA_MPS_LOG_DIRECTORY") +
          " pid=" + std::to_string(::getpid()));
+  // Tell the launcher (still waiting in main) that the socket is up: it exits 0 then.
+  (void)!::write(ready, "y", 1);
+  ::close(ready);
   std::string threads = "100.0";
   for (;;) {
     fd_set r;
@@ -140,27 +143,14 @@ int main(int argc, char** argv) {
     ::close(ready[0]);
     ::setsid();
     ::signal(SIGTERM, SIG_DFL);
-    // The socket must exist before the launcher returns: bind here, then report.
+    // The daemon itself reports once it listens (a stale socket file left by a killed daemon
+    // must not count as ready); the middle process exits at once, like a daemonising fork.
     pid_t inner = ::fork();
     if (inner < 0) return 1;
-    if (inner > 0) {
-      // Wait for the socket to appear, then tell the launcher.
-      sockaddr_un a = Address(pipe);
-      for (int i = 0; i < 500; ++i) {
-        struct stat st;
-        if (::stat(a.sun_path, &st) == 0) {
-          (void)!::write(ready[1], "y", 1);
-          return 0;
-        }
-        ::usleep(10 * 1000);
-      }
-      (void)!::write(ready[1], "n", 1);
-      return 1;
-    }
-    ::close(ready[1]);
+    if (inner > 0) return 0;
     int null = ::open("/dev/null", O_RDWR);
     ::dup2(null, 0), ::dup2(null, 1), ::dup2(null, 2);
-    return Daemon(pipe);
+    return Daemon(pipe, ready[1]);
   }
   return Client(pipe);
 }

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -28,6 +28,7 @@
 #include <thread>
 #include <tuple>
 
+#include "abi/nvml_api.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -35,7 +36,6 @@
 #include "common/status.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
-#include "abi/nvml_api.h"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -113,7 +113,8 @@ class ScratchFs {
     if (f != nullptr) ok = std::fclose(f) == 0 && ok;
     if (!ok || std::rename(tmp.c_str(), (root_ + p).c_str()) != 0) {
       std::remove(tmp.c_str());
-      return absl::InternalError(absl::StrCat("cannot write ", root_, p, ": ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot write ", root_, p, ": ", std::strerror(errno)));
     }
     return absl::OkStatus();
   }
@@ -132,21 +133,28 @@ absl::Status Materialise(const State& s) {
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/numa_node", absl::StrCat(g.numa_node, "\n")));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/local_cpulist", g.cpus + "\n"));
     RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/class", "0x030200\n"));  // 3D controller
-    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/vendor", absl::StrCat("0x", absl::Hex(g.pci_device_id & 0xffff, absl::kZeroPad4), "\n")));
-    RETURN_IF_ERROR(fs.WriteFileAtomic(dir + "/device", absl::StrCat("0x", absl::Hex(g.pci_device_id >> 16, absl::kZeroPad4), "\n")));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(
+        dir + "/vendor",
+        absl::StrCat("0x", absl::Hex(g.pci_device_id & 0xffff, absl::kZeroPad4), "\n")));
+    RETURN_IF_ERROR(fs.WriteFileAtomic(
+        dir + "/device",
+        absl::StrCat("0x", absl::Hex(g.pci_device_id >> 16, absl::kZeroPad4), "\n")));
   }
   RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia"));
   RETURN_IF_ERROR(fs.WriteFileAtomic(
       "/proc/driver/nvidia/version",
-      absl::StrCat("NVRM version: NVIDIA UNIX x86_64 Kernel Module  ", m.driver_version,
-                   "  (gpulet simulated node)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")));
+      absl::StrCat(
+          "NVRM version: NVIDIA UNIX x86_64 Kernel Module  ", m.driver_version,
+          "  (gpulet simulated node)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")));
   // The kernel module lists every possible MIG capability: gpuG/giI/access and gpuG/giI/ciC/access.
   std::string mig_minors = "config 1\nmonitor 2\n";
   for (size_t g = 0; g < m.gpus.size(); ++g) {
     for (int gi = 0; gi < 15; ++gi) {
       int base = 3 + static_cast<int>(g) * 135 + gi * 9;
       absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/access ", base, "\n");
-      for (int ci = 0; ci < 8; ++ci) absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/ci", ci, "/access ", base + 1 + ci, "\n");
+      for (int ci = 0; ci < 8; ++ci)
+        absl::StrAppend(&mig_minors, "gpu", g, "/gi", gi, "/ci", ci, "/access ", base + 1 + ci,
+                        "\n");
     }
   }
   // The capability files the kernel module publishes per existing GPU/compute instance (what
@@ -155,11 +163,15 @@ absl::Status Materialise(const State& s) {
     if (!m.gpus[g].mig_enabled) continue;
     for (const MigSpec& mig : m.gpus[g].mig) {
       int base = 3 + static_cast<int>(g) * 135 + static_cast<int>(mig.gi) * 9;
-      std::string gi_dir = absl::StrCat("/proc/driver/nvidia/capabilities/gpu", g, "/mig/gi", mig.gi);
+      std::string gi_dir =
+          absl::StrCat("/proc/driver/nvidia/capabilities/gpu", g, "/mig/gi", mig.gi);
       std::string ci_dir = absl::StrCat(gi_dir, "/ci", mig.ci);
       RETURN_IF_ERROR(fs.MakeDirs(ci_dir));
-      RETURN_IF_ERROR(fs.WriteFileAtomic(gi_dir + "/access", absl::StrCat("DeviceFileMinor: ", base, "\nDeviceFileMode: 292\n")));
-      RETURN_IF_ERROR(fs.WriteFileAtomic(ci_dir + "/access", absl::StrCat("DeviceFileMinor: ", base + 1 + static_cast<int>(mig.ci), "\nDeviceFileMode: 292\n")));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(
+          gi_dir + "/access", absl::StrCat("DeviceFileMinor: ", base, "\nDeviceFileMode: 292\n")));
+      RETURN_IF_ERROR(fs.WriteFileAtomic(
+          ci_dir + "/access", absl::StrCat("DeviceFileMinor: ", base + 1 + static_cast<int>(mig.ci),
+                                           "\nDeviceFileMode: 292\n")));
     }
   }
   RETURN_IF_ERROR(fs.MakeDirs("/proc/driver/nvidia-caps"));
@@ -176,7 +188,15 @@ absl::Status Materialise(const State& s) {
   for (const std::string& d : devs) {
     if (!fs.Exists("/dev/" + d)) RETURN_IF_ERROR(fs.WriteFileAtomic("/dev/" + d, ""));
   }
-  return fs.WriteFileAtomic("/control/node", absl::StrCat("gpus ", m.gpus.size(), "\nmachine ", m.name, "\n"));
+  // "mig <gpu> <gi>:<ci> ..." for each MIG-enabled GPU: fault writers check --gi/--ci against it.
+  std::string node = absl::StrCat("gpus ", m.gpus.size(), "\nmachine ", m.name, "\n");
+  for (size_t i = 0; i < m.gpus.size(); ++i) {
+    if (!m.gpus[i].mig_enabled) continue;
+    absl::StrAppend(&node, "mig ", i);
+    for (const MigSpec& mig : m.gpus[i].mig) absl::StrAppend(&node, " ", mig.gi, ":", mig.ci);
+    node += "\n";
+  }
+  return fs.WriteFileAtomic("/control/node", node);
 }
 
 // ---- the control log -------------------------------------------------------------------------
@@ -188,7 +208,9 @@ void Apply(State& s, const Fault& f, bool deliver_events) {
   GpuState& g = s.rt[f.gpu];
   unsigned long long type = 0;
   switch (f.kind) {
-    case Fault::Kind::kLost: g.lost = true; break;
+    case Fault::Kind::kLost:
+      g.lost = true;
+      break;
     case Fault::Kind::kReset:
       g.lost = false;
       g.tel["ecc_sbe_volatile"] = g.tel["ecc_dbe_volatile"] = 0;
@@ -203,8 +225,11 @@ void Apply(State& s, const Fault& f, bool deliver_events) {
       type = f.double_bit ? nvmlEventTypeDoubleBitEccError : nvmlEventTypeSingleBitEccError;
       break;
     }
-    case Fault::Kind::kXid: type = nvmlEventTypeXidCriticalError; break;
-    default: break;
+    case Fault::Kind::kXid:
+      type = nvmlEventTypeXidCriticalError;
+      break;
+    default:
+      break;
   }
   if (type == 0 || !deliver_events) return;
   for (EventSet* set : s.sets) {
@@ -256,7 +281,8 @@ absl::Status Load(const std::string& machine_arg, const std::string& root) {
     s->handles.insert(s->gpus.back().get());
     s->migs.emplace_back();
     for (size_t j = 0; j < s->m.gpus[i].mig.size(); ++j) {
-      s->migs[i].push_back(std::make_unique<DevHandle>(DevHandle{static_cast<int>(i), static_cast<int>(j)}));
+      s->migs[i].push_back(
+          std::make_unique<DevHandle>(DevHandle{static_cast<int>(i), static_cast<int>(j)}));
       s->handles.insert(s->migs[i].back().get());
     }
     s->rt.push_back(GpuState{false, s->m.gpus[i].telemetry});
@@ -308,17 +334,17 @@ nvmlReturn_t Init() {
 }
 
 // Common prologue of every call after init: lock, poll, check the library is usable.
-#define ENTER()                                              \
-  std::lock_guard<std::mutex> lock(g_mu);                    \
+#define ENTER()                                                     \
+  std::lock_guard<std::mutex> lock(g_mu);                           \
   if (g_refcount == 0 || !g_state) return NVML_ERROR_UNINITIALIZED; \
-  State& s = *g_state;                                       \
-  Poll(s);                                                   \
+  State& s = *g_state;                                              \
+  Poll(s);                                                          \
   if (s.nvml_failed) return NVML_ERROR_UNINITIALIZED
 
 // Resolves a handle; returns from the caller on a bad or lost device.
-#define DEVICE(dev, h)                                                   \
+#define DEVICE(dev, h)                                                                     \
   if (!s.handles.count(static_cast<const void*>(dev))) return NVML_ERROR_INVALID_ARGUMENT; \
-  const DevHandle& h = *reinterpret_cast<const DevHandle*>(dev);         \
+  const DevHandle& h = *reinterpret_cast<const DevHandle*>(dev);                           \
   if (s.rt[h.gpu].lost) return NVML_ERROR_GPU_IS_LOST
 
 nvmlReturn_t CopyString(const std::string& v, char* out, unsigned int len) {
@@ -359,7 +385,8 @@ std::vector<std::pair<std::string, int>> Links(const State& s, int gpu) {
     }
   } else if (!m.nvlink.empty()) {
     for (size_t j = 0; j < m.gpus.size(); ++j) {
-      for (int c = 0; c < m.nvlink[gpu][j]; ++c) out.emplace_back(m.gpus[j].pci_bus_id, NVML_NVLINK_DEVICE_TYPE_GPU);
+      for (int c = 0; c < m.nvlink[gpu][j]; ++c)
+        out.emplace_back(m.gpus[j].pci_bus_id, NVML_NVLINK_DEVICE_TYPE_GPU);
     }
   }
   return out;
@@ -381,7 +408,8 @@ nvmlReturn_t EventWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int t
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return NVML_ERROR_TIMEOUT;
     // A few ms between polls keeps fault-to-delivery latency far below the 100 ms health budget.
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(2), deadline - now));
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(2), deadline - now));
   }
 }
 
@@ -426,21 +454,36 @@ FAKE_EXPORT nvmlReturn_t nvmlShutdown() {
 
 FAKE_EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
   switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_IN_USE: return "In use by another client";
-    case NVML_ERROR_NO_DATA: return "No data";
-    default: return "Unknown Error";
+    case NVML_SUCCESS:
+      return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+      return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+      return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+      return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+      return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED:
+      return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND:
+      return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+      return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+      return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+      return "Timeout";
+    case NVML_ERROR_FUNCTION_NOT_FOUND:
+      return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST:
+      return "GPU is lost";
+    case NVML_ERROR_IN_USE:
+      return "In use by another client";
+    case NVML_ERROR_NO_DATA:
+      return "No data";
+    default:
+      return "Unknown Error";
   }
 }
 
@@ -461,7 +504,9 @@ FAKE_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* v) {
   return NVML_SUCCESS;
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* v) { return nvmlSystemGetCudaDriverVersion(v); }
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* v) {
+  return nvmlSystemGetCudaDriverVersion(v);
+}
 #endif
 
 // ---- device enumeration ----------------------------------------------------------------------
@@ -524,7 +569,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char* v, unsigned i
   DEVICE(dev, h);
   const GpuSpec& g = s.m.gpus[h.gpu];
   // A MIG device is named after its parent and profile, as nvidia-smi -L shows it.
-  return CopyString(h.mig >= 0 ? absl::StrCat(g.name, " MIG ", g.mig[h.mig].profile) : g.name, v, len);
+  return CopyString(h.mig >= 0 ? absl::StrCat(g.name, " MIG ", g.mig[h.mig].profile) : g.name, v,
+                    len);
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, int* b) {
   ENTER();
@@ -558,9 +604,12 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t
   return NVML_SUCCESS;
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t* p) { return nvmlDeviceGetPciInfo_v2(dev, p); }
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t* p) {
+  return nvmlDeviceGetPciInfo_v2(dev, p);
+}
 #endif
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int* major, int* minor) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int* major,
+                                                            int* minor) {
   ENTER();
   DEVICE(dev, h);
   if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
@@ -573,7 +622,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, in
 // ---- memory -----------------------------------------------------------------------------------
 
 namespace {
-nvmlReturn_t Memory(const State& s, const DevHandle& h, uint64_t* total, uint64_t* reserved, uint64_t* used) {
+nvmlReturn_t Memory(const State& s, const DevHandle& h, uint64_t* total, uint64_t* reserved,
+                    uint64_t* used) {
   constexpr uint64_t kMiB = 1 << 20;
   const GpuSpec& g = s.m.gpus[h.gpu];
   if (h.mig >= 0) {
@@ -582,7 +632,10 @@ nvmlReturn_t Memory(const State& s, const DevHandle& h, uint64_t* total, uint64_
     return NVML_SUCCESS;
   }
   const auto& t = s.rt[h.gpu].tel;
-  auto get = [&](const char* k) { auto it = t.find(k); return it == t.end() ? 0 : it->second; };
+  auto get = [&](const char* k) {
+    auto it = t.find(k);
+    return it == t.end() ? 0 : it->second;
+  };
   *total = g.memory_mib * kMiB;
   *reserved = std::min<uint64_t>(get("fb_reserved_mib") * kMiB, *total);
   *used = std::min<uint64_t>(get("fb_used_mib") * kMiB, *total - *reserved);
@@ -620,7 +673,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory
 
 // ---- MIG --------------------------------------------------------------------------------------
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int* current, unsigned int* pending) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int* current,
+                                              unsigned int* pending) {
   ENTER();
   DEVICE(dev, h);
   if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
@@ -637,7 +691,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsign
   *n = 7;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int i, nvmlDevice_t* out) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int i,
+                                                             nvmlDevice_t* out) {
   ENTER();
   DEVICE(dev, h);
   if (!out || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -655,7 +710,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned 
   *is_mig = h.mig >= 0;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t* out) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev,
+                                                                      nvmlDevice_t* out) {
   ENTER();
   DEVICE(dev, h);
   if (!out || h.mig < 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -703,7 +759,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t dev, nvmlDevice
 
 // ---- topology ---------------------------------------------------------------------------------
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuTopologyLevel_t* level) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2,
+                                                             nvmlGpuTopologyLevel_t* level) {
   ENTER();
   DEVICE(d1, a);
   DEVICE(d2, b);
@@ -711,14 +768,20 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nv
   if (a.mig >= 0 || b.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
   const GpuSpec& x = s.m.gpus[a.gpu];
   const GpuSpec& y = s.m.gpus[b.gpu];
-  if (a.gpu == b.gpu) *level = NVML_TOPOLOGY_INTERNAL;
-  else if (x.pcie_switch >= 0 && x.pcie_switch == y.pcie_switch) *level = NVML_TOPOLOGY_SINGLE;
-  else if (x.host_bridge >= 0 && x.host_bridge == y.host_bridge) *level = NVML_TOPOLOGY_HOSTBRIDGE;
-  else if (x.numa_node == y.numa_node) *level = NVML_TOPOLOGY_NODE;
-  else *level = NVML_TOPOLOGY_SYSTEM;
+  if (a.gpu == b.gpu)
+    *level = NVML_TOPOLOGY_INTERNAL;
+  else if (x.pcie_switch >= 0 && x.pcie_switch == y.pcie_switch)
+    *level = NVML_TOPOLOGY_SINGLE;
+  else if (x.host_bridge >= 0 && x.host_bridge == y.host_bridge)
+    *level = NVML_TOPOLOGY_HOSTBRIDGE;
+  else if (x.numa_node == y.numa_node)
+    *level = NVML_TOPOLOGY_NODE;
+  else
+    *level = NVML_TOPOLOGY_SYSTEM;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, nvmlEnableState_t* active) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link,
+                                                  nvmlEnableState_t* active) {
   ENTER();
   DEVICE(dev, h);
   if (!active) return NVML_ERROR_INVALID_ARGUMENT;
@@ -729,7 +792,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int
   *active = NVML_FEATURE_ENABLED;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, nvmlPciInfo_t* p) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link,
+                                                             nvmlPciInfo_t* p) {
   ENTER();
   DEVICE(dev, h);
   if (!p) return NVML_ERROR_INVALID_ARGUMENT;
@@ -738,12 +802,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, u
   if (links.empty()) return NVML_ERROR_NOT_SUPPORTED;
   if (link >= links.size()) return NVML_ERROR_INVALID_ARGUMENT;
   uint32_t id = 0x10de;
-  for (const GpuSpec& g : s.m.gpus) if (g.pci_bus_id == links[link].first) id = g.pci_device_id;
+  for (const GpuSpec& g : s.m.gpus)
+    if (g.pci_bus_id == links[link].first) id = g.pci_device_id;
   FillPci(links[link].first, id, 0, p);
   return NVML_SUCCESS;
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, nvmlIntNvLinkDeviceType_t* type) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link,
+                                                             nvmlIntNvLinkDeviceType_t* type) {
   ENTER();
   DEVICE(dev, h);
   if (!type) return NVML_ERROR_INVALID_ARGUMENT;
@@ -765,13 +831,16 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, 
   return Tel(s, h, "gpu_temp_c", t);
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t* values) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count,
+                                                  nvmlFieldValue_t* values) {
   ENTER();
   DEVICE(dev, h);
   if (!values || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
   for (int i = 0; i < count; ++i) {
     nvmlFieldValue_t& v = values[i];
-    v.timestamp = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    v.timestamp = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
     v.latencyUsec = 0;
     if (v.fieldId == NVML_FI_DEV_MEMORY_TEMP) {
       v.valueType = 1;
@@ -803,7 +872,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, n
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int* mhz) {
   ENTER();
   DEVICE(dev, h);
-  static const char* kKeys[] = {"graphics_clock_mhz", "sm_clock_mhz", "memory_clock_mhz", "video_clock_mhz"};
+  static const char* kKeys[] = {"graphics_clock_mhz", "sm_clock_mhz", "memory_clock_mhz",
+                                "video_clock_mhz"};
   if (type < 0 || type > 3) return NVML_ERROR_INVALID_ARGUMENT;
   return Tel(s, h, kKeys[type], mhz);
 }
@@ -824,7 +894,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, uns
   return nvmlDeviceGetEnforcedPowerLimit(dev, mw);
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long* mj) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev,
+                                                             unsigned long long* mj) {
   ENTER();
   DEVICE(dev, h);
   unsigned long long base = 0;
@@ -844,39 +915,46 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUti
   if (nvmlReturn_t r = Tel(s, h, "gpu_util_pct", &u->gpu); r != NVML_SUCCESS) return r;
   return Tel(s, h, "memory_util_pct", &u->memory);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int* u,
+                                                         unsigned int* period_us) {
   ENTER();
   DEVICE(dev, h);
   if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
   *period_us = 167000;
   return Tel(s, h, "encoder_util_pct", u);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int* u,
+                                                         unsigned int* period_us) {
   ENTER();
   DEVICE(dev, h);
   if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
   *period_us = 167000;
   return Tel(s, h, "decoder_util_pct", u);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int error_type, int counter, unsigned long long* n) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int error_type, int counter,
+                                                     unsigned long long* n) {
   ENTER();
   DEVICE(dev, h);
   if (!s.m.gpus[h.gpu].ecc) return NVML_ERROR_NOT_SUPPORTED;
-  if ((error_type != 0 && error_type != 1) || (counter != 0 && counter != 1)) return NVML_ERROR_INVALID_ARGUMENT;
-  std::string key = absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
+  if ((error_type != 0 && error_type != 1) || (counter != 0 && counter != 1))
+    return NVML_ERROR_INVALID_ARGUMENT;
+  std::string key =
+      absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
   if (!n) return NVML_ERROR_INVALID_ARGUMENT;
   if (h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
   auto it = s.rt[h.gpu].tel.find(key);
   *n = it == s.rt[h.gpu].tel.end() ? 0 : it->second;  // an ECC GPU counts from zero
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long* r) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev,
+                                                                   unsigned long long* r) {
   ENTER();
   DEVICE(dev, h);
   return Tel(s, h, "throttle_reasons", r);
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long* r) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev,
+                                                                unsigned long long* r) {
   return nvmlDeviceGetCurrentClocksThrottleReasons(dev, r);
 }
 #endif
@@ -885,7 +963,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsign
   DEVICE(dev, h);
   return Tel(s, h, "pcie_replay_count", n);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned int* kbps) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter,
+                                                     unsigned int* kbps) {
   ENTER();
   DEVICE(dev, h);
   if (counter != 0 && counter != 1) return NVML_ERROR_INVALID_ARGUMENT;
@@ -902,11 +981,16 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int* p)
   return Tel(s, h, "pstate", p);
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int* count, nvmlProcessInfo_t* infos) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev,
+                                                                 unsigned int* count,
+                                                                 nvmlProcessInfo_t* infos) {
   ENTER();
   DEVICE(dev, h);
   if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-  if (h.mig >= 0) { *count = 0; return NVML_SUCCESS; }
+  if (h.mig >= 0) {
+    *count = 0;
+    return NVML_SUCCESS;
+  }
   const auto& procs = s.m.gpus[h.gpu].processes;
   if (*count < procs.size()) {
     *count = static_cast<unsigned>(procs.size());
@@ -918,7 +1002,9 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
   *count = static_cast<unsigned>(procs.size());
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int* count, nvmlProcessInfo_t* infos) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev,
+                                                                 unsigned int* count,
+                                                                 nvmlProcessInfo_t* infos) {
   return nvmlDeviceGetComputeRunningProcesses_v3(dev, count, infos);
 }
 #endif
@@ -957,7 +1043,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char* v, un
   DEVICE(dev, h);
   return FactString(h, s.m.gpus[h.gpu].vbios_version, v, len);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t dev, int object, char* v, unsigned int len) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t dev, int object, char* v,
+                                                     unsigned int len) {
   ENTER();
   DEVICE(dev, h);
   const GpuSpec& g = s.m.gpus[h.gpu];
@@ -969,13 +1056,18 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, u
   DEVICE(dev, h);
   const GpuSpec& g = s.m.gpus[h.gpu];
   switch (type) {
-    case NVML_CLOCK_GRAPHICS: return Fact(h, g.max_graphics_clock_mhz, mhz);
-    case NVML_CLOCK_SM: return Fact(h, g.max_sm_clock_mhz, mhz);
-    case NVML_CLOCK_MEM: return Fact(h, g.max_memory_clock_mhz, mhz);
-    default: return NVML_ERROR_NOT_SUPPORTED;
+    case NVML_CLOCK_GRAPHICS:
+      return Fact(h, g.max_graphics_clock_mhz, mhz);
+    case NVML_CLOCK_SM:
+      return Fact(h, g.max_sm_clock_mhz, mhz);
+    case NVML_CLOCK_MEM:
+      return Fact(h, g.max_memory_clock_mhz, mhz);
+    default:
+      return NVML_ERROR_NOT_SUPPORTED;
   }
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long* r) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev,
+                                                                  unsigned long long* r) {
   ENTER();
   DEVICE(dev, h);
   if (!r) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1008,19 +1100,23 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigne
   DEVICE(dev, h);
   return Fact(h, s.m.gpus[h.gpu].pcie_width_max, v);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned int* mw) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev,
+                                                                  unsigned int* mw) {
   ENTER();
   DEVICE(dev, h);
   return Fact(h, s.m.gpus[h.gpu].power_default_w * 1000, mw);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsigned int* min_mw, unsigned int* max_mw) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev,
+                                                                      unsigned int* min_mw,
+                                                                      unsigned int* max_mw) {
   ENTER();
   DEVICE(dev, h);
   const GpuSpec& g = s.m.gpus[h.gpu];
   if (nvmlReturn_t r = Fact(h, g.power_min_w * 1000, min_mw); r != NVML_SUCCESS) return r;
   return Fact(h, g.power_max_w * 1000, max_mw);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareMode(nvmlDevice_t dev, unsigned int* enabled, unsigned int* default_mode) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareMode(nvmlDevice_t dev, unsigned int* enabled,
+                                                      unsigned int* default_mode) {
   ENTER();
   DEVICE(dev, h);
   if (!enabled || !default_mode) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1062,7 +1158,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int* mode) {
   *mode = s.m.gpus[h.gpu].compute_mode;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t* current, nvmlEnableState_t* pending) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t* current,
+                                              nvmlEnableState_t* pending) {
   ENTER();
   DEVICE(dev, h);
   if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1071,22 +1168,28 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_
   return NVML_SUCCESS;
 }
 // DRAM errors are the machine's ECC counters; the simulated SRAM never fails.
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, int error_type, int counter, int location, unsigned long long* n) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, int error_type,
+                                                         int counter, int location,
+                                                         unsigned long long* n) {
   ENTER();
   DEVICE(dev, h);
-  if (!n || (error_type != 0 && error_type != 1) || (counter != 0 && counter != 1)) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!n || (error_type != 0 && error_type != 1) || (counter != 0 && counter != 1))
+    return NVML_ERROR_INVALID_ARGUMENT;
   if (!s.m.gpus[h.gpu].ecc || h.mig >= 0) return NVML_ERROR_NOT_SUPPORTED;
   if (location == NVML_MEMORY_LOCATION_SRAM) {
     *n = 0;
     return NVML_SUCCESS;
   }
   if (location != NVML_MEMORY_LOCATION_DRAM) return NVML_ERROR_NOT_SUPPORTED;
-  std::string key = absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
+  std::string key =
+      absl::StrCat("ecc_", error_type ? "dbe" : "sbe", counter ? "_aggregate" : "_volatile");
   auto it = s.rt[h.gpu].tel.find(key);
   *n = it == s.rt[h.gpu].tel.end() ? 0 : it->second;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int* corr, unsigned int* unc, unsigned int* pending, unsigned int* failed) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int* corr,
+                                                   unsigned int* unc, unsigned int* pending,
+                                                   unsigned int* failed) {
   ENTER();
   DEVICE(dev, h);
   if (!corr || !unc || !pending || !failed) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1099,7 +1202,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned in
   return NVML_SUCCESS;
 }
 // Every bank starts with all its spare rows; each remapped row uses one of a bank's.
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev, nvmlRowRemapperHistogramValues_t* v) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev,
+                                                           nvmlRowRemapperHistogramValues_t* v) {
   ENTER();
   DEVICE(dev, h);
   if (!v) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1111,14 +1215,16 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t dev, nvm
   *v = nvmlRowRemapperHistogramValues_t{kBanks - used, used, 0, 0, 0};
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int* u,
+                                                     unsigned int* period_us) {
   ENTER();
   DEVICE(dev, h);
   if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
   *period_us = 167000;
   return Tel(s, h, "jpeg_util_pct", u);
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int* u, unsigned int* period_us) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int* u,
+                                                     unsigned int* period_us) {
   ENTER();
   DEVICE(dev, h);
   if (!period_us) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1126,7 +1232,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned 
   return Tel(s, h, "ofa_util_pct", u);
 }
 // No encoder sessions run on a simulated node; answered where the encoder is modelled.
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned int* sessions, unsigned int* fps, unsigned int* latency_us) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned int* sessions,
+                                                   unsigned int* fps, unsigned int* latency_us) {
   ENTER();
   DEVICE(dev, h);
   if (!sessions || !fps || !latency_us) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1141,8 +1248,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t dev, unsigned in
 namespace gpulet::sim {
 namespace {
 struct GpmSampleRec {
-  int gpu = -1;                 // -1: allocated, never filled
-  uint32_t gi = 0xFFFFFFFFu;    // GPU instance, or the whole GPU
+  int gpu = -1;               // -1: allocated, never filled
+  uint32_t gi = 0xFFFFFFFFu;  // GPU instance, or the whole GPU
   std::chrono::steady_clock::time_point at;
   std::map<unsigned, double> values;  // GPM metric id -> percent
 };
@@ -1176,7 +1283,8 @@ FAKE_EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupp
   ENTER();
   DEVICE(dev, h);
   if (!support) return NVML_ERROR_INVALID_ARGUMENT;
-  if (support->version != NVML_GPM_SUPPORT_VERSION) return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  if (support->version != NVML_GPM_SUPPORT_VERSION)
+    return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
   support->isSupportedDevice = h.mig < 0 && GpmSupported(s.m.gpus[h.gpu]);
   return NVML_SUCCESS;
 }
@@ -1203,7 +1311,8 @@ nvmlReturn_t GpmSample(State& s, const DevHandle& h, uint32_t gi, nvmlGpmSample_
   const GpuSpec& g = s.m.gpus[h.gpu];
   if (!GpmSupported(g)) return NVML_ERROR_NOT_SUPPORTED;
   if (gi != 0xFFFFFFFFu) {
-    bool found = std::any_of(g.mig.begin(), g.mig.end(), [&](const MigSpec& m) { return m.gi == gi; });
+    bool found =
+        std::any_of(g.mig.begin(), g.mig.end(), [&](const MigSpec& m) { return m.gi == gi; });
     if (!found) return NVML_ERROR_NOT_FOUND;
   }
   rec->gpu = h.gpu;
@@ -1219,7 +1328,8 @@ FAKE_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t samp
   DEVICE(dev, h);
   return GpmSample(s, h, 0xFFFFFFFFu, sample);
 }
-FAKE_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_instance_id, nvmlGpmSample_t sample) {
+FAKE_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_instance_id,
+                                             nvmlGpmSample_t sample) {
   ENTER();
   DEVICE(dev, h);
   if (gpu_instance_id == 0xFFFFFFFFu) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1229,7 +1339,8 @@ FAKE_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_
 FAKE_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* mg) {
   ENTER();
   if (!mg) return NVML_ERROR_INVALID_ARGUMENT;
-  if (mg->version != NVML_GPM_METRICS_GET_VERSION) return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  if (mg->version != NVML_GPM_METRICS_GET_VERSION)
+    return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
   if (mg->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
   auto* a = reinterpret_cast<GpmSampleRec*>(mg->sample1);
   auto* b = reinterpret_cast<GpmSampleRec*>(mg->sample2);
@@ -1265,28 +1376,33 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
   delete es;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long* types) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev,
+                                                          unsigned long long* types) {
   ENTER();
   DEVICE(dev, h);
   if (!types) return NVML_ERROR_INVALID_ARGUMENT;
   *types = s.m.gpus[h.gpu].ecc ? kSupportedEvents : nvmlEventTypeXidCriticalError;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types,
+                                                  nvmlEventSet_t set) {
   ENTER();
   DEVICE(dev, h);
   auto* es = reinterpret_cast<EventSet*>(set);
   if (!s.sets.count(es)) return NVML_ERROR_INVALID_ARGUMENT;
-  unsigned long long supported = s.m.gpus[h.gpu].ecc ? kSupportedEvents : nvmlEventTypeXidCriticalError;
+  unsigned long long supported =
+      s.m.gpus[h.gpu].ecc ? kSupportedEvents : nvmlEventTypeXidCriticalError;
   if (h.mig >= 0 || (types & ~supported)) return NVML_ERROR_NOT_SUPPORTED;
   es->masks[h.gpu] |= types;
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
+FAKE_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data,
+                                          unsigned int timeout_ms) {
   return EventWait(set, data, timeout_ms);
 }
 #ifndef GPULET_FAKE_NVML_LEGACY
-FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeout_ms) {
+FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data,
+                                             unsigned int timeout_ms) {
   return EventWait(set, data, timeout_ms);
 }
 #endif
@@ -1354,18 +1470,23 @@ FAKE_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, 
 
 #ifndef GPULET_FAKE_NVML_LEGACY
 // The first ABI: records without the MIG ids, otherwise as _v3 (same processes, same sizes).
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int* count, void* out) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int* count,
+                                                              void* out) {
   ENTER();
   DEVICE(dev, h);
   if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-  if (h.mig >= 0) { *count = 0; return NVML_SUCCESS; }
+  if (h.mig >= 0) {
+    *count = 0;
+    return NVML_SUCCESS;
+  }
   const auto& procs = s.m.gpus[h.gpu].processes;
   if (*count < procs.size() || (out == nullptr && !procs.empty())) {
     *count = static_cast<unsigned>(procs.size());
     return procs.empty() ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
   }
   auto* infos = static_cast<ProcessInfoV1*>(out);
-  for (size_t i = 0; i < procs.size(); ++i) infos[i] = ProcessInfoV1{procs[i].first, procs[i].second << 20};
+  for (size_t i = 0; i < procs.size(); ++i)
+    infos[i] = ProcessInfoV1{procs[i].first, procs[i].second << 20};
   *count = static_cast<unsigned>(procs.size());
   return NVML_SUCCESS;
 }
@@ -1374,7 +1495,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, 
 // (gpu_util_pct, memory_util_pct) is shared among its processes in proportion to their memory,
 // so the per-process figures add up to what nvmlDeviceGetUtilizationRates says. NOT_FOUND when
 // there is no sample, as NVML.
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void* out, unsigned int* count,
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void* out,
+                                                         unsigned int* count,
                                                          unsigned long long last_seen) {
   ENTER();
   DEVICE(dev, h);
@@ -1399,8 +1521,11 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void*
     auto share = [&](uint64_t pct) {
       return static_cast<unsigned>(total == 0 ? pct / procs.size() : pct * procs[i].second / total);
     };
-    samples[i] = ProcessUtilizationSample{procs[i].first, now, share(value("gpu_util_pct")),
-                                          share(value("memory_util_pct")), share(value("encoder_util_pct")),
+    samples[i] = ProcessUtilizationSample{procs[i].first,
+                                          now,
+                                          share(value("gpu_util_pct")),
+                                          share(value("memory_util_pct")),
+                                          share(value("encoder_util_pct")),
                                           share(value("decoder_util_pct"))};
   }
   *count = static_cast<unsigned>(procs.size());
@@ -1408,7 +1533,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, void*
 }
 
 // The old name of nvmlDeviceGetSupportedClocksEventReasons (renamed in CUDA 12.2's NVML).
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev, unsigned long long* r) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev,
+                                                                     unsigned long long* r) {
   return nvmlDeviceGetSupportedClocksEventReasons(dev, r);
 }
 
@@ -1418,7 +1544,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, nv
   // NVML accepts the 8- and 4-digit domain forms, any case.
   std::string want = absl::AsciiStrToLower(bus_id);
   if (want.size() == 12) want = "0000" + want;
-  return GpuWhere(s, [&](const GpuSpec& g) { return absl::AsciiStrToLower(g.pci_bus_id) == want; }, d);
+  return GpuWhere(
+      s, [&](const GpuSpec& g) { return absl::AsciiStrToLower(g.pci_bus_id) == want; }, d);
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlDevice_t* d) {
   return nvmlDeviceGetHandleByPciBusId_v2(bus_id, d);
@@ -1426,7 +1553,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* bus_id, nvmlD
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char* serial, nvmlDevice_t* d) {
   ENTER();
   if (!serial || !d) return NVML_ERROR_INVALID_ARGUMENT;
-  return GpuWhere(s, [&](const GpuSpec& g) { return !g.serial.empty() && g.serial == serial; }, d);
+  return GpuWhere(
+      s, [&](const GpuSpec& g) { return !g.serial.empty() && g.serial == serial; }, d);
 }
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned int* node) {
   ENTER();
@@ -1493,14 +1621,43 @@ const InstanceHandle* FindInstance(const void* p, bool compute) {
 int GiProfileId(uint32_t slices, bool media) {
   if (media && slices == 1) return 7;
   switch (slices) {
-    case 1: return 0; case 2: return 1; case 3: return 2; case 4: return 3;
-    case 7: return 4; case 8: return 5; case 6: return 6; default: return -1;
+    case 1:
+      return 0;
+    case 2:
+      return 1;
+    case 3:
+      return 2;
+    case 4:
+      return 3;
+    case 7:
+      return 4;
+    case 8:
+      return 5;
+    case 6:
+      return 6;
+    default:
+      return -1;
   }
 }
 int SlicesOfGiProfile(unsigned profile) {
   switch (profile) {
-    case 0: case 7: return 1; case 1: return 2; case 2: return 3; case 3: return 4;
-    case 4: return 7; case 5: return 8; case 6: return 6; default: return 0;
+    case 0:
+    case 7:
+      return 1;
+    case 1:
+      return 2;
+    case 2:
+      return 3;
+    case 3:
+      return 4;
+    case 4:
+      return 7;
+    case 5:
+      return 8;
+    case 6:
+      return 6;
+    default:
+      return 0;
   }
 }
 // Compute instance profile IDs use the same numbering by slice count.
@@ -1514,7 +1671,8 @@ const MigSpec* MigOf(const State& s, int gpu, uint32_t gi, int ci) {
 }  // namespace
 }  // namespace gpulet::sim
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, unsigned int profile, void* out) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, unsigned int profile,
+                                                             void* out) {
   ENTER();
   DEVICE(dev, h);
   const GpuSpec& g = s.m.gpus[h.gpu];
@@ -1526,7 +1684,9 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, u
   const MigSpec* seen = nullptr;
   for (const GpuSpec& other : s.m.gpus)
     for (const MigSpec& m : other.mig)
-      if (other.name == g.name && GiProfileId(m.gi_slices, absl::StrContains(m.profile, "+me")) == static_cast<int>(profile)) seen = &m;
+      if (other.name == g.name && GiProfileId(m.gi_slices, absl::StrContains(m.profile, "+me")) ==
+                                      static_cast<int>(profile))
+        seen = &m;
   if (seen == nullptr && (profile > 4 || slices == 0)) return NVML_ERROR_NOT_SUPPORTED;
   GpuInstanceProfileInfo info{};
   info.id = profile;
@@ -1539,7 +1699,8 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, u
   return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id, void** gi) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id,
+                                                      void** gi) {
   ENTER();
   DEVICE(dev, h);
   if (!gi || h.mig >= 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1559,13 +1720,15 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(void* gi, void* out) {
   GpuInstanceInfo info{};
   info.device = reinterpret_cast<nvmlDevice_t>(s.gpus[in->gpu].get());
   info.id = in->gi;
-  info.profileId = static_cast<unsigned>(GiProfileId(m->gi_slices, absl::StrContains(m->profile, "+me")));
+  info.profileId =
+      static_cast<unsigned>(GiProfileId(m->gi_slices, absl::StrContains(m->profile, "+me")));
   info.placement = {in->gi, m->gi_slices};
   std::memcpy(out, &info, sizeof info);
   return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void* gi, unsigned int id, void** ci) {
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void* gi, unsigned int id,
+                                                               void** ci) {
   ENTER();
   const InstanceHandle* in = FindInstance(gi, false);
   if (!in || !ci) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1589,10 +1752,14 @@ FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void* ci, void* out) {
   std::memcpy(out, &info, sizeof info);
   return NVML_SUCCESS;
 }
-FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(void* ci, void* out) { return nvmlComputeInstanceGetInfo_v2(ci, out); }
+FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(void* ci, void* out) {
+  return nvmlComputeInstanceGetInfo_v2(ci, out);
+}
 
-FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi, unsigned int profile,
-                                                                      unsigned int eng_profile, void* out) {
+FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi,
+                                                                      unsigned int profile,
+                                                                      unsigned int eng_profile,
+                                                                      void* out) {
   ENTER();
   const InstanceHandle* in = FindInstance(gi, false);
   if (!in || !out) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1600,7 +1767,8 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi, 
   if (m == nullptr) return NVML_ERROR_NOT_FOUND;
   if (profile >= 8 || eng_profile >= 1) return NVML_ERROR_INVALID_ARGUMENT;
   const int slices = SlicesOfGiProfile(profile);
-  if (profile == 7 || slices == 0 || static_cast<uint32_t>(slices) > m->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+  if (profile == 7 || slices == 0 || static_cast<uint32_t>(slices) > m->gi_slices)
+    return NVML_ERROR_NOT_SUPPORTED;
   ComputeInstanceProfileInfo info{};
   info.id = profile;
   info.sliceCount = static_cast<unsigned>(slices);
@@ -1610,12 +1778,12 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void* gi, 
   return NVML_SUCCESS;
 }
 
-#define FAKE_UNSUPPORTED(name)                               \
-  FAKE_EXPORT nvmlReturn_t name() {                          \
-    gpulet::sim::TraceUnsupported(#name);                    \
-    std::lock_guard<std::mutex> lock(gpulet::sim::g_mu);     \
+#define FAKE_UNSUPPORTED(name)                                         \
+  FAKE_EXPORT nvmlReturn_t name() {                                    \
+    gpulet::sim::TraceUnsupported(#name);                              \
+    std::lock_guard<std::mutex> lock(gpulet::sim::g_mu);               \
     if (gpulet::sim::g_refcount == 0) return NVML_ERROR_UNINITIALIZED; \
-    return NVML_ERROR_NOT_SUPPORTED;                         \
+    return NVML_ERROR_NOT_SUPPORTED;                                   \
   }
 #include "fake_nvml/unsupported.inc"
 #undef FAKE_UNSUPPORTED

@@ -32,19 +32,27 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
     sub->add_option("--sim-root", a->sim_root, "State directory of the running simulated node")
         ->required()
         ->type_name("DIR");
-    if (gpu) sub->add_option("--gpu", a->fault.gpu, "GPU index")->required();
+    if (gpu)
+      sub->add_option("--gpu", a->fault.gpu, "GPU index")
+          ->required()
+          ->check(CLI::NonNegativeNumber);
     sub->callback([a, kind] { a->fault.kind = kind; });
     return sub;
   };
-  CLI::App* xid = add("xid", "Raise an XID event on a GPU (or one of its MIG devices)", Fault::Kind::kXid, true);
+  CLI::App* xid = add("xid", "Raise an XID event on a GPU (or one of its MIG devices)",
+                      Fault::Kind::kXid, true);
   xid->add_option("--code", a->fault.code, "XID number, e.g. 79 (fallen off the bus)")->required();
-  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device");
-  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device");
+  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device")
+      ->check(CLI::NonNegativeNumber);
+  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device")
+      ->check(CLI::NonNegativeNumber);
   CLI::App* ecc = add("ecc", "Raise an ECC error event and count it", Fault::Kind::kEcc, true);
   ecc->add_option("--type", a->ecc_type, "sbe (single-bit, corrected) or dbe (double-bit)")
       ->check(CLI::IsMember({"sbe", "dbe"}));
-  add("lost", "Make the GPU fall off the bus: NVML calls on it return GPU_IS_LOST", Fault::Kind::kLost, true);
-  add("reset", "Reset the GPU: clears lost and the volatile ECC counters", Fault::Kind::kReset, true);
+  add("lost", "Make the GPU fall off the bus: NVML calls on it return GPU_IS_LOST",
+      Fault::Kind::kLost, true);
+  add("reset", "Reset the GPU: clears lost and the volatile ECC counters", Fault::Kind::kReset,
+      true);
   add("nvml-fail", "Make NVML fail (init: DRIVER_NOT_LOADED, calls: UNINITIALIZED) until nvml-ok",
       Fault::Kind::kNvmlFail, false);
   add("nvml-ok", "End an nvml-fail", Fault::Kind::kNvmlOk, false);
@@ -65,9 +73,11 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
     f.double_bit = a->ecc_type == "dbe";
     if (f.kind == Fault::Kind::kSet) {
       for (const auto& [key, value] : a->named) {
-        if (set->count(key == "gpu_temp_c" ? "--temp" : key == "gpu_util_pct" ? "--util"
-                       : key == "memory_util_pct" ? "--mem-util" : key == "fb_used_mib" ? "--mem-used-mib"
-                       : "--power-mw") > 0) {
+        if (set->count(key == "gpu_temp_c"        ? "--temp"
+                       : key == "gpu_util_pct"    ? "--util"
+                       : key == "memory_util_pct" ? "--mem-util"
+                       : key == "fb_used_mib"     ? "--mem-used-mib"
+                                                  : "--power-mw") > 0) {
           f.values.emplace_back(key, value);
         }
       }
@@ -77,14 +87,15 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
         const auto& keys = TelemetryKeys();
         if (eq == std::string::npos || !absl::SimpleAtoi(kv.substr(eq + 1), &v) ||
             std::find(keys.begin(), keys.end(), kv.substr(0, eq)) == keys.end()) {
-          std::cerr << "gpulet sim fault set: bad --value '" << kv << "' (want KEY=N with KEY one of "
-                    << absl::StrJoin(keys, ", ") << ")\n";
+          std::cerr << "gpulet sim fault set: bad --value '" << kv
+                    << "' (want KEY=N with KEY one of " << absl::StrJoin(keys, ", ") << ")\n";
           return 1;
         }
         f.values.emplace_back(kv.substr(0, eq), v);
       }
       if (f.values.empty()) {
-        std::cerr << "gpulet sim fault set: nothing to set (give --temp, --util, ... or --value KEY=N)\n";
+        std::cerr
+            << "gpulet sim fault set: nothing to set (give --temp, --util, ... or --value KEY=N)\n";
         return 1;
       }
     }

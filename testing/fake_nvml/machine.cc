@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "abi/nvml_api.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "abi/nvml_api.h"
 #include "yaml-cpp/yaml.h"
 
 namespace gpulet::sim {
@@ -79,7 +79,8 @@ class Parser {
     int out = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
     if (ec != std::errc() || p != s.data() + s.size() || s.empty() || out < min || out > max) {
-      Fail(n, absl::StrCat(what, ": bad value '", s, "' (want an integer in ", min, "..", max, ")"));
+      Fail(n,
+           absl::StrCat(what, ": bad value '", s, "' (want an integer in ", min, "..", max, ")"));
     }
     return out;
   }
@@ -132,12 +133,38 @@ class Parser {
   void Gpu(const YAML::Node& n, const std::string& where, GpuSpec& g,
            const std::map<std::string, YAML::Node>& mig_profiles) const {
     CheckKeys(n, where,
-              {"name", "brand", "architecture", "uuid", "pci_bus_id", "pci_device_id",
-               "pci_subsystem_id", "minor", "numa_node", "cpus", "compute_capability", "sm_count",
-               "memory_mib", "power_limit_w", "pcie_switch", "host_bridge", "ecc", "mig_capable",
-               "mig_enabled", "mig", "telemetry", "processes", "serial", "vbios_version",
-               "inforom", "max_clocks_mhz", "pcie", "power_limits_w", "persistence_mode",
-               "compute_mode", "gsp_firmware", "gpm"});
+              {"name",
+               "brand",
+               "architecture",
+               "uuid",
+               "pci_bus_id",
+               "pci_device_id",
+               "pci_subsystem_id",
+               "minor",
+               "numa_node",
+               "cpus",
+               "compute_capability",
+               "sm_count",
+               "memory_mib",
+               "power_limit_w",
+               "pcie_switch",
+               "host_bridge",
+               "ecc",
+               "mig_capable",
+               "mig_enabled",
+               "mig",
+               "telemetry",
+               "processes",
+               "serial",
+               "vbios_version",
+               "inforom",
+               "max_clocks_mhz",
+               "pcie",
+               "power_limits_w",
+               "persistence_mode",
+               "compute_mode",
+               "gsp_firmware",
+               "gpm"});
     for (const auto& kv : n) {
       const std::string k = kv.first.Scalar();
       const YAML::Node& v = kv.second;
@@ -145,23 +172,30 @@ class Parser {
       if (k == "name") {
         g.name = Str(v, w);
       } else if (k == "brand") {
-        static const std::map<std::string, int> kBrands = {
-            {"tesla", NVML_BRAND_TESLA},         {"nvidia", NVML_BRAND_NVIDIA},
-            {"quadro", NVML_BRAND_QUADRO},       {"geforce", NVML_BRAND_GEFORCE},
-            {"titan", NVML_BRAND_TITAN},         {"nvidia_rtx", NVML_BRAND_NVIDIA_RTX},
-            {"geforce_rtx", NVML_BRAND_GEFORCE_RTX}};
+        static const std::map<std::string, int> kBrands = {{"tesla", NVML_BRAND_TESLA},
+                                                           {"nvidia", NVML_BRAND_NVIDIA},
+                                                           {"quadro", NVML_BRAND_QUADRO},
+                                                           {"geforce", NVML_BRAND_GEFORCE},
+                                                           {"titan", NVML_BRAND_TITAN},
+                                                           {"nvidia_rtx", NVML_BRAND_NVIDIA_RTX},
+                                                           {"geforce_rtx", NVML_BRAND_GEFORCE_RTX}};
         auto it = kBrands.find(absl::AsciiStrToLower(Str(v, w)));
         if (it == kBrands.end()) Fail(v, absl::StrCat(w, ": unknown brand '", v.Scalar(), "'"));
         g.brand = it->second;
       } else if (k == "architecture") {
         static const std::map<std::string, unsigned> kArch = {
-            {"kepler", NVML_DEVICE_ARCH_KEPLER}, {"maxwell", NVML_DEVICE_ARCH_MAXWELL},
-            {"pascal", NVML_DEVICE_ARCH_PASCAL}, {"volta", NVML_DEVICE_ARCH_VOLTA},
-            {"turing", NVML_DEVICE_ARCH_TURING}, {"ampere", NVML_DEVICE_ARCH_AMPERE},
-            {"ada", NVML_DEVICE_ARCH_ADA},       {"hopper", NVML_DEVICE_ARCH_HOPPER},
+            {"kepler", NVML_DEVICE_ARCH_KEPLER},
+            {"maxwell", NVML_DEVICE_ARCH_MAXWELL},
+            {"pascal", NVML_DEVICE_ARCH_PASCAL},
+            {"volta", NVML_DEVICE_ARCH_VOLTA},
+            {"turing", NVML_DEVICE_ARCH_TURING},
+            {"ampere", NVML_DEVICE_ARCH_AMPERE},
+            {"ada", NVML_DEVICE_ARCH_ADA},
+            {"hopper", NVML_DEVICE_ARCH_HOPPER},
             {"blackwell", NVML_DEVICE_ARCH_BLACKWELL}};
         auto it = kArch.find(absl::AsciiStrToLower(Str(v, w)));
-        if (it == kArch.end()) Fail(v, absl::StrCat(w, ": unknown architecture '", v.Scalar(), "'"));
+        if (it == kArch.end())
+          Fail(v, absl::StrCat(w, ": unknown architecture '", v.Scalar(), "'"));
         g.architecture = it->second;
       } else if (k == "uuid") {
         g.uuid = Uuid(v, w, "GPU-");
@@ -207,10 +241,12 @@ class Parser {
         if (!v.IsSequence()) Fail(v, absl::StrCat(w, ": expected a list of MIG devices"));
         g.mig.clear();
         g.mig_enabled = true;
-        for (size_t i = 0; i < v.size(); ++i) g.mig.push_back(Mig(v[i], absl::StrCat(w, "[", i, "]"), mig_profiles));
+        for (size_t i = 0; i < v.size(); ++i)
+          g.mig.push_back(Mig(v[i], absl::StrCat(w, "[", i, "]"), mig_profiles));
       } else if (k == "telemetry") {
         CheckTelemetry(v, w);
-        for (const auto& t : v) g.telemetry[t.first.Scalar()] = UInt(t.second, w + "." + t.first.Scalar());
+        for (const auto& t : v)
+          g.telemetry[t.first.Scalar()] = UInt(t.second, w + "." + t.first.Scalar());
       } else if (Facts(k, v, w, g)) {
       } else if (k == "processes") {
         if (!v.IsSequence()) Fail(v, absl::StrCat(w, ": expected a list"));
@@ -219,8 +255,9 @@ class Parser {
           std::string pw = absl::StrCat(w, "[", i, "]");
           CheckKeys(v[i], pw, {"pid", "used_memory_mib"});
           if (!v[i]["pid"]) Fail(v[i], pw + ": missing field 'pid'");
-          g.processes.emplace_back(static_cast<uint32_t>(UInt(v[i]["pid"], pw + ".pid", INT32_MAX)),
-                                   v[i]["used_memory_mib"] ? UInt(v[i]["used_memory_mib"], pw + ".used_memory_mib") : 0);
+          g.processes.emplace_back(
+              static_cast<uint32_t>(UInt(v[i]["pid"], pw + ".pid", INT32_MAX)),
+              v[i]["used_memory_mib"] ? UInt(v[i]["used_memory_mib"], pw + ".used_memory_mib") : 0);
         }
       }
     }
@@ -236,8 +273,8 @@ class Parser {
         auto it = std::find_if(fields.begin(), fields.end(),
                                [&](const auto& f) { return kv.first.Scalar() == f.first; });
         if (it == fields.end()) {
-          Fail(kv.first, absl::StrCat(w, ": unknown key '", kv.first.Scalar(), "' (allowed: ",
-                                      absl::StrJoin(names, ", "), ")"));
+          Fail(kv.first, absl::StrCat(w, ": unknown key '", kv.first.Scalar(),
+                                      "' (allowed: ", absl::StrJoin(names, ", "), ")"));
         }
         *it->second = static_cast<uint32_t>(UInt(kv.second, w + "." + it->first, max));
       }
@@ -251,11 +288,17 @@ class Parser {
       if (v["oem"]) g.inforom_oem = Str(v["oem"], w + ".oem");
       if (v["ecc"]) g.inforom_ecc = Str(v["ecc"], w + ".ecc");
     } else if (k == "max_clocks_mhz") {
-      sub({{"graphics", &g.max_graphics_clock_mhz}, {"sm", &g.max_sm_clock_mhz},
-           {"memory", &g.max_memory_clock_mhz}}, 100000);
+      sub({{"graphics", &g.max_graphics_clock_mhz},
+           {"sm", &g.max_sm_clock_mhz},
+           {"memory", &g.max_memory_clock_mhz}},
+          100000);
     } else if (k == "pcie") {
-      sub({{"gen", &g.pcie_gen}, {"gen_max", &g.pcie_gen_max}, {"gpu_gen_max", &g.pcie_gpu_gen_max},
-           {"width", &g.pcie_width}, {"width_max", &g.pcie_width_max}}, 64);
+      sub({{"gen", &g.pcie_gen},
+           {"gen_max", &g.pcie_gen_max},
+           {"gpu_gen_max", &g.pcie_gpu_gen_max},
+           {"width", &g.pcie_width},
+           {"width_max", &g.pcie_width_max}},
+          64);
     } else if (k == "power_limits_w") {
       sub({{"default", &g.power_default_w}, {"min", &g.power_min_w}, {"max", &g.power_max_w}},
           100000);
@@ -307,7 +350,9 @@ class Parser {
     const YAML::Node& p = it->second;
     std::string pw = "mig_profiles." + m.profile;
     m.gi_slices = static_cast<uint32_t>(UInt(p["slices"], pw + ".slices", 8));
-    m.ci_slices = p["compute_slices"] ? static_cast<uint32_t>(UInt(p["compute_slices"], pw + ".compute_slices", 8)) : m.gi_slices;
+    m.ci_slices = p["compute_slices"]
+                      ? static_cast<uint32_t>(UInt(p["compute_slices"], pw + ".compute_slices", 8))
+                      : m.gi_slices;
     m.memory_mib = UInt(p["memory_mib"], pw + ".memory_mib");
     m.sm_count = static_cast<uint32_t>(UInt(p["sm_count"], pw + ".sm_count", 1000));
     m.uuid = Uuid(n["uuid"], w + ".uuid", "MIG-");
@@ -324,10 +369,12 @@ class Parser {
       throw ParseError{absl::StrCat(source_, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg)};
     }
     if (!root.IsMap()) {
-      throw ParseError{absl::StrCat(source_, ":1: expected a mapping with 'gpus' (a machine file)")};
+      throw ParseError{
+          absl::StrCat(source_, ":1: expected a mapping with 'gpus' (a machine file)")};
     }
-    CheckKeys(root, "", {"name", "driver_version", "cuda_driver_version", "nvml_version", "defaults",
-                         "mig_profiles", "nvlink", "nvswitch", "gpus", "uvm_major", "caps_major"});
+    CheckKeys(root, "",
+              {"name", "driver_version", "cuda_driver_version", "nvml_version", "defaults",
+               "mig_profiles", "nvlink", "nvswitch", "gpus", "uvm_major", "caps_major"});
     Machine m;
     if (root["name"]) m.name = Str(root["name"], "name");
     if (root["driver_version"]) m.driver_version = Str(root["driver_version"], "driver_version");
@@ -363,53 +410,76 @@ class Parser {
       std::string w = absl::StrCat("gpus[", i, "]");
       GpuSpec g = defaults;
       Gpu(gpus[i], w, g, mig_profiles);
-      for (auto [field, empty] : {std::pair{"name", g.name.empty()}, {"uuid", g.uuid.empty()},
+      for (auto [field, empty] : {std::pair{"name", g.name.empty()},
+                                  {"uuid", g.uuid.empty()},
                                   {"pci_bus_id", g.pci_bus_id.empty()},
                                   {"memory_mib", g.memory_mib == 0}}) {
         if (empty) Fail(gpus[i], absl::StrCat(w, ": missing field '", field, "'"));
       }
       if (g.minor < 0) g.minor = static_cast<int>(i);
-      if (!uuids.insert(g.uuid).second) Fail(gpus[i]["uuid"], absl::StrCat(w, ".uuid: duplicate UUID ", g.uuid));
-      if (!buses.insert(g.pci_bus_id).second) Fail(gpus[i]["pci_bus_id"], absl::StrCat(w, ".pci_bus_id: duplicate bus id ", g.pci_bus_id));
-      if (!minors.insert(g.minor).second) Fail(gpus[i], absl::StrCat(w, ".minor: duplicate minor ", g.minor));
-      if (g.mig_enabled && !g.mig_capable) Fail(gpus[i], absl::StrCat(w, ": MIG enabled on a GPU that is not mig_capable"));
+      if (!uuids.insert(g.uuid).second)
+        Fail(gpus[i]["uuid"], absl::StrCat(w, ".uuid: duplicate UUID ", g.uuid));
+      if (!buses.insert(g.pci_bus_id).second)
+        Fail(gpus[i]["pci_bus_id"],
+             absl::StrCat(w, ".pci_bus_id: duplicate bus id ", g.pci_bus_id));
+      if (!minors.insert(g.minor).second)
+        Fail(gpus[i], absl::StrCat(w, ".minor: duplicate minor ", g.minor));
+      if (g.mig_enabled && !g.mig_capable)
+        Fail(gpus[i], absl::StrCat(w, ": MIG enabled on a GPU that is not mig_capable"));
       uint32_t slices = 0;
       std::set<std::pair<uint32_t, uint32_t>> ids;
       for (const MigSpec& d : g.mig) {
-        if (!uuids.insert(d.uuid).second) Fail(gpus[i], absl::StrCat(w, ".mig: duplicate UUID ", d.uuid));
-        if (!ids.insert({d.gi, d.ci}).second) Fail(gpus[i], absl::StrCat(w, ".mig: duplicate GPU/compute instance ", d.gi, "/", d.ci));
+        if (!uuids.insert(d.uuid).second)
+          Fail(gpus[i], absl::StrCat(w, ".mig: duplicate UUID ", d.uuid));
+        if (!ids.insert({d.gi, d.ci}).second)
+          Fail(gpus[i], absl::StrCat(w, ".mig: duplicate GPU/compute instance ", d.gi, "/", d.ci));
         if (d.ci == 0) slices += d.gi_slices;
       }
-      if (slices > 7) Fail(gpus[i]["mig"], absl::StrCat(w, ".mig: ", slices, " GPU slices exceed the 7 a GPU has"));
+      if (slices > 7)
+        Fail(gpus[i]["mig"],
+             absl::StrCat(w, ".mig: ", slices, " GPU slices exceed the 7 a GPU has"));
       m.gpus.push_back(std::move(g));
     }
 
     const size_t n = m.gpus.size();
     if (YAML::Node nv = root["nvlink"]) {
-      if (!nv.IsSequence() || nv.size() != n) Fail(nv, absl::StrCat("nvlink: expected ", n, " rows (one per GPU)"));
+      if (!nv.IsSequence() || nv.size() != n)
+        Fail(nv, absl::StrCat("nvlink: expected ", n, " rows (one per GPU)"));
       m.nvlink.assign(n, std::vector<int>(n, 0));
       for (size_t i = 0; i < n; ++i) {
-        if (!nv[i].IsSequence() || nv[i].size() != n) Fail(nv[i], absl::StrCat("nvlink[", i, "]: expected ", n, " columns"));
+        if (!nv[i].IsSequence() || nv[i].size() != n)
+          Fail(nv[i], absl::StrCat("nvlink[", i, "]: expected ", n, " columns"));
         int total = 0;
         for (size_t j = 0; j < n; ++j) {
-          m.nvlink[i][j] = Int(nv[i][j], absl::StrCat("nvlink[", i, "][", j, "]"), 0, NVML_NVLINK_MAX_LINKS);
-          if (i == j && m.nvlink[i][j] != 0) Fail(nv[i][j], absl::StrCat("nvlink[", i, "][", i, "]: a GPU has no NVLink to itself"));
+          m.nvlink[i][j] =
+              Int(nv[i][j], absl::StrCat("nvlink[", i, "][", j, "]"), 0, NVML_NVLINK_MAX_LINKS);
+          if (i == j && m.nvlink[i][j] != 0)
+            Fail(nv[i][j], absl::StrCat("nvlink[", i, "][", i, "]: a GPU has no NVLink to itself"));
           total += m.nvlink[i][j];
         }
-        if (total > static_cast<int>(NVML_NVLINK_MAX_LINKS)) Fail(nv[i], absl::StrCat("nvlink[", i, "]: ", total, " links exceed NVML's ", int{NVML_NVLINK_MAX_LINKS}));
+        if (total > static_cast<int>(NVML_NVLINK_MAX_LINKS))
+          Fail(nv[i], absl::StrCat("nvlink[", i, "]: ", total, " links exceed NVML's ",
+                                   int{NVML_NVLINK_MAX_LINKS}));
       }
       for (size_t i = 0; i < n; ++i)
         for (size_t j = 0; j < i; ++j)
-          if (m.nvlink[i][j] != m.nvlink[j][i]) Fail(nv[i][j], absl::StrCat("nvlink[", i, "][", j, "]: matrix is not symmetric (", m.nvlink[i][j], " vs ", m.nvlink[j][i], ")"));
+          if (m.nvlink[i][j] != m.nvlink[j][i])
+            Fail(nv[i][j], absl::StrCat("nvlink[", i, "][", j, "]: matrix is not symmetric (",
+                                        m.nvlink[i][j], " vs ", m.nvlink[j][i], ")"));
     }
     if (YAML::Node sw = root["nvswitch"]) {
-      if (root["nvlink"]) Fail(sw, "nvswitch: give either 'nvlink' (direct links) or 'nvswitch', not both");
+      if (root["nvlink"])
+        Fail(sw, "nvswitch: give either 'nvlink' (direct links) or 'nvswitch', not both");
       CheckKeys(sw, "nvswitch", {"links_per_gpu", "switches"});
-      if (!sw["links_per_gpu"] || !sw["switches"]) Fail(sw, "nvswitch: needs links_per_gpu and switches");
-      m.nvswitch_links = Int(sw["links_per_gpu"], "nvswitch.links_per_gpu", 1, NVML_NVLINK_MAX_LINKS);
-      if (!sw["switches"].IsSequence() || sw["switches"].size() == 0) Fail(sw["switches"], "nvswitch.switches: expected a list of PCI bus ids");
+      if (!sw["links_per_gpu"] || !sw["switches"])
+        Fail(sw, "nvswitch: needs links_per_gpu and switches");
+      m.nvswitch_links =
+          Int(sw["links_per_gpu"], "nvswitch.links_per_gpu", 1, NVML_NVLINK_MAX_LINKS);
+      if (!sw["switches"].IsSequence() || sw["switches"].size() == 0)
+        Fail(sw["switches"], "nvswitch.switches: expected a list of PCI bus ids");
       for (size_t i = 0; i < sw["switches"].size(); ++i)
-        m.nvswitches.push_back(BusId(sw["switches"][i], absl::StrCat("nvswitch.switches[", i, "]")));
+        m.nvswitches.push_back(
+            BusId(sw["switches"][i], absl::StrCat("nvswitch.switches[", i, "]")));
     }
     return m;
   }
@@ -422,13 +492,12 @@ class Parser {
 
 const std::vector<std::string>& TelemetryKeys() {
   static const auto* k = new std::vector<std::string>{
-      "gpu_temp_c",       "memory_temp_c",     "sm_clock_mhz",      "memory_clock_mhz",
-      "graphics_clock_mhz", "video_clock_mhz", "power_usage_mw",    "total_energy_mj",
-      "gpu_util_pct",     "memory_util_pct",   "encoder_util_pct",  "decoder_util_pct",
-      "fb_used_mib",      "fb_reserved_mib",   "ecc_sbe_volatile",  "ecc_dbe_volatile",
-      "ecc_sbe_aggregate", "ecc_dbe_aggregate", "throttle_reasons", "pcie_replay_count",
-      "pcie_tx_kbps",     "pcie_rx_kbps",      "fan_speed_pct",     "pstate",
-      "nvlink_tx_kib",    "nvlink_rx_kib",
+      "gpu_temp_c", "memory_temp_c", "sm_clock_mhz", "memory_clock_mhz", "graphics_clock_mhz",
+      "video_clock_mhz", "power_usage_mw", "total_energy_mj", "gpu_util_pct", "memory_util_pct",
+      "encoder_util_pct", "decoder_util_pct", "fb_used_mib", "fb_reserved_mib", "ecc_sbe_volatile",
+      "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "throttle_reasons",
+      "pcie_replay_count", "pcie_tx_kbps", "pcie_rx_kbps", "fan_speed_pct", "pstate",
+      "nvlink_tx_kib", "nvlink_rx_kib",
       // The nvidia-smi set (absent: NVML answers NOT_SUPPORTED).
       "jpeg_util_pct", "ofa_util_pct", "clocks_event_power_cap_ns", "clocks_event_sync_boost_ns",
       "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
@@ -470,8 +539,8 @@ absl::StatusOr<Machine> LoadMachine(const std::string& profile) {
         return m;
       }
     }
-    return absl::NotFoundError(absl::StrCat("unknown profile '", profile, "' (built-in: ",
-                                            absl::StrJoin(BuiltinProfiles(), ", "),
+    return absl::NotFoundError(absl::StrCat("unknown profile '", profile,
+                                            "' (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
                                             "; or the path of a machine file)"));
   }
   std::ifstream in(profile);

@@ -27,9 +27,9 @@ struct GpuSpec {
   int brand = 0;                       // nvmlBrandType_t
   unsigned architecture = 0;           // nvmlDeviceArchitecture_t
   uint32_t pci_device_id = 0, pci_subsystem_id = 0;
-  int minor = -1;                      // -1: the index
+  int minor = -1;  // -1: the index
   int numa_node = -1;
-  std::string cpus;                    // local_cpulist, e.g. "0-55,112-167"
+  std::string cpus;  // local_cpulist, e.g. "0-55,112-167"
   int cc_major = 0, cc_minor = 0;
   uint32_t sm_count = 0;
   uint64_t memory_mib = 0;
@@ -44,16 +44,16 @@ struct GpuSpec {
   uint32_t pcie_gen = 0, pcie_gen_max = 0, pcie_gpu_gen_max = 0, pcie_width = 0, pcie_width_max = 0;
   uint32_t power_default_w = 0, power_min_w = 0, power_max_w = 0;
   bool persistence_mode = false;
-  int compute_mode = 0;   // nvmlComputeMode_t
-  int gsp_firmware = -1;  // -1: not supported, 0: off, 1: on
-  int gpm = -1;           // GPM support; -1: by architecture (Hopper and newer)
+  int compute_mode = 0;                       // nvmlComputeMode_t
+  int gsp_firmware = -1;                      // -1: not supported, 0: off, 1: on
+  int gpm = -1;                               // GPM support; -1: by architecture (Hopper and newer)
   std::map<std::string, uint64_t> telemetry;  // keys: TelemetryKeys()
   std::vector<std::pair<uint32_t, uint64_t>> processes;  // pid, used MiB
 };
 
 struct Machine {
-  std::string name;     // profile name or file path
-  std::string source;   // for messages: "dgx-h100 (built-in)" or the path
+  std::string name;    // profile name or file path
+  std::string source;  // for messages: "dgx-h100 (built-in)" or the path
   std::string driver_version = "550.54.15";
   int cuda_driver_version = 12040;
   std::string nvml_version = "12.550.54.15";
@@ -71,8 +71,9 @@ const std::vector<std::string>& TelemetryKeys();
 // Built-in profile names, sorted.
 std::vector<std::string> BuiltinProfiles();
 
-// `profile` is a built-in name or a machine-file path (anything with a '/' or ending in .yaml/.yml).
-// Errors name the file and line: "m.yaml:12: gpus[1].uuid: bad UUID 'GPU-12' (want GPU-xxxxxxxx-...)".
+// `profile` is a built-in name or a machine-file path (anything with a '/' or ending in
+// .yaml/.yml). Errors name the file and line: "m.yaml:12: gpus[1].uuid: bad UUID 'GPU-12' (want
+// GPU-xxxxxxxx-...)".
 absl::StatusOr<Machine> LoadMachine(const std::string& profile);
 absl::StatusOr<Machine> ParseMachine(const std::string& yaml, const std::string& source);
 

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
   std::printf("listening %s\n", kubelet.kubelet_socket().c_str());
   std::fflush(stdout);
   auto state = kubelet.WaitForUpdate(resource, 0, std::chrono::seconds(timeout_s));
-  if (!state.ok()) return Fail("no ListAndWatch for " + resource + ": " + std::string(state.status().message()));
+  if (!state.ok())
+    return Fail("no ListAndWatch for " + resource + ": " + std::string(state.status().message()));
   std::string ids;
   int healthy = 0;
   for (const auto& d : state->devices) {
@@ -44,19 +45,21 @@ int main(int argc, char** argv) {
               state->devices.size(), healthy, ids.c_str());
   PodSpec pod;
   pod.name = "gpu-check";
-  pod.containers.push_back({.name = "main", .image = "none", .env = {}, .limits = {{resource, "1"}},
-                            .requests = {}});
+  pod.containers.push_back(
+      {.name = "main", .image = "none", .env = {}, .limits = {{resource, "1"}}, .requests = {}});
   auto st = kubelet.AddPod(pod);
   if (!st.ok()) return Fail("pod: " + std::string(st.status().message()));
   if (st->phase != PodPhase::kRunning)
-    return Fail("pod " + std::string(PodPhaseName(st->phase)) + ": " + st->reason + " " + st->message);
+    return Fail("pod " + std::string(PodPhaseName(st->phase)) + ": " + st->reason + " " +
+                st->message);
   for (const auto& c : st->containers) {
     for (const auto& [res, devs] : c.devices)
       for (const auto& d : devs) std::printf("allocated %s\n", d.c_str());
     for (const auto& [k, v] : c.response.envs()) std::printf("env %s=%s\n", k.c_str(), v.c_str());
     for (const auto& d : c.response.cdi_devices()) std::printf("cdi %s\n", d.name().c_str());
     for (const auto& m : c.response.mounts()) std::printf("mount %s\n", m.container_path().c_str());
-    for (const auto& d : c.response.devices()) std::printf("device %s\n", d.container_path().c_str());
+    for (const auto& d : c.response.devices())
+      std::printf("device %s\n", d.container_path().c_str());
   }
   kubelet.Stop();
   return 0;

@@ -29,15 +29,16 @@ namespace stdfs = std::filesystem;
 constexpr char kCheckpointName[] = "kubelet_internal_checkpoint";
 constexpr char kSupportedVersion[] = "v1beta1";
 constexpr auto kDialTimeout = std::chrono::seconds(10);
-constexpr auto kPreStartTimeout = std::chrono::seconds(30);  // KubeletPreStartContainerRPCTimeoutInSecs
+constexpr auto kPreStartTimeout =
+    std::chrono::seconds(30);  // KubeletPreStartContainerRPCTimeoutInSecs
 
 // grpc-go's spelling of a status, which is what the kubelet puts into its messages.
 std::string GoRpcError(const grpc::Status& s) {
   static const char* const kNames[] = {
-      "OK",      "Canceled",          "Unknown",           "InvalidArgument", "DeadlineExceeded",
-      "NotFound", "AlreadyExists",    "PermissionDenied",  "ResourceExhausted",
-      "FailedPrecondition", "Aborted", "OutOfRange",       "Unimplemented",   "Internal",
-      "Unavailable", "DataLoss",      "Unauthenticated"};
+      "OK",       "Canceled",       "Unknown",          "InvalidArgument",   "DeadlineExceeded",
+      "NotFound", "AlreadyExists",  "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+      "Aborted",  "OutOfRange",     "Unimplemented",    "Internal",          "Unavailable",
+      "DataLoss", "Unauthenticated"};
   int c = s.error_code();
   std::string name = c >= 0 && c <= 16 ? kNames[c] : absl::StrCat("Code(", c, ")");
   return absl::StrCat("rpc error: code = ", name, " desc = ", s.error_message());
@@ -57,10 +58,14 @@ void Merge(const v1beta1::ContainerAllocateResponse& from, v1beta1::ContainerAll
 
 const char* PodPhaseName(PodPhase phase) {
   switch (phase) {
-    case PodPhase::kPending: return "Pending";
-    case PodPhase::kRunning: return "Running";
-    case PodPhase::kSucceeded: return "Succeeded";
-    case PodPhase::kFailed: return "Failed";
+    case PodPhase::kPending:
+      return "Pending";
+    case PodPhase::kRunning:
+      return "Running";
+    case PodPhase::kSucceeded:
+      return "Succeeded";
+    case PodPhase::kFailed:
+      return "Failed";
   }
   return "Unknown";
 }
@@ -105,9 +110,9 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
   int64_t registrations = 0;
   bool running = false;
   bool checkpoint_loaded = false;
-  bool dirty = false;          // something freed or appeared: retry pending pods
+  bool dirty = false;  // something freed or appeared: retry pending pods
   bool worker_stop = false;
-  int busy = 0;                // retries taken from `dirty` and not finished yet
+  int busy = 0;  // retries taken from `dirty` and not finished yet
   std::unique_ptr<grpc::Server> server;
   std::thread worker;
   std::mutex admit_mu;  // one admission at a time, like the kubelet's pod workers for admission
@@ -120,8 +125,12 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     worker = std::thread([this] { WorkerLoop(); });
   }
 
-  std::string KubeletSocket() const { return (stdfs::path(opt.device_plugin_dir) / "kubelet.sock").string(); }
-  std::string CheckpointPath() const { return (stdfs::path(opt.device_plugin_dir) / kCheckpointName).string(); }
+  std::string KubeletSocket() const {
+    return (stdfs::path(opt.device_plugin_dir) / "kubelet.sock").string();
+  }
+  std::string CheckpointPath() const {
+    return (stdfs::path(opt.device_plugin_dir) / kCheckpointName).string();
+  }
 
   void AddEvent(const std::string& object, const std::string& type, const std::string& reason,
                 const std::string& message) {  // mu held
@@ -162,14 +171,15 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     if (req->version() != kSupportedVersion)
       return RegisterFailed(req, absl::StrCat("requested API version \"", req->version(),
                                               "\" is not supported by kubelet. Supported versions "
-                                              "are [\"", kSupportedVersion, "\"]"));
+                                              "are [\"",
+                                              kSupportedVersion, "\"]"));
     if (!IsExtendedResourceName(req->resource_name()))
-      return RegisterFailed(req,
-                            absl::StrCat("the ResourceName \"", req->resource_name(), "\" is invalid"));
+      return RegisterFailed(
+          req, absl::StrCat("the ResourceName \"", req->resource_name(), "\" is invalid"));
     if (req->endpoint().empty() || req->endpoint().find('/') != std::string::npos)
-      return RegisterFailed(req, absl::StrCat("invalid endpoint \"", req->endpoint(),
-                                              "\": must be a socket name in ",
-                                              opt.device_plugin_dir));
+      return RegisterFailed(
+          req, absl::StrCat("invalid endpoint \"", req->endpoint(), "\": must be a socket name in ",
+                            opt.device_plugin_dir));
     auto conn = std::make_shared<PluginConn>();
     conn->resource = req->resource_name();
     conn->socket = (stdfs::path(opt.device_plugin_dir) / req->endpoint()).string();
@@ -208,8 +218,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-    conn->channel = grpc::CreateCustomChannel("unix:" + conn->socket,
-                                              grpc::InsecureChannelCredentials(), args);
+    conn->channel =
+        grpc::CreateCustomChannel("unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
     conn->stub = v1beta1::DevicePlugin::NewStub(conn->channel);
     auto deadline = std::chrono::steady_clock::now() + kDialTimeout;
     bool connected = false;
@@ -227,7 +237,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       grpc::Status st = reader->Finish();
       OnGone(*conn, conn->stop ? "" : absl::StrCat("ListAndWatch ended: ", GoRpcError(st)));
     } else {
-      OnGone(*conn, conn->stop ? "" : absl::StrCat("cannot connect to plugin socket ", conn->socket));
+      OnGone(*conn,
+             conn->stop ? "" : absl::StrCat("cannot connect to plugin socket ", conn->socket));
     }
     conn->done = true;
   }
@@ -270,8 +281,9 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
   }
 
   // ---- PodResources service ----
-  void FillDevices(const std::string& resource, const std::vector<std::string>& ids,
-                   google::protobuf::RepeatedPtrField<v1::ContainerDevices>* out) const {  // mu held
+  void FillDevices(
+      const std::string& resource, const std::vector<std::string>& ids,
+      google::protobuf::RepeatedPtrField<v1::ContainerDevices>* out) const {  // mu held
     // One entry per device and NUMA node, as the kubelet reports them.
     std::map<std::string, const DeviceInfo*> known;
     if (auto it = resources.find(resource); it != resources.end())
@@ -321,7 +333,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
                    v1::GetPodResourcesResponse* resp) override {
     std::lock_guard<std::mutex> l(mu);
     for (const auto& p : pods)
-      if (Active(p) && p.spec.name == req->pod_name() && p.spec.namespace_ == req->pod_namespace()) {
+      if (Active(p) && p.spec.name == req->pod_name() &&
+          p.spec.namespace_ == req->pod_namespace()) {
         FillPod(p, resp->mutable_pod_resources());
         return grpc::Status::OK;
       }
@@ -379,8 +392,9 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       registered[name] = nlohmann::json::array();
       for (const auto& d : r.state.devices) registered[name].push_back(d.id);
     }
-    nlohmann::json doc = {{"Data", {{"PodDeviceEntries", entries}, {"RegisteredDevices", registered}}},
-                          {"Checksum", 0}};
+    nlohmann::json doc = {
+        {"Data", {{"PodDeviceEntries", entries}, {"RegisteredDevices", registered}}},
+        {"Checksum", 0}};
     absl::Status s = WriteFileAtomic(CheckpointPath(), doc.dump());
     if (!s.ok()) AddEvent("node", "Warning", "CheckpointFailed", std::string(s.message()));
   }
@@ -415,7 +429,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
         r.state.name = name;
         r.state.devices.clear();
         // Known from the checkpoint but not yet reported: unhealthy until the plugin is back.
-        for (const auto& id : ids) r.state.devices.push_back(DeviceInfo{id.get<std::string>(), false, {}});
+        for (const auto& id : ids)
+          r.state.devices.push_back(DeviceInfo{id.get<std::string>(), false, {}});
       }
     } catch (const nlohmann::json::exception& e) {
       return bad(e.what());
@@ -533,7 +548,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
                 ca.devices[n.resource] = rr->second.ids;
                 Merge(rr->second.response, &ca.response);
                 rc->second.erase(rr);
-                for (const auto& id : ca.devices[n.resource]) reserved.insert(n.resource + "\x1f" + id);
+                for (const auto& id : ca.devices[n.resource])
+                  reserved.insert(n.resource + "\x1f" + id);
                 continue;
               }
           if (!any_healthy || !conn) {
@@ -562,7 +578,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
           std::set<std::string> avail(available.begin(), available.end());
           if (resp.container_responses_size() > 0)
             for (const auto& id : resp.container_responses(0).deviceids())
-              if (avail.erase(id) && static_cast<int64_t>(chosen.size()) < n.count) chosen.push_back(id);
+              if (avail.erase(id) && static_cast<int64_t>(chosen.size()) < n.count)
+                chosen.push_back(id);
         }
         // The preference is a hint: fill up from the remaining free devices.
         for (const auto& id : available) {
@@ -651,9 +668,10 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       for (auto& p : pods) {
         if (p.phase != PodPhase::kRunning || p.spec.run_time_ms <= 0) continue;
         if (now - p.started_at >= std::chrono::milliseconds(p.spec.run_time_ms)) {
-          SetPhase(p, PodPhase::kSucceeded, "Completed",
-                   absl::StrCat("simulated run time ", p.spec.run_time_ms, "ms over; devices freed"),
-                   false);
+          SetPhase(
+              p, PodPhase::kSucceeded, "Completed",
+              absl::StrCat("simulated run time ", p.spec.run_time_ms, "ms over; devices freed"),
+              false);
           dirty = true;
         } else {
           timed = true;
@@ -759,8 +777,12 @@ bool KubeletEmulator::running() const {
   return impl_->running;
 }
 std::string KubeletEmulator::kubelet_socket() const { return impl_->KubeletSocket(); }
-std::string KubeletEmulator::pod_resources_socket() const { return impl_->opt.pod_resources_socket; }
-const std::string& KubeletEmulator::device_plugin_dir() const { return impl_->opt.device_plugin_dir; }
+std::string KubeletEmulator::pod_resources_socket() const {
+  return impl_->opt.pod_resources_socket;
+}
+const std::string& KubeletEmulator::device_plugin_dir() const {
+  return impl_->opt.device_plugin_dir;
+}
 
 std::vector<ResourceState> KubeletEmulator::Resources() const {
   std::lock_guard<std::mutex> l(impl_->mu);
@@ -787,7 +809,8 @@ absl::Status KubeletEmulator::WaitForAllocatable(const std::string& name, int64_
   int64_t v = value();
   return absl::DeadlineExceededError(
       v < 0 ? absl::StrCat(name, ": not registered after ", timeout.count(), "ms")
-            : absl::StrCat(name, ": allocatable ", v, ", want ", n, " after ", timeout.count(), "ms"));
+            : absl::StrCat(name, ": allocatable ", v, ", want ", n, " after ", timeout.count(),
+                           "ms"));
 }
 
 absl::StatusOr<ResourceState> KubeletEmulator::WaitForUpdate(const std::string& name,
@@ -799,7 +822,8 @@ absl::StatusOr<ResourceState> KubeletEmulator::WaitForUpdate(const std::string& 
     return it != impl_->resources.end() && it->second.state.generation > after;
   };
   if (!impl_->cv.wait_for(l, timeout, ok))
-    return absl::DeadlineExceededError(absl::StrCat(name, ": no ListAndWatch update after generation ",
+    return absl::DeadlineExceededError(absl::StrCat(name,
+                                                    ": no ListAndWatch update after generation ",
                                                     after, " within ", timeout.count(), "ms"));
   return impl_->resources[name].state;
 }
@@ -813,16 +837,18 @@ absl::StatusOr<PodStatus> KubeletEmulator::AddPod(const PodSpec& pod) {
   Impl& m = *impl_;
   // The API server's validation, for pods built in code rather than parsed.
   if (pod.name.empty() || pod.containers.empty())
-    return absl::InvalidArgumentError(absl::StrCat(pod.source, ": pod needs metadata.name and spec.containers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(pod.source, ": pod needs metadata.name and spec.containers"));
   for (const auto& c : pod.containers)
     for (const auto& [name, qty] : c.requests) {
       if (!IsExtendedResourceName(name)) continue;
       auto lim = c.limits.find(name);
       if (lim == c.limits.end())
-        return absl::InvalidArgumentError(absl::StrCat(
-            pod.source, ": pod ", pod.Key(), " container ", c.name,
-            ": resources.limits: Required value: Limit must be set for non overcommitable resources (",
-            name, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(pod.source, ": pod ", pod.Key(), " container ", c.name,
+                         ": resources.limits: Required value: Limit must be set for non "
+                         "overcommitable resources (",
+                         name, ")"));
       if (lim->second != qty)
         return absl::InvalidArgumentError(absl::StrCat(
             pod.source, ": pod ", pod.Key(), " container ", c.name, ": resources.requests[", name,
@@ -832,8 +858,8 @@ absl::StatusOr<PodStatus> KubeletEmulator::AddPod(const PodSpec& pod) {
   {
     std::lock_guard<std::mutex> l(m.mu);
     if (m.FindPod(pod.namespace_, pod.name))
-      return absl::AlreadyExistsError(absl::StrCat("pods \"", pod.name, "\" already exists in namespace ",
-                                                   pod.namespace_));
+      return absl::AlreadyExistsError(
+          absl::StrCat("pods \"", pod.name, "\" already exists in namespace ", pod.namespace_));
     PodStatus st;
     st.spec = pod;
     m.pods.push_back(std::move(st));
@@ -863,7 +889,8 @@ absl::Status KubeletEmulator::DeletePod(const std::string& ns, const std::string
   return absl::OkStatus();
 }
 
-std::optional<PodStatus> KubeletEmulator::GetPod(const std::string& ns, const std::string& name) const {
+std::optional<PodStatus> KubeletEmulator::GetPod(const std::string& ns,
+                                                 const std::string& name) const {
   std::lock_guard<std::mutex> l(impl_->mu);
   for (const auto& p : impl_->pods)
     if (p.spec.namespace_ == ns && p.spec.name == name) return p;
@@ -886,10 +913,9 @@ absl::StatusOr<PodStatus> KubeletEmulator::WaitForPodPhase(const std::string& ns
   if (impl_->cv.wait_for(l, timeout, reached)) return *impl_->FindPod(ns, name);
   PodStatus* p = impl_->FindPod(ns, name);
   if (!p) return absl::NotFoundError(absl::StrCat("pod ", ns, "/", name, " not found"));
-  return absl::DeadlineExceededError(absl::StrCat("pod ", ns, "/", name, " is ",
-                                                  PodPhaseName(p->phase), " (", p->reason, ": ",
-                                                  p->message, "), not ", PodPhaseName(phase),
-                                                  " after ", timeout.count(), "ms"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("pod ", ns, "/", name, " is ", PodPhaseName(p->phase), " (", p->reason, ": ",
+                   p->message, "), not ", PodPhaseName(phase), " after ", timeout.count(), "ms"));
 }
 
 bool KubeletEmulator::HasTimedPods() const {

@@ -1,11 +1,13 @@
 // KubeletEmulator: a stand-in for the kubelet's device manager, speaking the real gRPC APIs over
 // real unix sockets so device plugins are tested through their production code paths.
 //
-//  - Registration (device plugin v1beta1) on <device_plugin_dir>/kubelet.sock. Start() first removes
-//    every non-directory entry of the directory except kubelet_internal_checkpoint, like the kubelet.
+//  - Registration (device plugin v1beta1) on <device_plugin_dir>/kubelet.sock. Start() first
+//  removes
+//    every non-directory entry of the directory except kubelet_internal_checkpoint, like the
+//    kubelet.
 //  - For each accepted plugin: dials <dir>/<endpoint>, consumes ListAndWatch, tracks capacity
-//    (all devices) and allocatable (healthy devices). A plugin whose stream ends counts as gone: its
-//    devices become unhealthy (allocatable 0), capacity stays.
+//    (all devices) and allocatable (healthy devices). A plugin whose stream ends counts as gone:
+//    its devices become unhealthy (allocatable 0), capacity stays.
 //  - Pods: validation, scheduling check / kubelet admission, GetPreferredAllocation (when offered),
 //    Allocate per container, PreStartContainer (when required). Allocations are checkpointed to
 //    <dir>/kubelet_internal_checkpoint and restored by a new emulator on the same directory.

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/duration.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "yaml-cpp/yaml.h"
@@ -21,7 +22,8 @@ bool IsDnsSubdomain(std::string_view s) {
   if (s.empty() || s.size() > 253) return false;
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
-    bool alnum = std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c));
+    bool alnum =
+        std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c));
     if (!alnum && c != '-' && c != '.') return false;
     if ((i == 0 || i + 1 == s.size()) && !alnum) return false;
   }
@@ -46,8 +48,8 @@ class Reader {
 
   absl::Status Error(const YAML::Node& at, const std::string& what) const {
     int line = at.IsDefined() ? at.Mark().line + 1 : 0;
-    return absl::InvalidArgumentError(
-        line > 0 ? absl::StrCat(file_, ":", line, ": ", what) : absl::StrCat(file_, ": ", what));
+    return absl::InvalidArgumentError(line > 0 ? absl::StrCat(file_, ":", line, ": ", what)
+                                               : absl::StrCat(file_, ": ", what));
   }
 
   // A scalar field as a string; "" when absent. Error when present but not a scalar.
@@ -78,8 +80,9 @@ class Reader {
     if (!doc.IsMap()) return Error(doc, "a Pod document must be a map");
     ASSIGN_OR_RETURN(std::string kind, Scalar(doc, "kind", "kind"));
     if (kind != "Pod")
-      return Error(doc["kind"] ? doc["kind"] : doc,
-                   absl::StrCat("kind: \"", kind, "\" is not supported; only kind: Pod (apiVersion v1)"));
+      return Error(
+          doc["kind"] ? doc["kind"] : doc,
+          absl::StrCat("kind: \"", kind, "\" is not supported; only kind: Pod (apiVersion v1)"));
     ASSIGN_OR_RETURN(std::string api, Scalar(doc, "apiVersion", "apiVersion"));
     if (api != "v1")
       return Error(doc["apiVersion"] ? doc["apiVersion"] : doc,
@@ -114,20 +117,18 @@ class Reader {
         ASSIGN_OR_RETURN(r.kind, Scalar(o, "kind", "ownerReferences.kind"));
         ASSIGN_OR_RETURN(r.name, Scalar(o, "name", "ownerReferences.name"));
         ASSIGN_OR_RETURN(r.uid, Scalar(o, "uid", "ownerReferences.uid"));
-        r.controller = o["controller"] && o["controller"].IsScalar() &&
-                       o["controller"].Scalar() == "true";
+        r.controller =
+            o["controller"] && o["controller"].IsScalar() && o["controller"].Scalar() == "true";
         pod.owner_references.push_back(std::move(r));
       }
     }
     if (auto it = pod.annotations.find(kRunTimeAnnotation); it != pod.annotations.end()) {
-      absl::Duration d;
-      std::string v = it->second;
-      if (!v.empty() && std::isdigit(static_cast<unsigned char>(v.back()))) v += "s";
-      if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration())
-        return Error(meta["annotations"][kRunTimeAnnotation],
-                     absl::StrCat("metadata.annotations[", kRunTimeAnnotation, "]: \"",
-                                  it->second, "\" is not a duration such as 3s or 500ms"));
-      pod.run_time_ms = absl::ToInt64Milliseconds(d);
+      // A bare number has meant seconds here since the first version (documented, kept).
+      auto d = ParseDuration(absl::StrCat("metadata.annotations[", kRunTimeAnnotation, "]"),
+                             it->second, {.allow_zero = true, .bare_unit = absl::Seconds(1)});
+      if (!d.ok())
+        return Error(meta["annotations"][kRunTimeAnnotation], std::string(d.status().message()));
+      pod.run_time_ms = absl::ToInt64Milliseconds(d->value);
     }
     YAML::Node spec = doc["spec"];
     if (!spec || !spec.IsMap()) return Error(doc, "spec: Required value");
@@ -140,8 +141,9 @@ class Reader {
                        Container(containers[i], absl::StrCat("spec.containers[", i, "]")));
       for (const auto& prev : pod.containers)
         if (prev.name == c.name)
-          return Error(containers[i]["name"], absl::StrCat("spec.containers[", i,
-                                                           "].name: Duplicate value: \"", c.name, "\""));
+          return Error(
+              containers[i]["name"],
+              absl::StrCat("spec.containers[", i, "].name: Duplicate value: \"", c.name, "\""));
       pod.containers.push_back(std::move(c));
     }
     return pod;
@@ -190,8 +192,9 @@ class Reader {
       auto lim = c.limits.find(name);
       if (lim == c.limits.end())
         return Error(res["requests"][name],
-                     absl::StrCat(path, ".resources.limits: Required value: Limit must be set for "
-                                        "non overcommitable resources (",
+                     absl::StrCat(path,
+                                  ".resources.limits: Required value: Limit must be set for "
+                                  "non overcommitable resources (",
                                   name, ")"));
       int64_t a = 0, b = 0;
       (void)absl::SimpleAtoi(qty, &a);
@@ -230,7 +233,8 @@ absl::StatusOr<std::vector<PodSpec>> ParsePods(const std::string& yaml_text,
   size_t start = 0, line = 0, doc_line = 0;
   auto load = [&](size_t end) -> absl::Status {
     try {
-      docs.push_back(YAML::Load(std::string(doc_line, '\n') + yaml_text.substr(start, end - start)));
+      docs.push_back(
+          YAML::Load(std::string(doc_line, '\n') + yaml_text.substr(start, end - start)));
     } catch (const YAML::Exception& e) {
       return absl::InvalidArgumentError(
           absl::StrCat(filename, ":", e.mark.line + 1, ": YAML syntax error: ", e.msg));

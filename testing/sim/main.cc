@@ -75,9 +75,10 @@ int main(int argc, char** argv) {
   for (auto& s : args) argp.push_back(s.data());
   argc = static_cast<int>(argp.size());
   argv = argp.data();
-  CLI::App app{"Simulated GPU node: the kubelet emulator, the real agent on the fake NVML, and pods "
-               "from YAML. Prints the node's resources and each pod's status and allocation.",
-               "gpulet sim"};
+  CLI::App app{
+      "Simulated GPU node: the kubelet emulator, the real agent on the fake NVML, and pods "
+      "from YAML. Prints the node's resources and each pod's status and allocation.",
+      "gpulet sim"};
   gpulet::sim::SimOptions opt;
   bool serve = false;
   app.add_option("--simulate", opt.profile,
@@ -103,8 +104,9 @@ int main(int argc, char** argv) {
 
   // gpulet sim fault KIND ...: the GPU layer's fault front end (testing/fake_nvml/fault_cli.h).
   CLI::App* fault = app.add_subcommand(
-      "fault", "Inject a fault into a running simulated node (XID event, GPU lost, reset, NVML "
-               "init failure/recovery, ECC event, telemetry values)");
+      "fault",
+      "Inject a fault into a running simulated node (XID event, GPU lost, reset, NVML "
+      "init failure/recovery, ECC event, telemetry values)");
   std::function<int()> run_fault = gpulet::sim::SetupFaultCommand(*fault);
 
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;

@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,12 +15,14 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -37,7 +38,9 @@ std::string SelfDir() {
   return ec ? std::string(".") : p.parent_path().string();
 }
 
-std::string Pad(const std::string& s, size_t n) { return s.size() >= n ? s + " " : s + std::string(n - s.size(), ' '); }
+std::string Pad(const std::string& s, size_t n) {
+  return s.size() >= n ? s + " " : s + std::string(n - s.size(), ' ');
+}
 
 }  // namespace
 
@@ -67,13 +70,13 @@ SimNode::~SimNode() {
 
 absl::Status SimNode::Prepare() {
   if (opt_.profile.empty())
-    return absl::InvalidArgumentError(
-        absl::StrCat("--simulate PROFILE is required (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
-                     ", or a machine-file path)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--simulate PROFILE is required (built-in: ", absl::StrJoin(BuiltinProfiles(), ", "),
+        ", or a machine-file path)"));
   auto machine = LoadMachine(opt_.profile);
   if (!machine.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--simulate ", opt_.profile, ": ",
-                                                   machine.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--simulate ", opt_.profile, ": ", machine.status().message()));
   gpus_ = static_cast<int>(machine->gpus.size());
   if (access(opt_.agent_binary.c_str(), X_OK) != 0)
     return absl::FailedPreconditionError(absl::StrCat(
@@ -84,8 +87,8 @@ absl::Status SimNode::Prepare() {
     for (auto& p : pods) {
       for (const auto& q : pods_)
         if (q.Key() == p.Key())
-          return absl::InvalidArgumentError(absl::StrCat(p.source, ": pod ", p.Key(),
-                                                         " is already defined at ", q.source));
+          return absl::InvalidArgumentError(
+              absl::StrCat(p.source, ": pod ", p.Key(), " is already defined at ", q.source));
       pods_.push_back(std::move(p));
     }
   }
@@ -95,12 +98,14 @@ absl::Status SimNode::Prepare() {
 absl::Status SimNode::Start() {
   std::error_code ec;
   stdfs::create_directories(paths_.root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create sim root ", paths_.root, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create sim root ", paths_.root, ": ", ec.message()));
   lock_fd_ = open(paths_.pid_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0 || flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a simulated node is already running at ", paths_.root,
-        " (stop it, or pass --sim-root DIR for a second node)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a simulated node is already running at ", paths_.root,
+                     " (stop it, or pass --sim-root DIR for a second node)"));
   // A new node starts clean: no kubelet state, no fault state from an earlier node.
   stdfs::remove_all(paths_.root + "/kubelet", ec);
   stdfs::remove_all(paths_.root + "/vgpu", ec);
@@ -113,11 +118,16 @@ absl::Status SimNode::Start() {
   RETURN_IF_ERROR(emu_->Start());
   t0_ = std::chrono::steady_clock::now();
 
-  std::vector<std::string> args = {opt_.agent_binary,       "agent",
-                                   "--simulate",            opt_.profile,
-                                   "--sim-root",            paths_.root,
-                                   "--device-plugin-dir",   paths_.device_plugin_dir,
-                                   "--pod-resources-socket", paths_.pod_resources_socket};
+  std::vector<std::string> args = {opt_.agent_binary,
+                                   "agent",
+                                   "--simulate",
+                                   opt_.profile,
+                                   "--sim-root",
+                                   paths_.root,
+                                   "--device-plugin-dir",
+                                   paths_.device_plugin_dir,
+                                   "--pod-resources-socket",
+                                   paths_.pod_resources_socket};
   // A simulated node stays inside its sim root and never takes a fixed port: the metrics endpoint
   // binds any free loopback port (the agent logs it) and the feature file goes under the root, so
   // several simulated nodes (and tests) run side by side. --agent-arg overrides either.
@@ -140,10 +150,11 @@ absl::Status SimNode::Start() {
     args.insert(args.end(), {"--vgpu-library", SelfDir() + "/../lib/libgpulet-vcuda.so"});
   auto any_pod_asks = [this](const std::string& prefix) {
     return std::any_of(pods_.begin(), pods_.end(), [&](const emu::PodSpec& p) {
-      return std::any_of(p.containers.begin(), p.containers.end(), [&](const emu::ContainerSpec& c) {
-        return std::any_of(c.limits.begin(), c.limits.end(),
-                           [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
-      });
+      return std::any_of(
+          p.containers.begin(), p.containers.end(), [&](const emu::ContainerSpec& c) {
+            return std::any_of(c.limits.begin(), c.limits.end(),
+                               [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+          });
     });
   };
   // A shared GPU is not offered whole, so the GPUs are shared only when no pod wants whole ones
@@ -155,28 +166,18 @@ absl::Status SimNode::Start() {
     vgpu_note_ = false;
   }
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, paths_.agent_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);  // our caller blocks SIGINT/SIGTERM; the agent must not
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  int rc = posix_spawn(&agent_pid_, opt_.agent_binary.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  // Our caller blocks SIGINT/SIGTERM; the agent gets a clean mask (testing/process/spawn.h).
+  agent_pid_ = testing_process::SpawnLogged(args, paths_.agent_log);
+  int rc = agent_pid_ < 0 ? errno : 0;
   if (rc != 0) {
     agent_pid_ = -1;
-    return absl::InternalError(absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));
+    return absl::InternalError(
+        absl::StrCat("cannot start ", opt_.agent_binary, ": ", strerror(rc)));
   }
-  out_ << "Simulated node " << "sim-node" << ": " << opt_.profile << ", " << gpus_
-       << " GPUs on the fake NVML; sim root " << paths_.root << "\n"
+  out_ << "Simulated node "
+       << "sim-node"
+       << ": " << opt_.profile << ", " << gpus_ << " GPUs on the fake NVML; sim root "
+       << paths_.root << "\n"
        << "Agent: " << absl::StrJoin(args, " ") << "  (pid " << agent_pid_ << ", log "
        << paths_.agent_log << ")\n";
 
@@ -187,30 +188,30 @@ absl::Status SimNode::Start() {
   int64_t last_regs = 0;
   while (true) {
     if (!AgentAlive())
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the agent exited (", agent_status_ >= 256 ? "signal " : "status ",
-          agent_status_ % 256, ") before registering with the kubelet emulator; ",
-          "last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the agent exited (", agent_status_ >= 256 ? "signal " : "status ",
+                       agent_status_ % 256, ") before registering with the kubelet emulator; ",
+                       "last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
     auto now = std::chrono::steady_clock::now();
     int64_t regs = emu_->registrations();
     if (regs != last_regs) last_regs = regs, last_change = now;
     auto res = emu_->Resources();
-    bool all_listed = !res.empty() && std::all_of(res.begin(), res.end(), [](const auto& r) {
-      return r.generation > 0;
-    });
+    bool all_listed = !res.empty() && std::all_of(res.begin(), res.end(),
+                                                  [](const auto& r) { return r.generation > 0; });
     if (all_listed && now - last_change > milliseconds(500)) break;
     if (now > deadline)
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the agent registered no resource with ", paths_.device_plugin_dir, "/kubelet.sock within ",
-          opt_.register_timeout.count() / 1000, "s; last lines of ", paths_.agent_log, ":\n",
-          AgentLogTail()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the agent registered no resource with ", paths_.device_plugin_dir,
+                       "/kubelet.sock within ", opt_.register_timeout.count() / 1000,
+                       "s; last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
     std::this_thread::sleep_for(milliseconds(20));
   }
   for (const auto& r : emu_->Resources())
     out_ << "Registered: " << r.name << " (endpoint " << r.endpoint << ", " << r.capacity
          << " devices, " << r.allocatable << " healthy)\n";
   if (vgpu_note_)
-    out_ << "Note: pods ask for both whole GPUs and vGPU shares; no GPU is shared. Run the vGPU pods "
+    out_ << "Note: pods ask for both whole GPUs and vGPU shares; no GPU is shared. Run the vGPU "
+            "pods "
             "alone, or share some GPUs with --agent-arg=--vgpu-gpus=<indexes>.\n";
   out_ << "\nEvents:\n";
   PrintNewEvents();
@@ -226,7 +227,8 @@ void SimNode::RunPods() {
     PrintNewEvents();
   }
   // Let simulated run times play out; pods they free devices for get admitted meanwhile.
-  auto deadline = std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
+  auto deadline =
+      std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
   while ((emu_->HasTimedPods() || !emu_->WaitIdle(milliseconds(0))) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(20));
@@ -249,6 +251,93 @@ void SimNode::PrintNewEvents() {
   out_.flush();
 }
 
+namespace {
+
+// A vGPU unit's device ID, "<GPU UUID>::<letters><n>" (e.g. "GPU-...::vc12"), split into the GPU,
+// the prefix up to the number and the number. False for any other ID (whole GPUs, MIG, replicas).
+bool SplitUnitId(const std::string& id, std::string* gpu, std::string* prefix, int64_t* n) {
+  size_t sep = id.rfind("::");
+  if (sep == std::string::npos) return false;
+  size_t digits = id.find_first_of("0123456789", sep + 2);
+  if (digits == std::string::npos || digits == sep + 2 ||
+      id.find_first_not_of("0123456789", digits) != std::string::npos)
+    return false;
+  *gpu = id.substr(0, sep);
+  *prefix = id.substr(0, digits);
+  return absl::SimpleAtoi(id.substr(digits), n);
+}
+
+}  // namespace
+
+// vGPU units as ranges: 30 IDs "GPU-x::vc0" .. "GPU-x::vc29" print as "GPU-x::vc0-vc29" (a pod's
+// list ran to 1.5 KB per line); other IDs print as they are.
+std::string CompressDeviceIds(const std::vector<std::string>& ids) {
+  std::map<std::string, std::vector<int64_t>> by_prefix;
+  std::vector<std::string> out;
+  for (const std::string& id : ids) {
+    std::string gpu, prefix;
+    int64_t n = 0;
+    if (SplitUnitId(id, &gpu, &prefix, &n))
+      by_prefix[prefix].push_back(n);
+    else
+      out.push_back(id);
+  }
+  for (auto& [prefix, nums] : by_prefix) {
+    std::sort(nums.begin(), nums.end());
+    const std::string letters = prefix.substr(prefix.rfind("::") + 2);
+    std::string runs;
+    for (size_t i = 0; i < nums.size();) {
+      size_t j = i;
+      while (j + 1 < nums.size() && nums[j + 1] == nums[j] + 1) ++j;
+      absl::StrAppend(&runs, runs.empty() ? "" : ",", letters, nums[i]);
+      if (j > i) absl::StrAppend(&runs, "-", letters, nums[j]);
+      i = j + 1;
+    }
+    out.push_back(absl::StrCat(prefix.substr(0, prefix.rfind("::") + 2), runs));
+  }
+  return absl::StrJoin(out, ",");
+}
+
+void SimNode::PrintOccupancy() {
+  // Per GPU, of each resource offered in vGPU units: units held by pods not finished / offered.
+  std::map<std::string, std::map<std::string, std::pair<int64_t, int64_t>>> per_gpu;
+  std::vector<std::string> columns;
+  for (const auto& r : emu_->Resources()) {
+    bool any = false;
+    for (const auto& d : r.devices) {
+      std::string gpu, prefix;
+      int64_t n = 0;
+      if (!SplitUnitId(d.id, &gpu, &prefix, &n)) continue;
+      ++per_gpu[gpu][r.name].second;
+      any = true;
+    }
+    if (any) columns.push_back(r.name);
+  }
+  if (per_gpu.empty()) return;
+  for (const auto& p : emu_->Pods()) {
+    if (p.phase == emu::PodPhase::kSucceeded || p.phase == emu::PodPhase::kFailed) continue;
+    for (const auto& a : p.containers)
+      for (const auto& [res, ids] : a.devices)
+        for (const std::string& id : ids) {
+          std::string gpu, prefix;
+          int64_t n = 0;
+          if (SplitUnitId(id, &gpu, &prefix, &n)) ++per_gpu[gpu][res].first;
+        }
+  }
+  out_ << "vGPU occupancy per GPU (units used/total; 100 core units = one GPU, a memory unit = "
+          "256 MiB):\n";
+  for (const auto& [gpu, by_res] : per_gpu) {
+    out_ << "  " << gpu;
+    for (const std::string& c : columns) {
+      auto it = by_res.find(c);
+      if (it == by_res.end()) continue;
+      out_ << "  " << c.substr(c.find('/') + 1) << " " << it->second.first << "/"
+           << it->second.second;
+    }
+    out_ << "\n";
+  }
+}
+
 void SimNode::PrintNode() {
   auto res = emu_->Resources();
   size_t w = 16;
@@ -264,6 +353,7 @@ void SimNode::PrintNode() {
   for (const auto& r : res)
     out_ << "  " << Pad(r.name, w) << " " << Pad(std::to_string(r.allocated), 9) << " "
          << r.allocated << "\n";
+  PrintOccupancy();
 }
 
 void SimNode::PrintPods() {
@@ -276,7 +366,7 @@ void SimNode::PrintPods() {
       for (const auto& a : p.containers) {
         if (a.container != c.name) continue;
         for (const auto& [res, ids] : a.devices)
-          out_ << "      " << res << ": " << absl::StrJoin(ids, ",") << "\n";
+          out_ << "      " << res << ": " << CompressDeviceIds(ids) << "\n";
         std::map<std::string, std::string> envs(a.response.envs().begin(), a.response.envs().end());
         for (const auto& [k, v] : envs) out_ << "      env     " << k << "=" << v << "\n";
         for (const auto& d : a.response.devices())
@@ -285,7 +375,16 @@ void SimNode::PrintPods() {
         for (const auto& m : a.response.mounts())
           out_ << "      mount   " << m.host_path() << " -> " << m.container_path()
                << (m.read_only() ? " (ro)" : "") << "\n";
-        for (const auto& cdi : a.response.cdi_devices()) out_ << "      cdi     " << cdi.name() << "\n";
+        for (const auto& m : a.response.mounts()) {
+          if (m.host_path().find("/vgpu/unknown-") == std::string::npos) continue;
+          // The kubelet's Allocate does not say which pod it is for, and a bare simulated node
+          // has no API server to ask: the directory is named by grant time until PodResources
+          // names the pod (docs/vgpu.md).
+          out_ << "      note    accounting directory unknown-<time>: without an API server "
+                  "Allocate cannot name the pod\n";
+        }
+        for (const auto& cdi : a.response.cdi_devices())
+          out_ << "      cdi     " << cdi.name() << "\n";
         std::map<std::string, std::string> ann(a.response.annotations().begin(),
                                                a.response.annotations().end());
         for (const auto& [k, v] : ann) out_ << "      annot.  " << k << "=" << v << "\n";
@@ -336,8 +435,9 @@ void SimNode::Serve() {
       break;
     }
     if (!agent_reported && !AgentAlive()) {
-      out_ << "  the agent exited (status " << agent_status_ << "); last lines of " << paths_.agent_log
-           << ":\n" << AgentLogTail();
+      out_ << "  the agent exited (status " << agent_status_ << "); last lines of "
+           << paths_.agent_log << ":\n"
+           << AgentLogTail();
       agent_reported = true;
     }
   }

@@ -16,10 +16,14 @@
 
 namespace gpulet::sim {
 
+// Device IDs for printing: vGPU units as ranges per GPU ("GPU-x::vc0-vc29,vc40"), others as they
+// are.
+std::string CompressDeviceIds(const std::vector<std::string>& ids);
+
 struct SimOptions {
-  std::string profile;           // --simulate
-  std::string sim_root;          // state dir; empty: $TMPDIR/gpulet-sim-<uid>
-  std::string agent_binary;      // empty: "gpulet" beside this executable
+  std::string profile;       // --simulate
+  std::string sim_root;      // state dir; empty: $TMPDIR/gpulet-sim-<uid>
+  std::string agent_binary;  // empty: "gpulet" beside this executable
   std::vector<std::string> agent_extra_args;
   std::vector<std::string> pod_files;
   std::chrono::milliseconds register_timeout{20000};
@@ -48,6 +52,7 @@ class SimNode {
   void RunPods();
   // `kubectl describe node`-like summary and each pod's status and allocation.
   void PrintNode();
+  void PrintOccupancy();
   void PrintPods();
   // Prints where the node's sockets are, then events until SIGINT/SIGTERM (which must be blocked
   // in every thread by the caller, so that this thread can wait for them).

@@ -6,6 +6,9 @@
 # Usage: down_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/leftovers.sh"
+if [ -f "$STATE/cannot-run" ]; then
+  echo "skipped: $(cat "$STATE/cannot-run")"; rm -rf "$STATE"; exit 77
+fi
 if [ ! -f "$STATE/started" ]; then
   echo "the cluster was not started by cluster.up: left running"
   finish

@@ -29,6 +29,7 @@ finish() {
 }
 # The scenarios need the cluster cluster.up left (or `make cluster`): without it, one clear failure.
 need_cluster() {
+  [ ! -f "$STATE/cannot-run" ] || { echo "skipped: $(cat "$STATE/cannot-run")"; exit 77; }
   [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1 \
     || { echo "FAIL: no cluster running in $D (cluster.up failed, or run make cluster)"; exit 1; }
 }
@@ -47,7 +48,10 @@ wait_until() {
 restart_plugin() { "$cluster" plugin "$build" "$@" >/dev/null; }
 
 # pod NAME RESOURCE COUNT: a hostNetwork busybox pod asking for COUNT of RESOURCE.
-pod() {
+pod() { pod_limits "$1" "$2: $3"; }
+
+# pod_limits NAME LIMITS: the same pod with the limits map's entries given as text ("a: 1, b: 2").
+pod_limits() {
   cat <<YAML
 apiVersion: v1
 kind: Pod
@@ -63,7 +67,7 @@ spec:
     imagePullPolicy: Never
     command: [sleep, "3600"]
     resources:
-      limits: {$2: $3}
+      limits: {$2}
 YAML
 }
 phase() { kc get pod "$1" -o 'jsonpath={.status.phase}' 2>/dev/null; }

@@ -20,6 +20,7 @@ if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
   echo "using the running $RUNTIME cluster in $D"
   started=
 else
+  why=$("$cluster" preflight "$build" 2>&1) || { echo "skipped: $why"; exit 77; }
   rm -rf "$STATE"; mkdir -p "$STATE"
   links > "$STATE/links.before"
   kube_rules > "$STATE/kube-rules.before"
@@ -36,7 +37,7 @@ if [ "$RUNTIME" = containerd2 ]; then
     bash -c '[[ "$1" == *"--device-list-strategy envvar,cdi-cri"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
 else
   check "gpulet runtime configure made the shim containerd's default runtime" \
-    grep -q "default_runtime_name = 'nvidia'" "$D/containerd/conf.d/99-gpulet.toml"
+    grep -q "default_runtime_name = 'nvidia'" "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"
   check "the plugin passes NVIDIA_VISIBLE_DEVICES only (envvar, no device specs)" \
     bash -c '[[ "$1" == *"--device-list-strategy envvar"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
 fi

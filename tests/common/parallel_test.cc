@@ -23,7 +23,8 @@ TEST(ParallelFor, EveryIndexOnce) {
           ASSERT_LE(e, n);
           for (size_t i = b; i < e; ++i) hits[i]++;
         });
-        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
       }
     }
   }

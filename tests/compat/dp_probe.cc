@@ -1,6 +1,6 @@
 // compat_dp_probe: drives ONE device plugin process (gpulet's or NVIDIA's) through the kubelet
-// emulator and prints what it answered as JSON, so tests/compat/device_plugin.sh can compare the two
-// implementations on the same input and bench/compat can time them with the same client.
+// emulator and prints what it answered as JSON, so tests/compat/device_plugin.sh can compare the
+// two implementations on the same input and bench/compat can time them with the same client.
 //
 //   compat_dp_probe --dir DIR [--settle-ms 1500] [--timeout-s 60] [--repeat N]
 //                   [--inject CMD [--recover CMD] [--recover-wait-s 10]] -- PLUGIN ARGV...
@@ -16,6 +16,7 @@
 // shows a device Unhealthy; --recover runs CMD after that and reports how long until all devices
 // are Healthy again, or null when that did not happen within --recover-wait-s.
 // The plugin's RSS (VmRSS of its pid, after the queries) and start -> registered are in "timing".
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,12 +28,10 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <nlohmann/json.hpp>
 
 #include "k8s/deviceplugin/v1beta1/api.grpc.pb.h"
 #include "testing/kubelet/emulator.h"
@@ -67,7 +66,8 @@ Args Parse(int argc, char** argv) {
     std::string v = value(flag);
     char* end = nullptr;
     long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n < 0) Usage(std::string(flag) + ": \"" + v + "\" is not a number >= 0");
+    if (v.empty() || *end != '\0' || n < 0)
+      Usage(std::string(flag) + ": \"" + v + "\" is not a number >= 0");
     return static_cast<int>(n);
   };
   for (; i < argc; ++i) {
@@ -76,14 +76,22 @@ Args Parse(int argc, char** argv) {
       for (++i; i < argc; ++i) a.argv.push_back(argv[i]);
       break;
     }
-    if (f == "--dir") a.dir = value("--dir");
-    else if (f == "--settle-ms") a.settle_ms = number("--settle-ms");
-    else if (f == "--timeout-s") a.timeout_s = number("--timeout-s");
-    else if (f == "--repeat") a.repeat = number("--repeat");
-    else if (f == "--inject") a.inject = value("--inject");
-    else if (f == "--recover") a.recover = value("--recover");
-    else if (f == "--recover-wait-s") a.recover_wait_s = number("--recover-wait-s");
-    else Usage("unknown flag " + f);
+    if (f == "--dir")
+      a.dir = value("--dir");
+    else if (f == "--settle-ms")
+      a.settle_ms = number("--settle-ms");
+    else if (f == "--timeout-s")
+      a.timeout_s = number("--timeout-s");
+    else if (f == "--repeat")
+      a.repeat = number("--repeat");
+    else if (f == "--inject")
+      a.inject = value("--inject");
+    else if (f == "--recover")
+      a.recover = value("--recover");
+    else if (f == "--recover-wait-s")
+      a.recover_wait_s = number("--recover-wait-s");
+    else
+      Usage("unknown flag " + f);
   }
   if (a.dir.empty()) Usage("--dir is required");
   if (a.argv.empty()) Usage("no plugin command after --");
@@ -116,7 +124,8 @@ long RssKiB(pid_t group) {
     std::ifstream st(e.path() / "status");
     std::string line;
     while (std::getline(st, line))
-      if (line.rfind("VmRSS:", 0) == 0) best = std::max(best, std::strtol(line.c_str() + 6, nullptr, 10));
+      if (line.rfind("VmRSS:", 0) == 0)
+        best = std::max(best, std::strtol(line.c_str() + 6, nullptr, 10));
   }
   return best;
 }
@@ -130,16 +139,25 @@ json AllocateJson(const v1beta1::ContainerAllocateResponse& r) {
   std::vector<std::pair<std::string, std::string>> e(r.envs().begin(), r.envs().end());
   std::sort(e.begin(), e.end());
   for (const auto& [k, v] : e) env[k] = v;
-  std::vector<std::pair<std::string, std::string>> a(r.annotations().begin(), r.annotations().end());
+  std::vector<std::pair<std::string, std::string>> a(r.annotations().begin(),
+                                                     r.annotations().end());
   std::sort(a.begin(), a.end());
   for (const auto& [k, v] : a) ann[k] = v;
   json mounts = json::array(), devices = json::array(), cdi = json::array();
   for (const auto& m : r.mounts())
-    mounts.push_back({{"container_path", m.container_path()}, {"host_path", m.host_path()}, {"read_only", m.read_only()}});
+    mounts.push_back({{"container_path", m.container_path()},
+                      {"host_path", m.host_path()},
+                      {"read_only", m.read_only()}});
   for (const auto& d : r.devices())
-    devices.push_back({{"container_path", d.container_path()}, {"host_path", d.host_path()}, {"permissions", d.permissions()}});
+    devices.push_back({{"container_path", d.container_path()},
+                       {"host_path", d.host_path()},
+                       {"permissions", d.permissions()}});
   for (const auto& c : r.cdi_devices()) cdi.push_back(c.name());
-  return {{"envs", env}, {"mounts", mounts}, {"devices", devices}, {"annotations", ann}, {"cdi_devices", cdi}};
+  return {{"envs", env},
+          {"mounts", mounts},
+          {"devices", devices},
+          {"annotations", ann},
+          {"cdi_devices", cdi}};
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -183,7 +201,8 @@ int main(int argc, char** argv) {
   for (;;) {
     int status = 0;
     if (waitpid(child, &status, WNOHANG) == child) {
-      std::cerr << "compat_dp_probe: the plugin exited (status " << status << ") before it settled\n";
+      std::cerr << "compat_dp_probe: the plugin exited (status " << status
+                << ") before it settled\n";
       return 3;
     }
     auto res = kubelet.Resources();
@@ -201,7 +220,8 @@ int main(int argc, char** argv) {
     }
     if (listed && Clock::now() - last_change > std::chrono::milliseconds(args.settle_ms)) break;
     if (Clock::now() - t0 > std::chrono::seconds(args.timeout_s))
-      return fail("no resource registered and listed within " + std::to_string(args.timeout_s) + " s");
+      return fail("no resource registered and listed within " + std::to_string(args.timeout_s) +
+                  " s");
     std::this_thread::sleep_for(5ms);
   }
 
@@ -210,7 +230,9 @@ int main(int argc, char** argv) {
   std::vector<double> pref_us, alloc_us;
   bool first = true;
   for (const auto& r : kubelet.Resources()) {
-    json jr = {{"name", r.name}, {"endpoint", r.endpoint}, {"preferred_allocation", r.preferred_allocation},
+    json jr = {{"name", r.name},
+               {"endpoint", r.endpoint},
+               {"preferred_allocation", r.preferred_allocation},
                {"pre_start_required", r.pre_start_required}};
     std::vector<std::string> ids;
     json devs = json::array();
@@ -219,7 +241,8 @@ int main(int argc, char** argv) {
       devs.push_back({{"id", d.id}, {"healthy", d.healthy}, {"numa", d.numa_nodes}});
     }
     jr["devices"] = devs;
-    auto channel = grpc::CreateChannel("unix:" + args.dir + "/" + r.endpoint, grpc::InsecureChannelCredentials());
+    auto channel = grpc::CreateChannel("unix:" + args.dir + "/" + r.endpoint,
+                                       grpc::InsecureChannelCredentials());
     auto stub = v1beta1::DevicePlugin::NewStub(channel);
     const int n = static_cast<int>(ids.size());
 
@@ -242,7 +265,8 @@ int main(int argc, char** argv) {
         } else {
           std::vector<std::string> got;
           if (resp.container_responses_size() > 0)
-            got.assign(resp.container_responses(0).deviceids().begin(), resp.container_responses(0).deviceids().end());
+            got.assign(resp.container_responses(0).deviceids().begin(),
+                       resp.container_responses(0).deviceids().end());
           std::sort(got.begin(), got.end());
           q["result"] = got;
         }
@@ -262,8 +286,10 @@ int main(int argc, char** argv) {
       double us = std::chrono::duration<double, std::micro>(Clock::now() - t).count();
       if (into != nullptr) {
         json q = {{"ids", want}};
-        if (!s.ok()) q["error"] = StatusJson(s);
-        else if (resp.container_responses_size() > 0) q["response"] = AllocateJson(resp.container_responses(0));
+        if (!s.ok())
+          q["error"] = StatusJson(s);
+        else if (resp.container_responses_size() > 0)
+          q["response"] = AllocateJson(resp.container_responses(0));
         into->push_back(q);
       }
       return us;
@@ -301,18 +327,24 @@ int main(int argc, char** argv) {
 
   json timing = {{"start_to_registered_ms", registered_ms}, {"rss_kib", RssKiB(child)}};
   if (!pref_us.empty())
-    timing["preferred_us"] = {{"n", pref_us.size()}, {"p50", Percentile(pref_us, 0.5)}, {"p99", Percentile(pref_us, 0.99)}};
+    timing["preferred_us"] = {{"n", pref_us.size()},
+                              {"p50", Percentile(pref_us, 0.5)},
+                              {"p99", Percentile(pref_us, 0.99)}};
   if (!alloc_us.empty())
-    timing["allocate_us"] = {{"n", alloc_us.size()}, {"p50", Percentile(alloc_us, 0.5)}, {"p99", Percentile(alloc_us, 0.99)}};
+    timing["allocate_us"] = {{"n", alloc_us.size()},
+                             {"p50", Percentile(alloc_us, 0.5)},
+                             {"p99", Percentile(alloc_us, 0.99)}};
 
   if (!args.inject.empty() && !kubelet.Resources().empty()) {
     const std::string name = kubelet.Resources().front().name;
     auto unhealthy = [&](const gpulet::emu::ResourceState& s) {
-      return std::any_of(s.devices.begin(), s.devices.end(), [](const auto& d) { return !d.healthy; });
+      return std::any_of(s.devices.begin(), s.devices.end(),
+                         [](const auto& d) { return !d.healthy; });
     };
     uint64_t gen = kubelet.Resource(name)->generation;
     auto t = Clock::now();
-    if (std::system(args.inject.c_str()) != 0) return fail("--inject command failed: " + args.inject);
+    if (std::system(args.inject.c_str()) != 0)
+      return fail("--inject command failed: " + args.inject);
     json xid = nullptr;
     while (Clock::now() - t < 10s) {
       auto st = kubelet.WaitForUpdate(name, gen, 100ms);
@@ -327,7 +359,8 @@ int main(int argc, char** argv) {
     timing["inject_to_unhealthy_ms"] = xid;
     if (!args.recover.empty()) {
       auto t2 = Clock::now();
-      if (std::system(args.recover.c_str()) != 0) return fail("--recover command failed: " + args.recover);
+      if (std::system(args.recover.c_str()) != 0)
+        return fail("--recover command failed: " + args.recover);
       json rec = nullptr;
       while (Clock::now() - t2 < std::chrono::seconds(args.recover_wait_s)) {
         auto st = kubelet.Resource(name);

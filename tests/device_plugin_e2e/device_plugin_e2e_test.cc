@@ -1,6 +1,9 @@
 // End to end: the device plugin over a simulated node (the fake libnvidia-ml.so.1 loaded through
 // the production dlopen path, faults injected through its control log) against the kubelet
 // emulator over real gRPC unix sockets.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,10 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-
-#include <gmock/gmock.h>
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "fake_nvml/control.h"
 #include "gpu/open.h"
@@ -51,7 +50,8 @@ class E2E : public ::testing::Test {
     ASSERT_TRUE(l.ok()) << l.status();
     layer_ = std::move(*l);
     inv_ = *layer_->GetInventory();
-    kubelet_ = std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
+    kubelet_ =
+        std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
     ASSERT_TRUE(kubelet_->Start().ok());
   }
 
@@ -80,8 +80,7 @@ class E2E : public ::testing::Test {
                                         int n) {
     auto pods = emu::ParsePods(absl::StrCat("apiVersion: v1\nkind: Pod\nmetadata: {name: ", name,
                                             "}\nspec:\n  containers:\n  - name: c\n    image: x\n",
-                                            "    resources: {limits: {", resource, ": ", n,
-                                            "}}\n"),
+                                            "    resources: {limits: {", resource, ": ", n, "}}\n"),
                                "pod.yaml");
     if (!pods.ok()) return pods.status();
     return kubelet_->AddPod((*pods)[0]);
@@ -118,11 +117,11 @@ TEST_F(E2E, DgxH100RegistersEightAndAllocatesPerStrategy) {
   ASSERT_EQ(pod->phase, emu::PodPhase::kRunning) << pod->message;
   const auto& ids = pod->containers[0].devices.at("nvidia.com/gpu");
   ASSERT_EQ(ids.size(), 2u);
-  EXPECT_EQ(pod->containers[0].response.envs().at("NVIDIA_VISIBLE_DEVICES"),
-            ids[0] + "," + ids[1]);
+  EXPECT_EQ(pod->containers[0].response.envs().at("NVIDIA_VISIBLE_DEVICES"), ids[0] + "," + ids[1]);
 
   ASSERT_TRUE(StartPlugin({{"flags.plugin.deviceListStrategy", "volume-mounts"},
-                           {"flags.plugin.passDeviceSpecs", "true"}}).ok());
+                           {"flags.plugin.passDeviceSpecs", "true"}})
+                  .ok());
   ASSERT_TRUE(kubelet_->WaitForAllocatable("nvidia.com/gpu", 8, 5000ms).ok());
   pod = RunPod("mounts", "nvidia.com/gpu", 1);
   ASSERT_EQ(pod->phase, emu::PodPhase::kRunning) << pod->message;
@@ -138,7 +137,8 @@ TEST_F(E2E, DgxH100RegistersEightAndAllocatesPerStrategy) {
                                           "/dev/nvidia" + std::to_string(IndexOf(id))}));
 
   ASSERT_TRUE(StartPlugin({{"flags.plugin.deviceListStrategy", "cdi-annotations,cdi-cri"},
-                           {"flags.plugin.deviceIDStrategy", "index"}}).ok());
+                           {"flags.plugin.deviceIDStrategy", "index"}})
+                  .ok());
   ASSERT_TRUE(kubelet_->WaitForAllocatable("nvidia.com/gpu", 8, 5000ms).ok());
   pod = RunPod("cdi", "nvidia.com/gpu", 1);
   ASSERT_EQ(pod->phase, emu::PodPhase::kRunning) << pod->message;
@@ -171,8 +171,8 @@ TEST_F(E2E, Dgx1V100TopologyAwareAllocation) {
   const auto& p = pair->containers[0].devices.at("nvidia.com/gpu");
   EXPECT_EQ(inv_.topology[IndexOf(p[0])][IndexOf(p[1])].nvlinks, 2);
 
-  auto channel = grpc::CreateChannel("unix:" + dir() + "/nvidia-gpu.sock",
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("unix:" + dir() + "/nvidia-gpu.sock", grpc::InsecureChannelCredentials());
   auto stub = v1beta1::DevicePlugin::NewStub(channel);
   v1beta1::PreferredAllocationRequest req;
   auto* c = req.add_container_requests();
@@ -215,8 +215,9 @@ TEST_F(E2E, A100MigStrategies) {
 // a reset and the hold-down it is back. XID 13 changes nothing.
 TEST_F(E2E, XidHealthAndRecovery) {
   Boot("dgx-h100");
-  ASSERT_TRUE(StartPlugin({{"gpulet.health.holdDown", "300ms"},
-                           {"gpulet.health.probeInterval", "50ms"}}).ok());
+  ASSERT_TRUE(
+      StartPlugin({{"gpulet.health.holdDown", "300ms"}, {"gpulet.health.probeInterval", "50ms"}})
+          .ok());
   ASSERT_TRUE(kubelet_->WaitForAllocatable("nvidia.com/gpu", 8, 5000ms).ok());
   const uint64_t g0 = kubelet_->Resource("nvidia.com/gpu")->generation;
   Inject(sim::Fault::Kind::kXid, 3, 13);
@@ -230,13 +231,12 @@ TEST_F(E2E, XidHealthAndRecovery) {
   Inject(sim::Fault::Kind::kLost, 3);
   auto upd = kubelet_->WaitForUpdate("nvidia.com/gpu", g0, 5000ms);
   ASSERT_TRUE(upd.ok()) << upd.status();
-  auto latency = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - t0);
+  auto latency =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
   RecordProperty("xid_to_listandwatch_us", static_cast<int>(latency.count()));
   std::cout << "XID 79 -> ListAndWatch Unhealthy: " << latency.count() << " us\n";
   EXPECT_LT(latency, 2s);  // generous; the figure above is what is reported
-  for (const auto& d : upd->devices)
-    EXPECT_EQ(d.healthy, d.id != inv_.devices[3].uuid) << d.id;
+  for (const auto& d : upd->devices) EXPECT_EQ(d.healthy, d.id != inv_.devices[3].uuid) << d.id;
   std::this_thread::sleep_for(800ms);  // > hold-down: still out while lost
   EXPECT_EQ(kubelet_->Resource("nvidia.com/gpu")->allocatable, 7);
   Inject(sim::Fault::Kind::kReset, 3);
@@ -269,12 +269,13 @@ TEST_F(E2E, KubeletRestartReRegisters) {
   const auto before = pod->containers[0].devices;
   kubelet_->Stop();
   kubelet_.reset();
-  kubelet_ = std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
+  kubelet_ =
+      std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(kubelet_->Start().ok());
   ASSERT_TRUE(kubelet_->WaitForAllocatable("nvidia.com/gpu", 8, 5000ms).ok());
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - t0);
+  auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   std::cout << "kubelet restart -> re-registered: " << took.count() << " ms\n";
   RecordProperty("reregister_ms", static_cast<int>(took.count()));
   EXPECT_LT(took, 1000ms);
@@ -309,7 +310,8 @@ TEST_F(E2E, ReloadKeepsLastGoodConfig) {
 TEST_F(E2E, GpuletDevicePluginBinary) {
   const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built";
-  kubelet_ = std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
+  kubelet_ =
+      std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir()});
   ASSERT_TRUE(kubelet_->Start().ok());
   pid_t pid = fork();
   if (pid == 0) {

@@ -1,6 +1,8 @@
 // `gpulet device-plugin --config-dir` as a process: NODE_NAME and KUBECONFIG point it at the fake
 // API server, the kubelet emulator serves its device-plugin directory. A label switch on the Node
 // re-registers the resource without a restart (same pid); an unknown name is a Warning Event.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -9,9 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "k8s/client.h"
 #include "testing/apiserver/fake_apiserver.h"
@@ -33,16 +32,17 @@ TEST(NodeConfigE2E, LabelSwitchReRegistersWithoutRestart) {
   const std::string dir = tmpl;
   fs::create_directories(dir + "/configs");
   fs::create_directories(dir + "/dp");
-  std::ofstream(dir + "/configs/ts4")
-      << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-         "    - {name: nvidia.com/gpu, replicas: 4}\n";
+  std::ofstream(dir + "/configs/ts4") << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                         "    - {name: nvidia.com/gpu, replicas: 4}\n";
   std::ofstream(dir + "/configs/whole") << "version: v1\n";
 
   testing::FakeApiServer api;
   ASSERT_TRUE(api.Start());
-  api.CreateNode({{"apiVersion", "v1"}, {"kind", "Node"},
-                  {"metadata", {{"name", "node-e2e"},
-                                {"labels", {{"nvidia.com/device-plugin.config", "ts4"}}}}}});
+  api.CreateNode(
+      {{"apiVersion", "v1"},
+       {"kind", "Node"},
+       {"metadata",
+        {{"name", "node-e2e"}, {"labels", {{"nvidia.com/device-plugin.config", "ts4"}}}}}});
   std::ofstream(dir + "/kubeconfig") << api.Kubeconfig();
   emu::EmulatorOptions eo;
   eo.device_plugin_dir = dir + "/dp";
@@ -51,10 +51,10 @@ TEST(NodeConfigE2E, LabelSwitchReRegistersWithoutRestart) {
 
   setenv("NODE_NAME", "node-e2e", 1);
   setenv("KUBECONFIG", (dir + "/kubeconfig").c_str(), 1);
-  pid_t pid = testing_vgpu::SpawnLogged(
+  pid_t pid = testing_process::SpawnLogged(
       {bin, "device-plugin", "--simulate", "pcie-t4", "--device-plugin-dir", dir + "/dp",
-       "--config-dir", dir + "/configs", "--config-default", "whole",
-       "--unhealthy-devices-file", ""},
+       "--config-dir", dir + "/configs", "--config-default", "whole", "--unhealthy-devices-file",
+       ""},
       dir + "/log");
   unsetenv("NODE_NAME");
   unsetenv("KUBECONFIG");

@@ -18,8 +18,8 @@
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/runtime/fixtures.h"
 #include "testing/process/spawn.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet {
 namespace {
@@ -64,22 +64,47 @@ class DraAgent : public ::testing::Test {
     if (!dir_.empty()) stdfs::remove_all(dir_);
   }
   void StartAgent() {
-    std::vector<std::string> argv = {
-        Built("bin/gpulet"), "agent", "--simulate", "dgx-h100", "--sim-root", dir_ + "/root",
-        "--device-plugin-dir", emu_->device_plugin_dir(), "--pod-resources-socket",
-        emu_->pod_resources_socket(), "--metrics-address", "127.0.0.1:0", "--labels-output",
-        dir_ + "/features", "--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig",
-        "--dra-gpus", "4,5,6,7", "--dra-kubelet-dir", dir_ + "/kubelet", "--dra-cdi-dir",
-        dir_ + "/cdi", "--dra-state-dir", dir_ + "/dra", "--cdi-driver-root", dir_ + "/driver",
-        "--cdi-hook-path", "", "--health-hold-down", "60s"};
-    agent_ = testing_vgpu::SpawnLogged(argv, dir_ + "/agent.log");
+    std::vector<std::string> argv = {Built("bin/gpulet"),
+                                     "agent",
+                                     "--simulate",
+                                     "dgx-h100",
+                                     "--sim-root",
+                                     dir_ + "/root",
+                                     "--device-plugin-dir",
+                                     emu_->device_plugin_dir(),
+                                     "--pod-resources-socket",
+                                     emu_->pod_resources_socket(),
+                                     "--metrics-address",
+                                     "127.0.0.1:0",
+                                     "--labels-output",
+                                     dir_ + "/features",
+                                     "--node-name",
+                                     "node-1",
+                                     "--kubeconfig",
+                                     dir_ + "/kubeconfig",
+                                     "--dra-gpus",
+                                     "4,5,6,7",
+                                     "--dra-kubelet-dir",
+                                     dir_ + "/kubelet",
+                                     "--dra-cdi-dir",
+                                     dir_ + "/cdi",
+                                     "--dra-state-dir",
+                                     dir_ + "/dra",
+                                     "--cdi-driver-root",
+                                     dir_ + "/driver",
+                                     "--cdi-hook-path",
+                                     "",
+                                     "--health-hold-down",
+                                     "60s"};
+    agent_ = testing_process::SpawnLogged(argv, dir_ + "/agent.log");
   }
   void StopAgent() {
     if (agent_ <= 0) return;
     kill(agent_, SIGTERM);
     int status = 0;
     waitpid(agent_, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "agent status " << status << Log();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "agent status " << status << Log();
     agent_ = -1;
   }
   std::string Log() {
@@ -99,9 +124,9 @@ class DraAgent : public ::testing::Test {
 
   drav1::NodePrepareResourceResponse Prepare(const json& claim) {
     pluginregistration::PluginInfo info;
-    auto reg = pluginregistration::Registration::NewStub(grpc::CreateChannel(
-        "unix:" + Socket("plugins_registry/gpu.gpulet.io-reg.sock"),
-        grpc::InsecureChannelCredentials()));
+    auto reg = pluginregistration::Registration::NewStub(
+        grpc::CreateChannel("unix:" + Socket("plugins_registry/gpu.gpulet.io-reg.sock"),
+                            grpc::InsecureChannelCredentials()));
     grpc::ClientContext c1;
     c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     EXPECT_TRUE(reg->GetInfo(&c1, pluginregistration::InfoRequest(), &info).ok());
@@ -136,35 +161,44 @@ TEST_F(DraAgent, SplitsGpusFollowsXidAndKeepsClaimsOverRestart) {
   EXPECT_EQ(Slice()["spec"]["devices"][0]["attributes"]["nvlinkDomain"]["int"], 0);
 
   // A claim on GPU 5, prepared through the kubelet API.
-  json claim = api_.CreateObject(
-      "resourceclaims",
-      {{"metadata", {{"name", "c1"}, {"namespace", "default"}}},
-       {"status", {{"allocation", {{"devices", {{"results", json::array({{{"request", "gpu"},
-                                                                         {"driver", "gpu.gpulet.io"},
-                                                                         {"pool", "node-1"},
-                                                                         {"device", "gpu-5"}}})}}}}}}}});
+  json claim = api_.CreateObject("resourceclaims",
+                                 {{"metadata", {{"name", "c1"}, {"namespace", "default"}}},
+                                  {"status",
+                                   {{"allocation",
+                                     {{"devices",
+                                       {{"results", json::array({{{"request", "gpu"},
+                                                                  {"driver", "gpu.gpulet.io"},
+                                                                  {"pool", "node-1"},
+                                                                  {"device", "gpu-5"}}})}}}}}}}});
   auto r = Prepare(claim);
   ASSERT_EQ(r.error(), "") << Log();
   ASSERT_EQ(r.devices_size(), 1);
   std::string cdi_id = r.devices(0).cdi_device_ids(0);
-  std::string spec = dir_ + "/cdi/gpu.gpulet.io-claim_" + claim["metadata"]["uid"].get<std::string>() + ".json";
+  std::string spec =
+      dir_ + "/cdi/gpu.gpulet.io-claim_" + claim["metadata"]["uid"].get<std::string>() + ".json";
   EXPECT_TRUE(stdfs::exists(spec));
 
   // XID 79 on GPU 5: it leaves the slice.
   auto t0 = std::chrono::steady_clock::now();
   std::string out;
-  ASSERT_EQ(runtime::testing::Sh(Built("bin/gpulet-sim") + " fault xid --gpu 5 --code 79 --sim-root " +
-                                     dir_ + "/root", &out), 0) << out;
+  ASSERT_EQ(runtime::testing::Sh(Built("bin/gpulet-sim") +
+                                     " fault xid --gpu 5 --code 79 --sim-root " + dir_ + "/root",
+                                 &out),
+            0)
+      << out;
   ASSERT_TRUE(Eventually([&] { return SliceDevices() == 3; })) << Log();
-  std::printf("figure: XID (gpulet-sim fault) -> ResourceSlice without the GPU: %.1f ms\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  std::printf(
+      "figure: XID (gpulet-sim fault) -> ResourceSlice without the GPU: %.1f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   for (const auto& d : Slice()["spec"]["devices"]) EXPECT_NE(d["name"], "gpu-5");
 
   // Restart: the prepared claim is still known; a repeated prepare answers the same IDs.
   StopAgent();
   EXPECT_TRUE(stdfs::exists(spec));
   StartAgent();
-  ASSERT_TRUE(Eventually([&] { return access(Socket("plugins_registry/gpu.gpulet.io-reg.sock").c_str(), F_OK) == 0; })) << Log();
+  ASSERT_TRUE(Eventually([&] {
+    return access(Socket("plugins_registry/gpu.gpulet.io-reg.sock").c_str(), F_OK) == 0;
+  })) << Log();
   auto again = Prepare(claim);
   ASSERT_EQ(again.error(), "") << Log();
   EXPECT_EQ(again.devices(0).cdi_device_ids(0), cdi_id);

@@ -19,15 +19,15 @@
 #include "plugin/config.h"
 #include "runtime/cdi.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/runtime/fixtures.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace gpulet::dra {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 namespace rt = runtime::testing;
@@ -61,7 +61,10 @@ struct Health {
   void Set(uint32_t gpu, int mig, bool healthy) {
     {
       std::lock_guard<std::mutex> l(mu);
-      if (healthy) bad.erase({gpu, mig}); else bad.insert({gpu, mig});
+      if (healthy)
+        bad.erase({gpu, mig});
+      else
+        bad.insert({gpu, mig});
     }
     changes.Notify();
   }
@@ -131,9 +134,10 @@ class DraTest : public ::testing::Test {
     json res = json::array();
     for (const auto& [req, dev] : results)
       res.push_back({{"request", req}, {"driver", kDriverName}, {"pool", pool}, {"device", dev}});
-    json claim = {{"metadata", {{"name", name}, {"namespace", "team"}}},
-                  {"spec", {{"devices", {{"requests", json::array()}}}}},
-                  {"status", {{"allocation", {{"devices", {{"results", res}, {"config", config}}}}}}}};
+    json claim = {
+        {"metadata", {{"name", name}, {"namespace", "team"}}},
+        {"spec", {{"devices", {{"requests", json::array()}}}}},
+        {"status", {{"allocation", {{"devices", {{"results", res}, {"config", config}}}}}}}};
     return api_.CreateObject("resourceclaims", claim);
   }
 
@@ -229,23 +233,28 @@ TEST(DraDevicesTest, AttributesCapacityAndNames) {
 }
 
 TEST(DraConfigTest, VgpuConfigAndQuantities) {
-  auto l = ParseVgpuConfig(
-      {{"apiVersion", kConfigApiVersion}, {"kind", "VgpuConfig"}, {"memory", "4Gi"}, {"cores", 30}});
+  auto l = ParseVgpuConfig({{"apiVersion", kConfigApiVersion},
+                            {"kind", "VgpuConfig"},
+                            {"memory", "4Gi"},
+                            {"cores", 30}});
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->memory_bytes, 4ll << 30);
   EXPECT_EQ(l->cores, 30);
+  EXPECT_THAT(
+      std::string(ParseVgpuConfig(
+                      {{"apiVersion", kConfigApiVersion}, {"kind", "VgpuConfig"}, {"cores", 150}})
+                      .status()
+                      .message()),
+      HasSubstr("parameters.cores: 150 must be an integer 1..100"));
   EXPECT_THAT(std::string(ParseVgpuConfig({{"apiVersion", kConfigApiVersion},
-                                           {"kind", "VgpuConfig"}, {"cores", 150}})
-                              .status()
-                              .message()),
-              HasSubstr("parameters.cores: 150 must be an integer 1..100"));
-  EXPECT_THAT(std::string(ParseVgpuConfig({{"apiVersion", kConfigApiVersion},
-                                           {"kind", "VgpuConfig"}, {"memory", "100Mi"}})
+                                           {"kind", "VgpuConfig"},
+                                           {"memory", "100Mi"}})
                               .status()
                               .message()),
               HasSubstr("multiple of 256Mi"));
   EXPECT_THAT(std::string(ParseVgpuConfig({{"apiVersion", kConfigApiVersion},
-                                           {"kind", "VgpuConfig"}, {"memroy", "1Gi"}})
+                                           {"kind", "VgpuConfig"},
+                                           {"memroy", "1Gi"}})
                               .status()
                               .message()),
               HasSubstr("parameters.memroy: unknown field"));
@@ -266,8 +275,8 @@ TEST(DraConfigTest, PluginConfigSection) {
   EXPECT_TRUE(c->dra.consumable_capacity);
   EXPECT_EQ(c->dra.cdi_dir, "/run/cdi");
   EXPECT_EQ(c->dra.state_dir, "/var/lib/gpulet/dra");
-  auto bad = plugin::ParseConfig("version: v1\ngpulet:\n  dra:\n    stateDir: relative\n",
-                                 "config.yaml");
+  auto bad =
+      plugin::ParseConfig("version: v1\ngpulet:\n  dra:\n    stateDir: relative\n", "config.yaml");
   EXPECT_THAT(std::string(bad.status().message()),
               HasSubstr("config.yaml:4: gpulet.dra.stateDir: must be an absolute path"));
   auto unknown = plugin::ParseConfig("version: v1\ngpulet:\n  dra:\n    gpu: all\n", "c.yaml");
@@ -295,7 +304,8 @@ TEST_F(DraTest, PublishesSliceAndFollowsHealth) {
     if (after["spec"]["pool"]["generation"] == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(after["spec"]["pool"]["generation"], 2);
   EXPECT_EQ(after["spec"]["devices"].size(), 4u);
   for (const auto& d : after["spec"]["devices"]) EXPECT_NE(d["name"], "gpu-1");
@@ -325,14 +335,18 @@ TEST_F(DraTest, PublishesSliceAndFollowsHealth) {
 TEST_F(DraTest, RemovesStaleSlicesOfOtherLayouts) {
   api_.CreateObject("resourceslices",
                     {{"metadata", {{"name", "node-a-old"}}},
-                     {"spec", {{"driver", kDriverName}, {"nodeName", kNode},
-                               {"pool", {{"name", "old"}, {"generation", 1}, {"resourceSliceCount", 1}}},
-                               {"devices", json::array()}}}});
+                     {"spec",
+                      {{"driver", kDriverName},
+                       {"nodeName", kNode},
+                       {"pool", {{"name", "old"}, {"generation", 1}, {"resourceSliceCount", 1}}},
+                       {"devices", json::array()}}}});
   api_.CreateObject("resourceslices",
                     {{"metadata", {{"name", "other-driver"}}},
-                     {"spec", {{"driver", "other.example.com"}, {"nodeName", kNode},
-                               {"pool", {{"name", kNode}, {"generation", 1}, {"resourceSliceCount", 1}}},
-                               {"devices", json::array()}}}});
+                     {"spec",
+                      {{"driver", "other.example.com"},
+                       {"nodeName", kNode},
+                       {"pool", {{"name", kNode}, {"generation", 1}, {"resourceSliceCount", 1}}},
+                       {"devices", json::array()}}}});
   StartDriver();
   json s;
   EXPECT_FALSE(api_.GetObject("resourceslices", "", "node-a-old", &s));
@@ -347,9 +361,9 @@ TEST_F(DraTest, RegistrationAndPrepareOverGrpc) {
   EXPECT_EQ(info.type(), "DRAPlugin");
   EXPECT_EQ(info.name(), kDriverName);
   EXPECT_EQ(info.endpoint(), driver_->service_socket());
-  EXPECT_THAT(std::vector<std::string>(info.supported_versions().begin(),
-                                       info.supported_versions().end()),
-              ::testing::ElementsAre("v1.DRAPlugin", "v1beta1.DRAPlugin"));
+  EXPECT_THAT(
+      std::vector<std::string>(info.supported_versions().begin(), info.supported_versions().end()),
+      ::testing::ElementsAre("v1.DRAPlugin", "v1beta1.DRAPlugin"));
 
   std::string uid = claim["metadata"]["uid"];
   auto resp = PrepareV1(claim);
@@ -449,12 +463,15 @@ TEST_F(DraTest, PrepareIsIdempotentAndSurvivesRestart) {
 
 TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   StartDriver();
-  json cfg = json::array(
-      {{{"source", "FromClaim"},
-        {"requests", {"gpu"}},
-        {"opaque", {{"driver", kDriverName},
-                    {"parameters", {{"apiVersion", kConfigApiVersion}, {"kind", "VgpuConfig"},
-                                    {"memory", "4Gi"}, {"cores", 30}}}}}}});
+  json cfg = json::array({{{"source", "FromClaim"},
+                           {"requests", {"gpu"}},
+                           {"opaque",
+                            {{"driver", kDriverName},
+                             {"parameters",
+                              {{"apiVersion", kConfigApiVersion},
+                               {"kind", "VgpuConfig"},
+                               {"memory", "4Gi"},
+                               {"cores", 30}}}}}}});
   json claim = MakeClaim("frac", {{"gpu", "gpu-2"}}, cfg);
   std::string uid = claim["metadata"]["uid"];
   auto p = driver_->Prepare("team", "frac", uid);
@@ -462,10 +479,10 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   runtime::CdiSpec spec = SpecOf(*p);
   ASSERT_EQ(spec.devices.size(), 1u);
   const auto& e = spec.devices[0].edits;
-  EXPECT_THAT(e.env, ::testing::IsSupersetOf({"GPULET_VGPU_MEMORY_LIMIT=4294967296",
-                                              "GPULET_VGPU_CORE_LIMIT=30",
-                                              "LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so",
-                                              "GPULET_VGPU_DISABLE=0"}));
+  EXPECT_THAT(e.env,
+              ::testing::IsSupersetOf(
+                  {"GPULET_VGPU_MEMORY_LIMIT=4294967296", "GPULET_VGPU_CORE_LIMIT=30",
+                   "LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so", "GPULET_VGPU_DISABLE=0"}));
   ASSERT_EQ(e.mounts.size(), 2u);
   EXPECT_EQ(e.mounts[0].host_path, p->accounting_dir + "/accounting");
   EXPECT_EQ(e.mounts[0].container_path, "/var/run/gpulet/vgpu/accounting");
@@ -478,14 +495,14 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   // Consumable capacity: what the scheduler set aside is the limit.
   json c2 = MakeClaim("share", {{"gpu", "gpu-0"}});
   c2["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {{"memory", "8Gi"},
-                                                                            {"cores", "25"}};
+                                                                             {"cores", "25"}};
   c2["status"]["allocation"]["devices"]["results"][0]["shareID"] = "abc";
   ASSERT_TRUE(api_.UpdateObject("resourceclaims", c2));
   auto p2 = driver_->Prepare("team", "share", c2["metadata"]["uid"]);
   ASSERT_TRUE(p2.ok()) << p2.status();
   EXPECT_THAT(SpecOf(*p2).devices[0].edits.env,
-              ::testing::IsSupersetOf({"GPULET_VGPU_MEMORY_LIMIT=8589934592",
-                                       "GPULET_VGPU_CORE_LIMIT=25"}));
+              ::testing::IsSupersetOf(
+                  {"GPULET_VGPU_MEMORY_LIMIT=8589934592", "GPULET_VGPU_CORE_LIMIT=25"}));
 }
 
 TEST_F(DraTest, PrepareErrorsNameTheProblem) {
@@ -503,9 +520,11 @@ TEST_F(DraTest, PrepareErrorsNameTheProblem) {
   c = MakeClaim("renamed", {{"gpu", "gpu-0"}});
   EXPECT_THAT(msg("team", "renamed", "not-the-uid"), HasSubstr("deleted and created again"));
   EXPECT_THAT(msg("Team/../x", "a", "u"), HasSubstr("not a valid namespace"));
-  json bad = json::array({{{"opaque", {{"driver", kDriverName},
-                                       {"parameters", {{"apiVersion", kConfigApiVersion},
-                                                       {"kind", "VgpuConfig"}, {"cores", 0}}}}}}});
+  json bad = json::array(
+      {{{"opaque",
+         {{"driver", kDriverName},
+          {"parameters",
+           {{"apiVersion", kConfigApiVersion}, {"kind", "VgpuConfig"}, {"cores", 0}}}}}}});
   c = MakeClaim("badcfg", {{"gpu", "gpu-0"}}, bad);
   EXPECT_THAT(msg("team", "badcfg", c["metadata"]["uid"]), HasSubstr("parameters.cores: 0"));
   health_.Set(1, -1, false);
@@ -526,7 +545,8 @@ TEST_F(DraTest, CorruptCheckpointIsAClearError) {
                                      Options());
   absl::Status s = driver_->Start();
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(std::string(s.message()), HasSubstr("prepared/u1.json: not a gpulet DRA claim checkpoint"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("prepared/u1.json: not a gpulet DRA claim checkpoint"));
 }
 
 }  // namespace

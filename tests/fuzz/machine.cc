@@ -1,5 +1,6 @@
 // Machine profiles (--simulate PATH): user-written YAML.
 #include "testing/fake_nvml/machine.h"
+
 #include "tests/fuzz/fuzz.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -8,7 +8,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static gpulet::scheduler::Extender* extender =
       new gpulet::scheduler::Extender(nullptr, gpulet::scheduler::ExtenderOptions{});
   std::string text = gpulet::fuzz::Input(data, size);
-  (void)gpulet::scheduler::ParseNodeGpuAnnotation(text);
+  (void)gpulet::vgpu::DecodeNodePool(text);
   extender->UpsertNode(
       {{"metadata", {{"name", "node-x"}, {"annotations", {{"gpulet.io/vgpu-gpus", text}}}}}});
   return 0;

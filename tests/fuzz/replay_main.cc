@@ -24,9 +24,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 namespace {
 
 // Tokens that broke parsers before (issue 14): huge numbers, deep nesting, bad UTF-8, types.
-const char* const kTokens[] = {"1e999",  "-1",   "18446744073709551616", "5e370551615", "\xff\xfe",
-                               "[[[[[[[[", "{\"\":{", "null",  "\"\"",    "0x7fffffff",
-                               "-9223372036854775808", "\n---\n", "\t",   "%",       "'"};
+const char* const kTokens[] = {"1e999",
+                               "-1",
+                               "18446744073709551616",
+                               "5e370551615",
+                               "\xff\xfe",
+                               "[[[[[[[[",
+                               "{\"\":{",
+                               "null",
+                               "\"\"",
+                               "0x7fffffff",
+                               "-9223372036854775808",
+                               "\n---\n",
+                               "\t",
+                               "%",
+                               "'"};
 
 std::string Mutate(const std::string& seed, std::mt19937_64& rng) {
   std::string s = seed;
@@ -58,7 +70,8 @@ std::string Mutate(const std::string& seed, std::mt19937_64& rng) {
 }
 
 // With GPULET_FUZZ_LAST=FILE each input is written there before it runs, so the one that crashed
-// (or hung, or ran out of memory) is left behind to replay: `fuzz_X DIR_WITH_THAT_FILE --mutations 0`.
+// (or hung, or ran out of memory) is left behind to replay: `fuzz_X DIR_WITH_THAT_FILE --mutations
+// 0`.
 void Run(const std::string& input) {
   if (const char* last = std::getenv("GPULET_FUZZ_LAST")) {
     std::ofstream(last, std::ios::binary | std::ios::trunc) << input;
@@ -87,7 +100,8 @@ int main(int argc, char** argv) {
     }
   }
   if (seeds.empty()) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR... [--mutations N] (no seed files found)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CORPUS_DIR... [--mutations N] (no seed files found)\n",
+                 argv[0]);
     return 2;
   }
   Run("");

@@ -4,9 +4,9 @@
 
 #include <chrono>
 #include <regex>
+#include <set>
 #include <thread>
 #include <vector>
-#include <set>
 
 namespace gpulet::gpu::testing {
 

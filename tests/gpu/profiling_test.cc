@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "abi/nvml_api.h"
 #include "fake_nvml/control.h"
 #include "gmock/gmock.h"
-#include "abi/nvml_api.h"
 #include "gtest/gtest.h"
 #include "tests/metrics/sim_node.h"
 
@@ -57,8 +57,9 @@ TEST(GpmAbi, StructLayoutIsNvidias) {
 TEST_F(ProfilingTest, HopperGivesGpmFromTheSecondRead) {
   Start("dgx-h100");
   EXPECT_TRUE((*layer_->GetInventory()).devices[2].gpm_supported);
-  Inject("set gpu=2 gpu_util_pct=99 gpm_sm_util_pct=16 gpm_sm_occupancy_pct=9 "
-         "gpm_tensor_util_pct=41 gpm_dram_bw_util_pct=71 gpm_fp32_util_pct=3");
+  Inject(
+      "set gpu=2 gpu_util_pct=99 gpm_sm_util_pct=16 gpm_sm_occupancy_pct=9 "
+      "gpm_tensor_util_pct=41 gpm_dram_bw_util_pct=71 gpm_fp32_util_pct=3");
   EXPECT_FALSE(Read(2, kProfiling).gpm.has_value()) << "one sample cannot give a rate";
   Telemetry t = Read(2, kProfiling);
   ASSERT_TRUE(t.gpm.has_value());
@@ -150,8 +151,9 @@ TEST_F(ProfilingTest, NvidiaSmiFactsAndExtras) {
   EXPECT_EQ(d.facts.pci_sub_class, 2u);
   EXPECT_EQ(d.facts.gsp_firmware_enabled, true);
   EXPECT_FALSE(Read(0, {}).persistence_mode.has_value()) << "extras only when asked";
-  Inject("set gpu=0 remapped_rows_correctable=3 ecc_dbe_aggregate=2 power_usage_mw=500000 "
-         "throttle_reasons=4 clocks_event_power_cap_ns=2500000000");
+  Inject(
+      "set gpu=0 remapped_rows_correctable=3 ecc_dbe_aggregate=2 power_usage_mw=500000 "
+      "throttle_reasons=4 clocks_event_power_cap_ns=2500000000");
   Telemetry t = Read(0, kExtended);
   EXPECT_EQ(t.persistence_mode, true);
   EXPECT_EQ(t.compute_mode, 0u);

@@ -11,12 +11,12 @@
 #include <fstream>
 #include <mutex>
 
+#include "abi/nvml_api.h"
 #include "conformance.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/fault_cli.h"
 #include "fake_nvml/machine.h"
 #include "gmock/gmock.h"
-#include "abi/nvml_api.h"
 #include "gpu/nvml/nvml_layer.h"
 
 namespace gpulet::gpu::testing {
@@ -225,8 +225,9 @@ TEST_F(SimTest, XidReachesSubscriber) {
   EXPECT_EQ(sink.events[1].device_index, 0u);
   EXPECT_EQ(sink.events[1].gpu_instance_id, 9u);
   EXPECT_EQ(sink.events[1].compute_instance_id, 0u);
-  RecordProperty("xid_latency_us",
-                 static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(latency).count()));
+  RecordProperty(
+      "xid_latency_us",
+      static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(latency).count()));
 }
 
 // ECC: the event is delivered and the counters move.
@@ -439,7 +440,8 @@ TEST(MachineFile, ErrorsNameLineAndField) {
   }
 }
 
-// Every built-in profile parses (they are embedded in the library, so a broken one breaks --simulate).
+// Every built-in profile parses (they are embedded in the library, so a broken one breaks
+// --simulate).
 TEST(MachineFile, BuiltinsParse) {
   auto names = sim::BuiltinProfiles();
   EXPECT_GE(names.size(), 5u);
@@ -505,7 +507,8 @@ TEST_F(SimTest, FakeLibraryCAbi) {
       [](dl_phdr_info* info, size_t, void*) {
         for (int i = 0; i < info->dlpi_phnum; ++i) {
           if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
-          auto* dyn = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+          auto* dyn =
+              reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
           const char* strtab = nullptr;
           for (auto* d = dyn; d->d_tag != DT_NULL; ++d) {
             if (d->d_tag == DT_STRTAB) strtab = reinterpret_cast<const char*>(d->d_un.d_ptr);
@@ -527,11 +530,13 @@ TEST_F(SimTest, FakeLibraryCAbi) {
     EXPECT_NE(p, nullptr) << n;
     return p;
   };
-  reinterpret_cast<void (*)(const char*, const char*)>(sym("gpuletSimConfigure"))("dgx-h100", root_.c_str());
+  reinterpret_cast<void (*)(const char*, const char*)>(sym("gpuletSimConfigure"))("dgx-h100",
+                                                                                  root_.c_str());
   auto init = reinterpret_cast<nvmlInitFn>(sym("nvmlInit_v2"));
   auto shutdown = reinterpret_cast<nvmlShutdownFn>(sym("nvmlShutdown"));
   auto count = reinterpret_cast<nvmlDeviceGetCountFn>(sym("nvmlDeviceGetCount_v2"));
-  auto by_index = reinterpret_cast<nvmlDeviceGetHandleByIndexFn>(sym("nvmlDeviceGetHandleByIndex_v2"));
+  auto by_index =
+      reinterpret_cast<nvmlDeviceGetHandleByIndexFn>(sym("nvmlDeviceGetHandleByIndex_v2"));
   auto uuid = reinterpret_cast<nvmlDeviceGetStringFn>(sym("nvmlDeviceGetUUID"));
   auto fan = reinterpret_cast<nvmlDeviceGetUintFn>(sym("nvmlDeviceGetFanSpeed"));
   auto pci = reinterpret_cast<nvmlDeviceGetPciInfoFn>(sym("nvmlDeviceGetPciInfo_v3"));
@@ -547,12 +552,20 @@ TEST_F(SimTest, FakeLibraryCAbi) {
   EXPECT_EQ(uuid(d, small, sizeof small), NVML_ERROR_INSUFFICIENT_SIZE);
   unsigned v = 0;
   EXPECT_EQ(fan(d, &v), NVML_ERROR_NOT_SUPPORTED) << "SXM boards have no fan";
-  EXPECT_EQ(uuid(reinterpret_cast<nvmlDevice_t>(&v), small, sizeof small), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(uuid(reinterpret_cast<nvmlDevice_t>(&v), small, sizeof small),
+            NVML_ERROR_INVALID_ARGUMENT);
   nvmlPciInfo_t p{};
   ASSERT_EQ(pci(d, &p), NVML_SUCCESS);
   EXPECT_STREQ(p.busId, "00000000:43:00.0");
   EXPECT_EQ(p.bus, 0x43u);
-  EXPECT_EQ(dlsym(h, "nvmlDeviceGetVgpuMetadata"), nullptr) << "unimplemented calls are absent";
+  // Every NVML symbol is exported (NVIDIA's Go binaries abort on a missing one); what the fake
+  // does not model answers NOT_SUPPORTED, as a driver without the feature does.
+  using VgpuMeta = nvmlReturn_t (*)(nvmlDevice_t, void*, unsigned*);
+  auto meta = reinterpret_cast<VgpuMeta>(dlsym(h, "nvmlDeviceGetVgpuMetadata"));
+  ASSERT_NE(meta, nullptr) << "every NVML symbol is exported";
+  char buf[256];
+  unsigned len = sizeof buf;
+  EXPECT_EQ(meta(d, buf, &len), NVML_ERROR_NOT_SUPPORTED);
   Inject("lost gpu=1");
   EXPECT_EQ(uuid(d, small, sizeof small), NVML_ERROR_GPU_IS_LOST);
   EXPECT_EQ(shutdown(), NVML_SUCCESS);

@@ -184,8 +184,9 @@ TEST_F(GuardedServerTest, KeepAliveAndPipelining) {
     EXPECT_EQ(r->body, "ok");
   }
   int fd = Connect(port_);
-  std::string two = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n"
-                    "Connection: close\r\n\r\n";
+  std::string two =
+      "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n"
+      "Connection: close\r\n\r\n";
   send(fd, two.data(), two.size(), MSG_NOSIGNAL);
   std::string got;
   char buf[4096];
@@ -275,7 +276,7 @@ TEST_F(GuardedServerTest, ClientCertificatesRequiredAndNamed) {
   Pki stranger;
   EXPECT_FALSE(TlsGet(port_, TLS1_3_VERSION, nullptr));
   EXPECT_FALSE(TlsGet(port_, TLS1_3_VERSION, &stranger.client));  // right name, unknown CA
-  EXPECT_FALSE(TlsGet(port_, TLS1_3_VERSION, &pki.other));         // trusted CA, wrong name
+  EXPECT_FALSE(TlsGet(port_, TLS1_3_VERSION, &pki.other));        // trusted CA, wrong name
   EXPECT_TRUE(TlsGet(port_, TLS1_3_VERSION, &pki.client));
   EXPECT_TRUE(TlsGet(port_, TLS1_2_VERSION, &pki.client));
 }

@@ -69,9 +69,9 @@ TEST_F(ClientTest, PatchTypesAndConflict) {
                              {{"metadata", {{"annotations", {{"a", "1"}}}}}});
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)["metadata"]["annotations"]["a"], "1");
-  auto j = client_->PatchPod("default", "p", PatchType::kJson,
-                             json::array({{{"op", "add"}, {"path", "/metadata/annotations/b"},
-                                           {"value", "2"}}}));
+  auto j = client_->PatchPod(
+      "default", "p", PatchType::kJson,
+      json::array({{{"op", "add"}, {"path", "/metadata/annotations/b"}, {"value", "2"}}}));
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ((*j)["metadata"]["annotations"]["a"], "1");
   EXPECT_EQ((*j)["metadata"]["annotations"]["b"], "2");
@@ -111,8 +111,10 @@ TEST_F(ClientTest, CreateAndListEvents) {
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_EQ((*created)["metadata"]["name"], ev["metadata"]["name"]);
   EXPECT_TRUE((*created)["metadata"].contains("resourceVersion"));
-  ASSERT_TRUE(client_->CreateEvent("default", MakeEvent(node, "Normal", "GPUsReady", "8 GPUs",
-                                                        "gpulet-agent")).ok());
+  ASSERT_TRUE(
+      client_
+          ->CreateEvent("default", MakeEvent(node, "Normal", "GPUsReady", "8 GPUs", "gpulet-agent"))
+          .ok());
   auto about_p = client_->Call("GET", "/api/v1/namespaces/default/events?fieldSelector=" +
                                           std::string("involvedObject.name%3Dp"));
   ASSERT_TRUE(about_p.ok()) << about_p.status();
@@ -185,9 +187,10 @@ TEST_F(ClientTest, WatchFromResourceVersion) {
   server_.CreatePod(Pod("other", "n2"));
   json p = server_.CreatePod(Pod("w"));
   ASSERT_TRUE(client_->CreateBinding("default", "w", "", "n1").ok());
-  ASSERT_TRUE(client_->PatchPod("default", "w", PatchType::kMerge,
-                                {{"metadata", {{"labels", {{"x", "y"}}}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->PatchPod("default", "w", PatchType::kMerge, {{"metadata", {{"labels", {{"x", "y"}}}}}})
+          .ok());
   ASSERT_TRUE(server_.DeletePod("default", "w"));
   t.join();
   EXPECT_THAT(seen, ::testing::ElementsAre("ADDED:w", "MODIFIED:w", "DELETED:w"));
@@ -213,7 +216,7 @@ TEST_F(ClientTest, CancelEndsWatch) {
   std::atomic<bool> done{false};
   std::thread t([&] {
     (void)client_->Watch("/api/v1/nodes", {.resource_version = "1", .timeout_seconds = 60},
-                   [](const WatchEvent&) { return true; });
+                         [](const WatchEvent&) { return true; });
     done = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -231,7 +234,8 @@ TEST_F(ClientTest, ReflectorListsThenWatches) {
       client_.get(), "/api/v1/nodes", {},
       [&](const std::vector<json>& items) {
         std::lock_guard<std::mutex> l(mu);
-        for (const auto& i : items) events.push_back("SYNC:" + i["metadata"]["name"].get<std::string>());
+        for (const auto& i : items)
+          events.push_back("SYNC:" + i["metadata"]["name"].get<std::string>());
       },
       [&](const WatchEvent& ev) {
         std::lock_guard<std::mutex> l(mu);
@@ -290,7 +294,8 @@ clusters:
 - name: c
   cluster:
     server: )" + server.url() + R"(
-    certificate-authority-data: )" + absl::Base64Escape(pem->ca_pem) + R"(
+    certificate-authority-data: )" + absl::Base64Escape(pem->ca_pem) +
+                                           R"(
 users:
 - name: u
   user: {token: abc}

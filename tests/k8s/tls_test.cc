@@ -1,6 +1,8 @@
 // CertReloader: a real HTTPS server (cpp-httplib over OpenSSL) whose certificate files are replaced
 // while it serves. New handshakes get the new certificate, a request in flight and a kept-alive
 // connection finish on the old one, and bad files are refused with the old pair still serving.
+#include "k8s/tls.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -10,7 +12,6 @@
 #include <thread>
 
 #include "httplib.h"
-#include "k8s/tls.h"
 
 namespace gpulet::k8s {
 namespace {
@@ -115,7 +116,8 @@ TEST_F(TlsReloadTest, RotationKeepsInFlightRequestsAndServesTheNewCertificate) {
   EXPECT_EQ(reloader->cert_pem(), b_.cert_pem);
   EXPECT_FALSE(Client("a.crt")->Get("/ok")) << "a new handshake must not get the old certificate";
   auto again = kept->Get("/ok");
-  ASSERT_TRUE(again) << "the kept-alive connection was dropped: " << httplib::to_string(again.error());
+  ASSERT_TRUE(again) << "the kept-alive connection was dropped: "
+                     << httplib::to_string(again.error());
   EXPECT_EQ(again->status, 200);
 
   release_ = true;

@@ -56,12 +56,14 @@ class EmulatorTest : public ::testing::Test {
     return {{"d0", true, 0}, {"d1", true, 0}, {"d2", true, 1}, {"d3", true, 1}};
   }
 
-  static PodSpec Pod(const std::string& name, int64_t n, const std::string& res = "example.com/gpu") {
-    auto pods = ParsePods(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: " + name +
-            "\nspec:\n  containers:\n  - name: main\n    image: busybox\n    resources:\n"
-            "      limits:\n        " + res + ": " + std::to_string(n) + "\n",
-        name + ".yaml");
+  static PodSpec Pod(const std::string& name, int64_t n,
+                     const std::string& res = "example.com/gpu") {
+    auto pods =
+        ParsePods("apiVersion: v1\nkind: Pod\nmetadata:\n  name: " + name +
+                      "\nspec:\n  containers:\n  - name: main\n    image: busybox\n    resources:\n"
+                      "      limits:\n        " +
+                      res + ": " + std::to_string(n) + "\n",
+                  name + ".yaml");
     EXPECT_TRUE(pods.ok()) << pods.status();
     return pods->front();
   }
@@ -99,7 +101,8 @@ TEST_F(EmulatorTest, RegisterRejectsBadVersionAndName) {
                           "example.com/", "Example_.com/gpu"}) {
     s = p.Register("v1beta1", bad);
     EXPECT_FALSE(s.ok()) << bad;
-    EXPECT_THAT(s.error_message(), HasSubstr("the ResourceName \"" + std::string(bad) + "\" is invalid"));
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("the ResourceName \"" + std::string(bad) + "\" is invalid"));
   }
   EXPECT_EQ(emu.registrations(), 0);
   EXPECT_TRUE(emu.Resources().empty());
@@ -166,7 +169,8 @@ TEST_F(EmulatorTest, AllocateFlowUsesPreferenceAndPreStart) {
   EXPECT_THAT(p.last_preferred_available(), UnorderedElementsAre("d0", "d2"));
 }
 
-// Without room, a scheduled pod waits Pending with the scheduler's words and runs once devices free.
+// Without room, a scheduled pod waits Pending with the scheduler's words and runs once devices
+// free.
 TEST_F(EmulatorTest, InsufficientDevicesPendingThenRunning) {
   auto& emu = Start();
   auto& p = Plugin(Four());
@@ -254,10 +258,12 @@ TEST_F(EmulatorTest, AddPodValidatesRequests) {
   pod.containers[0].requests["example.com/gpu"] = "2";
   auto st = emu.AddPod(pod);
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.status().message()), HasSubstr("must be equal to example.com/gpu limit of 1"));
+  EXPECT_THAT(std::string(st.status().message()),
+              HasSubstr("must be equal to example.com/gpu limit of 1"));
   pod.containers[0].limits.clear();
   st = emu.AddPod(pod);
-  EXPECT_THAT(std::string(st.status().message()), HasSubstr("Limit must be set for non overcommitable resources"));
+  EXPECT_THAT(std::string(st.status().message()),
+              HasSubstr("Limit must be set for non overcommitable resources"));
   EXPECT_TRUE(emu.Pods().empty());
   pod = Pod("dup", 0);
   EXPECT_TRUE(emu.AddPod(pod).ok());
@@ -273,7 +279,8 @@ TEST_F(EmulatorTest, PodResourcesReportsAllocations) {
   ASSERT_TRUE(p.Register().ok());
   ASSERT_TRUE(emu.WaitForAllocatable("example.com/gpu", 4, kWait).ok());
   ASSERT_EQ(emu.AddPod(Pod("train", 2))->phase, PodPhase::kRunning);
-  auto ch = grpc::CreateChannel("unix:" + emu.pod_resources_socket(), grpc::InsecureChannelCredentials());
+  auto ch =
+      grpc::CreateChannel("unix:" + emu.pod_resources_socket(), grpc::InsecureChannelCredentials());
   auto stub = v1::PodResourcesLister::NewStub(ch);
   {
     grpc::ClientContext ctx;
@@ -382,7 +389,8 @@ TEST_F(EmulatorTest, CorruptCheckpointIsAnError) {
   KubeletEmulator emu(o);
   absl::Status s = emu.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("kubelet_internal_checkpoint: corrupt checkpoint"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("kubelet_internal_checkpoint: corrupt checkpoint"));
 }
 
 // A pod with a simulated run time completes, frees its device, and a waiting pod takes it.

@@ -113,11 +113,14 @@ TEST(PodTest, BadInputNamesFileAndLine) {
       {"apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n"
        "    image: i\n    resources:\n      limits: {nvidia.com/gpu: 1}\n"
        "      requests:\n        nvidia.com/gpu: 2\n",
-       "bad.yaml:11", "requests[nvidia.com/gpu]: Invalid value: \"2\": must be equal to nvidia.com/gpu limit of 1"},
+       "bad.yaml:11",
+       "requests[nvidia.com/gpu]: Invalid value: \"2\": must be equal to nvidia.com/gpu limit of "
+       "1"},
       {"apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  annotations:\n"
        "    sim.gpulet.io/run-time: soon\nspec: {containers: [{name: c, image: i}]}\n",
-       "bad.yaml:6", "is not a duration"},
-      {"apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, image: i}]}\n",
+       "bad.yaml:6", "\"soon\": expected a duration like 10s, 500ms or 720h"},
+      {"apiVersion: v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, "
+       "image: i}]}\n",
        "bad.yaml:3", "RFC 1123"},
       {"", "bad.yaml", "no Pod in file"},
   };
@@ -125,7 +128,8 @@ TEST(PodTest, BadInputNamesFileAndLine) {
     auto pods = ParsePods(c.yaml, "bad.yaml");
     ASSERT_FALSE(pods.ok()) << c.yaml;
     EXPECT_EQ(pods.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(pods.status().message()), StartsWith(std::string(c.where) + ":")) << c.yaml;
+    EXPECT_THAT(std::string(pods.status().message()), StartsWith(std::string(c.where) + ":"))
+        << c.yaml;
     EXPECT_THAT(std::string(pods.status().message()), HasSubstr(c.what)) << c.yaml;
   }
 }
@@ -134,12 +138,14 @@ TEST(PodTest, BadInputNamesFileAndLine) {
 TEST(PodTest, MissingFile) {
   auto pods = LoadPodFile("/nonexistent/pod.yaml");
   ASSERT_FALSE(pods.ok());
-  EXPECT_THAT(std::string(pods.status().message()), HasSubstr("/nonexistent/pod.yaml: cannot read pod file"));
+  EXPECT_THAT(std::string(pods.status().message()),
+              HasSubstr("/nonexistent/pod.yaml: cannot read pod file"));
 }
 
 // The shipped examples parse (the demo depends on them).
 TEST(PodTest, ExamplesParse) {
-  for (const char* f : {"01-vectoradd.yaml", "02-training.yaml", "03-inference.yaml", "04-notebook.yaml", "05-vgpu.yaml"}) {
+  for (const char* f : {"01-vectoradd.yaml", "02-training.yaml", "03-inference.yaml",
+                        "04-notebook.yaml", "05-vgpu.yaml"}) {
     auto pods = LoadPodFile(std::string(GPULET_SOURCE_DIR) + "/examples/" + f);
     EXPECT_TRUE(pods.ok()) << f << ": " << pods.status();
   }

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "k8s/podresources/v1/api.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -116,9 +117,9 @@ TEST_F(SimTest, NvidiaDevicePluginFlagsAccepted) {
   EXPECT_THAT(r.out, Not(HasSubstr("The following argument")));
   // MPS_ROOT / --mps-root is a setting of gpulet's now (sharing.mps): no warning for it.
   EXPECT_THAT(r.out, Not(HasSubstr("--mps-root")));
-  for (const char* flag : {"--container-driver-root=/driver-root",
-                           "--device-discovery-strategy=auto", "--imex-channel-ids=0",
-                           "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
+  for (const char* flag :
+       {"--container-driver-root=/driver-root", "--device-discovery-strategy=auto",
+        "--imex-channel-ids=0", "--nvidia-ctk-path=/usr/bin/nvidia-ctk"})
     EXPECT_THAT(r.out, HasSubstr(std::string(flag) + " (NVIDIA device-plugin flag) is accepted "
                                                      "and ignored"));
   r = Shell(base + "--device-discovery-strategy tegra");
@@ -161,14 +162,38 @@ TEST_F(SimTest, OneCliConvention) {
   EXPECT_EQ(Shell(kBin + "gpulet --version").code, 0);
 }
 
+// Durations in one syntax (10s, 500ms, 720h) on every command: the scheduler's flags took bare
+// milliseconds and hours (CLI11 integers: "5s" was refused), the others Go durations; a bare number
+// is refused where it never had a unit, and kept with a deprecation warning where it had one.
+TEST_F(SimTest, DurationsInOneSyntax) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  const std::string sched = kBin + "gpulet scheduler --kubeconfig " + root_ + "/none ";
+  Result r = Shell(sched + "--tls-renew-check 5x");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out,
+              HasSubstr("--tls-renew-check \"5x\": expected a duration like 10s, 500ms or 720h"));
+  // Accepted in the one syntax: the run goes on to the (missing) kubeconfig.
+  r = Shell(sched + "--tls-renew-check 5s --tls-renew-before 720h --workload-refresh 500ms");
+  EXPECT_THAT(r.out, Not(HasSubstr("--tls-renew"))) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr("--workload-refresh"))) << r.out;
+  r = Shell(sched + "--workload-refresh 250");
+  EXPECT_THAT(r.out, HasSubstr("--workload-refresh 250: a bare number is read as milliseconds "
+                               "(deprecated); write 250ms"));
+  r = Shell(kBin + "gpulet exporter --simulate pcie-t4 --sim-root " + root_ + " --interval 10");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--interval \"10\": expected a duration with its unit"));
+}
+
 // Without a kubelet the agent says so (it used to print nothing for as long as it waited), and at
 // start it says where its metrics and labels are.
 TEST_F(SimTest, AgentSaysWhatItWaitsForAndWhereItServes) {
   if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
   fs::create_directories(root_ + "/dp");
   Result r = Shell("timeout -s INT 3 " + kBin + "gpulet agent --simulate pcie-t4 --sim-root " +
-                   root_ + "/sim --device-plugin-dir " + root_ + "/dp --metrics-address "
-                   "127.0.0.1:0 --labels-output " + root_ + "/features");
+                   root_ + "/sim --device-plugin-dir " + root_ +
+                   "/dp --metrics-address "
+                   "127.0.0.1:0 --labels-output " +
+                   root_ + "/features");
   EXPECT_THAT(r.out, HasSubstr("waiting for the kubelet: " + root_ + "/dp/kubelet.sock"));
   EXPECT_TRUE(
       std::regex_search(r.out, std::regex("metrics: http://127\\.0\\.0\\.1:[1-9][0-9]*/metrics")))
@@ -187,6 +212,30 @@ TEST_F(SimTest, InfoJson) {
   EXPECT_THAT(r.out, HasSubstr("\"profile\": \""));
   EXPECT_THAT(r.out, HasSubstr("\"topology\": ["));
   EXPECT_THAT(r.out, Not(HasSubstr("Legend")));
+}
+
+// One lost GPU does not hide the others: `gpulet info` lists them and flags the lost one as
+// nvidia-smi does, in the table and in --json (it printed one error and listed nothing).
+TEST_F(SimTest, InfoListsTheOthersWhenOneGpuIsLost) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  const std::string info = kBin + "gpulet info --simulate dgx-h100 --sim-root " + root_;
+  ASSERT_EQ(Shell(info + " >/dev/null 2>&1").code, 0);
+  ASSERT_EQ(Shell(kBin + "gpulet sim fault lost --gpu 1 --sim-root " + root_).code, 0);
+  Result r = Shell(info + " 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPU 0: NVIDIA H100"));
+  EXPECT_THAT(r.out, HasSubstr("GPU 1: Unable to determine the device handle: GPU is lost\n"));
+  EXPECT_THAT(r.out, HasSubstr("GPU 7: NVIDIA H100"));
+  EXPECT_THAT(r.out, HasSubstr("GPU1\tN/A\t X \tN/A"));
+  r = Shell("(" + info + " --json 2>/dev/null)");  // the lost GPU's warning goes to stderr
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["gpus"].size(), 8u) << r.out;
+  EXPECT_EQ(j["gpus"][1]["error"], "GPU is lost");
+  EXPECT_FALSE(j["gpus"][1].contains("uuid"));
+  EXPECT_EQ(j["gpus"][2]["index"], 2);
+  EXPECT_FALSE(j["gpus"][2].contains("error"));
 }
 
 // An unknown profile is refused before anything starts, naming the profile.
@@ -232,6 +281,31 @@ TEST_F(SimTest, FaultWithoutNode) {
   EXPECT_THAT(r.out, HasSubstr("--code"));
 }
 
+// A fault aimed at a MIG device (--gi/--ci) is refused on a GPU without MIG, and for an
+// instance the GPU does not have, naming what it has (it faulted the whole GPU instead).
+TEST_F(SimTest, MigFaultNeedsAMigDevice) {
+  if (!AgentBuilt()) GTEST_SKIP() << "gpulet is not built";
+  ASSERT_EQ(Shell(kBin + "gpulet info --simulate a100-mig --sim-root " + root_).code, 0);
+  const std::string xid = kBin + "gpulet-sim fault xid --code 43 --sim-root " + root_;
+  Result r = Shell(xid + " --gpu 3 --gi 1 --ci 0");  // GPU 3 of a100-mig has MIG disabled
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out,
+              HasSubstr("GPU 3 of the simulated node at " + root_ + " does not have MIG enabled"));
+  r = Shell(xid + " --gpu 1 --gi 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out,
+              HasSubstr("GPU 1 has no MIG device gi=2 (its MIG devices, gi:ci: 1:0 5:0 13:0)"));
+  EXPECT_THAT(Shell(xid + " --gpu 1 --ci 0").out, HasSubstr("--ci needs --gi"));
+  r = Shell(xid + " --gpu -1");  // was "bad value in 'gpu=-1'", after the parse
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--gpu"));
+  EXPECT_EQ(Shell(xid + " --gpu 1 --gi 5 --ci 0").code, 0);
+  EXPECT_EQ(Shell(xid + " --gpu 3").code, 0);
+  std::ifstream log(root_ + "/control/faults.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
 // `gpulet sim` forwards to gpulet-sim, --help included.
 TEST_F(SimTest, GpuletForwardsToRunner) {
   if (access((kBin + "gpulet").c_str(), X_OK) != 0) GTEST_SKIP() << "gpulet is not built";
@@ -250,12 +324,14 @@ TEST_F(SimTest, DemoWithRealAgent) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("Capacity:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
       << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("Allocatable:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("Allocatable:\n(  .*\n)*  nvidia\\.com/gpu: +8\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("default/cuda-vectoradd +Succeeded")));
   for (const char* pod : {"pytorch-ddp-train", "llm-serving", "embeddings", "notebook"})
     EXPECT_TRUE(std::regex_search(r.out, std::regex(std::string("default/") + pod + " +Running")))
-        << pod << "\n" << r.out;
+        << pod << "\n"
+        << r.out;
   // The notebook went Pending first, then Running after vectoradd completed.
   size_t pending = r.out.find("Unschedulable");
   size_t completed = r.out.find("Completed");
@@ -280,12 +356,25 @@ TEST_F(SimTest, VgpuPodAloneSharesEveryGpu) {
                         "  tencent\\.com/vcuda-memory: +2560\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-core +30 +30\n"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-memory +20 +20\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("tencent\\.com/vcuda-memory +20 +20\n")))
+      << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("default/vgpu-inference +Running"))) << r.out;
   EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_MEMORY_LIMIT=5368709120"));  // 20 x 256 MiB
   EXPECT_THAT(r.out, HasSubstr("GPULET_VGPU_CORE_LIMIT=30"));
   EXPECT_THAT(r.out, HasSubstr("LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so"));
   EXPECT_THAT(r.out, Not(HasSubstr("nvidia.com/gpu:")));  // a shared GPU is not offered whole
+  // Units print as ranges (30 IDs were a 1.5 KB line), with one occupancy line per GPU; no "//c"
+  // annotation for a pod Allocate cannot name, and its accounting directory is explained.
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("tencent\\.com/vcuda-core: GPU-[0-9a-f-]+::vc[0-9]+-vc[0-9]+(,vc[0-9]+"
+                        "(-vc[0-9]+)?)*\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("\n  GPU-[0-9a-f-]+  vcuda-core 30/100  vcuda-memory 20/320\n")))
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n') < 60, true) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr("=//c")));
+  EXPECT_THAT(r.out, HasSubstr("without an API server Allocate cannot name the pod"));
 }
 
 // --serve keeps the node up: PodResources answers over its socket, an injected XID fault on one
@@ -304,7 +393,8 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_log().find("Serving") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+  while (read_log().find("Serving") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_THAT(read_log(), HasSubstr("Serving")) << read_log();
   auto stub = v1::PodResourcesLister::NewStub(grpc::CreateChannel(

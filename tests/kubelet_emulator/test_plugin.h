@@ -25,14 +25,17 @@ struct Dev {
 class TestPlugin : public v1beta1::DevicePlugin::Service {
  public:
   TestPlugin(std::string dir, std::string endpoint, std::string resource, std::vector<Dev> devs)
-      : dir_(std::move(dir)), endpoint_(std::move(endpoint)), resource_(std::move(resource)),
+      : dir_(std::move(dir)),
+        endpoint_(std::move(endpoint)),
+        resource_(std::move(resource)),
         devs_(std::move(devs)) {}
   ~TestPlugin() { Stop(); }
 
   // Options sent with Register.
   bool preferred = false;
   bool pre_start = false;
-  std::vector<std::string> preference;   // returned by GetPreferredAllocation (filtered to available)
+  std::vector<std::string>
+      preference;  // returned by GetPreferredAllocation (filtered to available)
   grpc::Status allocate_error = grpc::Status::OK;
 
   std::string socket() const { return dir_ + "/" + endpoint_; }
@@ -50,7 +53,8 @@ class TestPlugin : public v1beta1::DevicePlugin::Service {
   }
 
   grpc::Status Register(const std::string& version = "v1beta1", std::string resource = "") {
-    auto ch = grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock", grpc::InsecureChannelCredentials());
+    auto ch =
+        grpc::CreateChannel("unix:" + dir_ + "/kubelet.sock", grpc::InsecureChannelCredentials());
     auto stub = v1beta1::Registration::NewStub(ch);
     v1beta1::RegisterRequest req;
     req.set_version(version);
@@ -128,7 +132,8 @@ class TestPlugin : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest* req,
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*,
+                                      const v1beta1::PreferredAllocationRequest* req,
                                       v1beta1::PreferredAllocationResponse* resp) override {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& cr : req->container_requests()) {

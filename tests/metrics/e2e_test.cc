@@ -4,9 +4,9 @@
 // socket; a real Prometheus scrapes it over loopback and answers PromQL over its HTTP API. Faults
 // are injected into the running node through its control log, as `gpulet sim fault` does.
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,8 +19,6 @@
 #include <set>
 #include <thread>
 
-#include <httplib.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -30,7 +28,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "testing/kubelet/emulator.h"
-#include "tests/metrics/expo_util.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/process/spawn.h"
 
 extern char** environ;
 
@@ -44,29 +43,11 @@ using namespace std::chrono_literals;
 // A child process with its stdout in a file; SIGTERM + wait on destruction.
 class Child {
  public:
-  Child(std::vector<std::string> argv, const std::string& out_path) : out_(out_path) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
+  Child(std::vector<std::string> argv, const std::string& out_path)
+      : pid_(testing_process::SpawnLogged(argv, out_path)), out_(out_path) {}
   ~Child() { Stop(); }
   void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int st;
-    for (int i = 0; i < 100 && waitpid(pid_, &st, WNOHANG) == 0; ++i) {
-      std::this_thread::sleep_for(50ms);
-      if (i == 99) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &st, 0);
-      }
-    }
+    testing_process::StopProcess(pid_);
     pid_ = -1;
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
@@ -122,7 +103,8 @@ std::string OwnFamilies(const std::string& text) {
   std::string out;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     absl::string_view name = line;
-    if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE ")) name = line.substr(7);
+    if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE "))
+      name = line.substr(7);
     if (absl::StartsWith(name, "gpulet_")) absl::StrAppend(&out, line, "\n");
   }
   return out;
@@ -133,8 +115,7 @@ class MetricsE2E : public ::testing::Test {
   void SetUp() override {
     bin_ = std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
     if (!std::filesystem::exists(bin_)) GTEST_SKIP() << "gpulet binary not built";
-    if (!testing_metrics::HavePromtool() ||
-        system("command -v prometheus >/dev/null 2>&1") != 0) {
+    if (!testing_metrics::HavePromtool() || system("command -v prometheus >/dev/null 2>&1") != 0) {
       GTEST_SKIP() << "prometheus/promtool not installed";
     }
     std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-e2e-XXXXXX").string();
@@ -317,16 +298,16 @@ spec:
   sim::Fault fail;
   fail.kind = sim::Fault::Kind::kNvmlFail;
   ASSERT_TRUE(sim::InjectFault(sim_, fail).ok());
-  ASSERT_TRUE(Eventually([&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 0"); },
-                         10s));
+  ASSERT_TRUE(Eventually(
+      [&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 0"); }, 10s));
   std::string degraded = Scrape(port);
   EXPECT_NE(testing_metrics::PromtoolCheckMetrics(degraded).rc, 1);
   EXPECT_THAT(degraded, Not(HasSubstr("gpulet_gpu_utilization_ratio{")));
   sim::Fault ok;
   ok.kind = sim::Fault::Kind::kNvmlOk;
   ASSERT_TRUE(sim::InjectFault(sim_, ok).ok());
-  EXPECT_TRUE(Eventually([&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 1"); },
-                         10s));
+  EXPECT_TRUE(Eventually(
+      [&] { return absl::StrContains(Scrape(port), "gpulet_exporter_nvml_up 1"); }, 10s));
 
   // Fault: the kubelet goes away -> kubelet_up 0, attribution kept, still valid.
   kubelet.Stop();
@@ -349,20 +330,23 @@ TEST_F(MetricsE2E, LabelsOneshotOnSimulatedNode) {
   EXPECT_THAT(text, HasSubstr("nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n"));
   EXPECT_THAT(text, HasSubstr("nvidia.com/gpu.family=hopper\n"));
   EXPECT_THAT(text, HasSubstr("nvidia.com/gfd.timestamp="));
-  auto bad = testing_metrics::RunCommand(bin_ + " labels --oneshot --simulate dgx-h100 "
-                                         "--mig-strategy dual --output " + out);
+  auto bad = testing_metrics::RunCommand(bin_ +
+                                         " labels --oneshot --simulate dgx-h100 "
+                                         "--mig-strategy dual --output " +
+                                         out);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_THAT(bad.output, HasSubstr("--mig-strategy 'dual'"));
 }
 
 // Bad exporter flags are one clear error each, before anything starts.
 TEST_F(MetricsE2E, ExporterRejectsBadFlags) {
-  auto r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --families gpulet,dcmg");
+  auto r =
+      testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --families gpulet,dcmg");
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.output, HasSubstr("unknown family set 'dcmg'"));
   r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --interval soon");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_THAT(r.output, HasSubstr("--interval 'soon'"));
+  EXPECT_THAT(r.output, HasSubstr("--interval \"soon\": expected a duration like 10s"));
   r = testing_metrics::RunCommand(bin_ + " exporter --simulate dgx-h100 --address 9400");
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.output, HasSubstr("listen address '9400'"));

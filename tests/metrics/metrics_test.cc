@@ -21,20 +21,21 @@
 #include "metrics/render.h"
 #include "metrics/sampler.h"
 #include "metrics/server.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
-#include "tests/metrics/pod_server.h"
+#include "testing/common/fake_clock.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
+#include "testing/metrics/pod_server.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace gpulet::metrics {
 namespace {
 
-using testing_metrics::FakeContainer;
-using testing_metrics::FakeGpuLayer;
-using testing_metrics::SampleOf;
-using testing_metrics::PodResourcesServer;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing_metrics::FakeContainer;
+using testing_metrics::FakeGpuLayer;
+using testing_metrics::PodResourcesServer;
+using testing_metrics::SampleOf;
 
 std::string TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-metrics-XXXXXX").string();
@@ -158,8 +159,8 @@ TEST(Render, OwnFamiliesPassPromtoolLint) {
 // The DCGM-compatible families carry the family names, types and label names of the reference
 // sample (dcgm-exporter's default counters and render template).
 TEST(Render, DcgmFamiliesMatchReferenceSample) {
-  std::string sample = testing_metrics::ReadFileOrEmpty(
-      "/work/shared/reference/samples/dcgm_sample.prom");
+  std::string sample =
+      testing_metrics::ReadFileOrEmpty("/work/shared/reference/samples/dcgm_sample.prom");
   if (sample.empty()) GTEST_SKIP() << "reference sample not present on this machine";
   FakeGpuLayer g(2);
   Sample s = SampleOf(g);
@@ -169,8 +170,8 @@ TEST(Render, DcgmFamiliesMatchReferenceSample) {
   auto ref = testing_metrics::ReadShapes(sample);
   auto ours = testing_metrics::ReadShapes(text);
   // Labels dcgm-exporter adds on some series only (label-type fields, pod attribution, MIG).
-  const std::set<std::string> optional = {"DCGM_FI_DRIVER_VERSION", "container", "namespace",
-                                          "pod", "GPU_I_PROFILE", "GPU_I_ID"};
+  const std::set<std::string> optional = {"DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod",
+                                          "GPU_I_PROFILE",          "GPU_I_ID"};
   int compared = 0;
   for (const auto& [name, shape] : ref) {
     ASSERT_TRUE(ours.count(name)) << name << " missing";
@@ -211,10 +212,10 @@ TEST(Render, MigInstancesCarryTheirPods) {
                           s.devices[1].device.mig_devices[0].uuid, 1, 0});
   std::string text;
   Render(s, RenderOptions{kDcgmFamilies, false}, Format::kText, &text);
-  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",UUID=\"" +
-                              s.devices[1].device.uuid));
-  EXPECT_THAT(text, HasSubstr("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\",DCGM_FI_DRIVER_VERSION="
-                              "\"550.54.15\",container=\"c\",namespace=\"ml\",pod=\"mig-pod\"} 41"));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",UUID=\"" + s.devices[1].device.uuid));
+  EXPECT_THAT(text,
+              HasSubstr("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\",DCGM_FI_DRIVER_VERSION="
+                        "\"550.54.15\",container=\"c\",namespace=\"ml\",pod=\"mig-pod\"} 41"));
   EXPECT_THAT(text, HasSubstr("GPU_I_PROFILE=\"1g.10gb+me\",GPU_I_ID=\"2\""));
   EXPECT_THAT(text, Not(HasSubstr("Hostname=")));
   auto shapes = testing_metrics::ReadShapes(text);
@@ -229,17 +230,32 @@ TEST(Render, HostilePodNamesKeepExpositionValid) {
   if (!testing_metrics::HavePromtool()) GTEST_SKIP() << "promtool not installed";
   FakeGpuLayer g(8);
   Sample s = SampleOf(g);
-  const char* nasty[] = {"\"",     "\\",      "\n",  "\\\"",   "}",         "{a=\"b\"}", " 1\n",
-                         "\xE2\x80\x8F", "\xF0\x9F\x94\xA5", "\xFF\xFE", "# TYPE x counter", "\r",
-                         "=",      "\\n",     "\t",  "\xC3\xA9\xC3\xA8", ""};
+  const char* nasty[] = {"\"",
+                         "\\",
+                         "\n",
+                         "\\\"",
+                         "}",
+                         "{a=\"b\"}",
+                         " 1\n",
+                         "\xE2\x80\x8F",
+                         "\xF0\x9F\x94\xA5",
+                         "\xFF\xFE",
+                         "# TYPE x counter",
+                         "\r",
+                         "=",
+                         "\\n",
+                         "\t",
+                         "\xC3\xA9\xC3\xA8",
+                         ""};
   for (int i = 0; i < 1000; ++i) {
     std::string name = absl::StrCat(nasty[i % 17], "pod", i, nasty[(i / 17) % 17]);
     s.containers.push_back({absl::StrCat("ns", nasty[(i + 3) % 17]), name, nasty[(i + 5) % 17],
                             "nvidia.com/gpu", absl::StrCat(s.devices[i % 8].device.uuid, "::", i),
                             static_cast<size_t>(i % 8), -1});
   }
-  for (unsigned fams : {unsigned{kGpuletFamilies}, unsigned{kDcgmFamilies | kNvidiaSmiFamilies |
-                                                            kGpuManagerFamilies | kGpuletFamilies}}) {
+  for (unsigned fams :
+       {unsigned{kGpuletFamilies},
+        unsigned{kDcgmFamilies | kNvidiaSmiFamilies | kGpuManagerFamilies | kGpuletFamilies}}) {
     std::string text;
     Render(s, RenderOptions{fams, true}, Format::kText, &text);
     auto r = testing_metrics::PromtoolCheckMetrics(text);
@@ -259,8 +275,8 @@ TEST(Render, NvidiaSmiUnitsAndUuid) {
   Sample s = SampleOf(g);
   std::string text;
   Render(s, RenderOptions{kNvidiaSmiFamilies, true}, Format::kText, &text);
-  EXPECT_THAT(text, HasSubstr(
-                        "nvidia_smi_clocks_current_sm_clock_hz{uuid=\"604ac76c-d9cf-fef3-62e9-"
+  EXPECT_THAT(text,
+              HasSubstr("nvidia_smi_clocks_current_sm_clock_hz{uuid=\"604ac76c-d9cf-fef3-62e9-"
                         "d92044ab6e00\"} 1980000000\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_utilization_gpu_ratio{uuid=\"604ac76c-d9cf-fef3-62e9-"
                               "d92044ab6e00\"} 0.37\n"));
@@ -325,8 +341,8 @@ TEST(Attribution, GrpcListOverUnixSocket) {
   server.Set({{"ml", "a", "c1", "nvidia.com/gpu", {"GPU-1", "GPU-2::1"}},
               {"ml", "b", "c2", "cpu.example/x", {"7"}},
               {"ml", "c", "c3", "example.com/renamed-gpu", {"GPU-3"}}});
-  kubelet::GrpcPodResourcesLister lister({sock, std::chrono::milliseconds(2000),
-                                          {"example.com/renamed-gpu"}});
+  kubelet::GrpcPodResourcesLister lister(
+      {sock, std::chrono::milliseconds(2000), {"example.com/renamed-gpu"}});
   auto got = lister.List();
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 3u);
@@ -468,10 +484,12 @@ TEST(Sampler, ReportsBarePodsOnlyWithAController) {
 // opener is retried each cycle.
 TEST(Sampler, NvmlMissingAtStart) {
   int attempts = 0;
-  Sampler sampler(nullptr, [&]() -> absl::StatusOr<std::unique_ptr<gpu::GpuLayer>> {
-    ++attempts;
-    return absl::NotFoundError("libnvidia-ml.so.1: cannot open shared object file");
-  }, nullptr, nullptr, nullptr, {});
+  Sampler sampler(nullptr,
+                  [&]() -> absl::StatusOr<std::unique_ptr<gpu::GpuLayer>> {
+                    ++attempts;
+                    return absl::NotFoundError("libnvidia-ml.so.1: cannot open shared object file");
+                  },
+                  nullptr, nullptr, nullptr, {});
   sampler.SampleOnce();
   sampler.SampleOnce();
   EXPECT_EQ(attempts, 2);
@@ -530,13 +548,11 @@ TEST(Sampler, KubeletGoneKeepsLastAttribution) {
 
 // vGPU accounting files become per-container usage; utilisation is busy_ns growth over wall time.
 TEST(Sampler, ReadsVgpuAccounting) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   std::string root = TempDir();
   FakeGpuLayer g(2);
   std::filesystem::create_directories(root + "/uid-1/main");
-  {
-    std::ofstream(root + "/uid-1/pod") << "ml/frac-pod\n";
-  }
+  { std::ofstream(root + "/uid-1/pod") << "ml/frac-pod\n"; }
   const char* err = "";
   vgpu::AccountingRegion* r =
       vgpu::MapAccounting((root + "/uid-1/main/accounting").c_str(), true, &err);
@@ -551,7 +567,7 @@ TEST(Sampler, ReadsVgpuAccounting) {
   Sampler sampler(&g, nullptr, nullptr, &source, &clock, {});
   sampler.SampleOnce();
   r->busy_ns += 250'000'000;  // 0.25 s of GPU time in 1 s of wall time
-  clock.now += std::chrono::seconds(1);
+  clock.Advance(std::chrono::seconds(1));
   sampler.SampleOnce();
   std::string t = sampler.snapshot()->text;
   std::string labels = "{namespace=\"ml\",pod=\"frac-pod\",container=\"main\",gpu=\"1\",uuid=\"" +

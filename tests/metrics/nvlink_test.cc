@@ -16,7 +16,8 @@
 #include "gpu/open.h"
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/common/fake_clock.h"
+#include "testing/metrics/fake_gpu.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
@@ -53,7 +54,7 @@ TEST_F(NvlinkTest, GpuLayerReadsCountersThroughNvml) {
 // PROF_NVLINK_*_BYTES rates (growth between two cycles over the cycle's wall time); no rate on
 // the first cycle or after a counter reset, and nothing at all without NVLink.
 TEST_F(NvlinkTest, ExportedAsCountersAndRates) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   Open("dgx-h100");
   auto inv = layer_->GetInventory();
   ASSERT_TRUE(inv.ok());
@@ -75,7 +76,7 @@ TEST_F(NvlinkTest, ExportedAsCountersAndRates) {
   // GPU 0 sends 2,048,000 KiB and receives 1,024,000 KiB in 2 s.
   ASSERT_EQ(Set(0, absl::StrCat("nvlink_tx_kib=", kProfileTxKib + 2048000)), 0);
   ASSERT_EQ(Set(0, absl::StrCat("nvlink_rx_kib=", kProfileRxKib + 1024000)), 0);
-  clock.now += std::chrono::seconds(2);
+  clock.Advance(std::chrono::seconds(2));
   sampler.SampleOnce();
   t = sampler.snapshot()->text;
   std::string dcgm0 = absl::StrCat("{gpu=\"0\",UUID=\"", uuid0, "\"");
@@ -94,7 +95,7 @@ TEST_F(NvlinkTest, ExportedAsCountersAndRates) {
 
   // Driver reload: the counter restarts lower; no negative or huge rate.
   ASSERT_EQ(Set(0, "nvlink_tx_kib=10"), 0);
-  clock.now += std::chrono::seconds(2);
+  clock.Advance(std::chrono::seconds(2));
   sampler.SampleOnce();
   t = sampler.snapshot()->text;
   EXPECT_EQ(line_of("DCGM_FI_PROF_NVLINK_TX_BYTES"), "");

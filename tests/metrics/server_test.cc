@@ -2,6 +2,8 @@
 // bodies, endless headers, long lines, slow and idle connections. The server must keep answering
 // /health and /metrics and stay within a small memory bound. Also GPU Manager's /metric with
 // nothing to report ends its response.
+#include "metrics/server.h"
+
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,8 +21,7 @@
 #include "gtest/gtest.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
-#include "metrics/server.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::metrics {
 namespace {

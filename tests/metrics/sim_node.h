@@ -38,8 +38,8 @@ class SimNodeTest : public ::testing::Test {
   }
   // `gpulet sim fault set --gpu N --value KEY=V` against this node.
   int Set(int gpu, const std::string& kv) {
-    std::vector<std::string> args = {"fault", "set", "--gpu", absl::StrCat(gpu), "--value", kv,
-                                     "--sim-root", root_};
+    std::vector<std::string> args = {"fault",   "set", "--gpu",      absl::StrCat(gpu),
+                                     "--value", kv,    "--sim-root", root_};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     return sim::RunFaultCommand(static_cast<int>(argv.size()), argv.data());

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "fake_nvml/malloc_arenas.h"
 #include "gmock/gmock.h"
 #include "gpu/open.h"
@@ -23,17 +23,18 @@
 #include "metrics/exporter.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/common/fake_clock.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
 namespace {
 
-using testing_metrics::FakeGpuLayer;
-using testing_metrics::SampleOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing_metrics::FakeGpuLayer;
+using testing_metrics::SampleOf;
 
 std::string Line(const std::string& text, const std::string& prefix) {
   size_t at = text.find(prefix);
@@ -57,19 +58,19 @@ TEST(SmiGpm, DcgmProfilingFamilies) {
   std::string text;
   Render(s, RenderOptions{kDcgmFamilies, true}, Format::kText, &text);
   std::string gpu0 = absl::StrCat("{gpu=\"0\",UUID=\"", s.devices[0].device.uuid, "\"");
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE" + gpu0), testing::EndsWith("pod=\"\"} 0.16"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE" + gpu0), testing::EndsWith("} 0.99"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_OCCUPANCY" + gpu0), testing::EndsWith("} 0.09"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + gpu0), testing::EndsWith("} 0.41"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_DRAM_ACTIVE" + gpu0), testing::EndsWith("} 0.71"));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_FP32_ACTIVE" + gpu0), testing::EndsWith("} 0.03"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE" + gpu0), ::testing::EndsWith("pod=\"\"} 0.16"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE" + gpu0), ::testing::EndsWith("} 0.99"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_OCCUPANCY" + gpu0), ::testing::EndsWith("} 0.09"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + gpu0), ::testing::EndsWith("} 0.41"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_DRAM_ACTIVE" + gpu0), ::testing::EndsWith("} 0.71"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_PIPE_FP32_ACTIVE" + gpu0), ::testing::EndsWith("} 0.03"));
   EXPECT_THAT(text, HasSubstr("# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"));
   EXPECT_THAT(text, Not(HasSubstr("DCGM_FI_PROF_PIPE_FP16_ACTIVE")));
   EXPECT_THAT(text, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE{gpu=\"1\"")));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""));
   EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""),
               HasSubstr("GPU_I_PROFILE=\"3g.40gb\",GPU_I_ID=\"1\""));
-  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""), testing::EndsWith("} 0.3"));
+  EXPECT_THAT(Line(text, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"2\""), ::testing::EndsWith("} 0.3"));
   auto shapes = testing_metrics::ReadShapes(text);
   EXPECT_EQ(shapes["DCGM_FI_PROF_SM_ACTIVE"].samples, 2);  // GPU 0 + GI 1 of GPU 2
   EXPECT_EQ(shapes["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples, 1);
@@ -128,8 +129,8 @@ TEST(SmiGpm, NvidiaSmiSetNamesAndUnits) {
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_sw_power_cap" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_gpu_idle" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_hw_slowdown" + u0 + "0\n"));
-  EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_counters_sw_power_cap_seconds" +
-                              u0 + "2.5\n"));
+  EXPECT_THAT(text, HasSubstr("nvidia_smi_clocks_event_reasons_counters_sw_power_cap_seconds" + u0 +
+                              "2.5\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_persistence_mode" + u0 + "1\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_ecc_errors_uncorrected_aggregate_dram" + u0 + "2\n"));
   EXPECT_THAT(text, HasSubstr("nvidia_smi_remapped_rows_histogram_max" + u0 + "2560\n"));
@@ -160,7 +161,7 @@ std::set<std::string> Families(const std::string& text, const std::string& prefi
 // profiling series on the first cycle, injected load on the next); the nvidia-smi set covers
 // every nvidia_gpu_exporter family the fake's NVML answers.
 TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   Open("dgx-h100");
   SamplerOptions so;
   so.hostname = "node1";
@@ -171,16 +172,16 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
   EXPECT_THAT(t, Not(HasSubstr("DCGM_FI_PROF_SM_ACTIVE"))) << "one GPM sample gives no rate";
   ASSERT_EQ(Set(3, "gpm_sm_util_pct=42"), 0);
   ASSERT_EQ(Set(3, "gpu_util_pct=97"), 0);
-  clock.now += std::chrono::seconds(10);
+  clock.Advance(std::chrono::seconds(10));
   sampler.SampleOnce();
   t = sampler.snapshot()->text;
-  EXPECT_THAT(Line(t, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\""), testing::EndsWith("} 0.42"));
-  EXPECT_THAT(Line(t, "DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"3\""), testing::EndsWith("} 0.97"));
+  EXPECT_THAT(Line(t, "DCGM_FI_PROF_SM_ACTIVE{gpu=\"3\""), ::testing::EndsWith("} 0.42"));
+  EXPECT_THAT(Line(t, "DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"3\""), ::testing::EndsWith("} 0.97"));
   EXPECT_EQ(testing_metrics::ReadShapes(t)["DCGM_FI_PROF_SM_ACTIVE"].samples, 8);
   std::set<std::string> ours = Families(t, "nvidia_smi_");
   EXPECT_GE(ours.size(), 100u);
-  std::string ref = testing_metrics::ReadFileOrEmpty(
-      "/work/shared/reference/samples/nvgpu_h100.prom");
+  std::string ref =
+      testing_metrics::ReadFileOrEmpty("/work/shared/reference/samples/nvgpu_h100.prom");
   if (ref.empty()) return;
   // Every fixture family we serve keeps its type; the ones we lack are those NVML (or the fake)
   // does not answer, listed here so that a regression shows up as a new name.
@@ -189,8 +190,10 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
       "nvidia_smi_clocks_event_reasons_counters_hw_power_brake_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_hw_thermal_slowdown_seconds",
       "nvidia_smi_clocks_event_reasons_counters_sw_thermal_slowdown_seconds",
-      "nvidia_smi_command_exit_code", "nvidia_smi_compute_app_info",
-      "nvidia_smi_compute_app_used_memory_bytes", "nvidia_smi_compute_apps_last_collect_success",
+      "nvidia_smi_command_exit_code",
+      "nvidia_smi_compute_app_info",
+      "nvidia_smi_compute_app_used_memory_bytes",
+      "nvidia_smi_compute_apps_last_collect_success",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_l2",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_mcu",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_other",
@@ -200,12 +203,19 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_sm",
       "nvidia_smi_ecc_errors_uncorrected_aggregate_sram_threshold_exceeded",
       "nvidia_smi_ecc_errors_uncorrected_volatile_sram_parity",
-      "nvidia_smi_ecc_errors_uncorrected_volatile_sram_secded", "nvidia_smi_edpp_multiplier_ratio",
-      "nvidia_smi_fabric_clique_id", "nvidia_smi_fabric_state", "nvidia_smi_gpu_recovery_action",
-      "nvidia_smi_platform_gpu_fabric_guid", "nvidia_smi_platform_host_id",
-      "nvidia_smi_platform_module_id", "nvidia_smi_platform_slot_number",
-      "nvidia_smi_platform_tray_index", "nvidia_smi_protected_memory_free_bytes",
-      "nvidia_smi_protected_memory_total_bytes", "nvidia_smi_protected_memory_used_bytes",
+      "nvidia_smi_ecc_errors_uncorrected_volatile_sram_secded",
+      "nvidia_smi_edpp_multiplier_ratio",
+      "nvidia_smi_fabric_clique_id",
+      "nvidia_smi_fabric_state",
+      "nvidia_smi_gpu_recovery_action",
+      "nvidia_smi_platform_gpu_fabric_guid",
+      "nvidia_smi_platform_host_id",
+      "nvidia_smi_platform_module_id",
+      "nvidia_smi_platform_slot_number",
+      "nvidia_smi_platform_tray_index",
+      "nvidia_smi_protected_memory_free_bytes",
+      "nvidia_smi_protected_memory_total_bytes",
+      "nvidia_smi_protected_memory_used_bytes",
       "nvidia_smi_temperature_gpu_tlimit"};
   auto ref_shapes = testing_metrics::ReadShapes(ref);
   auto our_shapes = testing_metrics::ReadShapes(t);
@@ -221,13 +231,13 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
 
 // A T4 node (Turing, no GPM): no DCGM profiling family at all, however many cycles.
 TEST_F(SmiGpmFakeNvml, NoGpmNoProfilingFamilies) {
-  testing_metrics::ManualClock clock;
+  gpulet::testing::FakeClock clock;
   Open("pcie-t4");
   SamplerOptions so;
   so.render.families = kDcgmFamilies;
   Sampler sampler(layer_.get(), nullptr, nullptr, nullptr, &clock, so);
   for (int i = 0; i < 3; ++i) {
-    clock.now += std::chrono::seconds(10);
+    clock.Advance(std::chrono::seconds(10));
     sampler.SampleOnce();
   }
   std::string t = sampler.snapshot()->text;

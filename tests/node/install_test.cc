@@ -1,14 +1,15 @@
 // gpulet install / uninstall / validate against a temporary host root: a stand-in driver root, a
 // containerd configuration, and the simulated dgx-h100 node for the inventory.
+#include "node/install.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <set>
 
-#include "node/install.h"
 #include "node/validate.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::node {
 namespace {
@@ -55,9 +56,10 @@ TEST_F(InstallTest, InstallsIdempotently) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->engine, "containerd");
   EXPECT_TRUE(r->engine_config_changed);
-  for (const char* f : {"/usr/local/gpulet/bin/gpulet-container-runtime",
-                        "/usr/local/gpulet/bin/gpulet-container-hook",
-                        "/usr/local/gpulet/lib/libgpulet-vcuda.so", "/var/run/cdi/gpulet-nvidia.yaml"})
+  for (const char* f :
+       {"/usr/local/gpulet/bin/gpulet-container-runtime",
+        "/usr/local/gpulet/bin/gpulet-container-hook", "/usr/local/gpulet/lib/libgpulet-vcuda.so",
+        "/var/run/cdi/gpulet-nvidia.yaml"})
     EXPECT_TRUE(fs::exists(host_ + f)) << f;
   std::string cdi = rt::ReadFile(host_ + "/var/run/cdi/gpulet-nvidia.yaml");
   EXPECT_NE(cdi.find("nvidia.com/gpu"), std::string::npos);
@@ -96,10 +98,40 @@ TEST_F(InstallTest, UninstallRestoresAndRemoves) {
   EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
 }
 
+// Most hosts have /var/run -> /run, an absolute link: seen under --host-root it must lead to the
+// host's /run, not the installer container's. Before, install failed ("cannot create
+// /host/var/run/cdi: File exists", found on the real cluster) and uninstall left the spec behind.
+TEST_F(InstallTest, FollowsAbsoluteHostSymlinksInsideTheHostRoot) {
+  fs::remove_all(host_ + "/var/run");
+  fs::create_directories(host_ + "/run");
+  fs::create_directories(host_ + "/var");
+  fs::create_symlink("/run", host_ + "/var/run");
+  EXPECT_EQ(UnderRoot(host_, "/var/run/cdi/x.yaml"), host_ + "/run/cdi/x.yaml");
+  EXPECT_EQ(UnderRoot(host_, "/var/run/../lib/gpulet"), host_ + "/lib/gpulet");
+  EXPECT_EQ(UnderRoot("/", "/var/run/cdi"), "/var/run/cdi");
+  auto r = Install(opts_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(fs::exists(host_ + "/run/cdi/gpulet-nvidia.yaml"));
+  EXPECT_TRUE(fs::is_symlink(host_ + "/var/run")) << "the host's link must stay a link";
+  auto u = Uninstall(host_, opts_.restart_command);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_FALSE(fs::exists(host_ + "/run/cdi/gpulet-nvidia.yaml"));
+  EXPECT_FALSE(fs::exists(host_ + "/run/cdi")) << "install made it, uninstall removes it";
+  EXPECT_TRUE(fs::exists(host_ + "/run"));
+}
+
+// A loop of links ends (taken as a plain path) instead of hanging.
+TEST_F(InstallTest, SymlinkLoopUnderHostRootEnds) {
+  fs::create_symlink("/loop-b", host_ + "/loop-a");
+  fs::create_symlink("/loop-a", host_ + "/loop-b");
+  EXPECT_FALSE(UnderRoot(host_, "/loop-a/x").empty());
+}
+
 // A 0600 engine configuration (it may hold registry credentials) stays 0600 through install and
 // uninstall (issue 22.3).
 TEST_F(InstallTest, EngineConfigKeepsItsMode) {
-  fs::permissions(host_ + "/etc/containerd/config.toml", fs::perms::owner_read | fs::perms::owner_write);
+  fs::permissions(host_ + "/etc/containerd/config.toml",
+                  fs::perms::owner_read | fs::perms::owner_write);
   ASSERT_TRUE(Install(opts_).ok());
   auto mode = [&] { return fs::status(host_ + "/etc/containerd/config.toml").permissions(); };
   EXPECT_EQ(mode(), fs::perms::owner_read | fs::perms::owner_write);
@@ -150,7 +182,8 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   ASSERT_EQ(before.steps.size(), 2u);
   EXPECT_TRUE(before.steps[0].ok) << before.steps[0].detail;
   EXPECT_FALSE(before.steps[1].ok);
-  EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos) << before.steps[1].detail;
+  EXPECT_NE(before.steps[1].detail.find("gpulet install"), std::string::npos)
+      << before.steps[1].detail;
 
   ASSERT_TRUE(Install(opts_).ok());
   // A TMPDIR of this test's own: the probe makes its bundle there, and tests running side by side
@@ -171,13 +204,16 @@ TEST_F(InstallTest, ValidateStepsInOrder) {
   ASSERT_EQ(after.steps.size(), 3u) << after.FirstFailure();
   EXPECT_TRUE(after.steps[1].ok) << after.steps[1].detail;
   EXPECT_NE(after.steps[1].detail.find("probe container started through it sees /dev/nvidia0"),
-            std::string::npos) << after.steps[1].detail;
+            std::string::npos)
+      << after.steps[1].detail;
   EXPECT_FALSE(after.steps[2].ok);
   EXPECT_NE(after.steps[2].detail.find("no-kubelet.sock"), std::string::npos);
   EXPECT_FALSE(after.ok());
   EXPECT_EQ(probe_dirs(), dirs_before) << "the probe must remove its bundle and state";
-  if (old_tmp) setenv("TMPDIR", saved.c_str(), 1);
-  else unsetenv("TMPDIR");
+  if (old_tmp)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
 }
 
 // The probe container catches what the file checks cannot: a shim that starts containers without
@@ -201,23 +237,24 @@ TEST_F(InstallTest, ProbeContainerFailuresAreClear) {
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_NE(r.steps[1].detail.find("no static busybox at " + host_ + "/no-busybox"),
-            std::string::npos) << r.steps[1].detail;
+            std::string::npos)
+      << r.steps[1].detail;
 
   v.probe_busybox = "/bin/busybox";
   v.probe_runc = host_ + "/no-runc";
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
-  EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos)
-      << r.steps[1].detail;
+  EXPECT_NE(r.steps[1].detail.find(host_ + "/no-runc"), std::string::npos) << r.steps[1].detail;
 
   // A shim that never returns is cut off at the timeout: no hang.
   v.probe_runc.clear();
   v.probe_timeout_seconds = 1;
-  rt::WriteFile(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime", "#!/bin/sh\nexec sleep 30\n",
-                0755);
+  rt::WriteFile(host_ + "/usr/local/gpulet/bin/gpulet-container-runtime",
+                "#!/bin/sh\nexec sleep 30\n", 0755);
   r = ValidateStack(v);
   ASSERT_EQ(r.steps.size(), 2u);
-  EXPECT_NE(r.steps[1].detail.find("did not finish in 1 s"), std::string::npos) << r.steps[1].detail;
+  EXPECT_NE(r.steps[1].detail.find("did not finish in 1 s"), std::string::npos)
+      << r.steps[1].detail;
 
   v.container_probe = false;
   r = ValidateStack(v);

@@ -19,9 +19,10 @@ class ReadinessTest : public ::testing::Test {
     cfg.max_attempts = 2;
     cfg.initial_backoff = std::chrono::milliseconds(1);
     client_ = std::make_unique<k8s::Client>(cfg);
-    server_.CreateNode({{"metadata", {{"name", "gpu-1"}}},
-                        {"spec", {{"taints", json::array({{{"key", "other"}, {"effect", "NoExecute"}}})}}},
-                        {"status", {{"nodeInfo", {{"bootID", "boot-A"}}}}}});
+    server_.CreateNode(
+        {{"metadata", {{"name", "gpu-1"}}},
+         {"spec", {{"taints", json::array({{{"key", "other"}, {"effect", "NoExecute"}}})}}},
+         {"status", {{"nodeInfo", {{"bootID", "boot-A"}}}}}});
   }
   json Node() {
     json n;
@@ -36,17 +37,19 @@ class ReadinessTest : public ::testing::Test {
   }
   json GpuPod(const std::string& name, bool controlled, const std::string& phase,
               const std::string& reason) {
-    json pod = {{"metadata", {{"name", name}, {"namespace", "default"}}},
-                {"spec",
-                 {{"nodeName", "gpu-1"},
-                  {"containers",
-                   json::array({{{"name", "c"},
-                                 {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
-                {"status", {{"phase", phase}, {"reason", reason}}}};
+    json pod = {
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec",
+         {{"nodeName", "gpu-1"},
+          {"containers", json::array({{{"name", "c"},
+                                       {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
+        {"status", {{"phase", phase}, {"reason", reason}}}};
     if (controlled)
-      pod["metadata"]["ownerReferences"] = json::array(
-          {{{"apiVersion", "apps/v1"}, {"kind", "ReplicaSet"}, {"name", "rs"}, {"uid", "u1"},
-            {"controller", true}}});
+      pod["metadata"]["ownerReferences"] = json::array({{{"apiVersion", "apps/v1"},
+                                                         {"kind", "ReplicaSet"},
+                                                         {"name", "rs"},
+                                                         {"uid", "u1"},
+                                                         {"controller", true}}});
     return pod;
   }
   ReadinessOptions Options() {
@@ -55,25 +58,42 @@ class ReadinessTest : public ::testing::Test {
     return o;
   }
 
+  // Time by hand, for the remediation window.
+  class ManualClock : public Clock {
+   public:
+    TimePoint Now() const override { return now_; }
+    int64_t UnixSeconds() const override { return 1700000000; }
+    void SleepFor(Duration d) override { now_ += d; }
+    void Advance(Duration d) { now_ += d; }
+
+   private:
+    TimePoint now_{std::chrono::seconds(1000)};
+  };
+
   testing::FakeApiServer server_;
   std::unique_ptr<k8s::Client> client_;
+  ManualClock clock_;
 };
 
 ValidationReport Report(bool ok) {
-  return ValidationReport{{{"driver", true, "8 GPUs"}, {"device-plugin", ok, ok ? "ok" : "not registered"}}};
+  return ValidationReport{
+      {{"driver", true, "8 GPUs"}, {"device-plugin", ok, ok ? "ok" : "not registered"}}};
 }
 
-// A boot that was never validated taints the node and keeps the ready label off until validation passes.
+// A boot that was never validated taints the node and keeps the ready label off until validation
+// passes.
 TEST_F(ReadinessTest, TaintsUntilValidatedThenLabelsAndUntaints) {
   bool ok = false;
-  ReadinessController c(client_.get(), [&] { return Report(ok); }, Options());
+  ReadinessController c(
+      client_.get(), [&] { return Report(ok); }, Options());
   auto s = c.ReconcileOnce();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(*s, NodeStackState::kNotReady);
   json n = Node();
   EXPECT_TRUE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
   EXPECT_TRUE(HasTaint(n, "other")) << "foreign taints must be kept";
-  EXPECT_FALSE(n["metadata"].contains("labels") && n["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
+  EXPECT_FALSE(n["metadata"].contains("labels") &&
+               n["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
 
   ok = true;
   s = c.ReconcileOnce();
@@ -89,10 +109,13 @@ TEST_F(ReadinessTest, TaintsUntilValidatedThenLabelsAndUntaints) {
 // A new boot ID (the node rebooted) removes the ready label and taints again until revalidated.
 TEST_F(ReadinessTest, NewBootIdRetaints) {
   bool ok = true;
-  ReadinessController c(client_.get(), [&] { return Report(ok); }, Options());
+  ReadinessController c(
+      client_.get(), [&] { return Report(ok); }, Options());
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
-  ASSERT_TRUE(client_->PatchNodeStatus("gpu-1", k8s::PatchType::kMerge,
-                                       {{"status", {{"nodeInfo", {{"bootID", "boot-B"}}}}}}).ok());
+  ASSERT_TRUE(client_
+                  ->PatchNodeStatus("gpu-1", k8s::PatchType::kMerge,
+                                    {{"status", {{"nodeInfo", {{"bootID", "boot-B"}}}}}})
+                  .ok());
   ok = false;
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kNotReady);
   json n = Node();
@@ -114,7 +137,8 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   json cpu = GpuPod("cpu-only", true, "Failed", "UnexpectedAdmissionError");
   cpu["spec"]["containers"][0]["resources"]["limits"] = {{"cpu", "1"}};
   server_.CreatePod(cpu);
-  ReadinessController c(client_.get(), [] { return Report(true); }, Options());
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, Options(), &clock_);
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
   json p;
   EXPECT_FALSE(server_.GetPod("default", "owned", &p));
@@ -135,16 +159,42 @@ TEST_F(ReadinessTest, RemediatesOnlyControllerOwnedRejectedGpuPods) {
   EXPECT_EQ(events[0]["involvedObject"]["name"], "bare");
   EXPECT_EQ(events[0]["source"]["host"], "gpu-1");
   EXPECT_NE(events[0]["message"].get<std::string>().find("delete and recreate"), std::string::npos);
-  // Once per boot: a later pass does not delete pods again (no delete/recreate storm).
+  // A later pass within the window heals pods rejected since (the real kubelet posts its verdict
+  // seconds after it starts, after the agent's first pass); the bare pod is not reported again.
+  clock_.Advance(std::chrono::seconds(30));
   server_.CreatePod(GpuPod("owned2", true, "Failed", "UnexpectedAdmissionError"));
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
-  EXPECT_TRUE(server_.GetPod("default", "owned2", &p));
+  EXPECT_FALSE(server_.GetPod("default", "owned2", &p));
   EXPECT_EQ(server_.Events().size(), 1u) << "the bare pod is reported once per boot";
+  // Past the window: no more passes (no delete/recreate storm, no list every interval forever).
+  clock_.Advance(std::chrono::seconds(91));
+  server_.CreatePod(GpuPod("owned3", true, "Failed", "UnexpectedAdmissionError"));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_TRUE(server_.GetPod("default", "owned3", &p));
+  EXPECT_EQ(c.deleted_pods(), 3);
+}
+
+// The agent starting on a boot validated earlier (it was restarted, or the kubelet came back first
+// after a reboot the agent had validated before): it looks for rejected pods for the window too.
+TEST_F(ReadinessTest, AgentRestartOnValidatedBootHealsLateRejections) {
+  ReadinessController first(
+      client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_EQ(*first.ReconcileOnce(), NodeStackState::kReady);
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);  // nothing rejected yet
+  clock_.Advance(std::chrono::seconds(5));
+  server_.CreatePod(GpuPod("late", true, "Failed", "UnexpectedAdmissionError"));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  json p;
+  EXPECT_FALSE(server_.GetPod("default", "late", &p))
+      << "rejected after the first pass, still healed";
 }
 
 // API server errors surface as a Status, never a crash; the next pass recovers.
 TEST_F(ReadinessTest, ApiErrorsAreReturned) {
-  ReadinessController c(client_.get(), [] { return Report(true); }, Options());
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, Options());
   server_.InjectFailures(10, 500);
   EXPECT_FALSE(c.ReconcileOnce().ok());
   server_.InjectFailures(0, 500);
@@ -157,7 +207,8 @@ TEST_F(ReadinessTest, ApiErrorsAreReturned) {
 TEST_F(ReadinessTest, UnknownNode) {
   ReadinessOptions o = Options();
   o.node_name = "nope";
-  ReadinessController c(client_.get(), [] { return Report(true); }, o);
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, o);
   auto s = c.ReconcileOnce();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);

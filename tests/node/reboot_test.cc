@@ -2,7 +2,8 @@
 // kubelet (emulator) starts before the device plugin and rejects a controller-owned GPU pod with
 // UnexpectedAdmissionError; the readiness controller taints the node, validates driver, runtime and
 // plugin (the real `gpulet agent` on a simulated dgx-h100), labels, untaints and deletes the
-// rejected pod; the controller recreates it and it runs. Needs root (device nodes in the host root).
+// rejected pod; the controller recreates it and it runs. Needs root (device nodes in the host
+// root).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,7 +18,8 @@
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/cluster/node_sync.h"
 #include "testing/kubelet/emulator.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/process/spawn.h"
+#include "testing/runtime/fixtures.h"
 
 namespace gpulet::node {
 namespace {
@@ -25,17 +27,7 @@ namespace {
 namespace rt = gpulet::runtime::testing;
 using k8s::json;
 
-pid_t Spawn(const std::vector<std::string>& argv) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
+using testing_process::Spawn;
 
 bool HasTaint(const json& node) {
   if (!node["spec"].contains("taints")) return false;
@@ -109,7 +101,8 @@ TEST(RebootScenario, RejectedPodIsRecreatedAndRunsAndTaintIsCleared) {
   vo.client = &client;
   ReadinessOptions ro;
   ro.node_name = "sim-node";
-  ReadinessController ready(&client, [&] { return ValidateStack(vo); }, ro);
+  ReadinessController ready(
+      &client, [&] { return ValidateStack(vo); }, ro);
   auto st = ready.ReconcileOnce();
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(*st, NodeStackState::kNotReady) << ready.last_report().FirstFailure();
@@ -121,10 +114,10 @@ TEST(RebootScenario, RejectedPodIsRecreatedAndRunsAndTaintIsCleared) {
   // The agent comes up and registers.
   // Hermetic: labels into the test's directory, metrics on an ephemeral loopback port (the
   // defaults are the host's NFD directory and 0.0.0.0:9400).
-  pid_t pid = Spawn({agent, "agent", "--simulate", "dgx-h100", "--sim-root", sim,
-                     "--device-plugin-dir", dp, "--pod-resources-socket", podres,
-                     "--metrics-address", "127.0.0.1:0", "--labels-output",
-                     dir + "/features.d/gpulet", "--vgpu-state-dir", dir + "/vgpu"});
+  pid_t pid =
+      Spawn({agent, "agent", "--simulate", "dgx-h100", "--sim-root", sim, "--device-plugin-dir", dp,
+             "--pod-resources-socket", podres, "--metrics-address", "127.0.0.1:0",
+             "--labels-output", dir + "/features.d/gpulet", "--vgpu-state-dir", dir + "/vgpu"});
   ASSERT_GT(pid, 0);
   absl::Status up = kubelet.WaitForAllocatable("nvidia.com/gpu", 8, std::chrono::seconds(20));
   bool running = false;

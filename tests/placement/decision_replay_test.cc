@@ -62,8 +62,8 @@ Scenario VgpuScenario() {
     if (r.In(0, 19) == 0) {
       p.containers.push_back({.whole_gpus = static_cast<int32_t>(r.In(1, 2))});
     } else {
-      p.containers.push_back({.milli = static_cast<int32_t>(r.In(5, 95) * 10),
-                              .memory_bytes = r.In(1, 30) * kGiB});
+      p.containers.push_back(
+          {.milli = static_cast<int32_t>(r.In(5, 95) * 10), .memory_bytes = r.In(1, 30) * kGiB});
     }
     return p;
   };
@@ -79,7 +79,8 @@ Scenario TraceScenario() {
   Scenario sc;
   const char* models[] = {"T4", "V100M16", "V100M32", "A100"};
   for (int n = 0; n < 300; ++n) {
-    Node node{.name = absl::StrCat("n", n), .cpu_milli_total = r.In(3, 12) * 8000,
+    Node node{.name = absl::StrCat("n", n),
+              .cpu_milli_total = r.In(3, 12) * 8000,
               .memory_mib_total = r.In(2, 8) * 65536};
     node.cpu_milli_free = node.cpu_milli_total;
     node.memory_mib_free = node.memory_mib_total;
@@ -89,7 +90,8 @@ Scenario TraceScenario() {
     sc.cluster.nodes.push_back(std::move(node));
   }
   auto shape = [&](int i) {
-    PodRequest p{.name = absl::StrCat("task-", i), .cpu_milli = r.In(1, 16) * 1000,
+    PodRequest p{.name = absl::StrCat("task-", i),
+                 .cpu_milli = r.In(1, 16) * 1000,
                  .memory_mib = r.In(1, 32) * 1024};
     const int kind = static_cast<int>(r.In(0, 9));
     if (kind < 2) {
@@ -150,17 +152,26 @@ void Check(const std::string& file, const std::string& got) {
     if (!ga && !gb) break;
     ++line;
     if (la != lb) {
-      if (differ++ == 0) first = absl::StrCat("line ", line, ": recorded '", la, "', now '", lb, "'");
+      if (differ++ == 0)
+        first = absl::StrCat("line ", line, ": recorded '", la, "', now '", lb, "'");
     }
   }
   EXPECT_EQ(differ, 0) << differ << " decisions differ from " << file << "; first at " << first;
   EXPECT_GT(line, 1000);
 }
 
-TEST(DecisionReplay, GpuletOnVgpuCluster) { Check("decisions-vgpu-gpulet.txt", Replay(VgpuScenario(), "gpulet")); }
-TEST(DecisionReplay, FgdOnVgpuCluster) { Check("decisions-vgpu-fgd.txt", Replay(VgpuScenario(), "fgd")); }
-TEST(DecisionReplay, GpuletOnTraceCluster) { Check("decisions-trace-gpulet.txt", Replay(TraceScenario(), "gpulet")); }
-TEST(DecisionReplay, FgdOnTraceCluster) { Check("decisions-trace-fgd.txt", Replay(TraceScenario(), "fgd")); }
+TEST(DecisionReplay, GpuletOnVgpuCluster) {
+  Check("decisions-vgpu-gpulet.txt", Replay(VgpuScenario(), "gpulet"));
+}
+TEST(DecisionReplay, FgdOnVgpuCluster) {
+  Check("decisions-vgpu-fgd.txt", Replay(VgpuScenario(), "fgd"));
+}
+TEST(DecisionReplay, GpuletOnTraceCluster) {
+  Check("decisions-trace-gpulet.txt", Replay(TraceScenario(), "gpulet"));
+}
+TEST(DecisionReplay, FgdOnTraceCluster) {
+  Check("decisions-trace-fgd.txt", Replay(TraceScenario(), "fgd"));
+}
 
 }  // namespace
 }  // namespace gpulet::placement

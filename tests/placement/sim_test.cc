@@ -4,13 +4,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
-#include <sys/wait.h>
 
 namespace gpulet::placement {
 namespace {
@@ -124,6 +124,17 @@ TEST(ArrivalStream, ReachesTargetDeterministically) {
 
 std::string SampleDir() { return std::string(GPULET_SOURCE_DIR) + "/tests/placement/data"; }
 
+// Runs a shell command; its exit code (-1 if it could not start) and what it printed on stdout.
+std::pair<int, std::string> RunShell(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
 // A run is a pure function of its inputs and seed: the same curve twice; allocation never
 // exceeds what arrived or the capacity.
 TEST(Simulate, DeterministicPerSeed) {
@@ -170,11 +181,10 @@ TEST(Simulate, GpuletAtLeastFgdOnSample) {
 TEST(Cli, BadInputAndOutput) {
   const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
-  const auto dir = std::filesystem::temp_directory_path() / ("placement_cli_" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("placement_cli_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "bad.csv") << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n";
-  }
+  { std::ofstream(dir / "bad.csv") << "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,x\n"; }
   const std::string nodes = SampleDir() + "/sample_nodes.csv";
   const std::string out = (dir / "curve.csv").string();
   std::string cmd = bin + " simulate --nodes " + nodes + " --pods " + (dir / "bad.csv").string() +
@@ -195,6 +205,27 @@ TEST(Cli, BadInputAndOutput) {
   std::filesystem::remove_all(dir);
 }
 
+// A long run says what it does (it printed nothing for 13-30 s): the header on stdout before the
+// runs, then one progress line per (policy, seed) run on stderr when stderr is not a terminal.
+TEST(Cli, HeaderFirstThenProgressOnStderr) {
+  const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-sched";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
+  // Both streams into one pipe, in the order written.
+  const std::string cmd = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
+                          SampleDir() +
+                          "/sample_pods.csv --policy best-fit,fgd --seeds 2 --jobs 1 2>&1";
+  auto [rc, out] = RunShell(cmd);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.rfind("# ", 0), 0u) << out;
+  const size_t first = out.find("run 1/4 done: best-fit seed 42, ");
+  const size_t last = out.find("run 4/4 done: fgd seed 43, ");
+  const size_t table = out.find("policy ");
+  ASSERT_NE(first, std::string::npos) << out;
+  ASSERT_NE(last, std::string::npos) << out;
+  EXPECT_LT(first, last);
+  EXPECT_LT(last, table) << out;
+}
+
 // Numbers the CLI used to accept silently (issue 22): a negative seed wrapped to 2^64-5, a seed
 // past 2^64-1 clamped, --jobs 0 and -3 ran. Each is refused naming the flag.
 TEST(Cli, BadNumbersAreRefused) {
@@ -202,17 +233,10 @@ TEST(Cli, BadNumbersAreRefused) {
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << "gpulet-sched not built: " << bin;
   const std::string base = bin + " simulate --nodes " + SampleDir() + "/sample_nodes.csv --pods " +
                            SampleDir() + "/sample_pods.csv --policy best-fit ";
-  for (const char* bad : {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5",
-                          "--jobs 0", "--jobs -3"}) {
-    std::string cmd = base + bad + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int rc = pclose(p);
-    EXPECT_NE(WEXITSTATUS(rc), 0) << bad << ": " << out;
+  for (const char* bad :
+       {"--seed -5", "--seed 99999999999999999999999", "--seed 1.5", "--jobs 0", "--jobs -3"}) {
+    auto [rc, out] = RunShell(base + bad + " 2>&1");
+    EXPECT_NE(rc, 0) << bad << ": " << out;
     std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
     EXPECT_THAT(out, HasSubstr(flag)) << bad;
   }

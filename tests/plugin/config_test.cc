@@ -30,7 +30,8 @@ sharing:
     - name: nvidia.com/gpu
       replicas: 10
       devices: ["0", "GPU-abc"]
-)", "cfg.yaml");
+)",
+                       "cfg.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->mig_strategy, MigStrategy::kMixed);
   EXPECT_FALSE(c->fail_on_init_error);
@@ -51,7 +52,8 @@ sharing:
 TEST(ConfigTest, UnknownKeyNamesFileLineAndKey) {
   auto c = ParseConfig("version: v1\nflags:\n  plugin:\n    passDeviceSpec: true\n", "a.yaml");
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c.status().message(), HasSubstr("a.yaml:4: flags.plugin.passDeviceSpec: unknown key"));
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("a.yaml:4: flags.plugin.passDeviceSpec: unknown key"));
 }
 
 // A bad value is reported with the line of the value and what is allowed.
@@ -70,8 +72,8 @@ TEST(ConfigTest, BadValueNamesLineAndChoices) {
   EXPECT_THAT(y.status().message(), HasSubstr("d.yaml:"));
   auto v = ParseConfig("version: v2\n", "e.yaml");
   EXPECT_THAT(v.status().message(), HasSubstr("e.yaml:1: version"));
-  auto m = ParseConfig("sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n",
-                       "f.yaml");
+  auto m = ParseConfig(
+      "sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n", "f.yaml");
   EXPECT_THAT(m.status().message(), HasSubstr("f.yaml:4: sharing.mps.resources.replicas"));
 }
 
@@ -79,8 +81,9 @@ TEST(ConfigTest, BadValueNamesLineAndChoices) {
 TEST(ConfigTest, PrecedenceFlagOverEnvOverFile) {
   char path[] = "/tmp/gpulet-cfg-XXXXXX";
   int fd = mkstemp(path);
-  std::string text = "flags:\n  migStrategy: single\n  plugin:\n    deviceIDStrategy: index\n"
-                     "    passDeviceSpecs: true\n";
+  std::string text =
+      "flags:\n  migStrategy: single\n  plugin:\n    deviceIDStrategy: index\n"
+      "    passDeviceSpecs: true\n";
   ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
   close(fd);
   ConfigSources src;
@@ -90,9 +93,9 @@ TEST(ConfigTest, PrecedenceFlagOverEnvOverFile) {
   auto c = LoadConfig(src);
   unlink(path);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->mig_strategy, MigStrategy::kNone);   // flag
-  EXPECT_EQ(c->id_strategy, IdStrategy::kUuid);     // env over file
-  EXPECT_TRUE(c->pass_device_specs);                // file
+  EXPECT_EQ(c->mig_strategy, MigStrategy::kNone);  // flag
+  EXPECT_EQ(c->id_strategy, IdStrategy::kUuid);    // env over file
+  EXPECT_TRUE(c->pass_device_specs);               // file
 }
 
 // Bad environment values and flags name their source.
@@ -120,7 +123,8 @@ TEST(ConfigTest, BadEnvAndFlagNameTheirSource) {
 // DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS and the gpulet health keys.
 TEST(ConfigTest, HealthSettings) {
   ConfigSources src;
-  src.env = {{"DP_DISABLE_HEALTHCHECKS", "48,79"}, {"DP_ENABLE_HEALTHCHECKS", "13"},
+  src.env = {{"DP_DISABLE_HEALTHCHECKS", "48,79"},
+             {"DP_ENABLE_HEALTHCHECKS", "13"},
              {"CHECKPOINT_DEVICE_ID_STRATEGY", "index"}};
   auto c = LoadConfig(src);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -176,15 +180,20 @@ TEST(NvidiaKeysTest, EveryKeyAppliedIgnoredWithWhyOrRefusedWithWhy) {
       {"flags.mofedEnabled", "flags: {mofedEnabled: true}\n", kApplied,
        [](const Config& c) { return c.mofed; }, ""},
       {"flags.gdrcopyEnabled+cdi",
-       "flags: {gdrcopyEnabled: true, plugin: {deviceListStrategy: cdi-cri}}\n", kRefused, {},
+       "flags: {gdrcopyEnabled: true, plugin: {deviceListStrategy: cdi-cri}}\n",
+       kRefused,
+       {},
        "flags.gdrcopyEnabled with a CDI deviceListStrategy (cdi-annotations, cdi-cri) is not "
        "supported: gpulet's CDI spec defines no such device"},
       {"flags.useNodeFeatureAPI", "flags: {useNodeFeatureAPI: true}\n", kSilent, {}, ""},
       {"flags.deviceDiscoveryStrategy", "flags: {deviceDiscoveryStrategy: nvml}\n", kApplied,
        [](const Config&) { return true; }, ""},
-      {"flags.deviceDiscoveryStrategy=tegra", "flags: {deviceDiscoveryStrategy: tegra}\n",
-       kRefused, {}, "t.yaml:1: flags.deviceDiscoveryStrategy: tegra is not supported: gpulet "
-                     "discovers GPUs through NVML only"},
+      {"flags.deviceDiscoveryStrategy=tegra",
+       "flags: {deviceDiscoveryStrategy: tegra}\n",
+       kRefused,
+       {},
+       "t.yaml:1: flags.deviceDiscoveryStrategy: tegra is not supported: gpulet "
+       "discovers GPUs through NVML only"},
       {"flags.plugin.passDeviceSpecs", "flags: {plugin: {passDeviceSpecs: true}}\n", kApplied,
        [](const Config& c) { return c.pass_device_specs; }, ""},
       {"flags.plugin.deviceListStrategy",
@@ -194,61 +203,85 @@ TEST(NvidiaKeysTest, EveryKeyAppliedIgnoredWithWhyOrRefusedWithWhy) {
        [](const Config& c) { return c.id_strategy == IdStrategy::kIndex; }, ""},
       {"flags.plugin.cdiAnnotationPrefix", "flags: {plugin: {cdiAnnotationPrefix: x.io/}}\n",
        kApplied, [](const Config& c) { return c.cdi_annotation_prefix == "x.io/"; }, ""},
-      {"flags.plugin.nvidiaCTKPath", "flags: {plugin: {nvidiaCTKPath: /usr/bin/nvidia-ctk}}\n",
-       kNoted, {}, "t.yaml:1: flags.plugin.nvidiaCTKPath: accepted and ignored: gpulet writes its "
-                   "CDI specs itself"},
-      {"flags.plugin.containerDriverRoot", "flags: {plugin: {containerDriverRoot: /driver-root}}\n",
-       kNoted, {}, "flags.plugin.containerDriverRoot: accepted and ignored: gpulet finds the "
-                   "driver through flags.nvidiaDriverRoot"},
+      {"flags.plugin.nvidiaCTKPath",
+       "flags: {plugin: {nvidiaCTKPath: /usr/bin/nvidia-ctk}}\n",
+       kNoted,
+       {},
+       "t.yaml:1: flags.plugin.nvidiaCTKPath: accepted and ignored: gpulet writes its "
+       "CDI specs itself"},
+      {"flags.plugin.containerDriverRoot",
+       "flags: {plugin: {containerDriverRoot: /driver-root}}\n",
+       kNoted,
+       {},
+       "flags.plugin.containerDriverRoot: accepted and ignored: gpulet finds the "
+       "driver through flags.nvidiaDriverRoot"},
       {"flags.plugin.sharedDevicesAllocationPolicy",
        "flags: {plugin: {sharedDevicesAllocationPolicy: packed}}\n", kApplied,
        [](const Config& c) { return c.shared_policy == SharedPolicy::kPacked; }, ""},
       {"flags.gfd (oneshot, noTimestamp, sleepInterval, outputFile, machineTypeFile)",
        "flags:\n  gfd: {oneshot: true, noTimestamp: true, sleepInterval: 60s, outputFile: /x, "
-       "machineTypeFile: /y}\n", kSilent, {}, ""},
-      {"resources.gpus", "resources:\n  gpus: [{pattern: '*T4*', name: t4}]\n", kApplied,
-       [](const Config& c) { return c.gpus.size() == 1 && c.gpus[0].name == "nvidia.com/t4"; },
+       "machineTypeFile: /y}\n",
+       kSilent,
+       {},
        ""},
+      {"resources.gpus", "resources:\n  gpus: [{pattern: '*T4*', name: t4}]\n", kApplied,
+       [](const Config& c) { return c.gpus.size() == 1 && c.gpus[0].name == "nvidia.com/t4"; }, ""},
       {"resources.mig", "resources:\n  mig: [{pattern: 1g.5gb, name: small}]\n", kApplied,
        [](const Config& c) { return c.migs.size() == 1 && c.migs[0].name == "nvidia.com/small"; },
        ""},
       {"sharing.timeSlicing.*",
        "sharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n"
-       "    resources:\n    - {name: gpu, replicas: 3, devices: 1, rename: g3}\n", kApplied,
+       "    resources:\n    - {name: gpu, replicas: 3, devices: 1, rename: g3}\n",
+       kApplied,
        [](const Config& c) {
          return c.time_slicing.size() == 1 && c.time_slicing[0].replicas == 3 &&
-                c.time_slicing[0].rename == "nvidia.com/g3" && c.time_slicing[0].device_count == 1 &&
-                c.fail_requests_greater_than_one && c.rename_by_default && !c.UsesMps();
-       }, ""},
+                c.time_slicing[0].rename == "nvidia.com/g3" &&
+                c.time_slicing[0].device_count == 1 && c.fail_requests_greater_than_one &&
+                c.rename_by_default && !c.UsesMps();
+       },
+       ""},
       {"sharing.mps.*",
        "sharing:\n  mps:\n    renameByDefault: true\n    failRequestsGreaterThanOne: false\n"
-       "    resources:\n    - {name: nvidia.com/gpu, replicas: 4, devices: all}\n", kApplied,
+       "    resources:\n    - {name: nvidia.com/gpu, replicas: 4, devices: all}\n",
+       kApplied,
        [](const Config& c) {
-         return c.UsesMps() && c.mps[0].replicas == 4 && c.mps[0].rename == "nvidia.com/gpu.shared" &&
-                !c.FailSharedRequestsGreaterThanOne();
-       }, ""},
+         return c.UsesMps() && c.mps[0].replicas == 4 &&
+                c.mps[0].rename == "nvidia.com/gpu.shared" && !c.FailSharedRequestsGreaterThanOne();
+       },
+       ""},
       {"sharing.mps failRequestsGreaterThanOne default",
        "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n", kApplied,
        [](const Config& c) { return c.FailSharedRequestsGreaterThanOne(); }, ""},
       {"sharing.mps.resources.devices (not all)",
-       "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0]}\n", kRefused,
-       {}, "t.yaml:4: sharing.mps.resources.devices: MPS shares every GPU of a resource"},
+       "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2, devices: [0]}\n",
+       kRefused,
+       {},
+       "t.yaml:4: sharing.mps.resources.devices: MPS shares every GPU of a resource"},
       {"sharing.mps + sharing.timeSlicing",
        "sharing:\n  timeSlicing:\n    resources: [{name: gpu, replicas: 2}]\n  mps:\n"
-       "    resources: [{name: gpu, replicas: 2}]\n", kRefused, {},
+       "    resources: [{name: gpu, replicas: 2}]\n",
+       kRefused,
+       {},
        "sharing.mps: sharing.timeSlicing and sharing.mps are mutually exclusive"},
       {"sharing.mps + migStrategy mixed",
        "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources: [{name: gpu, replicas: 2}]\n",
-       kRefused, {}, "sharing.mps: not supported with migStrategy mixed"},
+       kRefused,
+       {},
+       "sharing.mps: not supported with migStrategy mixed"},
       {"imex.channelIDs", "imex: {channelIDs: [0]}\n", kApplied,
        [](const Config& c) { return c.imex_channels == std::vector<int>{0}; }, ""},
-      {"imex.channelIDs=[1]", "imex: {channelIDs: [1]}\n", kRefused, {},
+      {"imex.channelIDs=[1]",
+       "imex: {channelIDs: [1]}\n",
+       kRefused,
+       {},
        "t.yaml:1: imex.channelIDs: only [] or [0] are valid"},
       {"imex.required", "imex: {channelIDs: [0], required: true}\n", kApplied,
        [](const Config& c) { return c.imex_required; }, ""},
       {"imex.channelIDs+cdi",
        "imex: {channelIDs: [0]}\nflags: {plugin: {deviceListStrategy: cdi-annotations}}\n",
-       kRefused, {}, "imex.channelIDs with a CDI deviceListStrategy"},
+       kRefused,
+       {},
+       "imex.channelIDs with a CDI deviceListStrategy"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.key);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "gpu/gpu.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::testing {
 
@@ -63,7 +64,10 @@ class FakeGpuLayer : public gpu::GpuLayer {
   }
   void SetProbe(uint32_t i, absl::Status s) {
     std::lock_guard<std::mutex> l(mu_);
-    if (s.ok()) probe.erase(i); else probe[i] = s;
+    if (s.ok())
+      probe.erase(i);
+    else
+      probe[i] = s;
   }
   void SetNvmlDown(bool down) {
     std::lock_guard<std::mutex> l(mu_);
@@ -79,17 +83,6 @@ class FakeGpuLayer : public gpu::GpuLayer {
   bool nvml_down = false;
   std::map<int, EventCallback> subs_;
   int next_ = 0;
-};
-
-class FakeClock : public Clock {
- public:
-  TimePoint Now() const override { return now_; }
-  int64_t UnixSeconds() const override { return 1700000000; }
-  void SleepFor(Duration d) override { now_ += d; }
-  void Advance(Duration d) { now_ += d; }
-
- private:
-  TimePoint now_{std::chrono::seconds(1000)};
 };
 
 inline std::string Uuid(const char* prefix, int n) {

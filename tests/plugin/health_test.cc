@@ -1,12 +1,11 @@
 #include "plugin/health.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "tests/plugin/fake_gpu.h"
 
@@ -53,7 +52,8 @@ struct Fixture : ::testing::Test {
     clock.Advance(std::chrono::seconds(seconds));
     mon->CheckOnce();
   }
-  std::string dir = std::filesystem::temp_directory_path() / ("dp-health-" + std::to_string(getpid()));
+  std::string dir =
+      std::filesystem::temp_directory_path() / ("dp-health-" + std::to_string(getpid()));
   gpu::Inventory inv;
   std::unique_ptr<FakeGpuLayer> layer;
   HealthConfig cfg;
@@ -77,7 +77,7 @@ TEST_F(Fixture, XidMarksThenRecoversAfterHoldDown) {
   mon->Stop();  // drive the checker by hand from here
   layer->SetProbe(3, absl::UnavailableError("GPU is lost"));
   for (int i = 0; i < 30; ++i) Tick();
-  EXPECT_FALSE(mon->Healthy(3));  // lost: never recovers while the probe fails
+  EXPECT_FALSE(mon->Healthy(3));         // lost: never recovers while the probe fails
   layer->SetProbe(3, absl::OkStatus());  // reset
   Tick();
   EXPECT_FALSE(mon->Healthy(3));

@@ -3,6 +3,8 @@
 // stopping daemons across reloads, as the kubelet emulator sees it.
 #include "plugin/mps.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -11,9 +13,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "plugin/plugin.h"
 #include "plugin/resources.h"
@@ -95,9 +94,7 @@ class MpsFixture : public ::testing::Test {
 
 // 100/replicas percent of the threads and memory/replicas of pinned memory per GPU, in MiB.
 TEST(MpsLimitsTest, CommandsFollowReplicas) {
-  MpsShare s{"nvidia.com/gpu",
-             {{0, "GPU-a", 80 * kGiB, 9, 0}, {3, "GPU-b", 16 * kGiB, 9, 0}},
-             3};
+  MpsShare s{"nvidia.com/gpu", {{0, "GPU-a", 80 * kGiB, 9, 0}, {3, "GPU-b", 16 * kGiB, 9, 0}}, 3};
   EXPECT_THAT(MpsLimitCommands(s),
               ::testing::ElementsAre("set_default_device_pinned_mem_limit 0 27306M",
                                      "set_default_device_pinned_mem_limit 3 5461M",
@@ -204,7 +201,8 @@ sharing:
     renameByDefault: true
     resources:
     - {name: nvidia.com/gpu, replicas: 4}
-)", "mps.yaml");
+)",
+                         "mps.yaml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   std::vector<MpsShare> shares;
   auto rs = BuildResources(inv, *cfg, &health, "/nonexistent", &shares);
@@ -251,8 +249,10 @@ TEST_F(MpsFixture, ImexChannelOnlyWhenItsNodeExists) {
   HealthConfig hc;
   hc.unhealthy_devices_file = "";
   HealthMonitor health(&layer, inv, hc);
-  auto cfg = ParseConfig("imex: {channelIDs: [0]}\nflags: {plugin: {deviceListStrategy: "
-                         "[envvar, volume-mounts], passDeviceSpecs: true}}\n", "i.yaml");
+  auto cfg = ParseConfig(
+      "imex: {channelIDs: [0]}\nflags: {plugin: {deviceListStrategy: "
+      "[envvar, volume-mounts], passDeviceSpecs: true}}\n",
+      "i.yaml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   const std::string host = dir_ + "/host";
   fs::create_directories(host + "/dev/nvidia-caps-imex-channels");
@@ -288,8 +288,10 @@ TEST(MpsLabelsTest, SharingStrategyAndReplicas) {
   ASSERT_TRUE(mps.ok());
   EXPECT_EQ(LabelsOf(*mps).sharing_strategy, "mps");
   EXPECT_EQ(LabelsOf(*mps).replicas, 4);
-  auto ts = ParseConfig("flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n"
-                        "    resources: [{name: gpu, replicas: 3}]\n", "l.yaml");
+  auto ts = ParseConfig(
+      "flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n"
+      "    resources: [{name: gpu, replicas: 3}]\n",
+      "l.yaml");
   ASSERT_TRUE(ts.ok());
   EXPECT_EQ(LabelsOf(*ts).sharing_strategy, "time-slicing");
   EXPECT_EQ(LabelsOf(*ts).replicas, 3);
@@ -300,8 +302,10 @@ TEST(MpsLabelsTest, SharingStrategyAndReplicas) {
 
 // NVIDIA's MPS refusals: migStrategy mixed, MIG devices, more replicas than the server takes.
 TEST_F(MpsFixture, RefusalsNameWhy) {
-  auto mixed = ParseConfig("flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n"
-                           "    - {name: nvidia.com/gpu, replicas: 2}\n", "m.yaml");
+  auto mixed = ParseConfig(
+      "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 2}\n",
+      "m.yaml");
   ASSERT_TRUE(mixed.ok());
   EXPECT_THAT(Validate(*mixed).message(),
               HasSubstr("m.yaml:5: sharing.mps: not supported with migStrategy mixed"));
@@ -312,8 +316,10 @@ TEST_F(MpsFixture, RefusalsNameWhy) {
   HealthConfig hc;
   hc.unhealthy_devices_file = "";
   HealthMonitor health(&layer, inv, hc);
-  auto single = ParseConfig("flags: {migStrategy: single}\nsharing:\n  mps:\n    resources:\n"
-                            "    - {name: nvidia.com/gpu, replicas: 2}\n", "s.yaml");
+  auto single = ParseConfig(
+      "flags: {migStrategy: single}\nsharing:\n  mps:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 2}\n",
+      "s.yaml");
   ASSERT_TRUE(single.ok());
   auto rs = BuildResources(inv, *single, &health, "/nonexistent");
   EXPECT_THAT(rs.status().message(), HasSubstr("MPS does not share MIG devices"));
@@ -321,8 +327,10 @@ TEST_F(MpsFixture, RefusalsNameWhy) {
   gpu::Inventory big = Gpus(1);
   FakeGpuLayer big_layer(big);
   HealthMonitor big_health(&big_layer, big, hc);
-  auto many = ParseConfig("sharing:\n  mps:\n    resources:\n"
-                          "    - {name: nvidia.com/gpu, replicas: 64}\n", "r.yaml");
+  auto many = ParseConfig(
+      "sharing:\n  mps:\n    resources:\n"
+      "    - {name: nvidia.com/gpu, replicas: 64}\n",
+      "r.yaml");
   ASSERT_TRUE(many.ok());
   EXPECT_THAT(BuildResources(big, *many, &big_health, "/nonexistent").status().message(),
               HasSubstr("r.yaml:4: sharing.mps: nvidia.com/gpu: 64 replicas on GPU 0"));
@@ -342,7 +350,8 @@ TEST_F(MpsFixture, DevicePluginRunsDaemonsAcrossReloads) {
   auto write = [&](const std::string& sharing) {
     std::ofstream(file) << "version: v1\nflags: {mpsRoot: " << options_.root
                         << "}\ngpulet:\n  health: {unhealthyDevicesFile: \"\"}\n  mps: {binDir: "
-                        << options_.bin_dir << "}\nsharing:\n" << sharing;
+                        << options_.bin_dir << "}\nsharing:\n"
+                        << sharing;
   };
   write("  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n");
   DevicePlugin::Options o;

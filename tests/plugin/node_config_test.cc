@@ -3,14 +3,13 @@
 // Node and the last good config stays. Fake API server + kubelet emulator over real sockets.
 #include "plugin/node_config.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "k8s/client.h"
 #include "plugin/plugin.h"
@@ -74,8 +73,10 @@ class NodeConfigTest : public ::testing::Test {
   }
 
   void CreateNode(const std::string& label) {
-    nlohmann::json node = {{"apiVersion", "v1"}, {"kind", "Node"},
-                           {"metadata", {{"name", "node-a"}, {"labels", nlohmann::json::object()}}}};
+    nlohmann::json node = {
+        {"apiVersion", "v1"},
+        {"kind", "Node"},
+        {"metadata", {{"name", "node-a"}, {"labels", nlohmann::json::object()}}}};
     if (!label.empty()) node["metadata"]["labels"][kDefaultConfigNodeLabel] = label;
     api_.CreateNode(node);
   }

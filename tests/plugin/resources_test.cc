@@ -1,10 +1,10 @@
 #include "plugin/resources.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "tests/plugin/fake_gpu.h"
 
@@ -184,8 +184,8 @@ TEST(ResourcesTest, MigStrategies) {
   Node uniform_node(uniform, cfg);  // outlives the resources, which point at its health monitor
   auto rs = uniform_node.Build();
   ASSERT_TRUE(rs.ok()) << rs.status();
-  EXPECT_THAT(Counts(*rs), ::testing::ContainerEq(std::map<std::string, size_t>{
-                               {"nvidia.com/gpu", 14}}));
+  EXPECT_THAT(Counts(*rs),
+              ::testing::ContainerEq(std::map<std::string, size_t>{{"nvidia.com/gpu", 14}}));
   // A +me profile is its own resource with '+' turned into '.'.
   auto me = MakeInventory(1, {}, "NVIDIA A100-SXM4-40GB");
   AddMig(me, 0, {"1g.5gb+me", "1g.5gb"});
@@ -211,7 +211,8 @@ TEST(ResourcesTest, TimeSlicing) {
       rename: gpu-fraction
       replicas: 3
       devices: ["1", "2"]
-)", "t.yaml");
+)",
+                         "t.yaml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   Node n(MakeInventory(4, {}), *cfg);
   auto rs = n.Build();
@@ -233,8 +234,10 @@ TEST(ResourcesTest, TimeSlicing) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->envs().at("NVIDIA_VISIBLE_DEVICES"), u1);
   // A device the list names that does not exist is an error naming the entry's line.
-  auto bad = ParseConfig("sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
-                         "      replicas: 2\n      devices: [\"9\"]\n", "u.yaml");
+  auto bad = ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
+      "      replicas: 2\n      devices: [\"9\"]\n",
+      "u.yaml");
   auto err = Node(MakeInventory(4, {}), *bad).Build();
   EXPECT_THAT(err.status().message(), HasSubstr("u.yaml:4"));
   EXPECT_THAT(err.status().message(), HasSubstr("\"9\""));
@@ -242,8 +245,10 @@ TEST(ResourcesTest, TimeSlicing) {
 
 // Replicas are spread over GPUs (distributed) or stacked (packed), honouring must_include.
 TEST(ResourcesTest, ReplicaPolicies) {
-  auto cfg = ParseConfig("sharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
-                         "    - name: nvidia.com/gpu\n      replicas: 4\n", "r.yaml");
+  auto cfg = ParseConfig(
+      "sharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+      "    - name: nvidia.com/gpu\n      replicas: 4\n",
+      "r.yaml");
   Node n(MakeInventory(2, {}), *cfg);
   auto shared = Get(*n.Build(), "nvidia.com/gpu.shared");
   ASSERT_NE(shared, nullptr);
@@ -254,8 +259,8 @@ TEST(ResourcesTest, ReplicaPolicies) {
   ASSERT_TRUE(d.ok());
   EXPECT_THAT(*d, UnorderedElementsAre(u0 + "::0", u1 + "::0"));
   // GPU 0 already has two replicas in use: distributed picks GPU 1.
-  std::vector<std::string> avail = {u0 + "::2", u0 + "::3", u1 + "::0", u1 + "::1", u1 + "::2",
-                                    u1 + "::3"};
+  std::vector<std::string> avail = {u0 + "::2", u0 + "::3", u1 + "::0",
+                                    u1 + "::1", u1 + "::2", u1 + "::3"};
   EXPECT_THAT(*shared->Preferred(avail, {}, 1), ElementsAre(u1 + "::0"));
   EXPECT_THAT(*shared->Preferred(avail, {u0 + "::3"}, 2), ElementsAre(u0 + "::3", u1 + "::0"));
   n.cfg.shared_policy = SharedPolicy::kPacked;
@@ -267,12 +272,14 @@ TEST(ResourcesTest, ReplicaPolicies) {
 TEST(ResourcesTest, RenameByPattern) {
   auto inv = MakeInventory(3, {});
   inv.devices[2].name = "Tesla T4";
-  auto cfg = ParseConfig("resources:\n  gpus:\n  - pattern: \"*T4*\"\n    name: t4\n"
-                         "  - pattern: \"*H100*\"\n    name: h100\n", "p.yaml");
+  auto cfg = ParseConfig(
+      "resources:\n  gpus:\n  - pattern: \"*T4*\"\n    name: t4\n"
+      "  - pattern: \"*H100*\"\n    name: h100\n",
+      "p.yaml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   EXPECT_THAT(Counts(*Node(inv, *cfg).Build()),
-              ::testing::ContainerEq(std::map<std::string, size_t>{{"nvidia.com/h100", 2},
-                                                                   {"nvidia.com/t4", 1}}));
+              ::testing::ContainerEq(
+                  std::map<std::string, size_t>{{"nvidia.com/h100", 2}, {"nvidia.com/t4", 1}}));
   inv.devices[1].name = "Quadro";
   auto err = Node(inv, *cfg).Build();
   EXPECT_THAT(err.status().message(), HasSubstr("GPU 1 (Quadro) matches no resources.gpus"));

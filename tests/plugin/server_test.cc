@@ -1,12 +1,11 @@
 #include "kubelet/server.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <sstream>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -101,7 +100,8 @@ spec:
   - name: c
     image: x
     resources: {limits: {example.com/widget: 1}}
-)", "pod.yaml");
+)",
+                             "pod.yaml");
   ASSERT_TRUE(pods.ok()) << pods.status();
   auto st = kubelet.AddPod((*pods)[0]);
   ASSERT_TRUE(st.ok()) << st.status();
@@ -141,7 +141,8 @@ TEST_F(ServerTest, RetriesUntilKubeletAppears) {
 // A kubelet restart (its directory cleaned, kubelet.sock recreated) is followed by a new
 // registration well within a second; a removed plugin socket is served again.
 TEST_F(ServerTest, ReRegistersAfterKubeletRestart) {
-  auto kubelet = std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir});
+  auto kubelet =
+      std::make_unique<emu::KubeletEmulator>(emu::EmulatorOptions{.device_plugin_dir = dir});
   ASSERT_TRUE(kubelet->Start().ok());
   PluginManager m(Options());
   ASSERT_TRUE(m.SetResources({std::make_shared<TestResource>("example.com/widget", 2)}).ok());

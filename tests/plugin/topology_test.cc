@@ -1,9 +1,9 @@
 #include "plugin/topology.h"
 
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "tests/plugin/fake_gpu.h"
 
@@ -49,7 +49,7 @@ TEST(TopologyTest, Dgx1PairHasNvlink) {
   auto with6 = *t.Best(0xff, Mask({6}), 2);
   EXPECT_TRUE(with6 == Mask({6, 2}) || with6 == Mask({6, 7}) || with6 == Mask({6, 5}) ||
               with6 == Mask({6, 4}));
-  EXPECT_EQ(links[6][std::countr_zero(with6 & ~Mask({6}))] , 2);
+  EXPECT_EQ(links[6][std::countr_zero(with6 & ~Mask({6}))], 2);
   // When 0-3 are taken, the quad comes from 4-7.
   EXPECT_EQ(*t.Best(Mask({4, 5, 6, 7}), 0, 4), Mask({4, 5, 6, 7}));
 }
@@ -75,7 +75,8 @@ TEST(TopologyTest, OptimalAgainstBruteForce) {
     // Vary PCIe too so the second level matters.
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j)
-        if (i != j && (i / 4) == (j / 4)) inv.topology[i][j].pcie = gpu::PcieRelation::kSingleSwitch;
+        if (i != j && (i / 4) == (j / 4))
+          inv.topology[i][j].pcie = gpu::PcieRelation::kSingleSwitch;
     TopologyScorer t(inv);
     uint64_t avail = (rng() & 0xffff) | 0x0f0f;
     int size = 1 + rng() % std::min(8, std::popcount(avail));

@@ -16,8 +16,8 @@
 #include "plugin/resources.h"
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
+#include "testing/runtime/fixtures.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
 
 namespace gpulet::runtime {
 namespace {
@@ -35,8 +35,8 @@ const std::string kBin = std::string(GPULET_BINARY_DIR) + "/bin/";
 const std::string kShim = kBin + "gpulet-container-runtime";
 const std::string kHook = kBin + "gpulet-container-hook";
 
-// A node: a driver root with 4 GPUs (FakeInventory(4)), its CDI spec (written by `gpulet cdi generate`'s code path
-// from a fake inventory), a shim config, and a busybox bundle.
+// A node: a driver root with 4 GPUs (FakeInventory(4)), its CDI spec (written by `gpulet cdi
+// generate`'s code path from a fake inventory), a shim config, and a busybox bundle.
 class Node : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -100,9 +100,11 @@ class Node : public ::testing::Test {
   void PodmanWithImage(const std::string& image, std::string* podman) {
     WriteFile(dir_ + "/containers.conf", "[containers]\ndefault_ulimits = []\n");
     *podman = "CONTAINERS_CONF=" + dir_ + "/containers.conf podman --root " + dir_ +
-              "/storage --runroot " + dir_ + "/runroot --cgroup-manager cgroupfs --events-backend file ";
+              "/storage --runroot " + dir_ +
+              "/runroot --cgroup-manager cgroupfs --events-backend file ";
     std::string out;
-    ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + *podman + "import - " + image, &out), 0)
+    ASSERT_EQ(Sh("tar -C " + dir_ + "/bundle/rootfs -c . | " + *podman + "import - " + image, &out),
+              0)
         << out;
   }
   std::string dir_;
@@ -119,8 +121,8 @@ TEST_F(Node, RuncSeesExactlyTheRequestedGpu) {
   std::string out;
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("c[-rwx]+ +1 +0 +0 +195, +1 .*nvidia1\n"));
-  for (const char* gone : {"nvidia0", "nvidia2", "nvidia3", "nvidia-modeset", "libnvidia-encode",
-                           "libnvidia-glcore"})
+  for (const char* gone :
+       {"nvidia0", "nvidia2", "nvidia3", "nvidia-modeset", "libnvidia-encode", "libnvidia-glcore"})
     EXPECT_THAT(out, Not(HasSubstr(gone))) << out;
   for (const char* there : {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "libcuda.so.550.54.15",
                             "libnvidia-ml.so.550.54.15", "libnvidia-ptxjitcompiler.so.550.54.15",
@@ -153,18 +155,22 @@ TEST_F(Node, ImageEnvvarDoesNotGrantGpusByDefault) {
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia"))) << out;
   Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
-  spec["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/GPU-00000002-1111-2222-3333-444444444444"},
-                            {"type", "bind"}, {"source", "/dev/null"}, {"options", {"ro", "bind"}}});
+  spec["mounts"].push_back(
+      {{"destination",
+        "/var/run/nvidia-container-devices/GPU-00000002-1111-2222-3333-444444444444"},
+       {"type", "bind"},
+       {"source", "/dev/null"},
+       {"options", {"ro", "bind"}}});
   WriteFile(dir_ + "/bundle/config.json", spec.dump());
   ASSERT_EQ(RunShim(&out), 0) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +2 .*nvidia2\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia3"))) << out;
 }
 
-// Issue 14.1: a pod's emptyDir (or an image VOLUME) mounted at /var/run/nvidia-container-devices/all
-// is not the device plugin's grant (a bind of /dev/null with an id it issues): in CDI and legacy
-// mode the container starts with no GPU at all (it used to get every GPU); /dev/null at "all" is
-// refused before runc runs.
+// Issue 14.1: a pod's emptyDir (or an image VOLUME) mounted at
+// /var/run/nvidia-container-devices/all is not the device plugin's grant (a bind of /dev/null with
+// an id it issues): in CDI and legacy mode the container starts with no GPU at all (it used to get
+// every GPU); /dev/null at "all" is refused before runc runs.
 TEST_F(Node, VolumeAtTheDeviceListPathGrantsNothing) {
   fs::create_directories(dir_ + "/emptydir");
   for (const char* mode : {"auto", "legacy"}) {
@@ -174,7 +180,8 @@ TEST_F(Node, VolumeAtTheDeviceListPathGrantsNothing) {
     Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
     Json with_dir = spec;
     with_dir["mounts"].push_back({{"destination", "/var/run/nvidia-container-devices/all"},
-                                  {"type", "bind"}, {"source", dir_ + "/emptydir"},
+                                  {"type", "bind"},
+                                  {"source", dir_ + "/emptydir"},
                                   {"options", {"rbind", "rprivate"}}});
     WriteFile(dir_ + "/bundle/config.json", with_dir.dump());
     std::string out;
@@ -218,11 +225,12 @@ TEST_F(Node, LegacyHookEnforcesRequirements) {
   EXPECT_THAT(out, Not(HasSubstr("started")));
 }
 
-// Issue 24.2, as measured on an Ubuntu 24.04 H200 node: the driver in /usr/local/nvidia/{lib64,bin},
-// the ld cache listing every library again from /lib, /usr/bin/nvidia-smi a #!/bin/sh script that
-// execs /usr/local/nvidia/bin/nvidia-smi. In both modes `nvidia-smi` (found on PATH, in an image
-// without a shell of its own it could rely on) and its full path run the real binary, the
-// libraries are there once, and the container's ld cache finds libcuda.
+// Issue 24.2, as measured on an Ubuntu 24.04 H200 node: the driver in
+// /usr/local/nvidia/{lib64,bin}, the ld cache listing every library again from /lib,
+// /usr/bin/nvidia-smi a #!/bin/sh script that execs /usr/local/nvidia/bin/nvidia-smi. In both modes
+// `nvidia-smi` (found on PATH, in an image without a shell of its own it could rely on) and its
+// full path run the real binary, the libraries are there once, and the container's ld cache finds
+// libcuda.
 TEST_F(Node, GkeStyleDriverLayout) {
   std::string root = dir_ + "/gke", why;
   DriverLayout gke{"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"};
@@ -236,17 +244,21 @@ TEST_F(Node, GkeStyleDriverLayout) {
   for (const char* mode : {"auto", "legacy"}) {
     SCOPED_TRACE(mode);
     WriteConfig(mode, true);
-    Bundle("nvidia-smi; /usr/local/nvidia/bin/nvidia-smi; ls /usr/local/nvidia/lib64 /lib; "
-           "grep -c libcuda.so.1 /etc/ld.so.cache; true",
-           {"NVIDIA_VISIBLE_DEVICES=1"});
+    Bundle(
+        "nvidia-smi; /usr/local/nvidia/bin/nvidia-smi; ls /usr/local/nvidia/lib64 /lib; "
+        "grep -c libcuda.so.1 /etc/ld.so.cache; true",
+        {"NVIDIA_VISIBLE_DEVICES=1"});
     std::string out;
     ASSERT_EQ(RunShim(&out), 0) << out;
     std::regex elf("stand-in nvidia-smi \\(ELF\\)");
-    auto runs = std::distance(std::sregex_iterator(out.begin(), out.end(), elf), std::sregex_iterator());
+    auto runs =
+        std::distance(std::sregex_iterator(out.begin(), out.end(), elf), std::sregex_iterator());
     EXPECT_EQ(runs, 2) << out;
     EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15")) << out;
-    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n")) << out;  // libcuda in the ld cache
-    EXPECT_THAT(out, Not(HasSubstr("/lib:\n"))) << out;  // each library mounted once, not from /lib too
+    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n"))
+        << out;  // libcuda in the ld cache
+    EXPECT_THAT(out, Not(HasSubstr("/lib:\n")))
+        << out;  // each library mounted once, not from /lib too
     Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   }
 }
@@ -260,7 +272,8 @@ TEST_F(Node, LdconfigBehindAWrapperScript) {
   if (real.empty()) GTEST_SKIP() << "no static host ldconfig to copy";
   std::string host = dir_ + "/ubuntu";
   WriteFile(host + "/sbin/ldconfig",
-            "#!/bin/sh\n# as Ubuntu's: dpkg trigger logic, then\nexec /sbin/ldconfig.real \"$@\"\n", 0755);
+            "#!/bin/sh\n# as Ubuntu's: dpkg trigger logic, then\nexec /sbin/ldconfig.real \"$@\"\n",
+            0755);
   fs::copy_file(real, host + "/sbin/ldconfig.real");
   ASSERT_NO_FATAL_FAILURE(HookReadsTestConfig());
   for (const char* mode : {"auto", "legacy"}) {
@@ -269,7 +282,8 @@ TEST_F(Node, LdconfigBehindAWrapperScript) {
     Bundle(kProbe, {"NVIDIA_VISIBLE_DEVICES=1"});
     std::string out;
     ASSERT_EQ(RunShim(&out), 0) << out;
-    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n")) << out;  // libcuda in the ld cache
+    EXPECT_THAT(out, ::testing::ContainsRegex("\n[1-9][0-9]*\n"))
+        << out;  // libcuda in the ld cache
     Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   }
 }
@@ -279,23 +293,24 @@ TEST_F(Node, LdconfigBehindAWrapperScript) {
 // no_new_privs. A static stand-in "ldconfig" writes what it holds into the rootfs's ld cache file.
 TEST_F(Node, LdconfigRunsWithOnlyTheCapabilitiesItNeeds) {
   std::string ld = dir_ + "/capld/sbin/ldconfig", src = dir_ + "/capld.c";
-  WriteFile(src,
-            "#include <stdio.h>\n#include <sys/prctl.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
-            "#include <linux/capability.h>\n"
-            "int main(void) {\n"
-            "  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};\n"
-            "  struct __user_cap_data_struct d[2] = {{0}};\n"
-            "  syscall(SYS_capget, &h, d);\n"
-            "  unsigned long long bnd = 0;\n"
-            "  for (int c = 0; c < 64; ++c)\n"
-            "    if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ull << c;\n"
-            "  FILE* f = fopen(\"/etc/ld.so.cache\", \"w\");\n"
-            "  if (!f) return 1;\n"
-            "  unsigned long long eff = d[0].effective | (unsigned long long)d[1].effective << 32;\n"
-            "  unsigned long long prm = d[0].permitted | (unsigned long long)d[1].permitted << 32;\n"
-            "  fprintf(f, \"eff=%llx prm=%llx bnd=%llx nnp=%d\\n\", eff, prm, bnd,\n"
-            "          prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));\n"
-            "  return fclose(f) != 0;\n}\n");
+  WriteFile(
+      src,
+      "#include <stdio.h>\n#include <sys/prctl.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
+      "#include <linux/capability.h>\n"
+      "int main(void) {\n"
+      "  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};\n"
+      "  struct __user_cap_data_struct d[2] = {{0}};\n"
+      "  syscall(SYS_capget, &h, d);\n"
+      "  unsigned long long bnd = 0;\n"
+      "  for (int c = 0; c < 64; ++c)\n"
+      "    if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bnd |= 1ull << c;\n"
+      "  FILE* f = fopen(\"/etc/ld.so.cache\", \"w\");\n"
+      "  if (!f) return 1;\n"
+      "  unsigned long long eff = d[0].effective | (unsigned long long)d[1].effective << 32;\n"
+      "  unsigned long long prm = d[0].permitted | (unsigned long long)d[1].permitted << 32;\n"
+      "  fprintf(f, \"eff=%llx prm=%llx bnd=%llx nnp=%d\\n\", eff, prm, bnd,\n"
+      "          prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));\n"
+      "  return fclose(f) != 0;\n}\n");
   fs::create_directories(dir_ + "/capld/sbin");
   std::string out;
   if (Sh("cc -static -O1 -o " + ld + " " + src, &out) != 0)
@@ -336,14 +351,15 @@ TEST_F(Node, LdPreloadNeverReachesTheHook) {
   std::string marker = dir_ + "/preloaded";
   ASSERT_TRUE(BuildLibrary(dir_ + "/evil.so", "evil.so",
                            "#include <stdio.h>\n__attribute__((constructor)) static void f(void) {"
-                           " FILE* m = fopen(\"" + marker + "\", \"a\"); if (m) { fputs(\"x\", m); fclose(m); } }\n"));
+                           " FILE* m = fopen(\"" +
+                               marker + "\", \"a\"); if (m) { fputs(\"x\", m); fclose(m); } }\n"));
   ASSERT_EQ(Sh("LD_PRELOAD=" + dir_ + "/evil.so /bin/true"), 0);
   ASSERT_TRUE(fs::exists(marker)) << "the test's preload library does not work";
   fs::remove(marker);
   for (const char* mode : {"auto", "legacy"}) {
     WriteConfig(mode, true);
-    Bundle("echo ran", {"NVIDIA_VISIBLE_DEVICES=0", "LD_PRELOAD=" + dir_ + "/evil.so",
-                        "LD_LIBRARY_PATH=/tmp"});
+    Bundle("echo ran",
+           {"NVIDIA_VISIBLE_DEVICES=0", "LD_PRELOAD=" + dir_ + "/evil.so", "LD_LIBRARY_PATH=/tmp"});
     std::string out;
     ASSERT_EQ(RunShim(&out), 0) << out;
     EXPECT_THAT(out, HasSubstr("ran"));
@@ -352,8 +368,8 @@ TEST_F(Node, LdPreloadNeverReachesTheHook) {
   }
   // Even when a runtime hands the hook a poisoned environment, nothing is loaded into it.
   std::string out;
-  Sh("echo '{\"pid\": 1, \"bundle\": \"/nonexistent\"}' | LD_PRELOAD=" + dir_ + "/evil.so " + kHook +
-         " update-ldcache --folder /usr/lib",
+  Sh("echo '{\"pid\": 1, \"bundle\": \"/nonexistent\"}' | LD_PRELOAD=" + dir_ + "/evil.so " +
+         kHook + " update-ldcache --folder /usr/lib",
      &out);
   EXPECT_FALSE(fs::exists(marker)) << "preload ran in the hook process";
 }
@@ -378,7 +394,8 @@ TEST_F(Node, LegacyModeAllowsTheInjectedDevicesInTheCgroup) {
   WriteFile(dir_ + "/bundle/config.json", spec.dump());
   Sh("runc --root " + dir_ + "/runc delete -f " + ContainerId() + " >/dev/null 2>&1");
   // runc directly: the shim would see its hook and leave the spec alone anyway.
-  Sh("cd " + dir_ + "/bundle && runc --root " + dir_ + "/runc run " + ContainerId() + " </dev/null", &out);
+  Sh("cd " + dir_ + "/bundle && runc --root " + dir_ + "/runc run " + ContainerId() + " </dev/null",
+     &out);
   EXPECT_THAT(out, HasSubstr("/dev/nvidia2: Operation not permitted")) << out;
 }
 
@@ -436,7 +453,8 @@ TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
     for (const auto& [k, v] : alloc->annotations())
       podman_args.push_back("--annotation '\"" + k + "=" + v + "\"'");
     for (const auto& m : alloc->mounts())
-      podman_args.push_back("-v " + m.host_path() + ":" + m.container_path() + (m.read_only() ? ":ro" : ""));
+      podman_args.push_back("-v " + m.host_path() + ":" + m.container_path() +
+                            (m.read_only() ? ":ro" : ""));
     for (const std::string mode : {"auto", "legacy"}) {
       if (mode == "legacy" && st.list.cdi_annotations) continue;  // CDI names mean CDI mode
       SCOPED_TRACE(st.name + " / " + mode);
@@ -445,7 +463,8 @@ TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
       Json spec = Json::parse(ReadFile(dir_ + "/bundle/config.json"));
       for (const auto& [k, v] : alloc->annotations()) spec["annotations"][k] = v;
       for (const auto& m : alloc->mounts())
-        spec["mounts"].push_back({{"destination", m.container_path()}, {"type", "bind"},
+        spec["mounts"].push_back({{"destination", m.container_path()},
+                                  {"type", "bind"},
                                   {"source", m.host_path()},
                                   {"options", {"rbind", m.read_only() ? "ro" : "rw"}}});
       WriteFile(dir_ + "/bundle/config.json", spec.dump());
@@ -458,15 +477,21 @@ TEST_F(Node, DevicePluginAllocationGivesExactlyThoseGpus) {
     WriteConfig("auto", st.accept_env);
     // podman (conmon) starts the runtime with an environment of its own: the wrapper gives the
     // shim this test's configuration.
-    WriteFile(dir_ + "/shim.sh", "#!/bin/sh\nGPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json exec " +
-                                     kShim + " \"$@\"\n", 0755);
+    WriteFile(
+        dir_ + "/shim.sh",
+        "#!/bin/sh\nGPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json exec " + kShim + " \"$@\"\n",
+        0755);
     ASSERT_EQ(Sh(p + "--runtime " + dir_ + "/shim.sh run --rm --network none " +
-                     absl::StrJoin(podman_args, " ") +
-                     " gpulet-xc:latest sh -c '" + probe + "'", &out), 0) << out;
+                     absl::StrJoin(podman_args, " ") + " gpulet-xc:latest sh -c '" + probe + "'",
+                 &out),
+              0)
+        << out;
     EXPECT_EQ(GpuNodes(out), want) << out;
   }
-  if (podman) Sh(p + "rmi -f gpulet-xc:latest >/dev/null");
-  else GTEST_SKIP() << "runc checked; podman is not installed";
+  if (podman)
+    Sh(p + "rmi -f gpulet-xc:latest >/dev/null");
+  else
+    GTEST_SKIP() << "runc checked; podman is not installed";
 }
 
 // podman: --device nvidia.com/gpu=0 from the generated spec, and --runtime gpulet-container-runtime
@@ -495,14 +520,20 @@ TEST_F(Node, Podman) {
   std::string p, out;
   ASSERT_NO_FATAL_FAILURE(PodmanWithImage("gpulet-e2e:latest", &p));
   ASSERT_EQ(Sh(p + "run --rm --network none --device nvidia.com/gpu=0 gpulet-e2e:latest sh -c '" +
-                   kProbe + "'", &out), 0) << out;
+                   kProbe + "'",
+               &out),
+            0)
+      << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
   EXPECT_THAT(out, HasSubstr("libcuda.so.550.54.15"));
   ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json " + p + "--runtime " + kShim +
                    " run --rm --network none -v "
-                   "/dev/null:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" + kProbe + "'",
-               &out), 0) << out;
+                   "/dev/null:/var/run/nvidia-container-devices/3:ro gpulet-e2e:latest sh -c '" +
+                   kProbe + "'",
+               &out),
+            0)
+      << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +3 .*nvidia3\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia0"))) << out;
   Sh(p + "rmi -f gpulet-e2e:latest >/dev/null");
@@ -512,20 +543,25 @@ TEST_F(Node, Podman) {
 // `ctr run --runc-binary=<our shim> --env NVIDIA_VISIBLE_DEVICES=0`: privileged, it gets GPU 0; as
 // an unprivileged container under the default policy (accept-envvar off), nothing.
 TEST_F(Node, ContainerdCtrRun) {
-  if (!Have("containerd") || !Have("ctr") || !Have("podman")) GTEST_SKIP() << "needs containerd, ctr and podman";
+  if (!Have("containerd") || !Have("ctr") || !Have("podman"))
+    GTEST_SKIP() << "needs containerd, ctr and podman";
   std::string c = dir_ + "/ctrd";
   fs::create_directories(c);
-  WriteFile(c + "/config.toml", "version = 2\nroot = \"" + c + "/root\"\nstate = \"" + c +
-                                    "/state\"\n[grpc]\naddress = \"" + c + "/sock\"\n"
-                                    "[ttrpc]\naddress = \"\"\n[debug]\naddress = \"\"\n[metrics]\naddress = \"\"\n"
-                                    "[plugins.\"io.containerd.grpc.v1.cri\"]\ndisable_tcp_service = true\n");
+  WriteFile(c + "/config.toml",
+            "version = 2\nroot = \"" + c + "/root\"\nstate = \"" + c +
+                "/state\"\n[grpc]\naddress = \"" + c +
+                "/sock\"\n"
+                "[ttrpc]\naddress = \"\"\n[debug]\naddress = \"\"\n[metrics]\naddress = \"\"\n"
+                "[plugins.\"io.containerd.grpc.v1.cri\"]\ndisable_tcp_service = true\n");
   WriteConfig("auto", /*accept_env=*/false);
   std::string p, out;
   ASSERT_NO_FATAL_FAILURE(PodmanWithImage("gpulet-ctr:latest", &p));
-  ASSERT_EQ(Sh(p + "save --format oci-archive -o " + c + "/img.tar gpulet-ctr:latest", &out), 0) << out;
+  ASSERT_EQ(Sh(p + "save --format oci-archive -o " + c + "/img.tar gpulet-ctr:latest", &out), 0)
+      << out;
   // The shim inherits containerd's environment: that is how it finds this test's config.
   ASSERT_EQ(Sh("GPULET_RUNTIME_CONFIG=" + dir_ + "/runtime.json setsid containerd --config " + c +
-                   "/config.toml >" + c + "/log 2>&1 & echo $! > " + c + "/pid"), 0);
+               "/config.toml >" + c + "/log 2>&1 & echo $! > " + c + "/pid"),
+            0);
   std::string ctr = "ctr --address " + c + "/sock ";
   bool up = false;
   for (int i = 0; i < 100 && !up; ++i, ::usleep(100000)) up = Sh(ctr + "version >/dev/null") == 0;
@@ -534,9 +570,13 @@ TEST_F(Node, ContainerdCtrRun) {
     ~Stop() { Sh("kill $(cat " + pidfile + ") 2>/dev/null; sleep 0.5"); }
   } stop{c + "/pid"};
   ASSERT_TRUE(up) << ReadFile(c + "/log");
-  ASSERT_EQ(Sh(ctr + "images import --base-name localhost/gpulet-ctr " + c + "/img.tar", &out), 0) << out;
+  ASSERT_EQ(Sh(ctr + "images import --base-name localhost/gpulet-ctr " + c + "/img.tar", &out), 0)
+      << out;
   std::string run = ctr + "run --rm --runc-binary=" + kShim + " --env NVIDIA_VISIBLE_DEVICES=0 ";
-  ASSERT_EQ(Sh(run + "--privileged localhost/gpulet-ctr:latest t1 sh -c 'ls -l /dev | grep nvidia'", &out), 0) << out;
+  ASSERT_EQ(Sh(run + "--privileged localhost/gpulet-ctr:latest t1 sh -c 'ls -l /dev | grep nvidia'",
+               &out),
+            0)
+      << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("195, +0 .*nvidia0\n")) << out;
   EXPECT_THAT(out, Not(HasSubstr("nvidia1"))) << out;
   Sh(run + "localhost/gpulet-ctr:latest t2 sh -c 'ls -l /dev | grep nvidia; true'", &out);
@@ -554,11 +594,12 @@ TEST(Agent, KeepsTheCdiSpecOfTheNode) {
   fs::create_directories(dir + "/dp");
   fs::create_directories(dir + "/cdi");
   std::string spec = dir + "/cdi/nvidia.json";
-  ASSERT_EQ(Sh(gpulet + " agent --simulate a100-mig --sim-root " + dir + "/sim --device-plugin-dir " +
-                   dir + "/dp --kubelet-socket '' --metrics-address 127.0.0.1:0 --labels-output " +
-                   dir + "/labels --cdi-spec " + spec + " --cdi-driver-root " + dir +
-                   "/driver --cdi-interval 200ms >" + dir + "/log 2>&1 & echo $! >" + dir + "/pid"),
-            0);
+  ASSERT_EQ(
+      Sh(gpulet + " agent --simulate a100-mig --sim-root " + dir + "/sim --device-plugin-dir " +
+         dir + "/dp --kubelet-socket '' --metrics-address 127.0.0.1:0 --labels-output " + dir +
+         "/labels --cdi-spec " + spec + " --cdi-driver-root " + dir +
+         "/driver --cdi-interval 200ms >" + dir + "/log 2>&1 & echo $! >" + dir + "/pid"),
+      0);
   struct Stop {
     std::string dir;
     ~Stop() {
@@ -596,7 +637,8 @@ TEST(Containerd, ConfigDumpAcceptsConfiguredFile) {
   ASSERT_TRUE(ApplyChanges(*plan).ok());
   std::string out;
   ASSERT_EQ(Sh("containerd --config " + cfg + " config dump", &out), 0) << out;
-  EXPECT_THAT(out, HasSubstr("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]"));
+  EXPECT_THAT(
+      out, HasSubstr("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]"));
   EXPECT_THAT(out, HasSubstr("BinaryName = \"" + kShim + "\""));
   EXPECT_THAT(out, HasSubstr("default_runtime_name = \"nvidia\""));
   // (enable_cdi is written too, but containerd 1.6, Debian 12's, has no CDI and drops the key.)

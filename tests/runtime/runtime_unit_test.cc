@@ -25,8 +25,8 @@
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
+#include "testing/runtime/fixtures.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
 
 namespace gpulet::runtime {
 namespace {
@@ -38,7 +38,10 @@ namespace fs = std::filesystem;
 
 class TempDirTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = MakeTempDir("unit"); ASSERT_FALSE(dir_.empty()); }
+  void SetUp() override {
+    dir_ = MakeTempDir("unit");
+    ASSERT_FALSE(dir_.empty());
+  }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;
 };
@@ -71,14 +74,15 @@ TEST_F(TempDirTest, LdCacheFromRealLdconfigListsDriverLibraries) {
   ASSERT_TRUE(drv.ok()) << drv.status();
   EXPECT_EQ(drv->version, kDriverVersion);
   EXPECT_EQ(drv->libraries.size(), 5u);  // links followed to the .so.<version> files
-  EXPECT_THAT(drv->libraries, ::testing::Contains(std::string(kLibDir) + "/libcuda.so." + kDriverVersion));
+  EXPECT_THAT(drv->libraries,
+              ::testing::Contains(std::string(kLibDir) + "/libcuda.so." + kDriverVersion));
   EXPECT_THAT(drv->binaries, ::testing::ElementsAre("/usr/bin/nvidia-smi"));
 }
 
 // Issue 24.2: the driver layouts that exist, each as a fake root, through DiscoverDriver and the
 // CDI spec `gpulet cdi generate` writes: Debian/Ubuntu packages, RHEL (/usr/lib64), GKE-style
-// (/usr/local/nvidia/{lib64,bin}, the cache listing every library again from /lib, /usr/bin/nvidia-smi
-// a wrapper script), and a driver container's root under /run/nvidia/driver.
+// (/usr/local/nvidia/{lib64,bin}, the cache listing every library again from /lib,
+// /usr/bin/nvidia-smi a wrapper script), and a driver container's root under /run/nvidia/driver.
 TEST_F(TempDirTest, DriverLayouts) {
   struct Case {
     std::string name, root;
@@ -89,8 +93,11 @@ TEST_F(TempDirTest, DriverLayouts) {
   } cases[] = {
       {"debian", "/debian", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
       {"rhel", "/rhel", {"/usr/lib64"}, "/usr/lib64", {"/usr/bin/nvidia-smi"}, {}},
-      {"gke", "/gke", {"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"},
-       "/usr/local/nvidia/lib64", {"/usr/local/nvidia/bin/nvidia-smi"},
+      {"gke",
+       "/gke",
+       {"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"},
+       "/usr/local/nvidia/lib64",
+       {"/usr/local/nvidia/bin/nvidia-smi"},
        {{"/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi"}}},
       {"driver-container", "/run/nvidia/driver", {}, kLibDir, {"/usr/bin/nvidia-smi"}, {}},
   };
@@ -101,7 +108,8 @@ TEST_F(TempDirTest, DriverLayouts) {
     // A library the cache does not list is found in the driver's directory; a file there with
     // the driver's suffix that is no x86-64 ELF is not.
     std::string v = kDriverVersion;
-    ASSERT_TRUE(BuildLibrary(root + c.lib_dir + "/libnvidia-late.so." + v, "libnvidia-late.so." + v));
+    ASSERT_TRUE(
+        BuildLibrary(root + c.lib_dir + "/libnvidia-late.so." + v, "libnvidia-late.so." + v));
     WriteFile(root + c.lib_dir + "/libnvidia-notelf.so." + v, "not ELF");
     auto drv = DiscoverDriver(root);
     ASSERT_TRUE(drv.ok()) << drv.status();
@@ -122,15 +130,15 @@ TEST_F(TempDirTest, DriverLayouts) {
     EXPECT_EQ(mounts.size(), 6 + c.binaries.size() + c.aliases.size());
     for (const auto& [from, at] : c.aliases) EXPECT_EQ(mounts[at], root + from);
     ASSERT_EQ(spec->edits.hooks.size(), 1u);  // ldconfig's folders: the mounted library dir
-    EXPECT_EQ(spec->edits.hooks[0].args, std::vector<std::string>({"gpulet-container-hook",
-                                                                   "update-ldcache", "--folder",
-                                                                   c.lib_dir}));
+    EXPECT_EQ(spec->edits.hooks[0].args,
+              std::vector<std::string>(
+                  {"gpulet-container-hook", "update-ldcache", "--folder", c.lib_dir}));
   }
   // The default root "/" without a driver falls back to the driver container's root.
   auto host = DiscoverDriver("/");
-  if (host.ok() && std::any_of(host->libraries.begin(), host->libraries.end(), [](const std::string& l) {
-        return l.find("/libcuda.so.") != std::string::npos;
-      }))
+  if (host.ok() &&
+      std::any_of(host->libraries.begin(), host->libraries.end(),
+                  [](const std::string& l) { return l.find("/libcuda.so.") != std::string::npos; }))
     GTEST_SKIP() << "this host has an NVIDIA driver under /";
   CdiGenerateOptions opt;
   opt.driver_container_root = dir_ + "/driver-container/run/nvidia/driver";
@@ -145,7 +153,8 @@ TEST_F(TempDirTest, DriverLayouts) {
 
 // Truncated, foreign or corrupted ld caches are one clear error, never a crash.
 TEST(LdCache, BadInputsAreErrors) {
-  EXPECT_THAT(std::string(ParseLdCache("", "c").status().message()), HasSubstr("not a glibc ld.so.cache"));
+  EXPECT_THAT(std::string(ParseLdCache("", "c").status().message()),
+              HasSubstr("not a glibc ld.so.cache"));
   EXPECT_FALSE(ParseLdCache("garbage garbage garbage garbage garbage garbage", "c").ok());
   std::string h = "glibc-ld.so.cache1.1";
   h.resize(48, '\0');
@@ -167,19 +176,20 @@ TEST(LdCache, BadInputsAreErrors) {
 TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
   std::string why;
   if (!MakeDriverRoot(dir_, 2, &why)) GTEST_SKIP() << why;
-  WriteFile(dir_ + "/proc/driver/nvidia-caps/mig-minors",
-            "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
+  WriteFile(
+      dir_ + "/proc/driver/nvidia-caps/mig-minors",
+      "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
   CdiGenerateOptions opt;
   opt.driver_root = dir_;
   auto spec = GenerateCdiSpec(FakeInventory(2, /*mig=*/true), opt);
   ASSERT_TRUE(spec.ok()) << spec.status();
   std::vector<std::string> names;
   for (const auto& d : spec->devices) names.push_back(d.name);
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre(
-                         "0", "GPU-00000000-1111-2222-3333-444444444444", "0:0",
-                         "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd", "0:1",
-                         "MIG-00000001-aaaa-bbbb-cccc-dddddddddddd", "1",
-                         "GPU-00000001-1111-2222-3333-444444444444", "all"));
+  EXPECT_THAT(
+      names, ::testing::UnorderedElementsAre("0", "GPU-00000000-1111-2222-3333-444444444444", "0:0",
+                                             "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd", "0:1",
+                                             "MIG-00000001-aaaa-bbbb-cccc-dddddddddddd", "1",
+                                             "GPU-00000001-1111-2222-3333-444444444444", "all"));
   EXPECT_EQ(spec->kind, "nvidia.com/gpu");
   EXPECT_EQ(spec->cdi_version, "0.5.0");  // hostPath (driver root is not "/")
   for (const auto& d : spec->devices) {
@@ -205,14 +215,17 @@ TEST_F(TempDirTest, GeneratedSpecNamesAndRoundTrip) {
     ASSERT_EQ(back->devices.size(), spec->devices.size());
     for (size_t i = 0; i < back->devices.size(); ++i) {
       EXPECT_EQ(back->devices[i].name, spec->devices[i].name);
-      EXPECT_EQ(back->devices[i].edits.device_nodes.size(), spec->devices[i].edits.device_nodes.size());
+      EXPECT_EQ(back->devices[i].edits.device_nodes.size(),
+                spec->devices[i].edits.device_nodes.size());
     }
     EXPECT_EQ(back->edits.mounts.size(), spec->edits.mounts.size());
     EXPECT_EQ(back->edits.hooks.size(), 1u);
-    EXPECT_EQ(back->edits.hooks[0].env, std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
+    EXPECT_EQ(back->edits.hooks[0].env,
+              std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
   }
   // JSON takes a faster reader than YAML; both must read the same spec.
-  auto from_yaml = ParseCdiSpec(CdiSpecToYaml(*spec), "y"), from_json = ParseCdiSpec(CdiSpecToJson(*spec), "y");
+  auto from_yaml = ParseCdiSpec(CdiSpecToYaml(*spec), "y"),
+       from_json = ParseCdiSpec(CdiSpecToJson(*spec), "y");
   ASSERT_TRUE(from_yaml.ok() && from_json.ok());
   EXPECT_EQ(CdiSpecToJson(*from_json), CdiSpecToJson(*from_yaml));
   opt.names = NameStrategy::kIndex;
@@ -226,19 +239,26 @@ TEST(CdiSpec, MalformedSpecsNameFileAndLine) {
   struct Case {
     std::string text, want;
   } cases[] = {
-      {"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n    deviceNodes:\n    - path: dev/nvidia0\n",
+      {"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n    "
+       "deviceNodes:\n    - path: dev/nvidia0\n",
        "x.yaml:7: deviceNodes.path \"dev/nvidia0\" is not absolute"},
-      {"cdiVersion: 0.5.0\nkind: nvidia\ndevices: []\n", "x.yaml:2: kind \"nvidia\" is not vendor/class"},
+      {"cdiVersion: 0.5.0\nkind: nvidia\ndevices: []\n",
+       "x.yaml:2: kind \"nvidia\" is not vendor/class"},
       {"cdiVersion: 9.9.9\nkind: a.com/b\n", "unsupported cdiVersion"},
-      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n    hooks:\n    - hookName: sometime\n      path: /bin/true\n",
+      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n    hooks:\n    "
+       "- hookName: sometime\n      path: /bin/true\n",
        "x.yaml:7: unknown hookName"},
       {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices: [\n", "x.yaml:"},
       {"[1, 2]", "must be a mapping"},
-      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: 'a b'\n  containerEdits: {}\n", "invalid device name"},
+      {"cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: 'a b'\n  containerEdits: {}\n",
+       "invalid device name"},
       // JSON (the fast reader) still names the line of a bad value.
-      {"{\"cdiVersion\": \"0.5.0\",\n \"kind\": \"nvidia\",\n \"devices\": []}", "x.yaml:2: kind \"nvidia\""},
-      {"{\"cdiVersion\": \"0.5.0\", \"kind\": \"a.com/b\",\n\"devices\": [{\"name\": \"0\",\n\"containerEdits\": "
-       "{\"deviceNodes\": [{\"path\": \"/dev/x\",\n \"major\": \"one\"}]}}]}", "x.yaml:4: major must be a number"},
+      {"{\"cdiVersion\": \"0.5.0\",\n \"kind\": \"nvidia\",\n \"devices\": []}",
+       "x.yaml:2: kind \"nvidia\""},
+      {"{\"cdiVersion\": \"0.5.0\", \"kind\": \"a.com/b\",\n\"devices\": [{\"name\": "
+       "\"0\",\n\"containerEdits\": "
+       "{\"deviceNodes\": [{\"path\": \"/dev/x\",\n \"major\": \"one\"}]}}]}",
+       "x.yaml:4: major must be a number"},
   };
   for (const auto& c : cases) {
     auto s = ParseCdiSpec(c.text, "x.yaml");
@@ -275,7 +295,8 @@ TEST(Request, EnvvarTrustAndSources) {
 
   RuntimeConfig def;
   Json vol = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=all"});
-  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-0a"}, {"source", "/dev/null"},
+  vol["mounts"] = {{{"destination", "/var/run/nvidia-container-devices/GPU-0a"},
+                    {"source", "/dev/null"},
                     {"type", "bind"}}};
   r = ResolveRequest(vol, def);
   ASSERT_TRUE(r.ok());
@@ -288,14 +309,16 @@ TEST(Request, EnvvarTrustAndSources) {
   EXPECT_THAT(r->devices, ::testing::ElementsAre("nvidia.com/gpu=0", "nvidia.com/gpu=1"));
   ann["annotations"]["cdi.k8s.io/gpulet"] = "not a name";
   EXPECT_FALSE(ResolveRequest(ann, def).ok());
-  auto bad = ResolveRequest(MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"}, true), def);
+  auto bad = ResolveRequest(
+      MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,warp"}, true),
+      def);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown capability \"warp\""));
 }
 
 // Issue 14.1: only the device plugin's grant (a bind of /dev/null at
-// /var/run/nvidia-container-devices/<id>, with an id the plugin issues) asks for GPUs. An emptyDir or
-// image VOLUME at /var/run/nvidia-container-devices/all used to give every GPU.
+// /var/run/nvidia-container-devices/<id>, with an id the plugin issues) asks for GPUs. An emptyDir
+// or image VOLUME at /var/run/nvidia-container-devices/all used to give every GPU.
 TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
   RuntimeConfig cfg;
   auto with = [](Json mount) {
@@ -328,13 +351,13 @@ TEST(Request, VolumeMountGrantsOnlyFromTheDevicePlugin) {
   }
   // Not the plugin's grant: an ordinary mount that asks for nothing.
   const std::string empty_dir = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~empty-dir/x";
-  for (const Json& m : {mount(dir + "all", empty_dir, "bind"),
-                        mount(dir + "all", "/var/lib/docker/volumes/v/_data", "", {"rbind"}),
-                        mount(dir + "0", "tmpfs", "tmpfs", {"nosuid"}),
-                        mount(dir + "0", "/dev/null", "", {"ro"}),
-                        mount(dir + "0", "/dev/null/../zero", "bind"),
-                        mount(dir + "../../../etc/0", "/dev/null", "bind"),
-                        mount("/var/run/nvidia-container-devices", "/dev/null", "bind")}) {
+  for (const Json& m :
+       {mount(dir + "all", empty_dir, "bind"),
+        mount(dir + "all", "/var/lib/docker/volumes/v/_data", "", {"rbind"}),
+        mount(dir + "0", "tmpfs", "tmpfs", {"nosuid"}), mount(dir + "0", "/dev/null", "", {"ro"}),
+        mount(dir + "0", "/dev/null/../zero", "bind"),
+        mount(dir + "../../../etc/0", "/dev/null", "bind"),
+        mount("/var/run/nvidia-container-devices", "/dev/null", "bind")}) {
     auto r = ResolveRequest(with(m), cfg);
     ASSERT_TRUE(r.ok()) << m << r.status();
     EXPECT_FALSE(r->gpu_container) << m;
@@ -364,7 +387,8 @@ TEST(Request, Requirements) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("unsatisfied requirement \"cuda>=12.5\""));
   EXPECT_FALSE(CheckRequirements({"cuda>=12.0,driver<550"}, f).ok());
-  EXPECT_THAT(std::string(CheckRequirements({"gpu>=1"}, f).message()), HasSubstr("unsupported constraint"));
+  EXPECT_THAT(std::string(CheckRequirements({"gpu>=1"}, f).message()),
+              HasSubstr("unsupported constraint"));
 }
 
 // Edits keep unknown fields, and a failing edit leaves the spec as it was.
@@ -407,10 +431,12 @@ TEST(Shim, ParsesRuncArguments) {
 
 // The OCI state on stdin is validated.
 TEST(Hook, ContainerStateValidation) {
-  EXPECT_TRUE(ParseContainerState(R"({"ociVersion":"1.0.2","id":"x","pid":42,"bundle":"/b"})").ok());
+  EXPECT_TRUE(
+      ParseContainerState(R"({"ociVersion":"1.0.2","id":"x","pid":42,"bundle":"/b"})").ok());
   EXPECT_TRUE(ParseContainerState(R"({"pid":42,"bundlePath":"/b"})").ok());
-  for (const char* bad : {"", "{", "[]", R"({"pid":0,"bundle":"/b"})", R"({"pid":"1","bundle":"/b"})",
-                          R"({"pid":1,"bundle":"rel"})", R"({"pid":1})"})
+  for (const char* bad :
+       {"", "{", "[]", R"({"pid":0,"bundle":"/b"})", R"({"pid":"1","bundle":"/b"})",
+        R"({"pid":1,"bundle":"rel"})", R"({"pid":1})"})
     EXPECT_FALSE(ParseContainerState(bad).ok()) << bad;
 }
 
@@ -453,7 +479,8 @@ TEST_F(TempDirTest, LdconfigLayouts) {
   WriteFile(wrapped + "/sbin/ldconfig", wrapper, 0755);
   ld = OpenLdconfig("", wrapped);
   ASSERT_FALSE(ld.ok());
-  EXPECT_THAT(std::string(ld.status().message()), HasSubstr(wrapped + "/sbin/ldconfig is a script"));
+  EXPECT_THAT(std::string(ld.status().message()),
+              HasSubstr(wrapped + "/sbin/ldconfig is a script"));
   // A dynamically linked ldconfig would load the image's ld.so as host root.
   std::string dynamic = dir_ + "/dynamic";
   fs::create_directories(dynamic + "/sbin");
@@ -489,9 +516,13 @@ class BundleTest : public TempDirTest {
               "- name: '0'\n  containerEdits:\n    deviceNodes:\n"
               "    - {path: /dev/nvidia0, type: c, major: 195, minor: 0, fileMode: 438}\n"
               "containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n"
-              "  deviceNodes:\n  - {path: /dev/nvidiactl, type: c, major: 195, minor: 255, fileMode: 438}\n"
-              "  mounts:\n  - {hostPath: " + dir_ + "/host/libcuda.so.550.54.15, containerPath: "
-              "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15, options: [ro, nosuid, nodev, bind]}\n");
+              "  deviceNodes:\n  - {path: /dev/nvidiactl, type: c, major: 195, minor: 255, "
+              "fileMode: 438}\n"
+              "  mounts:\n  - {hostPath: " +
+                  dir_ +
+                  "/host/libcuda.so.550.54.15, containerPath: "
+                  "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15, options: [ro, nosuid, nodev, "
+                  "bind]}\n");
     cfg_.spec_dirs = {dir_ + "/cdi"};
     cfg_.accept_envvar_when_unprivileged = true;
   }
@@ -534,7 +565,8 @@ TEST_F(BundleTest, ShimFailuresLeaveConfigIntact) {
   WriteFile(Config(), unknown);
   auto r = ModifyBundle(dir_ + "/bundle", cfg_);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("unresolvable CDI device nvidia.com/gpu=7"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("unresolvable CDI device nvidia.com/gpu=7"));
   EXPECT_EQ(ReadFile(Config()), unknown);
   WriteFile(dir_ + "/cdi/broken.json", "{\"cdiVersion\": \"0.5.0\", \"kind\": 3");
   std::string ok = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump();
@@ -560,7 +592,8 @@ TEST_F(BundleTest, ShimLegacyModeAddsHookOnce) {
   EXPECT_FALSE(spec["linux"].contains("devices"));
   Json want = Json::array();
   for (int minor : {255, 0})
-    want.push_back({{"allow", true}, {"type", "c"}, {"major", 195}, {"minor", minor}, {"access", "rwm"}});
+    want.push_back(
+        {{"allow", true}, {"type", "c"}, {"major", 195}, {"minor", minor}, {"access", "rwm"}});
   EXPECT_EQ(spec["linux"]["resources"]["devices"], want);
   // An unknown device fails before anything is written.
   std::string unknown = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=5"}).dump();
@@ -575,7 +608,8 @@ TEST_F(BundleTest, ShimBinaryFailsClosed) {
   std::string marker = dir_ + "/runtime-ran";
   WriteFile(dir_ + "/fake-runc", "#!/bin/sh\necho \"$@\" > " + marker + "\n", 0755);
   WriteFile(dir_ + "/config.json",
-            Json({{"runtimes", {dir_ + "/fake-runc"}}, {"spec-dirs", {dir_ + "/cdi"}},
+            Json({{"runtimes", {dir_ + "/fake-runc"}},
+                  {"spec-dirs", {dir_ + "/cdi"}},
                   {"accept-nvidia-visible-devices-envvar-when-unprivileged", true}})
                 .dump());
   std::string shim = std::string(GPULET_BINARY_DIR) + "/bin/gpulet-container-runtime";
@@ -583,7 +617,9 @@ TEST_F(BundleTest, ShimBinaryFailsClosed) {
   WriteFile(Config(), "{not json");
   std::string out;
   EXPECT_NE(Sh(env + shim + " --log " + dir_ + "/log.json --log-format json create --bundle " +
-                   dir_ + "/bundle id1", &out), 0);
+                   dir_ + "/bundle id1",
+               &out),
+            0);
   EXPECT_THAT(out, HasSubstr("container not started"));
   EXPECT_FALSE(fs::exists(marker));
   EXPECT_EQ(ReadFile(Config()), "{not json");
@@ -617,14 +653,15 @@ TEST_F(BundleTest, ShimAndHookIdentifyThemselves) {
   EXPECT_THAT(out, HasSubstr("unknown command"));
 }
 
-// Creation inside a rootfs never leaves it, whatever symlinks the image holds (CVE-2024-0132 class).
+// Creation inside a rootfs never leaves it, whatever symlinks the image holds (CVE-2024-0132
+// class).
 TEST_F(TempDirTest, RootfsSymlinksCannotEscape) {
   std::string rootfs = dir_ + "/rootfs", host = dir_ + "/host-target";
   fs::create_directories(rootfs + "/usr");
   fs::create_directories(host);
-  fs::create_symlink(host, rootfs + "/usr/lib");             // absolute, at a host path
+  fs::create_symlink(host, rootfs + "/usr/lib");               // absolute, at a host path
   fs::create_symlink("../../../../../../..", rootfs + "/up");  // relative, climbing out
-  fs::create_symlink(host + "/evil", rootfs + "/file-link");  // a file target pointing out
+  fs::create_symlink(host + "/evil", rootfs + "/file-link");   // a file target pointing out
   auto root = OpenRoot(rootfs);
   ASSERT_TRUE(root.ok());
   // A dangling in-root target fails closed; it must never create on the host.
@@ -689,7 +726,8 @@ TEST_F(TempDirTest, BindReadOnlyIgnoresAPathSwappedAfterTheTargetWasOpened) {
 // a non-UTF-8 string from a YAML CDI spec made the shim's config.json dump throw.
 TEST_F(TempDirTest, HostileParserInputsAreErrors) {
   WriteFile(dir_ + "/config.json",
-            "{\"ociVersion\": \"1.0.2\", \"process\": {}, \"root\": {\"path\": \"r\"}, \"n\": 5e370551615}");
+            "{\"ociVersion\": \"1.0.2\", \"process\": {}, \"root\": {\"path\": \"r\"}, \"n\": "
+            "5e370551615}");
   auto spec = LoadOciSpec(dir_ + "/config.json");
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("config.json: invalid JSON"));
@@ -706,16 +744,25 @@ TEST_F(TempDirTest, HostileParserInputsAreErrors) {
   o.runtime_path = "/opt/\xff/gpulet-container-runtime";
   EXPECT_FALSE(PlanConfigure(o).ok());
 
-  const std::string bad = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
-                          "    env: [\"A=\xff\xfe\"]\n";
+  const std::string bad =
+      "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
+      "    env: [\"A=\xff\xfe\"]\n";
   auto cdi = ParseCdiSpec(bad, "bad.yaml");
   ASSERT_FALSE(cdi.ok());
   EXPECT_THAT(std::string(cdi.status().message()), HasSubstr("bad.yaml:6: env is not valid UTF-8"));
   for (const char* s : {"\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"})
-    EXPECT_FALSE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
-                              "    env: [\"A=" + std::string(s) + "\"]\n", "x").ok()) << s;
-  EXPECT_TRUE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
-                           "    env: [\"A=gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80\"]\n", "x").ok());
+    EXPECT_FALSE(
+        ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                     "    env: [\"A=" +
+                         std::string(s) + "\"]\n",
+                     "x")
+            .ok())
+        << s;
+  EXPECT_TRUE(
+      ParseCdiSpec("cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- name: x\n  containerEdits:\n"
+                   "    env: [\"A=gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80\"]\n",
+                   "x")
+          .ok());
   // A generated spec holds host file names, which need not be UTF-8: written, not thrown.
   CdiSpec gen;
   gen.kind = "nvidia.com/gpu";
@@ -733,14 +780,18 @@ TEST_F(TempDirTest, HostileParserInputsAreErrors) {
 
 // A node configured by NVIDIA's toolkit (imports = ["conf.d/*.toml"], conf.d/99-nvidia.toml with
 // the CRI section) moving to gpulet: NVIDIA's drop-in sorts after 99-gpulet.toml and would replace
-// gpulet's CRI section, so it is emptied (kept as .bak). Found by tests/compat/runtime_configure.sh.
+// gpulet's CRI section, so it is emptied (kept as .bak). Found by
+// tests/compat/runtime_configure.sh.
 TEST_F(TempDirTest, ContainerdLaterDropInOfAnotherToolIsEmptied) {
-  const std::string cri = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n";
+  const std::string cri =
+      "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n";
   WriteFile(dir_ + "/config.toml", "version = 2\nimports = [\"" + dir_ + "/conf.d/*.toml\"]\n");
   WriteFile(dir_ + "/conf.d/99-nvidia.toml",
             "version = 2\n" + cri + "BinaryName = \"/usr/bin/nvidia-container-runtime\"\n");
-  WriteFile(dir_ + "/conf.d/10-mirrors.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n");
-  WriteFile(dir_ + "/conf.d/zz-other.toml", "version = 2\n[plugins.\"io.containerd.other\"]\na = 1\n");
+  WriteFile(dir_ + "/conf.d/10-mirrors.toml",
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n");
+  WriteFile(dir_ + "/conf.d/zz-other.toml",
+            "version = 2\n[plugins.\"io.containerd.other\"]\na = 1\n");
   ConfigureOptions o;
   o.config_path = dir_ + "/config.toml";
   o.runtime_path = "/usr/bin/gpulet-container-runtime";
@@ -748,7 +799,8 @@ TEST_F(TempDirTest, ContainerdLaterDropInOfAnotherToolIsEmptied) {
   auto plan = PlanConfigure(o, &notes);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ApplyChanges(*plan).ok());
-  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml"), HasSubstr("Emptied by `gpulet runtime configure`"));
+  EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml"),
+              HasSubstr("Emptied by `gpulet runtime configure`"));
   EXPECT_THAT(ReadFile(dir_ + "/conf.d/99-nvidia.toml.bak"), HasSubstr("nvidia-container-runtime"));
   // Loaded before ours (10-) or without the CRI section: left alone.
   EXPECT_THAT(ReadFile(dir_ + "/conf.d/10-mirrors.toml"), HasSubstr("registry"));
@@ -763,7 +815,8 @@ TEST_F(TempDirTest, ContainerdLaterDropInOfAnotherToolIsEmptied) {
 // Docker: other keys kept, second run changes nothing, backup kept, bad JSON untouched.
 TEST_F(TempDirTest, DockerDaemonJson) {
   std::string p = dir_ + "/daemon.json";
-  std::string orig = "{\"log-driver\": \"journald\", \"runtimes\": {\"other\": {\"path\": \"/x\"}}}";
+  std::string orig =
+      "{\"log-driver\": \"journald\", \"runtimes\": {\"other\": {\"path\": \"/x\"}}}";
   WriteFile(p, orig);
   ConfigureOptions o;
   o.engine = Engine::kDocker;
@@ -805,11 +858,13 @@ TEST_F(TempDirTest, ContainerdDropIn) {
     std::string d = dir_ + "/v" + std::to_string(version);
     std::string cri = version == 2 ? "io.containerd.grpc.v1.cri" : "io.containerd.cri.v1.runtime";
     std::string p = d + "/config.toml";
-    WriteFile(p, "version = " + std::to_string(version) + "\n# operator comment\n[plugins.\"" + cri +
+    WriteFile(p, "version = " + std::to_string(version) + "\n# operator comment\n[plugins.\"" +
+                     cri +
                      "\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
                      "  pod_annotations = [\"io.katacontainers.*\", \"cdi.k8s.io/*\"]\n"
                      "  container_annotations = [\"*\"]\n"
-                     "  [plugins.\"" + cri + "\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n");
+                     "  [plugins.\"" +
+                     cri + "\".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n");
     ConfigureOptions o;
     o.config_path = p;
     o.runtime_path = "/opt/gpulet/bin/gpulet-container-runtime";
@@ -825,7 +880,8 @@ TEST_F(TempDirTest, ContainerdDropIn) {
     ASSERT_NE(nvidia, std::string::npos) << drop;
     std::string entry = drop.substr(nvidia);
     std::smatch next;  // up to the next table header
-    if (std::regex_search(entry, next, std::regex("\n *\\["))) entry = entry.substr(0, next.position(0));
+    if (std::regex_search(entry, next, std::regex("\n *\\[")))
+      entry = entry.substr(0, next.position(0));
     EXPECT_THAT(entry, HasSubstr("pod_annotations = [ 'io.katacontainers.*' ]")) << drop;
     // Container annotations come from the kubelet (the device plugin's cdi-annotations answer),
     // not from pod authors: runc's "*" is kept, and covers cdi.k8s.io/*.
@@ -888,7 +944,8 @@ TEST_F(TempDirTest, ConfigureKeepsModeOwnerAndPrintsAPatch) {
     WriteFile(dir_ + "/d.diff", UnifiedDiff(c));
     std::string out;
     EXPECT_EQ(Sh("patch -s -o " + dir_ + "/out " + dir_ + "/orig < " + dir_ + "/d.diff", &out), 0)
-        << out << "\n" << UnifiedDiff(c);
+        << out << "\n"
+        << UnifiedDiff(c);
     return ReadFile(dir_ + "/out");
   };
   const FileChange& change = (*plan)[0];
@@ -930,8 +987,9 @@ TEST_F(TempDirTest, CrioDropIn) {
   o.config_path = dir_ + "/crio.conf";
   o.runtime_path = "/usr/bin/gpulet-container-runtime";
   o.set_as_default = true;
-  WriteFile(o.config_path, "[crio.runtime.runtimes.runc]\nruntime_path = \"/usr/bin/runc\"\n"
-                           "allowed_annotations = [\"io.kubernetes.cri-o.Devices\", \"cdi.k8s.io\"]\n");
+  WriteFile(o.config_path,
+            "[crio.runtime.runtimes.runc]\nruntime_path = \"/usr/bin/runc\"\n"
+            "allowed_annotations = [\"io.kubernetes.cri-o.Devices\", \"cdi.k8s.io\"]\n");
   auto plan = PlanConfigure(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ApplyChanges(*plan).ok());
@@ -976,8 +1034,9 @@ std::vector<std::string> SpecDeviceNames(const std::string& path) {
 TEST_F(TempDirTest, CdiRefresherFollowsTheGpuSet) {
   std::string why;
   if (!MakeDriverRoot(dir_ + "/driver", 0, &why)) GTEST_SKIP() << why;
-  WriteFile(dir_ + "/driver/proc/driver/nvidia-caps/mig-minors",
-            "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
+  WriteFile(
+      dir_ + "/driver/proc/driver/nvidia-caps/mig-minors",
+      "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
   SwitchableGpuLayer gpu(FakeInventory(2));
   CdiGenerateOptions o;
   o.driver_root = dir_ + "/driver";

@@ -16,10 +16,10 @@ class BindTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(api_.Start());
-    api_.CreateNode({{"metadata",
-                      {{"name", "gpu-node"},
-                       {"annotations",
-                        {{"gpulet.io/vgpu-gpus", R"([{"uuid":"GPU-a","memoryUnits":64}])"}}}}}});
+    api_.CreateNode(
+        {{"metadata",
+          {{"name", "gpu-node"},
+           {"annotations", {{"gpulet.io/vgpu-gpus", R"([{"uuid":"GPU-a","memoryUnits":64}])"}}}}}});
     k8s::Config c;
     c.server = api_.url();
     c.max_attempts = 1;
@@ -30,9 +30,10 @@ class BindTest : public ::testing::Test {
   json Pod(const std::string& name, bool vgpu = true) {
     json limits = vgpu ? json{{"tencent.com/vcuda-core", 30}, {"tencent.com/vcuda-memory", 8}}
                        : json{{"cpu", "1"}};
-    return {{"metadata", {{"name", name}, {"namespace", "default"}}},
-            {"spec", {{"containers", json::array({{{"name", "c"},
-                                                   {"resources", {{"limits", limits}}}}})}}}};
+    return {
+        {"metadata", {{"name", name}, {"namespace", "default"}}},
+        {"spec",
+         {{"containers", json::array({{{"name", "c"}, {"resources", {{"limits", limits}}}}})}}}};
   }
   std::string Bind(const std::string& name, const std::string& node = "gpu-node",
                    const std::string& uid = "") {

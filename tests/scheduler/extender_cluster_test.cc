@@ -15,12 +15,11 @@
 namespace gpulet::scheduler {
 namespace {
 
-
 json NodeObj(const std::string& name, int gpus, int units) {
   json list = json::array();
   for (int i = 0; i < gpus; ++i) {
-    list.push_back({{"uuid", "GPU-" + name + "-" + std::to_string(i)}, {"index", i},
-                    {"memoryUnits", units}});
+    list.push_back(
+        {{"uuid", "GPU-" + name + "-" + std::to_string(i)}, {"index", i}, {"memoryUnits", units}});
   }
   return {{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", list.dump()}}}}},
           {"status",
@@ -32,9 +31,10 @@ json NodeObj(const std::string& name, int gpus, int units) {
 json PodObj(const std::string& name, int cores, int mem) {
   json limits = {{"tencent.com/vcuda-core", std::to_string(cores)}};
   if (mem) limits["tencent.com/vcuda-memory"] = std::to_string(mem);
-  return {{"metadata", {{"name", name}, {"namespace", "default"}}},
-          {"spec", {{"containers", json::array({{{"name", "main"},
-                                                 {"resources", {{"limits", limits}}}}})}}}};
+  return {
+      {"metadata", {{"name", name}, {"namespace", "default"}}},
+      {"spec",
+       {{"containers", json::array({{{"name", "main"}, {"resources", {{"limits", limits}}}}})}}}};
 }
 
 // The extender behind its HTTP endpoint, restartable. Without `watch` it only lists at start,
@@ -162,9 +162,9 @@ class ClusterTest : public ::testing::Test {
 // Twenty fractional pods of mixed sizes through filter/prioritize/bind, with the extender
 // restarted after the tenth: nothing lost or double-booked, no GPU over 100 cores or its memory.
 TEST_F(ClusterTest, TwentyPodsWithRestart) {
-  const int shapes[20][2] = {{30, 20}, {50, 40}, {20, 8},  {70, 60}, {10, 4},  {100, 0}, {25, 30},
-                             {40, 200}, {60, 10}, {15, 2}, {35, 50}, {45, 100}, {5, 1},  {80, 30},
-                             {20, 250}, {30, 20}, {55, 16}, {10, 63}, {40, 10}, {5, 5}};
+  const int shapes[20][2] = {{30, 20},  {50, 40}, {20, 8},  {70, 60}, {10, 4},   {100, 0}, {25, 30},
+                             {40, 200}, {60, 10}, {15, 2},  {35, 50}, {45, 100}, {5, 1},   {80, 30},
+                             {20, 250}, {30, 20}, {55, 16}, {10, 63}, {40, 10},  {5, 5}};
   auto ext = std::make_unique<ExtenderProcess>(api_.url());
   int placed = 0, unschedulable = 0;
   for (int i = 0; i < 20; ++i) {
@@ -211,7 +211,8 @@ TEST_F(ClusterTest, TwentyPodsWithRestart) {
 TEST_F(ClusterTest, ConcurrentBindsOnOneNode) {
   ExtenderProcess ext(api_.url(), /*watch=*/false);
   std::vector<json> pods;
-  for (int i = 0; i < 8; ++i) pods.push_back(api_.CreatePod(PodObj("c" + std::to_string(i), 30, 4)));
+  for (int i = 0; i < 8; ++i)
+    pods.push_back(api_.CreatePod(PodObj("c" + std::to_string(i), 30, 4)));
   std::vector<std::string> errors(8);
   // Connections opened beforehand (keep-alive, as kube-scheduler holds them): eight connects at
   // once overflow cpp-httplib's listen backlog of 5 and cost a 1 s SYN retransmit.
@@ -229,9 +230,8 @@ TEST_F(ClusterTest, ConcurrentBindsOnOneNode) {
                    {"PodUID", pods[i]["metadata"]["uid"]},
                    {"Node", "v100-a"}};
       auto r = clients[i]->Post("/scheduler/bind", body.dump(), "application/json");
-      errors[i] = r && r->status == 200
-                      ? json::parse(r->body, nullptr, false).value("Error", "?")
-                      : "no answer";
+      errors[i] = r && r->status == 200 ? json::parse(r->body, nullptr, false).value("Error", "?")
+                                        : "no answer";
     });
   }
   for (auto& t : threads) t.join();

@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 json Node(const std::string& name, int gpus, int units) {
   json list = json::array();
   for (int i = 0; i < gpus; ++i) {
-    list.push_back({{"uuid", name + "-GPU-" + std::to_string(i)}, {"index", i},
-                    {"memoryUnits", units}});
+    list.push_back(
+        {{"uuid", name + "-GPU-" + std::to_string(i)}, {"index", i}, {"memoryUnits", units}});
   }
   return {{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", list.dump()}}}}}};
 }
@@ -24,9 +24,10 @@ json Node(const std::string& name, int gpus, int units) {
 json Pod(const std::string& name, int cores, int mem, const std::string& policy = "") {
   json limits = {{"tencent.com/vcuda-core", cores}};
   if (mem) limits["tencent.com/vcuda-memory"] = mem;
-  json pod = {{"metadata", {{"name", name}, {"namespace", "default"}, {"uid", "uid-" + name}}},
-              {"spec", {{"containers", json::array({{{"name", "c"},
-                                                     {"resources", {{"limits", limits}}}}})}}}};
+  json pod = {
+      {"metadata", {{"name", name}, {"namespace", "default"}, {"uid", "uid-" + name}}},
+      {"spec",
+       {{"containers", json::array({{{"name", "c"}, {"resources", {{"limits", limits}}}}})}}}};
   if (!policy.empty()) pod["metadata"]["annotations"] = {{"gpulet.io/vgpu-policy", policy}};
   return pod;
 }
@@ -226,7 +227,8 @@ TEST(Extender, NodeFromCapacity) {
 TEST(Extender, MalformedNodeAnnotationIsSkipped) {
   Extender e(nullptr, {});
   auto node = [](const std::string& name, const std::string& annotation) {
-    return json{{"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", annotation}}}}}};
+    return json{
+        {"metadata", {{"name", name}, {"annotations", {{"gpulet.io/vgpu-gpus", annotation}}}}}};
   };
   for (const std::string& bad :
        {std::string(R"([1, {"uuid":"GPU-a","memoryUnits":64}])"),
@@ -234,8 +236,8 @@ TEST(Extender, MalformedNodeAnnotationIsSkipped) {
         std::string(R"([{"uuid":7,"memoryUnits":64}])"),
         std::string(R"([{"uuid":"GPU-a","memoryUnits":64,"healthy":"yes"}])"),
         std::string(R"([{"uuid":"GPU-a","memoryUnits":18446744073709551615}])"),
-        std::string(R"([{"uuid":"GPU,b","memoryUnits":64}])"),
-        std::string(R"({"uuid":"GPU-a"})"), std::string(100000, '[')}) {
+        std::string(R"([{"uuid":"GPU,b","memoryUnits":64}])"), std::string(R"({"uuid":"GPU-a"})"),
+        std::string(100000, '[')}) {
     e.UpsertNode(node("bad", bad));
     EXPECT_TRUE(e.Snapshot().nodes.empty()) << bad.substr(0, 80);
   }
@@ -245,8 +247,10 @@ TEST(Extender, MalformedNodeAnnotationIsSkipped) {
   EXPECT_TRUE(e.Snapshot().nodes.empty());
   // Capacity is bounded too: 10^18 cores is not 10^16 GPUs.
   e.UpsertNode({{"metadata", {{"name", "cap"}}},
-                {"status", {{"capacity", {{"tencent.com/vcuda-core", "1000000000000000000"},
-                                          {"tencent.com/vcuda-memory", "9000000000000000000"}}}}}});
+                {"status",
+                 {{"capacity",
+                   {{"tencent.com/vcuda-core", "1000000000000000000"},
+                    {"tencent.com/vcuda-memory", "9000000000000000000"}}}}}});
   auto c = e.Snapshot();
   ASSERT_EQ(c.nodes.size(), 1u);
   EXPECT_EQ(c.nodes[0].gpus.size(), static_cast<size_t>(kMaxNodeGpus));
@@ -256,7 +260,7 @@ TEST(Extender, MalformedNodeAnnotationIsSkipped) {
 }
 
 TEST(Extender, NodeGpuAnnotationErrorsSayWhere) {
-  auto r = ParseNodeGpuAnnotation(R"([{"memoryUnits":1},{"memoryUnits":-3}])");
+  auto r = vgpu::DecodeNodePool(R"([{"memoryUnits":1},{"memoryUnits":-3}])");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("gpulet.io/vgpu-gpus[1].memoryUnits"));
 }
@@ -267,7 +271,8 @@ TEST(Extender, HugeRequestsAreRefusedNotWrapped) {
   Extender e(nullptr, {});
   e.UpsertNode(Node("a", 1, 64));
   for (auto [cores, mem] : {std::pair<int64_t, int64_t>{30, int64_t{1} << 40},
-                            {int64_t{100} << 34, 0}, {100LL * 3000000000LL, 0}}) {
+                            {int64_t{100} << 34, 0},
+                            {100LL * 3000000000LL, 0}}) {
     json pod = Pod("p", 1, 1);
     pod["spec"]["containers"][0]["resources"]["limits"] = {{"tencent.com/vcuda-core", cores}};
     if (mem) pod["spec"]["containers"][0]["resources"]["limits"]["tencent.com/vcuda-memory"] = mem;
@@ -299,9 +304,9 @@ TEST(Extender, BindRefusesNamesThatAreNotKubernetesNames) {
   EXPECT_THAT(e.Bind({{"PodName", "p"}, {"PodNamespace", "d"}, {"Node", "n?x=1"}})["Error"]
                   .get<std::string>(),
               HasSubstr("DNS-1123"));
-  EXPECT_THAT(e.Bind({{"PodName", 5}, {"PodNamespace", "d"}, {"Node", "n"}})["Error"]
-                  .get<std::string>(),
-              HasSubstr("required"));
+  EXPECT_THAT(
+      e.Bind({{"PodName", 5}, {"PodNamespace", "d"}, {"Node", "n"}})["Error"].get<std::string>(),
+      HasSubstr("required"));
 }
 
 // Bind without an API client reports an error in the wire shape instead of crashing.

@@ -22,17 +22,17 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "testing/process/spawn.h"
 #include "testing/net/loopback.h"
+#include "testing/process/spawn.h"
 
 namespace gpulet {
 namespace {
-using testing_net::FreePort;
 using testing_net::Connect;
+using testing_net::FreePort;
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using nlohmann::json;
+using std::chrono::milliseconds;
 
 int64_t StatusKb(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -47,10 +47,10 @@ class SchedulerAbuse : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(api_.Start());
-    api_.CreateNode({{"metadata",
-                      {{"name", "gpu-node"},
-                       {"annotations",
-                        {{"gpulet.io/vgpu-gpus", R"([{"uuid":"GPU-a","memoryUnits":64}])"}}}}}});
+    api_.CreateNode(
+        {{"metadata",
+          {{"name", "gpu-node"},
+           {"annotations", {{"gpulet.io/vgpu-gpus", R"([{"uuid":"GPU-a","memoryUnits":64}])"}}}}}});
     char tmpl[] = "/tmp/gpulet-sched-abuse-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -58,14 +58,15 @@ class SchedulerAbuse : public ::testing::Test {
     ext_ = FreePort();
     hook_ = FreePort();
     health_ = FreePort();
-    pid_ = testing_vgpu::SpawnLogged(
+    pid_ = testing_process::SpawnLogged(
         {std::string(GPULET_BINARY_DIR) + "/bin/gpulet", "scheduler", "--kubeconfig",
          dir_ + "/kubeconfig", "--extender-listen", "127.0.0.1:" + std::to_string(ext_),
          "--webhook-listen", "127.0.0.1:" + std::to_string(hook_), "--health-listen",
          "127.0.0.1:" + std::to_string(health_)},
         dir_ + "/scheduler.log");
     auto deadline = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < deadline && Healthz(ext_) < 0) std::this_thread::sleep_for(milliseconds(50));
+    while (Clock::now() < deadline && Healthz(ext_) < 0)
+      std::this_thread::sleep_for(milliseconds(50));
     ASSERT_GE(Healthz(ext_), 0) << Log();
   }
   void TearDown() override {
@@ -93,7 +94,8 @@ class SchedulerAbuse : public ::testing::Test {
     std::printf("after %s: VmHWM %lld KiB, VmRSS %lld KiB\n", after.c_str(),
                 static_cast<long long>(StatusKb(pid_, "VmHWM")),
                 static_cast<long long>(StatusKb(pid_, "VmRSS")));
-    EXPECT_EQ(waitpid(pid_, nullptr, WNOHANG), 0) << "scheduler died after " << after << "\n" << Log();
+    EXPECT_EQ(waitpid(pid_, nullptr, WNOHANG), 0) << "scheduler died after " << after << "\n"
+                                                  << Log();
     for (int port : {ext_, health_}) {
       int64_t t = Healthz(port);
       EXPECT_GE(t, 0) << "healthz on " << port << " failed after " << after;
@@ -133,8 +135,9 @@ TEST_F(SchedulerAbuse, StaysUpResponsiveAndUnderItsMemoryLimit) {
   EXPECT_EQ(Post(ext_, "/scheduler/filter", std::string((1 << 20) - 100, '[')), 400);
   EXPECT_EQ(Post(hook_, "/validate", std::string((1 << 20) - 100, '['), true), 400);
   // The 200 KB 100000-deep array inside a Node object that used to overflow the re-serialiser.
-  std::string deep = R"({"Pod":{"metadata":{"uid":"u"},"spec":{"containers":[]}},"Nodes":{"items":[)" +
-                     std::string(100000, '[') + std::string(100000, ']') + "]}}";
+  std::string deep =
+      R"({"Pod":{"metadata":{"uid":"u"},"spec":{"containers":[]}},"Nodes":{"items":[)" +
+      std::string(100000, '[') + std::string(100000, ']') + "]}}";
   EXPECT_EQ(Post(ext_, "/scheduler/filter", deep), 400);
   ExpectResponsive("deep JSON");
 
@@ -143,14 +146,18 @@ TEST_F(SchedulerAbuse, StaysUpResponsiveAndUnderItsMemoryLimit) {
     int fd = Connect(ext_);
     std::string line = "POST /scheduler/filter HTTP/1.1\r\nHost: x\r\n";
     std::string block;
-    for (int i = 0; i < 1000; ++i) block += "X-A: bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\r\n";
+    for (int i = 0; i < 1000; ++i)
+      block += "X-A: bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\r\n";
     send(fd, line.data(), line.size(), MSG_NOSIGNAL);
     size_t sent = 0;
     for (int i = 0; i < 2000; ++i) {
       ssize_t n = send(fd, block.data(), block.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) sent += static_cast<size_t>(n);
-      else if (errno == EAGAIN) std::this_thread::sleep_for(milliseconds(2));
-      else break;
+      if (n > 0)
+        sent += static_cast<size_t>(n);
+      else if (errno == EAGAIN)
+        std::this_thread::sleep_for(milliseconds(2));
+      else
+        break;
     }
     EXPECT_LT(sent, size_t{16} << 20);
     close(fd);
@@ -192,7 +199,8 @@ TEST_F(SchedulerAbuse, StaysUpResponsiveAndUnderItsMemoryLimit) {
   for (int i = 0; i < 24; ++i) {
     big.emplace_back([&, i] {
       for (int k = 0; k < 3; ++k) {
-        if (Post(i % 2 ? ext_ : hook_, i % 2 ? "/scheduler/filter" : "/validate", wide, i % 2 == 0) > 0) {
+        if (Post(i % 2 ? ext_ : hook_, i % 2 ? "/scheduler/filter" : "/validate", wide,
+                 i % 2 == 0) > 0) {
           ++answered;
         }
       }
@@ -213,9 +221,14 @@ TEST_F(SchedulerAbuse, StaysUpResponsiveAndUnderItsMemoryLimit) {
   EXPECT_GT(hwm, 0);
   EXPECT_LT(hwm, 256 * 1024) << "peak RSS above the Deployment's 256 MiB limit";
   // A real request still works.
-  json args = {{"Pod", {{"metadata", {{"uid", "u1"}}},
-                        {"spec", {{"containers", json::array({{{"name", "c"},
-                                                                {"resources", {{"limits", {{"tencent.com/vcuda-core", 30}, {"tencent.com/vcuda-memory", 8}}}}}}})}}}}},
+  json args = {{"Pod",
+                {{"metadata", {{"uid", "u1"}}},
+                 {"spec",
+                  {{"containers", json::array({{{"name", "c"},
+                                                {"resources",
+                                                 {{"limits",
+                                                   {{"tencent.com/vcuda-core", 30},
+                                                    {"tencent.com/vcuda-memory", 8}}}}}}})}}}}},
                {"NodeNames", {"gpu-node"}}};
   httplib::Client cli("127.0.0.1", ext_);
   auto r = cli.Post("/scheduler/filter", args.dump(), "application/json");

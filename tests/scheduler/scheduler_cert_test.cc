@@ -20,8 +20,8 @@
 #include "gtest/gtest.h"
 #include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "testing/process/spawn.h"
 #include "testing/net/loopback.h"
+#include "testing/process/spawn.h"
 
 namespace gpulet {
 namespace {
@@ -78,13 +78,18 @@ struct SchedulerCert : ::testing::Test {
   // Starts the scheduler (webhook on a free port) and returns the first certificate it serves.
   std::string Start(const std::vector<std::string>& extra) {
     port_ = FreePort();
-    std::vector<std::string> argv = {std::string(GPULET_BINARY_DIR) + "/bin/gpulet", "scheduler",
-                                     "--kubeconfig", dir_ + "/kubeconfig", "--extender-listen",
-                                     "127.0.0.1:0", "--webhook-listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--tls-renew-check",
-                                     "100"};
+    std::vector<std::string> argv = {std::string(GPULET_BINARY_DIR) + "/bin/gpulet",
+                                     "scheduler",
+                                     "--kubeconfig",
+                                     dir_ + "/kubeconfig",
+                                     "--extender-listen",
+                                     "127.0.0.1:0",
+                                     "--webhook-listen",
+                                     "127.0.0.1:" + std::to_string(port_),
+                                     "--tls-renew-check",
+                                     "100ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = testing_vgpu::SpawnLogged(argv, dir_ + "/scheduler.log");
+    pid_ = testing_process::SpawnLogged(argv, dir_ + "/scheduler.log");
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     std::string pem;
     while (pem.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -114,7 +119,7 @@ struct SchedulerCert : ::testing::Test {
 // With a renewal window longer than the certificate's one-year life, every check renews it: new
 // handshakes get the new certificate, which is itself far from expiry.
 TEST_F(SchedulerCert, SelfIssuedCertificateIsRenewedWhileServing) {
-  std::string first = Start({"--tls-renew-before", "9000"});
+  std::string first = Start({"--tls-renew-before", "9000h"});
   ASSERT_FALSE(first.empty()) << Log();
   std::string later = first;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -45,11 +45,11 @@ class WebhookHttps : public ::testing::Test {
     server_ = std::make_unique<k8s::GuardedServer>(k8s::ServerLimits{}, *ctx);
     ASSERT_TRUE(api_.Start());
     // One H100 node as the agent annotates it: 318 memory units per GPU.
-    api_.CreateNode({{"metadata",
-                      {{"name", "gpu-node"},
-                       {"annotations",
-                        {{"gpulet.io/vgpu-gpus",
-                          R"([{"uuid":"GPU-a","index":0,"memoryUnits":318}])"}}}}}});
+    api_.CreateNode(
+        {{"metadata",
+          {{"name", "gpu-node"},
+           {"annotations",
+            {{"gpulet.io/vgpu-gpus", R"([{"uuid":"GPU-a","index":0,"memoryUnits":318}])"}}}}}});
     k8s::Config c;
     c.server = api_.url();
     client_ = std::make_unique<k8s::Client>(c);
@@ -110,8 +110,8 @@ class WebhookHttps : public ::testing::Test {
 
 // The seed's pod (30 cores, 20 units) is allowed.
 TEST_F(WebhookHttps, AllowsSeedPod) {
-  json out = Post("/validate", Review({{"tencent.com/vcuda-core", "30"},
-                                       {"tencent.com/vcuda-memory", "20"}}));
+  json out = Post("/validate",
+                  Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}));
   EXPECT_EQ(out["apiVersion"], "admission.k8s.io/v1");
   EXPECT_EQ(out["kind"], "AdmissionReview");
   EXPECT_TRUE(out["response"]["allowed"].get<bool>()) << out.dump();
@@ -119,8 +119,8 @@ TEST_F(WebhookHttps, AllowsSeedPod) {
 
 // 150 cores: denied, saying multiples of 100 or 1-99 are allowed.
 TEST_F(WebhookHttps, Denies150Cores) {
-  std::string m = Denial(Review({{"tencent.com/vcuda-core", "150"},
-                                 {"tencent.com/vcuda-memory", "20"}}));
+  std::string m =
+      Denial(Review({{"tencent.com/vcuda-core", "150"}, {"tencent.com/vcuda-memory", "20"}}));
   EXPECT_THAT(m, HasSubstr("pod \"train\""));
   EXPECT_THAT(m, HasSubstr("container \"cuda\""));
   EXPECT_THAT(m, HasSubstr("150 is more than one GPU but not a multiple of 100"));
@@ -129,30 +129,30 @@ TEST_F(WebhookHttps, Denies150Cores) {
 
 // 0 cores with memory: denied.
 TEST_F(WebhookHttps, DeniesZeroCoresWithMemory) {
-  std::string m = Denial(Review({{"tencent.com/vcuda-core", "0"},
-                                 {"tencent.com/vcuda-memory", "20"}}));
+  std::string m =
+      Denial(Review({{"tencent.com/vcuda-core", "0"}, {"tencent.com/vcuda-memory", "20"}}));
   EXPECT_THAT(m, HasSubstr("tencent.com/vcuda-memory 20 without tencent.com/vcuda-core"));
 }
 
 // Memory larger than the cluster's largest GPU (learned from the node annotation): denied.
 TEST_F(WebhookHttps, DeniesMemoryLargerThanAGpu) {
-  std::string m = Denial(Review({{"tencent.com/vcuda-core", "50"},
-                                 {"tencent.com/vcuda-memory", "400"}}));
+  std::string m =
+      Denial(Review({{"tencent.com/vcuda-core", "50"}, {"tencent.com/vcuda-memory", "400"}}));
   EXPECT_THAT(m, HasSubstr("400 (102400 MiB) is larger than one GPU (318 units"));
 }
 
 // requests != limits: denied.
 TEST_F(WebhookHttps, DeniesRequestsNotEqualLimits) {
-  std::string m = Denial(Review(
-      {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
-      {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "10"}}));
+  std::string m =
+      Denial(Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
+                    {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "10"}}));
   EXPECT_THAT(m, HasSubstr("request 10 differs from limit 20"));
 }
 
 // The mutating endpoint points vGPU pods at the configured scheduler with a JSON patch.
 TEST_F(WebhookHttps, MutateSetsSchedulerName) {
-  json out = Post("/mutate", Review({{"tencent.com/vcuda-core", "30"},
-                                     {"tencent.com/vcuda-memory", "20"}}));
+  json out = Post("/mutate",
+                  Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}));
   ASSERT_EQ(out["response"]["patchType"], "JSONPatch");
   std::string patch;
   ASSERT_TRUE(absl::Base64Unescape(out["response"]["patch"].get<std::string>(), &patch));
@@ -184,10 +184,16 @@ TEST_F(WebhookHttps, WrongTypedReviewsAreNeverServerErrors) {
            [](json& r) { r["request"]["object"]["metadata"] = "m"; },
            [](json& r) { r["request"]["object"]["metadata"]["name"] = 5; },
            [](json& r) { r["request"]["object"]["metadata"]["annotations"] = json::array(); },
-           [](json& r) { r["request"]["object"]["spec"]["containers"] = {1, "x", nullptr}; },
+           [](json& r) {
+             r["request"]["object"]["spec"]["containers"] = {1, "x", nullptr};
+           },
            [](json& r) { r["request"]["object"]["spec"]["containers"][0]["name"] = 5; },
-           [](json& r) { r["request"]["object"]["spec"]["initContainers"] = {1, {{"name", 2}}}; },
-           [](json& r) { r["request"]["object"]["spec"]["containers"][0]["env"] = {1, {{"name", 2}}}; },
+           [](json& r) {
+             r["request"]["object"]["spec"]["initContainers"] = {1, {{"name", 2}}};
+           },
+           [](json& r) {
+             r["request"]["object"]["spec"]["containers"][0]["env"] = {1, {{"name", 2}}};
+           },
            [](json& r) { r["request"]["object"]["spec"]["containers"][0]["resources"] = "x"; }}) {
     json r = good;
     mutate(r);
@@ -206,8 +212,8 @@ TEST_F(WebhookHttps, MalformedNodeAnnotationDoesNotBreakValidation) {
   api_.CreateNode({{"metadata",
                     {{"name", "odd-node"},
                      {"annotations", {{"gpulet.io/vgpu-gpus", R"([1, {"memoryUnits": "9"}])"}}}}}});
-  std::string m = Denial(Review({{"tencent.com/vcuda-core", "50"},
-                                 {"tencent.com/vcuda-memory", "400"}}));
+  std::string m =
+      Denial(Review({{"tencent.com/vcuda-core", "50"}, {"tencent.com/vcuda-memory", "400"}}));
   EXPECT_THAT(m, HasSubstr("larger than one GPU (318 units"));
 }
 
@@ -225,8 +231,9 @@ TEST_F(WebhookHttps, DeepJsonIs400) {
 // Annotations gpulet writes (extender: node, GPUs, bind time, assigned; TKEStack's core limit
 // the agent honours) may not come with the pod at creation.
 TEST_F(WebhookHttps, DeniesGpuletAnnotationsOnCreate) {
-  for (const char* key : {"gpulet.io/vgpu-node", "gpulet.io/vgpu-gpus-0", "gpulet.io/vgpu-bind-time",
-                          "gpulet.io/vgpu-assigned", "tencent.com/vcuda-core-limit"}) {
+  for (const char* key :
+       {"gpulet.io/vgpu-node", "gpulet.io/vgpu-gpus-0", "gpulet.io/vgpu-bind-time",
+        "gpulet.io/vgpu-assigned", "tencent.com/vcuda-core-limit"}) {
     json r = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
     r["request"]["object"]["metadata"]["annotations"] = {{key, "x"}};
     EXPECT_THAT(Denial(r), HasSubstr(std::string("annotation ") + key + " is written by gpulet"));
@@ -241,11 +248,13 @@ TEST_F(WebhookHttps, DeniesGpuletAnnotationsOnCreate) {
 // carries the administrator's label; whole-GPU pods may use it anywhere.
 TEST(WebhookOptOut, FractionalPodsNeedTheNamespaceLabel) {
   httplib::Server fake;  // just the namespaces the webhook reads
-  fake.Get(R"(/api/v1/namespaces/([a-z0-9-]+))", [](const httplib::Request& req, httplib::Response& res) {
-    json ns = {{"metadata", {{"name", req.matches[1].str()}}}};
-    if (req.matches[1] == "lab") ns["metadata"]["labels"] = {{"gpulet.io/vgpu-disable-allowed", "true"}};
-    res.set_content(ns.dump(), "application/json");
-  });
+  fake.Get(R"(/api/v1/namespaces/([a-z0-9-]+))",
+           [](const httplib::Request& req, httplib::Response& res) {
+             json ns = {{"metadata", {{"name", req.matches[1].str()}}}};
+             if (req.matches[1] == "lab")
+               ns["metadata"]["labels"] = {{"gpulet.io/vgpu-disable-allowed", "true"}};
+             res.set_content(ns.dump(), "application/json");
+           });
   int port = fake.bind_to_any_port("127.0.0.1");
   std::thread t([&] { fake.listen_after_bind(); });
   k8s::Config c;

@@ -31,31 +31,7 @@ constexpr uint64_t kMiB = 1 << 20;
 
 std::string Built(const std::string& p) { return std::string(GPULET_BINARY_DIR) + "/" + p; }
 
-// Runs argv with `env` added; returns (exit code, stdout+stderr).
-std::pair<int, std::string> RunProcess(const std::vector<std::string>& argv,
-                                       const std::map<std::string, std::string>& env) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return {-1, "pipe"};
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(p[1], 1);
-    dup2(p[1], 2);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(p[1]);
-  std::string out;
-  char b[512];
-  for (ssize_t n; (n = read(p[0], b, sizeof b)) > 0;) out.append(b, static_cast<size_t>(n));
-  close(p[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using testing_process::RunCaptured;
 
 class Handover : public ::testing::Test {
  protected:
@@ -109,7 +85,7 @@ class Handover : public ::testing::Test {
         "--vgpu-reconcile-interval",
         "200ms"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    agent_ = testing_vgpu::SpawnLogged(argv, dir_ + "/agent.log");
+    agent_ = testing_process::SpawnLogged(argv, dir_ + "/agent.log");
     for (const char* r : {"tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu"})
       ASSERT_TRUE(emu_->WaitForUpdate(r, 0, milliseconds(20000)).ok()) << r << "\n" << Log();
   }
@@ -190,15 +166,16 @@ TEST_F(Handover, AllocateResponseLimitsTheProcess) {
   std::map<std::string, std::string> container = driver;
   container.insert(env.begin(), env.end());
   // The fake's contexts cost no device memory (FAKE_CUDA_CONTEXT_BYTES is 0): charge none, so the
-  // whole 512 MiB limit is there for allocations (context charging: tests/vgpu/interposer DriverHeld).
+  // whole 512 MiB limit is there for allocations (context charging: tests/vgpu/interposer
+  // DriverHeld).
   container["GPULET_VGPU_CONTEXT_BYTES"] = "0";
   const std::vector<std::string> probe = {Built("tests/vcuda_probe"), "device", "1",
                                           std::to_string(128 * kMiB)};
-  auto [rc, out] = RunProcess(probe, container);
+  auto [rc, out] = RunCaptured(probe, container);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_THAT(out, ::testing::HasSubstr("held " + std::to_string(512 * kMiB) + "\n"));
   // Control: without the Allocate's edits the same program fills the whole fake GPU.
-  auto [rc0, out0] = RunProcess(probe, driver);
+  auto [rc0, out0] = RunCaptured(probe, driver);
   ASSERT_EQ(rc0, 0) << out0;
   EXPECT_THAT(out0, ::testing::HasSubstr("held " + std::to_string(1024 * kMiB) + "\n"));
 
@@ -261,7 +238,7 @@ TEST_F(Handover, WithApiServerFindsThePod) {
 
 // A pool selection naming a GPU the node does not have stops the agent with a message naming it.
 TEST_F(Handover, UnknownPoolGpuIsAnError) {
-  auto [rc, out] = RunProcess(
+  auto [rc, out] = RunCaptured(
       {Built("bin/gpulet"), "agent", "--simulate",
        std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/handover-machine.yaml", "--sim-root",
        dir_ + "/root", "--device-plugin-dir", emu_->device_plugin_dir(), "--metrics-address",

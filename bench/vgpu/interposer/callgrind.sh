@@ -26,9 +26,11 @@ ir() {  # ir MODE COUNT PRELOAD [ENV...] -> total instructions
 for mode in alloc-loop launch-loop; do
   d1=$(ir $mode $n ""); d2=$(ir $mode $((2 * n)) "")
   p1=$(ir $mode $n "$shim"); p2=$(ir $mode $((2 * n)) "$shim")
-  echo "$mode: $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per call (N=$n; driver alone $(( (d2 - d1) / n )))"
+  # One iteration of alloc-loop is an alloc+free pair; of launch-loop, one launch.
+  unit=$([ $mode = alloc-loop ] && echo "alloc+free pair" || echo launch)
+  echo "$mode: $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per $unit (N=$n; driver alone $(( (d2 - d1) / n )))"
 done
 one="NVIDIA_VISIBLE_DEVICES=GPU-face0000-0000-0000-0000-000000000000 CUDA_VISIBLE_DEVICES=0"
 d1=$(ir alloc-loop $n "" $one); d2=$(ir alloc-loop $((2 * n)) "" $one)
 p1=$(ir alloc-loop $n "$shim" $one); p2=$(ir alloc-loop $((2 * n)) "$shim" $one)
-echo "alloc-loop (one GPU): $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per call (N=$n)"
+echo "alloc-loop (one GPU): $(( (p2 - p1 - (d2 - d1)) / n )) instructions added per alloc+free pair (N=$n)"

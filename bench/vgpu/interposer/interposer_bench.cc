@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
 
 namespace {
@@ -45,7 +45,8 @@ struct Env {
     // with NVML and the allocation path carries its reconciliation countdown.
     Hook<cuda::cuDevicePrimaryCtxRetain_t>("cuDevicePrimaryCtxRetain")(&ctx, 0);
     FakeSym<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
-    FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&fn, nullptr, "k");
+    FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&fn, nullptr,
+                                                                                     "k");
     FakeSym<CUresult (*)(CUstream*, unsigned)>("cuStreamCreate")(&stream, 0);
     unlink(acct.c_str());
   }
@@ -123,7 +124,8 @@ void BM_Pacing(benchmark::State& state) {
   state.counters["share_min"] = lo;
   state.counters["share_max"] = hi;
 }
-BENCHMARK(BM_Pacing)->Arg(10)->Arg(30)->Arg(50)->Arg(90)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Pacing)->Arg(10)->Arg(30)->Arg(50)->Arg(90)->Iterations(1)->Unit(
+    benchmark::kMillisecond);
 
 // Share as a floor: limit/ceiling next to a neighbour keeping NEIGHBOUR % of the GPU busy
 // (10 simulated s after 3 s of warm-up, in 5 s windows).
@@ -141,9 +143,14 @@ void BM_PacingNeighbour(benchmark::State& state) {
   state.counters["share_max"] = hi;
 }
 BENCHMARK(BM_PacingNeighbour)
-    ->Args({30, 30, 50})->Args({30, 60, 50})->Args({30, 30, 70})->Args({99, 99, 70})
-    ->Args({10, 10, 90})->Args({99, 99, 90})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Args({30, 30, 50})
+    ->Args({30, 60, 50})
+    ->Args({30, 30, 70})
+    ->Args({99, 99, 70})
+    ->Args({10, 10, 90})
+    ->Args({99, 99, 90})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // Shares as floors (issue 20.2): greedy containers, each paced by its own Core at its share, one
 // thread each on the shared virtual clock, on the fake GPU that time-slices between contexts
@@ -159,16 +166,21 @@ void BM_PacingTenants(benchmark::State& state, std::vector<uint32_t> shares) {
     state.counters[std::string("t") + std::to_string(i) + "_" + std::to_string(shares[i])] = got[i];
 }
 BENCHMARK_CAPTURE(BM_PacingTenants, 10_90, std::vector<uint32_t>{10, 90})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PacingTenants, 30_50, std::vector<uint32_t>{30, 50})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PacingTenants, 30_70, std::vector<uint32_t>{30, 70})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PacingTenants, 30_30_40, std::vector<uint32_t>{30, 30, 40})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 // Unpaced, for comparison: what time slicing alone gives (1/k each).
 BENCHMARK_CAPTURE(BM_PacingTenants, unpaced_100_100, std::vector<uint32_t>{100, 100})
-    ->Iterations(1)->Unit(benchmark::kMillisecond);
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

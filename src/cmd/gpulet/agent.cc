@@ -1,6 +1,7 @@
 // `gpulet agent`: the node agent. One GPU layer and one inventory serve every node-side part; the
 // device plugin runs here, and the other parts start in the hook below once it serves.
 #include "absl/strings/str_cat.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/dra_flags.h"
@@ -48,7 +49,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
-    RealFilesystem fs("/");
+    RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;
@@ -58,75 +59,75 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
-      if (!cfg.ok()) {
-        std::cerr << "gpulet agent: " << cfg.status().message() << "\n";
-        return 2;
-      }
+      if (!cfg.ok()) return Fail("gpulet agent", cfg.status(), kUsageError);
       client = std::make_unique<k8s::Client>(*cfg);
       flags->api = client.get();
       flags->node_name = node->name;
     }
-    int rc = RunDevicePlugin("agent", *flags, [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
-      // Other node parts start here, sharing `gpu`.
-      if (client) {  // created before the exporter, which reports its bare-pod count
-        node::ValidateOptions vo;
-        vo.layer = &gpu;
-        vo.host_root = node->host_root;
-        vo.pod_resources_socket = flags->pod_resources_socket;
-        vo.node_name = node->name;
-        vo.client = client.get();
-        node::ReadinessOptions ro;
-        ro.node_name = node->name;
-        readiness = std::make_unique<node::ReadinessController>(
-            client.get(), [vo] { return node::ValidateStack(vo); }, ro);
-      }
-      metrics_flags->pod_resources_socket = flags->pod_resources_socket;
-      metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
-      auto mo = ToExporterOptions(*metrics_flags);
-      if (!mo.ok()) return mo.status();
-      if (node::ReadinessController* r = readiness.get())
-        mo->sampler.bare_pods_reported = [r] { return r->reported_bare_pods(); };
-      auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
-      if (!e.ok()) return e.status();
-      exporter = *std::move(e);
-      auto lo = ToLabelOptions(*label_flags, fs);
-      if (!lo.ok()) return lo.status();
-      auto interval = ParseFlagDuration("labels-interval", label_flags->interval);
-      if (!interval.ok()) return interval.status();
-      labeler = std::make_unique<labels::LabelRefresher>(
-          &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
-      // A reloaded config (file, ConfigMap, node label) relabels at once.
-      dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
-        l->SetOptions(SharingFromConfig(base, c));
-        if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
-      });
-      // An unwritable feature file must not stop the device plugin; retried every interval.
-      if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
-      labeler->Start();
-      // Where to look, said once at start (the port is the bound one when :0 was asked for).
-      auto hp = metrics::ParseListenAddress(metrics_flags->address);
-      spdlog::info("metrics: http://{}:{}/metrics (and /health){}; labels: {} every {}",
-                   hp.ok() ? hp->first : std::string("?"), exporter->port(),
-                   exporter->gpu_manager_port() > 0
-                       ? absl::StrCat("; GPU Manager /metric on port ",
-                                      exporter->gpu_manager_port())
-                       : "",
-                   label_flags->output, label_flags->interval);
-      if (readiness) readiness->Start();
-      auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
-      if (!c.ok()) return c.status();
-      cdi = *std::move(c);
-      auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
-      if (!d.ok()) return d.status();
-      dra_driver = *std::move(d);
-      return absl::OkStatus();
-    }, [&] {
-      dra_driver.reset();
-      cdi.reset();
-      labeler.reset();
-      exporter.reset();  // before the readiness controller its sampler reads
-      readiness.reset();
-    });
+    int rc = RunDevicePlugin(
+        "agent", *flags,
+        [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
+          // Other node parts start here, sharing `gpu`.
+          if (client) {  // created before the exporter, which reports its bare-pod count
+            node::ValidateOptions vo;
+            vo.layer = &gpu;
+            vo.host_root = node->host_root;
+            vo.pod_resources_socket = flags->pod_resources_socket;
+            vo.node_name = node->name;
+            vo.client = client.get();
+            node::ReadinessOptions ro;
+            ro.node_name = node->name;
+            readiness = std::make_unique<node::ReadinessController>(
+                client.get(), [vo] { return node::ValidateStack(vo); }, ro);
+          }
+          metrics_flags->pod_resources_socket = flags->pod_resources_socket;
+          metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
+          auto mo = ToExporterOptions(*metrics_flags);
+          if (!mo.ok()) return mo.status();
+          if (node::ReadinessController* r = readiness.get())
+            mo->sampler.bare_pods_reported = [r] { return r->reported_bare_pods(); };
+          auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
+          if (!e.ok()) return e.status();
+          exporter = *std::move(e);
+          auto lo = ToLabelOptions(*label_flags, fs);
+          if (!lo.ok()) return lo.status();
+          auto interval = ParseFlagDuration("labels-interval", label_flags->interval);
+          if (!interval.ok()) return interval.status();
+          labeler = std::make_unique<labels::LabelRefresher>(
+              &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
+          // A reloaded config (file, ConfigMap, node label) relabels at once.
+          dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
+            l->SetOptions(SharingFromConfig(base, c));
+            if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+          });
+          // An unwritable feature file must not stop the device plugin; retried every interval.
+          if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+          labeler->Start();
+          // Where to look, said once at start (the port is the bound one when :0 was asked for).
+          auto hp = metrics::ParseListenAddress(metrics_flags->address);
+          spdlog::info(
+              "metrics: http://{}:{}/metrics (and /health){}; labels: {} every {}",
+              hp.ok() ? hp->first : std::string("?"), exporter->port(),
+              exporter->gpu_manager_port() > 0
+                  ? absl::StrCat("; GPU Manager /metric on port ", exporter->gpu_manager_port())
+                  : "",
+              label_flags->output, label_flags->interval);
+          if (readiness) readiness->Start();
+          auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
+          if (!c.ok()) return c.status();
+          cdi = *std::move(c);
+          auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
+          if (!d.ok()) return d.status();
+          dra_driver = *std::move(d);
+          return absl::OkStatus();
+        },
+        [&] {
+          dra_driver.reset();
+          cdi.reset();
+          labeler.reset();
+          exporter.reset();  // before the readiness controller its sampler reads
+          readiness.reset();
+        });
     return rc;
   };
 }

@@ -1,16 +1,20 @@
 // `gpulet cdi generate`: writes the CDI spec for this node's GPUs (runtime/cdi.h), atomically.
+#include "runtime/cdi.h"
+
 #include <unistd.h>
 
 #include <iostream>
 #include <memory>
 
 #include "absl/strings/match.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "common/duration.h"
 #include "common/fs.h"
+#include "common/status.h"
 #include "gpu/open.h"
-#include "runtime/cdi.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -23,10 +27,7 @@ struct CdiFlags {
 };
 
 int Generate(const CdiFlags& f) {
-  auto fail = [](const std::string& m) {
-    std::cerr << "gpulet cdi generate: " << m << "\n";
-    return 1;
-  };
+  auto fail = [](const std::string& m) { return Fail("gpulet cdi generate", m); };
   auto strategy = runtime::ParseNameStrategy(f.strategy);
   if (!strategy.ok()) return fail(std::string(strategy.status().message()));
   auto layer = gpu::OpenGpuLayer(f.gpu);
@@ -46,12 +47,14 @@ int Generate(const CdiFlags& f) {
   // ten times faster than YAML; anything else: YAML).
   std::string format = f.format;
   if (format.empty()) format = absl::EndsWith(f.output, ".json") ? "json" : "yaml";
-  std::string text = format == "json" ? runtime::CdiSpecToJson(*spec) : runtime::CdiSpecToYaml(*spec);
+  std::string text =
+      format == "json" ? runtime::CdiSpecToJson(*spec) : runtime::CdiSpecToYaml(*spec);
   if (f.output.empty() || f.output == "-") {
     std::cout << text;
     return 0;
   }
-  if (auto s = WriteFileAtomic(f.output, text, 0644); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = WriteFileAtomic(f.output, text, 0644); !s.ok())
+    return fail(std::string(s.message()));
   return 0;
 }
 
@@ -95,25 +98,26 @@ void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f) {
       ->check(CLI::IsMember({"index", "uuid", "both"}))
       ->capture_default_str();
   app.add_option("--cdi-interval", f.interval, "How often the CDI spec is checked")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("DURATION");
 }
 
 absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const CdiRefreshFlags& f,
-                                                                        gpu::GpuLayer& gpu) {
+                                                                         gpu::GpuLayer& gpu) {
   if (f.spec.empty()) return nullptr;
-  absl::Duration interval;
-  if (!absl::ParseDuration(f.interval, &interval) || interval <= absl::ZeroDuration())
-    return absl::InvalidArgumentError("--cdi-interval '" + f.interval +
-                                      "': expected a positive duration like 10s");
+  ASSIGN_OR_RETURN(ParsedDuration parsed, ParseDuration("--cdi-interval", f.interval));
+  const absl::Duration interval = parsed.value;
   auto strategy = runtime::ParseNameStrategy(f.strategy);
   if (!strategy.ok()) return strategy.status();
   runtime::CdiGenerateOptions o;
   o.driver_root = f.driver_root;
   o.hook_path = f.hook_path;
   o.names = *strategy;
-  auto r = std::make_unique<runtime::CdiRefresher>(&gpu, f.spec, o, absl::ToChronoMilliseconds(interval));
+  auto r = std::make_unique<runtime::CdiRefresher>(&gpu, f.spec, o,
+                                                   absl::ToChronoMilliseconds(interval));
   if (auto first = r->RefreshOnce(); !first.ok())
-    spdlog::warn("CDI spec {}: {} (retried every {})", f.spec, first.status().ToString(), f.interval);
+    spdlog::warn("CDI spec {}: {} (retried every {})", f.spec, first.status().ToString(),
+                 f.interval);
   r->Start();
   return r;
 }

@@ -23,6 +23,6 @@ void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f);
 // Null when --cdi-spec is empty. Bad flags are errors; a failing first write is only logged (the
 // device plugin must not stop for it) and retried every interval.
 absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const CdiRefreshFlags& f,
-                                                                        gpu::GpuLayer& gpu);
+                                                                         gpu::GpuLayer& gpu);
 
 }  // namespace gpulet::cmd

@@ -15,12 +15,9 @@ namespace gpulet::cmd {
 
 // The DRA driver for the GPUs of gpulet.dra.gpus (null when that is empty); the device plugin
 // already leaves them out. It follows the plugin's health monitor.
-inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::GpuLayer& gpu,
-                                                           plugin::DevicePlugin& dp,
-                                                           k8s::Client* client,
-                                                           const std::string& node_name,
-                                                           const CdiRefreshFlags& cdi,
-                                                           const PluginFlags& flags) {
+inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
+    gpu::GpuLayer& gpu, plugin::DevicePlugin& dp, k8s::Client* client, const std::string& node_name,
+    const CdiRefreshFlags& cdi, const PluginFlags& flags) {
   plugin::Config cfg = dp.config();
   if (cfg.dra.gpus.empty()) return nullptr;
   if (!client)

@@ -1,14 +1,16 @@
 // `gpulet exporter`: the Prometheus exporter alone (the agent serves the same from its shared GPU
 // layer). NVML missing at start is not fatal: /metrics answers with gpulet_exporter_nvml_up 0 and
 // the GPU layer is opened again every interval.
+#include "metrics/exporter.h"
+
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
-#include "metrics/exporter.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -20,17 +22,11 @@ std::function<int()> SetupExporter(CLI::App& sub) {
   AddExporterFlags(sub, *flags, /*with_pod_socket=*/true);
   return [gpu_opts, flags] {
     auto options = ToExporterOptions(*flags);
-    if (!options.ok()) {
-      std::cerr << "gpulet exporter: " << options.status().message() << "\n";
-      return 2;
-    }
+    if (!options.ok()) return Fail("gpulet exporter", options.status(), kUsageError);
     const sigset_t stop = BlockStopSignals();
     auto opener = [gpu_opts] { return gpu::OpenGpuLayer(*gpu_opts); };
     auto exporter = metrics::Exporter::Start(*std::move(options), nullptr, opener);
-    if (!exporter.ok()) {
-      std::cerr << "gpulet exporter: " << exporter.status().message() << "\n";
-      return 1;
-    }
+    if (!exporter.ok()) return Fail("gpulet exporter", exporter.status());
     // Tests and scripts that pass port 0 read the chosen port here.
     std::cout << "gpulet exporter: listening on port " << (*exporter)->port() << std::endl;
     int sig = 0;

@@ -1,5 +1,6 @@
 // The GPU-selection flags shared by every `gpulet` command that touches GPUs, so they are spelled,
-// documented and defaulted the same everywhere (DESIGN.md: `--simulate PROFILE` on every such command).
+// documented and defaulted the same everywhere (DESIGN.md: `--simulate PROFILE` on every such
+// command).
 //
 //   auto opts = std::make_shared<gpu::GpuOptions>();
 //   AddGpuFlags(sub, *opts);                 // declare; `opts` must outlive parsing and the run
@@ -46,9 +47,8 @@ inline absl::Status CheckSimRoot(const gpu::GpuOptions& o) {
   std::string want = SimulatedMachineName(o.simulate);
   if (have.empty() || want.empty() || have == want) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "--sim-root ", o.sim_root, " holds the simulated node of machine ", have, " (",
-      o.sim_root, "/control/node); --simulate ", o.simulate,
-      " would rewrite its state. Use --simulate ", have,
+      "--sim-root ", o.sim_root, " holds the simulated node of machine ", have, " (", o.sim_root,
+      "/control/node); --simulate ", o.simulate, " would rewrite its state. Use --simulate ", have,
       " to look at that node, or another --sim-root for a new one"));
 }
 

@@ -5,16 +5,18 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
-#include "nlohmann/json.hpp"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
+#include "nlohmann/json.hpp"
 
 namespace gpulet::cmd {
 namespace {
 
 std::string Cell(const gpu::Inventory& inv, size_t i, size_t j) {
   if (i == j) return " X ";
+  if (!inv.devices[i].Readable() || !inv.devices[j].Readable()) return "N/A";
   const gpu::Link& l = inv.topology[i][j];
   if (l.nvlinks > 0) return absl::StrFormat("NV%d", l.nvlinks);
   return gpu::PcieRelationName(l.pcie);
@@ -22,6 +24,12 @@ std::string Cell(const gpu::Inventory& inv, size_t i, size_t j) {
 
 void Print(const gpu::Inventory& inv, std::ostream& out) {
   for (const gpu::Device& d : inv.devices) {
+    if (!d.Readable()) {
+      // nvidia-smi's words for a GPU it cannot open, so a reader recognises them.
+      out << absl::StrFormat("GPU %d: Unable to determine the device handle: %s\n", d.index,
+                             d.error);
+      continue;
+    }
     out << absl::StrFormat("GPU %d: %s (UUID: %s)\n", d.index, d.name, d.uuid);
     for (const gpu::MigDevice& m : d.mig_devices) {
       out << absl::StrFormat("  MIG %-11s Device %2d: (UUID: %s)\n", m.profile, m.index, m.uuid);
@@ -54,6 +62,10 @@ nlohmann::json ToJson(const gpu::Inventory& inv) {
   nlohmann::json gpus = nlohmann::json::array();
   for (size_t i = 0; i < inv.devices.size(); ++i) {
     const gpu::Device& d = inv.devices[i];
+    if (!d.Readable()) {
+      gpus.push_back({{"index", d.index}, {"error", d.error}});
+      continue;
+    }
     nlohmann::json mig = nlohmann::json::array();
     for (const gpu::MigDevice& m : d.mig_devices)
       mig.push_back({{"index", m.index}, {"profile", m.profile}, {"uuid", m.uuid}});
@@ -83,18 +95,13 @@ std::function<int()> SetupInfo(CLI::App& sub) {
   AddGpuFlags(sub, *opts);
   sub.add_flag("--json", *json,
                "Print one JSON object (driverVersion, cudaVersion, gpus[] with index, name, uuid, "
-               "pciBusId, memoryBytes, numaNode, cpuAffinity, migEnabled, mig[], topology[])");
+               "pciBusId, memoryBytes, numaNode, cpuAffinity, migEnabled, mig[], topology[]; a "
+               "GPU NVML cannot read has only index and error)");
   return [opts, json] {
     auto layer = gpu::OpenGpuLayer(*opts);
-    if (!layer.ok()) {
-      std::cerr << "gpulet info: " << layer.status().message() << "\n";
-      return 1;
-    }
+    if (!layer.ok()) return Fail("gpulet info", layer.status());
     auto inv = (*layer)->GetInventory();
-    if (!inv.ok()) {
-      std::cerr << "gpulet info: " << inv.status().message() << "\n";
-      return 1;
-    }
+    if (!inv.ok()) return Fail("gpulet info", inv.status());
     if (*json)
       std::cout << ToJson(*inv).dump(2) << "\n";
     else
@@ -105,8 +112,9 @@ std::function<int()> SetupInfo(CLI::App& sub) {
 
 }  // namespace
 
-GPULET_COMMAND(info, "List the node's GPUs (like nvidia-smi -L) and their topology matrix "
-                     "(like nvidia-smi topo -m)",
+GPULET_COMMAND(info,
+               "List the node's GPUs (like nvidia-smi -L) and their topology matrix "
+               "(like nvidia-smi topo -m)",
                SetupInfo);
 
 }  // namespace gpulet::cmd

@@ -1,19 +1,18 @@
 // `gpulet install` / `gpulet uninstall`: the node DaemonSet's init step (node/install.h).
+#include "node/install.h"
+
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
-#include "node/install.h"
 
 namespace gpulet::cmd {
 namespace {
 
 int Report(const char* what, const absl::StatusOr<node::InstallResult>& r) {
-  if (!r.ok()) {
-    std::cerr << "gpulet " << what << ": " << r.status().message() << "\n";
-    return 1;
-  }
+  if (!r.ok()) return Fail(std::string("gpulet ") + what, r.status());
   for (const auto& a : r->actions) std::cout << a << "\n";
   return 0;
 }
@@ -52,9 +51,8 @@ std::function<int()> SetupUninstall(CLI::App& sub) {
   sub.add_option("--host-root", *host_root, "Where the host's root filesystem is mounted")
       ->capture_default_str();
   AddRestart(sub, *restart);
-  return [host_root, restart] {
-    return Report("uninstall", node::Uninstall(*host_root, *restart));
-  };
+  return
+      [host_root, restart] { return Report("uninstall", node::Uninstall(*host_root, *restart)); };
 }
 
 }  // namespace

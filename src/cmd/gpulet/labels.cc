@@ -1,13 +1,15 @@
 // `gpulet labels`: GFD-compatible node labels as an NFD feature file, once (--oneshot) or
 // refreshed every --interval (the agent runs the same refresher on its shared GPU layer).
+#include "labels/labels.h"
+
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
-#include "labels/labels.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -20,28 +22,16 @@ std::function<int()> SetupLabels(CLI::App& sub) {
   AddLabelFlags(sub, *flags);
   sub.add_flag("--oneshot", *oneshot, "Write the labels once and exit");
   return [gpu_opts, flags, oneshot] {
-    RealFilesystem fs("/");
+    RootedFilesystem fs("/");
     auto options = ToLabelOptions(*flags, fs);
-    if (!options.ok()) {
-      std::cerr << "gpulet labels: " << options.status().message() << "\n";
-      return 2;
-    }
+    if (!options.ok()) return Fail("gpulet labels", options.status(), kUsageError);
     auto interval = ParseFlagDuration("interval", flags->interval);
-    if (!interval.ok()) {
-      std::cerr << "gpulet labels: " << interval.status().message() << "\n";
-      return 2;
-    }
+    if (!interval.ok()) return Fail("gpulet labels", interval.status(), kUsageError);
     const sigset_t stop = BlockStopSignals();
     auto layer = gpu::OpenGpuLayer(*gpu_opts);
-    if (!layer.ok()) {
-      std::cerr << "gpulet labels: " << layer.status().message() << "\n";
-      return 1;
-    }
+    if (!layer.ok()) return Fail("gpulet labels", layer.status());
     labels::LabelRefresher refresher(layer->get(), &fs, flags->output, *options, *interval);
-    if (absl::Status st = refresher.WriteOnce(); !st.ok()) {
-      std::cerr << "gpulet labels: " << st.message() << "\n";
-      return 1;
-    }
+    if (absl::Status st = refresher.WriteOnce(); !st.ok()) return Fail("gpulet labels", st);
     if (*oneshot) return 0;
     refresher.Start();
     int sig = 0;

@@ -1,5 +1,8 @@
 // gpulet: the node agent and its tools. main() only builds the command line from the registered
 // commands (see command.h) and runs the chosen one.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -33,6 +36,10 @@ int main(int argc, char** argv) {
   // Before any thread exists: the long-running commands (agent, exporter) keep few malloc arenas
   // however many cores the node has (see ConfigureMalloc).
   gpulet::metrics::ConfigureMalloc();
+  // Logs on stderr, so what a command prints for scripts (info --json, cdi generate, labels to -)
+  // stays parseable on stdout; a container's runtime collects both streams.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   CLI::App app{
       "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
       "gpulet"};

@@ -2,8 +2,6 @@
 // `gpulet agent` so they are spelled and defaulted the same everywhere. Header-only wiring.
 #pragma once
 
-#include <signal.h>
-
 #include <chrono>
 #include <string>
 #include <vector>
@@ -13,6 +11,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/duration.h"
+#include "common/signals.h"
 #include "labels/labels.h"
 #include "metrics/exporter.h"
 
@@ -49,16 +49,19 @@ inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_sock
                              const std::string& prefix = "") {
   sub.add_option("--" + prefix + "address", f.address,
                  "Listen address of GET /metrics and /health ([host]:port)")
-      ->capture_default_str()->type_name("ADDR");
+      ->capture_default_str()
+      ->type_name("ADDR");
   sub.add_option("--" + prefix + "interval", f.interval,
                  "Sampling interval: NVML, vGPU accounting and rendering run this often in the "
                  "background; a scrape never waits for them")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--" + prefix + "families", f.families,
                  "Metric family sets to export, comma-separated: gpulet (own names), dcgm "
                  "(dcgm-exporter names), nvidia-smi (nvidia_gpu_exporter names), gpu-manager "
                  "(GPU Manager's container_* names)")
-      ->capture_default_str()->type_name("LIST");
+      ->capture_default_str()
+      ->type_name("LIST");
   sub.add_option("--" + prefix + "gpu-manager-address", f.gpu_manager_address,
                  "Also serve GPU Manager's GET /metric on this address (e.g. :5678); empty: off")
       ->type_name("ADDR");
@@ -71,35 +74,40 @@ inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_sock
   if (with_pod_socket) {
     sub.add_option("--pod-resources-socket", f.pod_resources_socket,
                    "Kubelet PodResources socket for per-pod attribution; empty: off")
-        ->capture_default_str()->type_name("PATH");
+        ->capture_default_str()
+        ->type_name("PATH");
     sub.add_option("--kubelet-checkpoint", f.kubelet_checkpoint,
                    "The kubelet's device-manager checkpoint: each rewrite (an allocation or "
                    "release) refreshes pod attribution at once; empty: timer only")
-        ->capture_default_str()->type_name("PATH");
+        ->capture_default_str()
+        ->type_name("PATH");
   }
   sub.add_option("--" + prefix + "pod-resources-interval", f.pod_resources_interval,
                  "How often the kubelet is asked which pod holds which GPU (also on demand after "
                  "allocations in the agent); never per scrape")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--" + prefix + "resource-name", f.resource_names,
                  "Extra resource name attributed to pods besides nvidia.com/* (repeatable)")
       ->type_name("NAME");
   sub.add_option("--" + prefix + "vgpu-accounting-dir", f.vgpu_accounting_dir,
                  "Root of the vGPU accounting files (<pod-uid>/<container>/accounting); empty: "
                  "off")
-      ->capture_default_str()->type_name("DIR");
+      ->capture_default_str()
+      ->type_name("DIR");
 }
 
 // `with_sharing_flags`: false in the agent, where MIG strategy and replicas come from the device
 // plugin's config instead.
 inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefix = "",
                           bool with_sharing_flags = true) {
-  sub.add_option("--" + prefix + "output", f.output,
-                 "NFD feature file to write (atomically)")
-      ->capture_default_str()->type_name("FILE");
+  sub.add_option("--" + prefix + "output", f.output, "NFD feature file to write (atomically)")
+      ->capture_default_str()
+      ->type_name("FILE");
   sub.add_option("--" + prefix + "interval", f.interval,
                  "Rewrite the labels this often (GFD's --sleep-interval)")
-      ->capture_default_str()->type_name("DURATION");
+      ->capture_default_str()
+      ->type_name("DURATION");
   if (with_sharing_flags) {
     // MIG_STRATEGY as `gpulet device-plugin` (and NVIDIA's GFD) read it, so one DaemonSet env
     // gives both the same strategy.
@@ -118,27 +126,15 @@ inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefi
   sub.add_flag("--" + prefix + "no-timestamp", f.no_timestamp, "Omit nvidia.com/gfd.timestamp");
   sub.add_option("--" + prefix + "machine-type-file", f.machine_type_file,
                  "File holding the machine type (nvidia.com/gpu.machine); missing: omitted")
-      ->capture_default_str()->type_name("FILE");
-}
-
-// Blocks SIGINT/SIGTERM/SIGQUIT in this thread and every thread started afterwards (call before
-// any), so the command can sigwait() on the returned set for a clean stop.
-inline sigset_t BlockStopSignals() {
-  sigset_t stop;
-  sigemptyset(&stop);
-  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  return stop;
+      ->capture_default_str()
+      ->type_name("FILE");
 }
 
 inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::string& flag,
                                                                    const std::string& v) {
-  absl::Duration d;
-  if (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " '", v, "': expected a positive duration like 10s or 500ms"));
-  }
-  return absl::ToChronoMilliseconds(d);
+  absl::StatusOr<ParsedDuration> d = ParseDuration("--" + flag, v);
+  if (!d.ok()) return d.status();
+  return absl::ToChronoMilliseconds(d->value);
 }
 
 inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const ExporterFlags& f) {
@@ -168,7 +164,7 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
 }
 
 inline absl::StatusOr<labels::LabelOptions> ToLabelOptions(const LabelFlags& f,
-                                                           const Filesystem& fs) {
+                                                           const RootedFilesystem& fs) {
   labels::LabelOptions o;
   o.mig_strategy = f.mig_strategy;
   o.replicas = f.replicas;

@@ -1,11 +1,9 @@
-// Flags and the run loop shared by `gpulet device-plugin` and `gpulet agent`: the kubelet paths,
-// the config file, every NVIDIA setting under its NVIDIA flag name (plugin/config.h Settings()),
-// and the start sequence (config -> GPU layer with failOnInitError -> device plugin -> signals).
+// Flags shared by `gpulet device-plugin` and `gpulet agent`: the kubelet paths, the config file,
+// every NVIDIA setting under its NVIDIA flag name (plugin/config.h Settings()); the run itself is
+// plugin::RunDevicePlugin (plugin/run.h).
 #pragma once
 
-#include <signal.h>
-#include <stdlib.h>
-
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -16,11 +14,13 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "gpu/open.h"
 #include "k8s/client.h"
 #include "plugin/node_config.h"
 #include "plugin/plugin.h"
+#include "plugin/run.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::k8s {
@@ -29,19 +29,13 @@ class Client;
 
 namespace gpulet::cmd {
 
-struct PluginFlags {
-  gpu::GpuOptions gpu;
-  std::string plugin_dir = "/var/lib/kubelet/device-plugins";
-  std::string kubelet_socket = "kubelet.sock";
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+// What the plugin runs with (plugin::RunOptions, set from flags), and the flags' own sources.
+struct PluginFlags : plugin::RunOptions {
   std::string config_file;
   // Per-node configs (NVIDIA's config-manager): a directory of named configs, the default name,
   // and the Node label that picks one.
   std::string config_dir, config_default, config_node_label = plugin::kDefaultConfigNodeLabel;
   std::map<std::string, std::string> values;  // plugin::Setting::key -> value of a flag given
-  // Set by `gpulet agent` when it has a node name: vGPU Allocate finds its pod through the API.
-  k8s::Client* api = nullptr;
-  std::string node_name;
   // NVIDIA device-plugin flags gpulet has no use for, accepted so a DaemonSet written for NVIDIA's
   // plugin starts (flag name -> value of those given; see NvidiaOnlyFlagNotes()).
   std::map<std::string, std::string> nvidia_only;
@@ -89,29 +83,38 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   AddGpuFlags(sub, f.gpu);
   sub.add_option("--device-plugin-dir", f.plugin_dir,
                  "Kubelet device-plugin directory (kubelet.sock and our sockets)")
-      ->capture_default_str()->type_name("DIR");
+      ->capture_default_str()
+      ->type_name("DIR");
   sub.add_option("--kubelet-socket", f.kubelet_socket,
                  "Kubelet Registration socket, a name inside --device-plugin-dir; empty: serve "
                  "without registering")
-      ->capture_default_str()->envname("KUBELET_SOCKET")->type_name("NAME");
+      ->capture_default_str()
+      ->envname("KUBELET_SOCKET")
+      ->type_name("NAME");
   sub.add_option("--pod-resources-socket", f.pod_resources_socket,
                  "Kubelet PodResources socket (per-pod attribution)")
-      ->capture_default_str()->type_name("PATH");
+      ->capture_default_str()
+      ->type_name("PATH");
   sub.add_option("--config-file", f.config_file,
                  "Device plugin config (NVIDIA `version: v1` format plus a `gpulet:` section); "
                  "reloaded on SIGHUP and when its content changes")
-      ->envname("CONFIG_FILE")->type_name("FILE");
+      ->envname("CONFIG_FILE")
+      ->type_name("FILE");
   sub.add_option("--config-dir", f.config_dir,
                  "Directory of named configs, one file each (a mounted ConfigMap); the Node label "
                  "--config-node-label picks one, else --config-default. Label and file changes "
                  "are applied live; instead of --config-file")
-      ->envname("CONFIG_FILE_SRCDIR")->type_name("DIR");
+      ->envname("CONFIG_FILE_SRCDIR")
+      ->type_name("DIR");
   sub.add_option("--config-default", f.config_default,
                  "Config name used when the Node has no label (default: the only file, if one)")
-      ->envname("DEFAULT_CONFIG")->type_name("NAME");
+      ->envname("DEFAULT_CONFIG")
+      ->type_name("NAME");
   sub.add_option("--config-node-label", f.config_node_label,
                  "Node label whose value names the config in --config-dir (node from $NODE_NAME)")
-      ->capture_default_str()->envname("NODE_LABEL")->type_name("LABEL");
+      ->capture_default_str()
+      ->envname("NODE_LABEL")
+      ->type_name("LABEL");
   for (const auto& n : NvidiaOnlyFlags()) {
     std::string flag = n.flag;
     sub.add_option_function<std::string>(
@@ -125,21 +128,20 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
     std::string key = s.key;
     std::string help = std::string(s.help) + " [env " + s.envs.front() + "; file " + s.key + "]";
     sub.add_option_function<std::string>(
-           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; },
-           help)
+           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; }, help)
         ->type_name("VALUE");
   }
 }
 
-// The whole device-plugin life: returns the exit code. `with_plugin`, when set, runs once the
-// plugin serves (the agent starts its other parts there) and may fail the start;
-// `before_teardown` stops them again before the GPU layer is destroyed.
+// `gpulet <cmd>`'s device-plugin life (plugin::RunDevicePlugin) from its flags: the exit code.
 inline int RunDevicePlugin(
     const char* cmd, PluginFlags& f,
     const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {},
     const std::function<void()>& before_teardown = {}) {
+  const std::string who = std::string("gpulet ") + cmd;
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
-  plugin::ConfigSources sources{f.config_file, plugin::EnvironmentSnapshot(), f.values};
+  plugin::RunOptions o = f;
+  o.sources = {f.config_file, plugin::EnvironmentSnapshot(), f.values};
   // Per-node configs: the Node's label picks the file (the watcher is created before any thread;
   // it starts once the plugin serves).
   std::unique_ptr<k8s::Client> own_client;
@@ -147,13 +149,10 @@ inline int RunDevicePlugin(
   plugin::DevicePlugin* dp_ptr = nullptr;
   if (!f.config_dir.empty()) {
     if (!f.config_file.empty()) {
-      std::cerr << "gpulet " << cmd << ": --config-file and --config-dir exclude each other\n";
-      return 2;
+      return Fail(who, "--config-file and --config-dir exclude each other", kUsageError);
     }
     if (!std::filesystem::is_directory(f.config_dir)) {
-      std::cerr << "gpulet " << cmd << ": --config-dir " << f.config_dir
-                << ": not a directory\n";
-      return 2;
+      return Fail(who, "--config-dir " + f.config_dir + ": not a directory", kUsageError);
     }
     plugin::NodeConfigOptions no;
     no.dir = f.config_dir;
@@ -170,100 +169,31 @@ inline int RunDevicePlugin(
         own_client = std::make_unique<k8s::Client>(*kc);
         no.api = own_client.get();
       } else {
-        std::cerr << "gpulet " << cmd << ": warning: no API server (" << kc.status().message()
+        std::cerr << who << ": warning: no API server (" << kc.status().message()
                   << "): the node label is not followed\n";
       }
     }
     node_config = std::make_unique<plugin::NodeConfigWatcher>(
         no, [&dp_ptr](const std::string& path) { return dp_ptr->ReloadFrom(path); });
     auto initial = node_config->Initial();
-    if (!initial.ok()) {
-      std::cerr << "gpulet " << cmd << ": " << initial.status().message() << "\n";
-      return 2;
-    }
-    sources.file = *initial;
+    if (!initial.ok()) return Fail(who, initial.status(), kUsageError);
+    o.sources.file = *initial;
+    o.watch_file = false;
+    o.on_serving = [&](plugin::DevicePlugin& dp) {
+      dp_ptr = &dp;
+      node_config->Start(o.sources.file);
+    };
+    // Stops following the Node and the directory before the plugin goes away.
+    o.on_stop = [&] { node_config->Stop(); };
   }
-  auto config = plugin::LoadConfig(sources);
-  if (!config.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << config.status().message() << "\n";
-    return 2;
-  }
+  auto config = plugin::LoadConfig(o.sources);
+  if (!config.ok()) return Fail(who, config.status(), kUsageError);
   auto notes = NvidiaOnlyFlagNotes(f);
-  if (!notes.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << notes.status().message() << "\n";
-    return 2;
-  }
-  for (const std::string& n : *notes) std::cerr << "gpulet " << cmd << ": warning: " << n << "\n";
-  // A simulated node without --sim-root: make the directory here so the plugin can find the
-  // node's /proc and /dev under it; removed on exit.
-  std::string owned_root;
-  if (!f.gpu.simulate.empty() && f.gpu.sim_root.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      std::cerr << "gpulet " << cmd << ": cannot create a temporary sim root\n";
-      return 1;
-    }
-    f.gpu.sim_root = owned_root = tmpl;
-  }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{owned_root};
-
-  auto layer = gpu::OpenGpuLayer(f.gpu);
-  const sigset_t stop = [] {
-    sigset_t s;
-    sigemptyset(&s);
-    for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&s, sig);
-    return s;
-  }();
-  while (!layer.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << layer.status().message() << "\n";
-    if (config->fail_on_init_error) return 1;
-    // failOnInitError=false: wait for the driver instead of crash-looping.
-    struct timespec ts = {5, 0};
-    if (sigtimedwait(&stop, nullptr, &ts) > 0) return 0;
-    layer = gpu::OpenGpuLayer(f.gpu);
-  }
-  plugin::DevicePlugin::Options options;
-  options.manager.plugin_dir = f.plugin_dir;
-  options.manager.kubelet_socket = f.kubelet_socket;
-  options.sources = sources;
-  options.watch_file = !node_config;
-  options.host_root = f.gpu.simulate.empty() ? f.gpu.host_root : f.gpu.sim_root;
-  options.api = f.api;
-  options.node_name = f.node_name;
-  kubelet::PodResourcesOptions pr;
-  pr.socket = f.pod_resources_socket;
-  pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};
-  options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
-  plugin::DevicePlugin dp(layer->get(), std::move(options), *std::move(config));
-  if (absl::Status s = dp.Start(); !s.ok()) {
-    std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
-    return 1;
-  }
-  dp_ptr = &dp;
-  if (node_config) node_config->Start(sources.file);
-  // Stops following the Node and the directory before `dp` goes away, on every return below.
-  struct StopWatcher {
-    plugin::NodeConfigWatcher* w;
-    ~StopWatcher() {
-      if (w) w->Stop();
-    }
-  } stop_watcher{node_config.get()};
-  if (with_plugin) {
-    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
-      std::cerr << "gpulet " << cmd << ": " << s.message() << "\n";
-      return 1;
-    }
-  }
-  int rc = dp.Run();
-  // Parts started by `with_plugin` share the GPU layer: they stop before it goes away.
-  if (before_teardown) before_teardown();
-  return rc;
+  if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
+  for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
+  absl::Status s =
+      plugin::RunDevicePlugin(who, o, *std::move(config), with_plugin, before_teardown);
+  return s.ok() ? 0 : Fail(who, s);
 }
 
 }  // namespace gpulet::cmd

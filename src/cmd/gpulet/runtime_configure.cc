@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "runtime/engine_config.h"
 
@@ -31,10 +32,7 @@ std::string DefaultShimPath() {
 }
 
 int Configure(const ConfigureFlags& f) {
-  auto fail = [](const std::string& m) {
-    std::cerr << "gpulet runtime configure: " << m << "\n";
-    return 1;
-  };
+  auto fail = [](const std::string& m) { return Fail("gpulet runtime configure", m); };
   auto engine = runtime::ParseEngine(f.engine);
   if (!engine.ok()) return fail(std::string(engine.status().message()));
   runtime::ConfigureOptions o;
@@ -77,9 +75,11 @@ std::function<int()> SetupRuntime(CLI::App& sub) {
   c->add_option("--drop-in-config", f->drop_in,
                 "Drop-in file (containerd: <config dir>/conf.d/99-gpulet.toml, crio: "
                 "<config dir>/crio.conf.d/99-gpulet.toml)");
-  c->add_option("--runtime-name", f->name, "Name of the runtime in the engine")->capture_default_str();
-  c->add_option("--runtime-path", f->path,
-                "Absolute path of gpulet-container-runtime (default: beside gpulet, else /usr/bin)");
+  c->add_option("--runtime-name", f->name, "Name of the runtime in the engine")
+      ->capture_default_str();
+  c->add_option(
+      "--runtime-path", f->path,
+      "Absolute path of gpulet-container-runtime (default: beside gpulet, else /usr/bin)");
   c->add_flag("--set-as-default", f->set_default, "Make it the engine's default runtime");
   c->add_flag("--enable-cdi", f->cdi, "Enable CDI devices in the engine (containerd, docker)");
   c->add_flag("--dry-run", f->dry_run, "Print the diff instead of writing");

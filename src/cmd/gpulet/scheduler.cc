@@ -11,20 +11,21 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "cmd/gpulet/command.h"
+#include "common/duration.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/client.h"
 #include "k8s/guarded_server.h"
 #include "k8s/tls.h"
+#include "placement/vgpu_policy.h"
 #include "scheduler/extender.h"
 #include "scheduler/webhook.h"
-#include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -48,10 +49,13 @@ struct SchedulerFlags {
   std::string webhook_listen = ":8443";
   std::string tls_cert_file, tls_key_file, tls_secret, webhook_configuration;
   std::string tls_names = "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc";
-  int64_t tls_renew_before_h = 24 * 30;  // a self-issued pair is replaced this close to expiry
-  int64_t tls_renew_check_ms = 3600 * 1000;
+  // Durations as written (common/duration.h); bare numbers keep their old units, deprecated.
+  std::string tls_renew_before = "720h";  // a self-issued pair is replaced this close to expiry
+  std::string tls_renew_check = "1h";
   std::string policy = "binpack";
-  int64_t workload_refresh_ms = 1000;
+  std::string workload_refresh = "1s";
+  // Parsed from the three above at start.
+  absl::Duration renew_before, renew_check, workload_refresh_every;
   std::string scheduler_name;
   int64_t max_memory_units = 0;
   vgpu::ResourceNames names;
@@ -70,7 +74,7 @@ bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
 // served) is kept until it is within --tls-renew-before of expiry, then replaced (and stored).
 absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Client* api,
                                                 const k8s::PemPair* current = nullptr) {
-  const auto renew_before = std::chrono::hours(f.tls_renew_before_h);
+  const auto renew_before = absl::ToChronoSeconds(f.renew_before);
   if (!f.tls_cert_file.empty() || !f.tls_key_file.empty()) {
     if (f.tls_cert_file.empty() || f.tls_key_file.empty()) {
       return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together");
@@ -123,25 +127,25 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Cl
                           {{"tls.crt", absl::Base64Escape(p.cert_pem)},
                            {"tls.key", absl::Base64Escape(p.key_pem)},
                            {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
-  auto created = api->Call(secret.ok() ? "PUT" : "POST",
-                           secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets",
-                           &body);
+  auto created =
+      api->Call(secret.ok() ? "PUT" : "POST",
+                secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
   if (!created.ok()) return created.status();
   return p;
 }
 
 // Publishes `ca_pem` (one or more certificates) as the webhook configuration's caBundle so the API
 // server trusts our self-issued certificate.
-void PublishCaBundle(k8s::Client& api, const std::string& configuration, const std::string& ca_pem) {
+void PublishCaBundle(k8s::Client& api, const std::string& configuration,
+                     const std::string& ca_pem) {
   if (configuration.empty()) return;
   nlohmann::json patch = nlohmann::json::array({{{"op", "replace"},
                                                  {"path", "/webhooks/0/clientConfig/caBundle"},
                                                  {"value", absl::Base64Escape(ca_pem)}}});
   for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
-    auto r = api.Call("PATCH",
-                      std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" +
-                          configuration,
-                      &patch, "application/json-patch+json");
+    auto r = api.Call(
+        "PATCH", std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" + configuration,
+        &patch, "application/json-patch+json");
     if (!r.ok() && !absl::IsNotFound(r.status())) {
       spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
                    r.status().ToString());
@@ -170,15 +174,48 @@ struct Listener {
   }
 };
 
-int RunScheduler(const SchedulerFlags& f) {
+// The duration flags, each in the one syntax; bare numbers as before (hours, milliseconds,
+// milliseconds), with a deprecation warning.
+absl::Status ParseDurationFlags(SchedulerFlags& f) {
+  struct Flag {
+    const char* name;
+    const std::string& text;
+    DurationRules rules;
+    absl::Duration* out;
+  };
+  for (const Flag& d : {
+           Flag{"--tls-renew-before",
+                f.tls_renew_before,
+                {.bare_unit = absl::Hours(1), .min = absl::Hours(1), .max = absl::Hours(24 * 3650)},
+                &f.renew_before},
+           Flag{"--tls-renew-check",
+                f.tls_renew_check,
+                {.bare_unit = absl::Milliseconds(1),
+                .min = absl::Milliseconds(10),
+                .max = absl::Hours(24)},
+                &f.renew_check},
+           Flag{"--workload-refresh",
+                f.workload_refresh,
+                {.allow_zero = true, .bare_unit = absl::Milliseconds(1), .max = absl::Hours(1)},
+                &f.workload_refresh_every},
+       }) {
+    ASSIGN_OR_RETURN(ParsedDuration p, ParseDuration(d.name, d.text, d.rules));
+    if (!p.deprecation.empty()) spdlog::warn("{}", p.deprecation);
+    *d.out = p.value;
+  }
+  return absl::OkStatus();
+}
+
+int RunScheduler(SchedulerFlags f) {
   sigset_t stop;
   sigemptyset(&stop);
   for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before any thread, so sigwait receives them
 
+  if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(std::string(st.message()));
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
-    return Fail("--policy \"" + f.policy + "\" is not a policy (known: " +
-                absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
+    return Fail("--policy \"" + f.policy +
+                "\" is not a policy (known: " + absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
   }
   std::string ext_host, hook_host, health_host;
   int ext_port = 0, hook_port = 0, health_port = 0;
@@ -209,7 +246,7 @@ int RunScheduler(const SchedulerFlags& f) {
   scheduler::ExtenderOptions eo;
   eo.names = f.names;
   eo.default_policy = f.policy;
-  eo.workload_refresh = std::chrono::milliseconds(f.workload_refresh_ms);
+  eo.workload_refresh = absl::ToChronoMilliseconds(f.workload_refresh_every);
   eo.scheduler_names = absl::StrSplit(f.extender_scheduler_names, ',', absl::SkipEmpty());
   if (!f.scheduler_name.empty()) eo.scheduler_names.push_back(f.scheduler_name);
   eo.echo_node_objects = f.extender_echo_node_objects;
@@ -339,8 +376,8 @@ int RunScheduler(const SchedulerFlags& f) {
     webhook.Register(*hook.server);
     if (!hook.server->bind_to_port(hook_host, hook_port)) {
       stop_all();
-      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \""
-                << f.webhook_listen << "\"\n";
+      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \"" << f.webhook_listen
+                << "\"\n";
       return 1;
     }
     hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
@@ -350,26 +387,26 @@ int RunScheduler(const SchedulerFlags& f) {
   if (self_issued && !reloaders.empty()) {
     // Renewal: the API server is told to trust the new and the old CA before the new pair is
     // served, so no handshake in between fails.
-    renew_thread = std::thread([&f, &api, &renew_stop, current = *pem, cert_file,
-                                key_file]() mutable {
-      while (!renew_stop.WaitForNotificationWithTimeout(absl::Milliseconds(f.tls_renew_check_ms))) {
-        auto next = ServingCertificate(f, &api, &current);
-        if (!next.ok()) {
-          spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
-          continue;
-        }
-        if (next->cert_pem == current.cert_pem) continue;
-        PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
-        absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
-        if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
-        if (!st.ok()) {
-          spdlog::warn("webhook certificate renewal: {}", st.ToString());
-          continue;
-        }
-        current = *std::move(next);
-        spdlog::info("webhook certificate renewed");
-      }
-    });
+    renew_thread =
+        std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
+          while (!renew_stop.WaitForNotificationWithTimeout(f.renew_check)) {
+            auto next = ServingCertificate(f, &api, &current);
+            if (!next.ok()) {
+              spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
+              continue;
+            }
+            if (next->cert_pem == current.cert_pem) continue;
+            PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
+            absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
+            if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
+            if (!st.ok()) {
+              spdlog::warn("webhook certificate renewal: {}", st.ToString());
+              continue;
+            }
+            current = *std::move(next);
+            spdlog::info("webhook certificate renewed");
+          }
+        });
   }
   spdlog::info("gpulet scheduler: extender on {}{} ({}), webhook on {}", f.extender_listen,
                f.extender_prefix, client_ca.empty() ? "HTTP" : "HTTPS, client certificates",
@@ -440,25 +477,29 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
   sub.add_option("--webhook-configuration", f->webhook_configuration,
                  "Name of the Validating/MutatingWebhookConfiguration whose caBundle is set to "
                  "our self-issued certificate (at start and on every renewal)");
-  sub.add_option("--tls-renew-before", f->tls_renew_before_h,
-                 "Hours before expiry at which a self-issued certificate (one-year validity) is "
-                 "replaced, in the running process and in --tls-secret")
-      ->check(CLI::Range(int64_t{1}, int64_t{24 * 3650}))
-      ->capture_default_str();
-  sub.add_option("--tls-renew-check", f->tls_renew_check_ms,
-                 "Milliseconds between checks of the self-issued certificate's expiry")
-      ->check(CLI::Range(int64_t{10}, int64_t{24 * 3600 * 1000}))
-      ->capture_default_str();
+  sub.add_option("--tls-renew-before", f->tls_renew_before,
+                 "How long before expiry a self-issued certificate (one-year validity) is "
+                 "replaced, in the running process and in --tls-secret (1h..87600h; a bare "
+                 "number is hours, deprecated)")
+      ->capture_default_str()
+      ->type_name("DURATION");
+  sub.add_option("--tls-renew-check", f->tls_renew_check,
+                 "How often the self-issued certificate's expiry is checked (10ms..24h; a bare "
+                 "number is milliseconds, deprecated)")
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--policy", f->policy,
                  "Default placement policy: binpack, spread, or a placement registry name "
                  "(best-fit, gpu-packing, dot-product, fgd, gpulet, random); a pod may choose "
                  "with the annotation gpulet.io/vgpu-policy")
       ->capture_default_str();
-  sub.add_option("--workload-refresh", f->workload_refresh_ms,
-                 "Milliseconds between rebuilds of the workload (the mix of pending and bound "
-                 "vGPU pods) that the fgd and gpulet policies score against, while pods change")
-      ->check(CLI::Range(int64_t{0}, int64_t{3600000}))
-      ->capture_default_str();
+  sub.add_option("--workload-refresh", f->workload_refresh,
+                 "How often the workload (the mix of pending and bound vGPU pods) that the fgd "
+                 "and gpulet policies score against is rebuilt while pods change; 0: before "
+                 "every decision after a change (..1h; a bare number is milliseconds, "
+                 "deprecated)")
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--scheduler-name", f->scheduler_name,
                  "Mutating webhook: set spec.schedulerName of vGPU pods to this profile");
   sub.add_option("--max-memory-units", f->max_memory_units,
@@ -475,8 +516,7 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
 
 }  // namespace
 
-GPULET_COMMAND(scheduler,
-               "vGPU scheduler extender (filter/prioritize/bind) and admission webhook",
+GPULET_COMMAND(scheduler, "vGPU scheduler extender (filter/prioritize/bind) and admission webhook",
                SetupScheduler);
 
 }  // namespace gpulet::cmd

@@ -17,7 +17,8 @@ std::function<int()> SetupSim(CLI::App& sub) {
   sub.prefix_command();
   sub.allow_extras();
   sub.set_help_flag();
-  sub.footer("Run `gpulet sim --help` for the simulation runner's flags (docs/kubelet-emulator.md).");
+  sub.footer(
+      "Run `gpulet sim --help` for the simulation runner's flags (docs/kubelet-emulator.md).");
   return [&sub] {
     std::error_code ec;
     auto self = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -1,11 +1,13 @@
 // `gpulet validate`: checks driver, runtime and device plugin in order (node/validate.h).
+#include "node/validate.h"
+
 #include <iostream>
 #include <memory>
 
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "k8s/client.h"
-#include "node/validate.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -20,10 +22,7 @@ int Run(ValidateFlags& f) {
   std::unique_ptr<k8s::Client> client;
   if (!f.o.node_name.empty()) {
     auto cfg = k8s::ResolveConfig(f.kubeconfig);
-    if (!cfg.ok()) {
-      std::cerr << "gpulet validate: " << cfg.status().message() << "\n";
-      return 1;
-    }
+    if (!cfg.ok()) return Fail("gpulet validate", cfg.status());
     client = std::make_unique<k8s::Client>(*cfg);
     f.o.client = client.get();
   }
@@ -32,11 +31,13 @@ int Run(ValidateFlags& f) {
   for (const auto& s : r.steps)
     std::cout << (s.ok ? "ok   " : "FAIL ") << s.name << ": " << s.detail << "\n";
   if (f.label && client) {
-    k8s::json patch = {{"metadata", {{"labels", {{"gpulet.io/gpu-stack", r.ok() ? k8s::json("ready") : k8s::json(nullptr)}}}}}};
+    k8s::json patch = {
+        {"metadata",
+         {{"labels",
+           {{"gpulet.io/gpu-stack", r.ok() ? k8s::json("ready") : k8s::json(nullptr)}}}}}};
     if (auto p = client->PatchNode(f.o.node_name, k8s::PatchType::kMerge, patch); !p.ok()) {
-      std::cerr << "gpulet validate: cannot label node " << f.o.node_name << ": "
-                << p.status().message() << "\n";
-      return 1;
+      return Fail("gpulet validate",
+                  "cannot label node " + f.o.node_name + ": " + std::string(p.status().message()));
     }
     std::cout << (r.ok() ? "labelled " : "unlabelled ") << f.o.node_name
               << " gpulet.io/gpu-stack=ready\n";
@@ -53,7 +54,8 @@ std::function<int()> SetupValidate(CLI::App& sub) {
       ->check(CLI::IsMember({"auto", "containerd", "docker", "crio"}));
   sub.add_option("--prefix", f->o.prefix, "Host directory of the installed runtime pieces")
       ->capture_default_str();
-  sub.add_option("--cdi-dir", f->o.cdi_dir, "Host directory of the CDI spec")->capture_default_str();
+  sub.add_option("--cdi-dir", f->o.cdi_dir, "Host directory of the CDI spec")
+      ->capture_default_str();
   sub.add_option("--pod-resources-socket", f->o.pod_resources_socket,
                  "The kubelet's PodResources socket")
       ->capture_default_str();
@@ -68,15 +70,17 @@ std::function<int()> SetupValidate(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--probe-runc", f->o.probe_runc,
                  "runc for the probe container (default: the host's, else PATH)");
-  sub.add_flag("--label", f->label,
-               "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
+  sub.add_flag(
+      "--label", f->label,
+      "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
   AddGpuFlags(sub, f->o.gpu);
   return [f] { return Run(*f); };
 }
 
 }  // namespace
 
-GPULET_COMMAND(validate, "Check driver, runtime and device plugin in order; exit 1 on the first failure",
+GPULET_COMMAND(validate,
+               "Check driver, runtime and device plugin in order; exit 1 on the first failure",
                SetupValidate);
 
 }  // namespace gpulet::cmd

@@ -11,6 +11,7 @@
 #include <shared_mutex>
 #include <thread>
 
+#include "abi/nvml_api.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,6 @@
 #include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
-#include "abi/nvml_api.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::gpu {
@@ -153,7 +153,8 @@ absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o
   l.Resolve(l.error_string, {"nvmlErrorString"});
   l.Resolve(l.driver_version, {"nvmlSystemGetDriverVersion"});
   l.Resolve(l.nvml_version, {"nvmlSystemGetNVMLVersion"});
-  l.Resolve(l.cuda_version, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
+  l.Resolve(l.cuda_version,
+            {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
   l.Resolve(l.name, {"nvmlDeviceGetName"});
   l.Resolve(l.brand, {"nvmlDeviceGetBrand"});
   l.Resolve(l.arch, {"nvmlDeviceGetArchitecture"});
@@ -163,7 +164,8 @@ absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o
   l.Resolve(l.memory, {"nvmlDeviceGetMemoryInfo"});
   l.Resolve(l.cc, {"nvmlDeviceGetCudaComputeCapability"});
   l.Resolve(l.attributes, {"nvmlDeviceGetAttributes_v2"});
-  l.Resolve(l.power_limit, {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
+  l.Resolve(l.power_limit,
+            {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
   l.Resolve(l.mig_mode, {"nvmlDeviceGetMigMode"});
   l.Resolve(l.max_mig, {"nvmlDeviceGetMaxMigDeviceCount"});
   l.Resolve(l.mig_handle, {"nvmlDeviceGetMigDeviceHandleByIndex"});
@@ -188,8 +190,8 @@ absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o
   l.Resolve(l.pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
   l.Resolve(l.fan, {"nvmlDeviceGetFanSpeed"});
   l.Resolve(l.pstate, {"nvmlDeviceGetPerformanceState"});
-  l.Resolve(l.processes, {"nvmlDeviceGetComputeRunningProcesses_v3",
-                          "nvmlDeviceGetComputeRunningProcesses_v2"});
+  l.Resolve(l.processes,
+            {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
   l.Resolve(l.event_set_create, {"nvmlEventSetCreate"});
   l.Resolve(l.event_set_free, {"nvmlEventSetFree"});
   l.Resolve(l.register_events, {"nvmlDeviceRegisterEvents"});
@@ -254,12 +256,18 @@ bool Unsupported(nvmlReturn_t r) {
 
 uint64_t FieldAsU64(const nvmlFieldValue_t& f) {
   switch (f.valueType) {
-    case 0: return f.value.dVal > 0 ? static_cast<uint64_t>(f.value.dVal) : 0;
-    case 1: return f.value.uiVal;
-    case 2: return f.value.ulVal;
-    case 4: return f.value.sllVal > 0 ? static_cast<uint64_t>(f.value.sllVal) : 0;
-    case 5: return f.value.siVal > 0 ? static_cast<uint64_t>(f.value.siVal) : 0;
-    default: return f.value.ullVal;
+    case 0:
+      return f.value.dVal > 0 ? static_cast<uint64_t>(f.value.dVal) : 0;
+    case 1:
+      return f.value.uiVal;
+    case 2:
+      return f.value.ulVal;
+    case 4:
+      return f.value.sllVal > 0 ? static_cast<uint64_t>(f.value.sllVal) : 0;
+    case 5:
+      return f.value.siVal > 0 ? static_cast<uint64_t>(f.value.siVal) : 0;
+    default:
+      return f.value.ullVal;
   }
 }
 
@@ -283,28 +291,47 @@ std::string NormalBusId(const char* bus_id) {  // NVML's 8-digit domain, upper c
 
 PcieRelation FromTopologyLevel(nvmlGpuTopologyLevel_t l) {
   switch (l) {
-    case NVML_TOPOLOGY_INTERNAL: return PcieRelation::kSameBoard;
-    case NVML_TOPOLOGY_SINGLE: return PcieRelation::kSingleSwitch;
-    case NVML_TOPOLOGY_MULTIPLE: return PcieRelation::kMultiSwitch;
-    case NVML_TOPOLOGY_HOSTBRIDGE: return PcieRelation::kHostBridge;
-    case NVML_TOPOLOGY_NODE: return PcieRelation::kSameNuma;
-    case NVML_TOPOLOGY_SYSTEM: return PcieRelation::kCrossNuma;
-    default: return PcieRelation::kUnknown;
+    case NVML_TOPOLOGY_INTERNAL:
+      return PcieRelation::kSameBoard;
+    case NVML_TOPOLOGY_SINGLE:
+      return PcieRelation::kSingleSwitch;
+    case NVML_TOPOLOGY_MULTIPLE:
+      return PcieRelation::kMultiSwitch;
+    case NVML_TOPOLOGY_HOSTBRIDGE:
+      return PcieRelation::kHostBridge;
+    case NVML_TOPOLOGY_NODE:
+      return PcieRelation::kSameNuma;
+    case NVML_TOPOLOGY_SYSTEM:
+      return PcieRelation::kCrossNuma;
+    default:
+      return PcieRelation::kUnknown;
   }
 }
 
 const char* BrandName(int b) {
-  static const char* kNames[] = {"Unknown", "Quadro", "Tesla", "NVS", "GRID", "GeForce", "Titan",
-                                 "NVIDIA Virtual Applications", "NVIDIA Virtual PC",
-                                 "NVIDIA Virtual Compute Server", "NVIDIA RTX Virtual Workstation",
-                                 "NVIDIA Cloud Gaming", "Quadro RTX", "NVIDIA RTX", "NVIDIA",
-                                 "GeForce RTX", "Titan RTX"};
+  static const char* kNames[] = {"Unknown",
+                                 "Quadro",
+                                 "Tesla",
+                                 "NVS",
+                                 "GRID",
+                                 "GeForce",
+                                 "Titan",
+                                 "NVIDIA Virtual Applications",
+                                 "NVIDIA Virtual PC",
+                                 "NVIDIA Virtual Compute Server",
+                                 "NVIDIA RTX Virtual Workstation",
+                                 "NVIDIA Cloud Gaming",
+                                 "Quadro RTX",
+                                 "NVIDIA RTX",
+                                 "NVIDIA",
+                                 "GeForce RTX",
+                                 "Titan RTX"};
   return b >= 0 && b < static_cast<int>(std::size(kNames)) ? kNames[b] : "Unknown";
 }
 
 const char* ArchName(unsigned a) {
-  static const char* kNames[] = {"", "", "Kepler", "Maxwell", "Pascal", "Volta", "Turing",
-                                 "Ampere", "Ada", "Hopper", "Blackwell"};
+  static const char* kNames[] = {"",       "",       "Kepler", "Maxwell", "Pascal",   "Volta",
+                                 "Turing", "Ampere", "Ada",    "Hopper",  "Blackwell"};
   return a < std::size(kNames) ? kNames[a] : "Unknown";
 }
 
@@ -335,7 +362,9 @@ class SubscriptionImpl : public GpuLayer::Subscription {
 class NvmlGpuLayer : public GpuLayer {
  public:
   NvmlGpuLayer(std::shared_ptr<NvmlLib> lib, const NvmlBackendOptions& o)
-      : lib_(std::move(lib)), fs_(o.host_root), owned_dir_(o.owned_dir),
+      : lib_(std::move(lib)),
+        fs_(o.host_root),
+        owned_dir_(o.owned_dir),
         subscribers_(std::make_shared<Subscribers>()) {}
 
   ~NvmlGpuLayer() override {
@@ -415,7 +444,8 @@ class NvmlGpuLayer : public GpuLayer {
         if (fv[6].nvmlReturn == NVML_SUCCESS) t.clocks_event_sync_boost_ns = FieldAsU64(fv[6]);
       }
       if (fv[0].nvmlReturn == NVML_SUCCESS) {
-        t.memory_temp_c = fv[0].valueType == 5 ? static_cast<uint32_t>(fv[0].value.siVal) : fv[0].value.uiVal;
+        t.memory_temp_c =
+            fv[0].valueType == 5 ? static_cast<uint32_t>(fv[0].value.siVal) : fv[0].value.uiVal;
       }
       for (auto [i, field] : {std::pair{1, &t.nvlink_tx_kib}, {2, &t.nvlink_rx_kib}}) {
         if (fv[i].nvmlReturn != NVML_SUCCESS) continue;
@@ -423,12 +453,15 @@ class NvmlGpuLayer : public GpuLayer {
       }
       return r;
     });
-    std::pair<int, std::optional<uint32_t>*> clocks[] = {{NVML_CLOCK_SM, &t.sm_clock_mhz},
-                                                         {NVML_CLOCK_MEM, &t.memory_clock_mhz},
-                                                         {NVML_CLOCK_GRAPHICS, &t.graphics_clock_mhz},
-                                                         {NVML_CLOCK_VIDEO, &t.video_clock_mhz}};
+    std::pair<int, std::optional<uint32_t>*> clocks[] = {
+        {NVML_CLOCK_SM, &t.sm_clock_mhz},
+        {NVML_CLOCK_MEM, &t.memory_clock_mhz},
+        {NVML_CLOCK_GRAPHICS, &t.graphics_clock_mhz},
+        {NVML_CLOCK_VIDEO, &t.video_clock_mhz}};
+    // Loop bindings reach the lambdas as init-captures: clang 14 (make lint, the thread-safety
+    // preset) cannot capture structured bindings.
     for (auto [type, field] : clocks) {
-      get("nvmlDeviceGetClockInfo", l.clock, [&](auto fn) {
+      get("nvmlDeviceGetClockInfo", l.clock, [&, type = type, field = field](auto fn) {
         unsigned v = 0;
         nvmlReturn_t r = fn(d, type, &v);
         if (r == NVML_SUCCESS) *field = v;
@@ -449,8 +482,9 @@ class NvmlGpuLayer : public GpuLayer {
       if (r == NVML_SUCCESS) t.gpu_util_pct = u.gpu, t.memory_util_pct = u.memory;
       return r;
     });
-    for (auto [fn, field] : {std::pair{l.encoder, &t.encoder_util_pct}, {l.decoder, &t.decoder_util_pct}}) {
-      get("nvmlDeviceGetEncoder/DecoderUtilization", fn, [&](auto f) {
+    for (auto [fn, field] :
+         {std::pair{l.encoder, &t.encoder_util_pct}, {l.decoder, &t.decoder_util_pct}}) {
+      get("nvmlDeviceGetEncoder/DecoderUtilization", fn, [&, field = field](auto f) {
         unsigned v = 0, period = 0;
         nvmlReturn_t r = f(d, &v, &period);
         if (r == NVML_SUCCESS) *field = v;
@@ -460,7 +494,8 @@ class NvmlGpuLayer : public GpuLayer {
     get("nvmlDeviceGetMemoryInfo", l.memory_v2 ? nullptr : l.memory, [&](auto fn) {
       nvmlMemory_t m{};
       nvmlReturn_t r = fn(d, &m);
-      if (r == NVML_SUCCESS) t.fb_total_bytes = m.total, t.fb_used_bytes = m.used, t.fb_free_bytes = m.free;
+      if (r == NVML_SUCCESS)
+        t.fb_total_bytes = m.total, t.fb_used_bytes = m.used, t.fb_free_bytes = m.free;
       return r;
     });
     get("nvmlDeviceGetMemoryInfo_v2", l.memory_v2, [&](auto fn) {
@@ -479,12 +514,13 @@ class NvmlGpuLayer : public GpuLayer {
         {NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, &t.ecc_sbe_aggregate},
         {NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, &t.ecc_dbe_aggregate}};
     for (auto [type, counter, field] : eccs) {
-      get("nvmlDeviceGetTotalEccErrors", l.ecc, [&](auto fn) {
-        unsigned long long v = 0;
-        nvmlReturn_t r = fn(d, type, counter, &v);
-        if (r == NVML_SUCCESS) *field = v;
-        return r;
-      });
+      get("nvmlDeviceGetTotalEccErrors", l.ecc,
+          [&, type = type, counter = counter, field = field](auto fn) {
+            unsigned long long v = 0;
+            nvmlReturn_t r = fn(d, type, counter, &v);
+            if (r == NVML_SUCCESS) *field = v;
+            return r;
+          });
     }
     get("nvmlDeviceGetCurrentClocksEventReasons", l.throttle, [&](auto fn) {
       unsigned long long v = 0;
@@ -493,13 +529,15 @@ class NvmlGpuLayer : public GpuLayer {
       return r;
     });
     get("nvmlDeviceGetPcieReplayCounter", l.pcie_replay, uint_into(t.pcie_replay_count));
-    for (auto [counter, field] : {std::pair{NVML_PCIE_UTIL_TX_BYTES, &t.pcie_tx_kbps}, {NVML_PCIE_UTIL_RX_BYTES, &t.pcie_rx_kbps}}) {
-      get("nvmlDeviceGetPcieThroughput", l.pcie_throughput, [&](auto fn) {
-        unsigned v = 0;
-        nvmlReturn_t r = fn(d, counter, &v);
-        if (r == NVML_SUCCESS) *field = v;
-        return r;
-      });
+    for (auto [counter, field] : {std::pair{NVML_PCIE_UTIL_TX_BYTES, &t.pcie_tx_kbps},
+                                  {NVML_PCIE_UTIL_RX_BYTES, &t.pcie_rx_kbps}}) {
+      get("nvmlDeviceGetPcieThroughput", l.pcie_throughput,
+          [&, counter = counter, field = field](auto fn) {
+            unsigned v = 0;
+            nvmlReturn_t r = fn(d, counter, &v);
+            if (r == NVML_SUCCESS) *field = v;
+            return r;
+          });
     }
     get("nvmlDeviceGetFanSpeed", l.fan, uint_into(t.fan_speed_pct));
     get("nvmlDeviceGetPerformanceState", l.pstate, [&](auto fn) {
@@ -524,7 +562,8 @@ class NvmlGpuLayer : public GpuLayer {
         }
         return r;
       }
-      return nvmlReturn_t{NVML_SUCCESS};  // still racing after 4 tries: report no processes this sample
+      return nvmlReturn_t{
+          NVML_SUCCESS};  // still racing after 4 tries: report no processes this sample
     });
     if (what.extended) ReadExtended(d, t, get);
     if (fatal != NVML_SUCCESS) return CallError(fatal, fatal_call, index);
@@ -584,7 +623,7 @@ class NvmlGpuLayer : public GpuLayer {
     get("nvmlDeviceGetCurrPcieLinkGeneration", l.pcie_gen, u32(t.pcie_link_gen_current));
     get("nvmlDeviceGetCurrPcieLinkWidth", l.pcie_width, u32(t.pcie_link_width_current));
     for (auto [fn, field] : {std::pair{l.jpeg, &t.jpeg_util_pct}, {l.ofa, &t.ofa_util_pct}}) {
-      get("nvmlDeviceGetJpg/OfaUtilization", fn, [&](auto f) {
+      get("nvmlDeviceGetJpg/OfaUtilization", fn, [&, field = field](auto f) {
         unsigned v = 0, period = 0;
         nvmlReturn_t r = f(d, &v, &period);
         if (r == NVML_SUCCESS) *field = v;
@@ -604,12 +643,13 @@ class NvmlGpuLayer : public GpuLayer {
       for (int counter = 0; counter < 2; ++counter) {
         for (auto [loc, field] : {std::pair{NVML_MEMORY_LOCATION_DRAM, &t.ecc_dram[type][counter]},
                                   {NVML_MEMORY_LOCATION_SRAM, &t.ecc_sram[type][counter]}}) {
-          get("nvmlDeviceGetMemoryErrorCounter", l.memory_errors, [&](auto fn) {
-            unsigned long long v = 0;
-            nvmlReturn_t r = fn(d, type, counter, loc, &v);
-            if (r == NVML_SUCCESS) *field = v;
-            return r;
-          });
+          get("nvmlDeviceGetMemoryErrorCounter", l.memory_errors,
+              [&, loc = loc, field = field](auto fn) {
+                unsigned long long v = 0;
+                nvmlReturn_t r = fn(d, type, counter, loc, &v);
+                if (r == NVML_SUCCESS) *field = v;
+                return r;
+              });
         }
       }
     }
@@ -646,7 +686,7 @@ class NvmlGpuLayer : public GpuLayer {
         if (*b == nullptr && l.gpm_alloc(b) != NVML_SUCCESS) *b = nullptr;
       }
       if (s.prev == nullptr || s.cur == nullptr) return std::nullopt;
-      nvmlReturn_t r = gi == kWholeGpu ? l.gpm_sample(d, s.cur)
+      nvmlReturn_t r = gi == kWholeGpu    ? l.gpm_sample(d, s.cur)
                        : l.gpm_mig_sample ? l.gpm_mig_sample(d, gi, s.cur)
                                           : NVML_ERROR_FUNCTION_NOT_FOUND;
       if (r != NVML_SUCCESS) {
@@ -737,12 +777,12 @@ class NvmlGpuLayer : public GpuLayer {
 
  private:
   absl::Status NotInitialised() const {
-    return absl::UnavailableError(absl::StrCat("NVML is not initialised",
-                                               last_init_error_.empty() ? "" : ": ", last_init_error_));
+    return absl::UnavailableError(absl::StrCat(
+        "NVML is not initialised", last_init_error_.empty() ? "" : ": ", last_init_error_));
   }
   absl::Status UnknownIndex(uint32_t index) const {
-    return absl::NotFoundError(absl::StrCat("no GPU with index ", index, " (the node has ",
-                                            handles_.size(), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no GPU with index ", index, " (the node has ", handles_.size(), ")"));
   }
 
   absl::StatusOr<nvmlDevice_t> Handle(uint32_t index) const {
@@ -755,8 +795,8 @@ class NvmlGpuLayer : public GpuLayer {
   }
 
   absl::Status CallError(nvmlReturn_t r, const char* call, int64_t index) const {
-    std::string msg = absl::StrCat(call, index >= 0 ? absl::StrCat(" (GPU ", index, ")") : "",
-                                   ": ", lib_->Error(r));
+    std::string msg = absl::StrCat(call, index >= 0 ? absl::StrCat(" (GPU ", index, ")") : "", ": ",
+                                   lib_->Error(r));
     if (r == NVML_ERROR_GPU_IS_LOST || r == NVML_ERROR_UNINITIALIZED ||
         r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_RESET_REQUIRED ||
         r == NVML_ERROR_TIMEOUT) {
@@ -776,9 +816,8 @@ class NvmlGpuLayer : public GpuLayer {
     nvmlReturn_t r = l.init();
     if (r != NVML_SUCCESS) {
       std::string detail = l.sim_last_error ? l.sim_last_error() : "";
-      std::string msg = detail.empty()
-                            ? absl::StrCat("NVML initialisation failed: ", l.Error(r))
-                            : detail;
+      std::string msg =
+          detail.empty() ? absl::StrCat("NVML initialisation failed: ", l.Error(r)) : detail;
       SetInitError(msg);
       return r == NVML_ERROR_DRIVER_NOT_LOADED || r == NVML_ERROR_UNINITIALIZED || !detail.empty()
                  ? absl::FailedPreconditionError(msg)
@@ -806,7 +845,8 @@ class NvmlGpuLayer : public GpuLayer {
     const NvmlLib& l = *lib_;
     Inventory inv;
     char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
-    if (l.driver_version && l.driver_version(buf, sizeof buf) == NVML_SUCCESS) inv.driver_version = buf;
+    if (l.driver_version && l.driver_version(buf, sizeof buf) == NVML_SUCCESS)
+      inv.driver_version = buf;
     if (l.nvml_version && l.nvml_version(buf, sizeof buf) == NVML_SUCCESS) inv.nvml_version = buf;
     if (l.cuda_version) l.cuda_version(&inv.cuda_driver_version);
     unsigned count = 0;
@@ -823,9 +863,24 @@ class NvmlGpuLayer : public GpuLayer {
         inv.devices.push_back(inventory_.devices[i]);
         continue;
       }
-      if (r != NVML_SUCCESS) return CallError(r, "nvmlDeviceGetHandleByIndex", i);
-      ASSIGN_OR_RETURN(Device dev, ReadDevice(i, handles[i]));
-      inv.devices.push_back(std::move(dev));
+      absl::StatusOr<Device> dev =
+          r == NVML_SUCCESS ? ReadDevice(i, handles[i])
+                            : absl::StatusOr<Device>(CallError(r, "nvmlDeviceGetHandleByIndex", i));
+      if (!dev.ok() && !absl::IsUnavailable(dev.status())) return dev.status();
+      if (!dev.ok()) {
+        // Lost (or reset-required) before we ever read it: as nvidia-smi does, the others are still
+        // listed and this one is flagged, rather than one GPU failing the whole node.
+        const std::string why(dev.status().message());  // "<call> (GPU i): <NVML's words>"
+        spdlog::warn("GPU {} cannot be read: {}", i, why);
+        Device placeholder;
+        placeholder.index = i;
+        const size_t colon = why.rfind(": ");
+        placeholder.error = colon == std::string::npos ? why : why.substr(colon + 2);
+        handles[i] = nullptr;
+        inv.devices.push_back(std::move(placeholder));
+        continue;
+      }
+      inv.devices.push_back(*std::move(dev));
     }
     ReadTopology(inv, handles);
     return inv;
@@ -853,7 +908,8 @@ class NvmlGpuLayer : public GpuLayer {
     dev.memory_bytes = MemoryTotal(d);
     if (l.cc) l.cc(d, &dev.cc_major, &dev.cc_minor);
     nvmlDeviceAttributes_t attr{};
-    if (l.attributes && l.attributes(d, &attr) == NVML_SUCCESS) dev.sm_count = attr.multiprocessorCount;
+    if (l.attributes && l.attributes(d, &attr) == NVML_SUCCESS)
+      dev.sm_count = attr.multiprocessorCount;
     if (l.power_limit && l.power_limit(d, &v) == NVML_SUCCESS) dev.power_limit_mw = v;
     unsigned current = 0, pending = 0;
     if (l.mig_mode && l.mig_mode(d, &current, &pending) == NVML_SUCCESS) {
@@ -865,8 +921,8 @@ class NvmlGpuLayer : public GpuLayer {
     ReadFacts(dev, d, pci, l.pci != nullptr && !dev.pci_bus_id.empty());
     nvmlGpmSupport_t gpm{};
     gpm.version = NVML_GPM_SUPPORT_VERSION;
-    dev.gpm_supported = l.gpm_support && l.gpm_support(d, &gpm) == NVML_SUCCESS &&
-                        gpm.isSupportedDevice != 0;
+    dev.gpm_supported =
+        l.gpm_support && l.gpm_support(d, &gpm) == NVML_SUCCESS && gpm.isSupportedDevice != 0;
     return dev;
   }
 
@@ -877,8 +933,8 @@ class NvmlGpuLayer : public GpuLayer {
     char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     if (l.serial && l.serial(d, buf, sizeof buf) == NVML_SUCCESS) f.serial = buf;
     if (l.vbios && l.vbios(d, buf, sizeof buf) == NVML_SUCCESS) f.vbios_version = buf;
-    for (auto [object, out] : {std::pair{NVML_INFOROM_OEM, &f.inforom_oem},
-                               {NVML_INFOROM_ECC, &f.inforom_ecc}}) {
+    for (auto [object, out] :
+         {std::pair{NVML_INFOROM_OEM, &f.inforom_oem}, {NVML_INFOROM_ECC, &f.inforom_ecc}}) {
       if (l.inforom && l.inforom(d, object, buf, sizeof buf) == NVML_SUCCESS) *out = buf;
     }
     if (have_pci) {
@@ -963,8 +1019,9 @@ class NvmlGpuLayer : public GpuLayer {
     auto numa = fs_.ReadFile(dir + "/numa_node");
     int n = -1;
     if (!numa.ok() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*numa), &n)) {
-      spdlog::warn("GPU {}: NUMA node unknown ({})", dev.index,
-                   numa.ok() ? "unparsable " + dir + "/numa_node" : std::string(numa.status().message()));
+      spdlog::warn(
+          "GPU {}: NUMA node unknown ({})", dev.index,
+          numa.ok() ? "unparsable " + dir + "/numa_node" : std::string(numa.status().message()));
       n = -1;
     }
     dev.numa_node = n;
@@ -983,7 +1040,8 @@ class NvmlGpuLayer : public GpuLayer {
     const size_t n = handles.size();
     inv.topology.assign(n, std::vector<Link>(n));
     std::map<std::string, size_t> by_bus;
-    for (size_t i = 0; i < n; ++i) by_bus[inv.devices[i].pci_bus_id] = i;
+    for (size_t i = 0; i < n; ++i)
+      if (!inv.devices[i].pci_bus_id.empty()) by_bus[inv.devices[i].pci_bus_id] = i;
     std::vector<int> switch_links(n, 0);
     for (size_t i = 0; i < n && l.nvlink_state && l.nvlink_remote_pci; ++i) {
       if (!handles[i]) continue;
@@ -1061,7 +1119,7 @@ class NvmlGpuLayer : public GpuLayer {
         auto it = devices.find(data.device);
         if (it == devices.end()) continue;
         Event e;
-        e.type = data.eventType & nvmlEventTypeXidCriticalError ? Event::Type::kXid
+        e.type = data.eventType & nvmlEventTypeXidCriticalError    ? Event::Type::kXid
                  : data.eventType & nvmlEventTypeDoubleBitEccError ? Event::Type::kDoubleBitEcc
                                                                    : Event::Type::kSingleBitEcc;
         e.device_index = it->second.first;
@@ -1083,7 +1141,7 @@ class NvmlGpuLayer : public GpuLayer {
   }
 
   std::shared_ptr<NvmlLib> lib_;
-  RealFilesystem fs_;
+  RootedFilesystem fs_;
   std::string owned_dir_;
   std::shared_ptr<Subscribers> subscribers_;
 
@@ -1115,7 +1173,8 @@ std::string MigProfileName(uint32_t gi_slices, uint32_t ci_slices, uint64_t memo
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   uint64_t gb = 0;
   if (parent_memory_bytes > 0) {
-    double fraction = static_cast<double>(memory_mib << 20) / static_cast<double>(parent_memory_bytes);
+    double fraction =
+        static_cast<double>(memory_mib << 20) / static_cast<double>(parent_memory_bytes);
     fraction = std::ceil(fraction * 8) / 8;
     gb = static_cast<uint64_t>(std::llround(fraction * std::ceil(parent_memory_bytes / kGiB)));
   } else {

@@ -1,7 +1,7 @@
-// The production GpuLayer: NVML loaded with dlopen (never linked), symbols resolved at run time with
-// the newest versioned name preferred (nvmlInit_v2 over nvmlInit, ...). A missing optional symbol
-// degrades its feature (the field stays unset; one warning names the symbol); a missing required
-// one (init, count, handles, UUID) is an error. Used through OpenGpuLayer (gpu/open.h).
+// The production GpuLayer: NVML loaded with dlopen (never linked), symbols resolved at run time
+// with the newest versioned name preferred (nvmlInit_v2 over nvmlInit, ...). A missing optional
+// symbol degrades its feature (the field stays unset; one warning names the symbol); a missing
+// required one (init, count, handles, UUID) is an error. Used through OpenGpuLayer (gpu/open.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ namespace gpulet::gpu {
 
 struct NvmlBackendOptions {
   std::string library = "libnvidia-ml.so.1";  // dlopen() name or path
-  std::string host_root = "/";                 // root for /sys reads (NUMA node, CPU list)
+  std::string host_root = "/";                // root for /sys reads (NUMA node, CPU list)
   // Simulated node only: the fake library is told its machine and sim root before nvmlInit, and its
   // error text (machine file:line) replaces NVML's generic one.
   bool simulate = false;

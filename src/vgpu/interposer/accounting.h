@@ -28,8 +28,8 @@
 #pragma once
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -77,11 +77,11 @@ struct alignas(64) AccountingRegion {
 
   // Compute pacing and statistics (its own cache lines; see docs/interposer.md).
   alignas(64) std::atomic<int64_t> virtual_time_ns;  // shared finish-time of the GPU-time budget
-  std::atomic<uint64_t> busy_ns;         // measured GPU time of this container's work
-  std::atomic<uint64_t> launches;        // kernel and graph launches seen
-  std::atomic<uint64_t> throttled_ns;    // time launches were held back
-  std::atomic<uint64_t> alloc_failures;  // allocations refused at the limit
-  std::atomic<uint64_t> peak_used;       // highest committed total seen by a reservation
+  std::atomic<uint64_t> busy_ns;                     // measured GPU time of this container's work
+  std::atomic<uint64_t> launches;                    // kernel and graph launches seen
+  std::atomic<uint64_t> throttled_ns;                // time launches were held back
+  std::atomic<uint64_t> alloc_failures;              // allocations refused at the limit
+  std::atomic<uint64_t> peak_used;                 // highest committed total seen by a reservation
   std::atomic<uint32_t> effective_share_permille;  // current pacing share (soft limit moves it)
   uint32_t stats_reserved0;
   uint8_t stats_reserved[8];
@@ -119,7 +119,7 @@ inline uint64_t ProcessStartTicks(int pid) {
   const char* p = strrchr(buf, ')');  // comm may contain spaces and parentheses
   if (p == nullptr || p[1] != ' ') return 0;
   p += 2;
-  if (*p == 'Z' || *p == 'X') return 0;  // zombie/dead: its GPU memory is already gone
+  if (*p == 'Z' || *p == 'X') return 0;       // zombie/dead: its GPU memory is already gone
   for (int field = 3; field < 22; ++field) {  // p points at field 3 (state)
     p = strchr(p, ' ');
     if (p == nullptr) return 0;
@@ -202,7 +202,7 @@ inline AccountingRegion* MapAccounting(const char* path, bool writable, const ch
 // Serialises the first context creation of this container's processes, so that each can find
 // its own (host) pid as the one new entry in NVML's process list. Returns true when held; false
 // after `wait_ms` without it (the caller then measures without the lease and may find its pid
-// ambiguous). A holder that died is replaced. 
+// ambiguous). A holder that died is replaced.
 inline bool LockContextProbe(AccountingRegion& r, uint64_t self, int wait_ms) {
   for (int waited = 0;; ++waited) {
     uint64_t o = 0;
@@ -224,7 +224,8 @@ inline uint64_t UsedBytes(const AccountingRegion& r) {
   uint32_t n = r.high_water.load(std::memory_order_seq_cst);
   if (n > kAccountingSlots) n = kAccountingSlots;
   uint64_t sum = 0;
-  for (uint32_t i = 0; i < n; ++i) sum += r.held[i].load(std::memory_order_seq_cst) & kHeldBytesMask;
+  for (uint32_t i = 0; i < n; ++i)
+    sum += r.held[i].load(std::memory_order_seq_cst) & kHeldBytesMask;
   return sum;
 }
 
@@ -329,14 +330,14 @@ inline void Unreserve(AccountingRegion& r, int slot, uint64_t bytes) {
 // --- read-only API for the agent --------------------------------------------------------------
 
 struct AccountingSnapshot {
-  uint64_t memory_limit = 0;   // bytes, 0 = unlimited
-  uint64_t memory_used = 0;    // committed bytes (includes dead processes not yet reclaimed)
+  uint64_t memory_limit = 0;  // bytes, 0 = unlimited
+  uint64_t memory_used = 0;   // committed bytes (includes dead processes not yet reclaimed)
   uint64_t peak_used = 0;
-  uint32_t core_limit = 0;     // percent
-  uint32_t core_ceiling = 0;   // percent
+  uint32_t core_limit = 0;    // percent
+  uint32_t core_ceiling = 0;  // percent
   uint32_t effective_share_permille = 0;
-  uint32_t processes = 0;      // claimed slots
-  uint64_t busy_ns = 0;        // cumulative GPU time; utilisation = d(busy_ns)/d(wall ns)
+  uint32_t processes = 0;  // claimed slots
+  uint64_t busy_ns = 0;    // cumulative GPU time; utilisation = d(busy_ns)/d(wall ns)
   uint64_t launches = 0;
   uint64_t throttled_ns = 0;
   uint64_t alloc_failures = 0;
@@ -362,7 +363,8 @@ inline bool ReadAccounting(const char* path, AccountingSnapshot* out, const char
   out->effective_share_permille = r->effective_share_permille.load();
   uint32_t n = r->high_water.load();
   out->processes = 0;
-  for (uint32_t i = 0; i < n && i < kAccountingSlots; ++i) out->processes += r->owner[i].load() != 0;
+  for (uint32_t i = 0; i < n && i < kAccountingSlots; ++i)
+    out->processes += r->owner[i].load() != 0;
   out->busy_ns = r->busy_ns.load();
   out->launches = r->launches.load();
   out->throttled_ns = r->throttled_ns.load();

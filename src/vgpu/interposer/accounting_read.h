@@ -40,7 +40,7 @@ T At(const unsigned char* region, size_t offset) {
 // is a symlink or not a regular file; DataLoss when it is shorter than the region, foreign or of
 // another layout version. `*cut` (may be null) is set when the file had grown and was cut back.
 inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& path,
-                                                              bool* cut = nullptr) {
+                                                             bool* cut = nullptr) {
   using accounting_read_internal::At;
   if (cut) *cut = false;
   int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -73,9 +73,8 @@ inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& 
     }
   }
   if (n < 0 || static_cast<size_t>(n) < kSize) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": ", n < 0 ? 0 : n, " bytes, shorter than the accounting region (",
-                     kSize, ")"));
+    return absl::DataLossError(absl::StrCat(
+        path, ": ", n < 0 ? 0 : n, " bytes, shorter than the accounting region (", kSize, ")"));
   }
   AccountingSnapshot out;
   uint32_t magic = At<uint32_t>(region, offsetof(AccountingRegion, magic));
@@ -90,8 +89,8 @@ inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& 
   out.core_ceiling = At<uint32_t>(region, offsetof(AccountingRegion, core_ceiling));
   out.effective_share_permille =
       At<uint32_t>(region, offsetof(AccountingRegion, effective_share_permille));
-  uint32_t slots = std::min<uint32_t>(
-      At<uint32_t>(region, offsetof(AccountingRegion, high_water)), kAccountingSlots);
+  uint32_t slots = std::min<uint32_t>(At<uint32_t>(region, offsetof(AccountingRegion, high_water)),
+                                      kAccountingSlots);
   for (uint32_t i = 0; i < slots; ++i) {
     size_t held = offsetof(AccountingRegion, held) + i * sizeof(uint64_t);
     size_t owner = offsetof(AccountingRegion, owner) + i * sizeof(uint64_t);
@@ -102,8 +101,7 @@ inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& 
   out.launches = At<uint64_t>(region, offsetof(AccountingRegion, launches));
   out.throttled_ns = At<uint64_t>(region, offsetof(AccountingRegion, throttled_ns));
   out.alloc_failures = At<uint64_t>(region, offsetof(AccountingRegion, alloc_failures));
-  memcpy(out.device_uuid, region + offsetof(AccountingRegion, device_uuid),
-         sizeof out.device_uuid);
+  memcpy(out.device_uuid, region + offsetof(AccountingRegion, device_uuid), sizeof out.device_uuid);
   out.device_uuid[sizeof out.device_uuid - 1] = 0;
   return out;
 }

@@ -67,7 +67,7 @@ ClockFns RealClockFns() { return {&MonotonicNs, &SleepUntilNs}; }
 bool ResolveRealDriver(void* cuda, void* nvml, void* (*sym)(void*, const char*), RealDriver* out) {
 #define GPULET_RESOLVE_CUDA(name) out->name = sym(cuda, #name);
 // NVML from libnvidia-ml; else from the driver's handle, which only the fake driver answers.
-#define GPULET_RESOLVE_NVML(name) \
+#define GPULET_RESOLVE_NVML(name)                \
   out->name = nvml ? sym(nvml, #name) : nullptr; \
   if (out->name == nullptr && cuda != nullptr) out->name = sym(cuda, #name);
   GPULET_REAL_CUDA(GPULET_RESOLVE_CUDA)
@@ -84,11 +84,15 @@ bool ParseUuid(const char* text, char out[16]) {
   int n = 0;
   for (const char* p = text + 4; *p; ++p) {
     if (*p == '-') continue;
-    int v = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
-            : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10 : -1;
+    int v = *p >= '0' && *p <= '9'   ? *p - '0'
+            : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+            : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
+                                     : -1;
     if (v < 0 || n >= 32) return false;
-    if (n % 2 == 0) out[n / 2] = static_cast<char>(v << 4);
-    else out[n / 2] = static_cast<char>(out[n / 2] | v);
+    if (n % 2 == 0)
+      out[n / 2] = static_cast<char>(v << 4);
+    else
+      out[n / 2] = static_cast<char>(out[n / 2] | v);
     ++n;
   }
   return n == 32;
@@ -116,16 +120,19 @@ Config ParseConfig(const char* (*get)(const char*)) {
   if (const char* v = get("GPULET_VGPU_CORE_LIMIT")) {
     if (!ParseU64(v, &v64) || v64 < 1 || v64 > 100)
       fail("GPULET_VGPU_CORE_LIMIT", v, "a percentage 1-100");
-    else c.core_limit = static_cast<uint32_t>(v64);
+    else
+      c.core_limit = static_cast<uint32_t>(v64);
   }
   c.core_ceiling = c.core_limit;
   if (const char* v = get("GPULET_VGPU_CORE_CEILING")) {
     if (!ParseU64(v, &v64) || v64 < c.core_limit || v64 > 100)
       fail("GPULET_VGPU_CORE_CEILING", v, "a percentage between GPULET_VGPU_CORE_LIMIT and 100");
-    else c.core_ceiling = static_cast<uint32_t>(v64);
+    else
+      c.core_ceiling = static_cast<uint32_t>(v64);
   }
   if (const char* v = get("GPULET_VGPU_CONTEXT_BYTES")) {
-    if (!ParseU64(v, &c.context_bytes)) fail("GPULET_VGPU_CONTEXT_BYTES", v, "a decimal byte count");
+    if (!ParseU64(v, &c.context_bytes))
+      fail("GPULET_VGPU_CONTEXT_BYTES", v, "a decimal byte count");
   }
   // The container's GPU, by UUID: the process-local ordinal follows from it whatever
   // CUDA_VISIBLE_DEVICES reorders or hides. Several GPUs or an index: limit every device.
@@ -231,8 +238,10 @@ void Core::ResolveDevices() {
   bool ok = Fn<cuda::cuDeviceGetCount_t>(real_.cuDeviceGetCount)(&count) == CUDA_SUCCESS;
   for (int i = 0; ok && i < count && i < 64; ++i) {
     CUuuid u;
-    if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, i) != CUDA_SUCCESS) ok = false;
-    else if (memcmp(u.bytes, config_.uuid, 16) == 0) mask |= uint64_t{1} << i;
+    if (Fn<cuda::cuDeviceGetUuid_t>(real_.cuDeviceGetUuid)(&u, i) != CUDA_SUCCESS)
+      ok = false;
+    else if (memcmp(u.bytes, config_.uuid, 16) == 0)
+      mask |= uint64_t{1} << i;
   }
   if (!ok) {  // driver not initialised yet: count everything for now, resolve next time
     devices_state_.store(0, std::memory_order_release);
@@ -241,7 +250,8 @@ void Core::ResolveDevices() {
   limited_mask_.store(mask, std::memory_order_relaxed);
   // count >= 1 and every ordinal below it limited; ordinals >= count do not exist (the driver
   // refuses them, and a refused allocation is un-reserved), so counting them is harmless.
-  if (count >= 1 && count <= 64 && mask == (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1))
+  if (count >= 1 && count <= 64 &&
+      mask == (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1))
     visible_all_limited_.store(true, std::memory_order_relaxed);
   devices_state_.store(2, std::memory_order_release);
 }
@@ -269,7 +279,8 @@ bool Core::TableInsert(uint64_t key, uint64_t bytes) {
   const uint64_t h = Mix(key);
   // The key is claimed first and the size written after: writing the size first let two threads
   // racing for one free entry leave the winner's key beside the loser's size. Nobody looks this
-  // handle up before the allocation returns (its free comes after), so the size is in place by then.
+  // handle up before the allocation returns (its free comes after), so the size is in place by
+  // then.
   auto claim = [&](Entry& e) {
     uint64_t k = e.key.load(std::memory_order_relaxed);
     if (k != 0 && k != kTombstone) return false;
@@ -297,7 +308,7 @@ uint64_t Core::TableErase(uint64_t key) {
       if (k != key) continue;
       *bytes = e.bytes.load(std::memory_order_acquire);
       return e.key.compare_exchange_strong(k, kTombstone) ? 1 : -1;  // -1: a concurrent double
-    }                                                                 // free; the driver reports it
+    }                                                                // free; the driver reports it
     return 0;
   };
   uint64_t bytes = 0;
@@ -343,14 +354,22 @@ uint64_t Core::ArrayBytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
   uint64_t elem;
   switch (d.Format) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: elem = 1; break;
+    case CU_AD_FORMAT_SIGNED_INT8:
+      elem = 1;
+      break;
     case CU_AD_FORMAT_UNSIGNED_INT16:
     case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: elem = 2; break;
+    case CU_AD_FORMAT_HALF:
+      elem = 2;
+      break;
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT: elem = 4; break;
-    default: elem = 4; break;  // packed/compressed formats: at most 4 bytes per channel element
+    case CU_AD_FORMAT_FLOAT:
+      elem = 4;
+      break;
+    default:
+      elem = 4;
+      break;  // packed/compressed formats: at most 4 bytes per channel element
   }
   uint64_t total = 0;
   for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
@@ -451,8 +470,10 @@ void Core::SetOverhead(uint64_t target) {
   if (s < 0) return;
   // The driver already holds this memory: it is charged even past the limit (later allocations
   // are then refused until the container is back under it).
-  if (target > overhead_) region_->held[s].fetch_add(target - overhead_, std::memory_order_seq_cst);
-  else if (target < overhead_) vgpu::Unreserve(*region_, s, overhead_ - target);
+  if (target > overhead_)
+    region_->held[s].fetch_add(target - overhead_, std::memory_order_seq_cst);
+  else if (target < overhead_)
+    vgpu::Unreserve(*region_, s, overhead_ - target);
   overhead_ = target;
 }
 
@@ -495,8 +516,10 @@ CUresult Core::EndContext(CUdevice dev, CUresult created, CUcontext* ctx, bool p
     }
     // getpid() among the new entries: no pid namespace. Else exactly one new entry: ours.
     // Anything else (a neighbour's context appeared in the same instant): not identified.
-    if (self_fresh) host_pid_ = static_cast<int>(self);
-    else if (fresh == 1) host_pid_ = static_cast<int>(only);
+    if (self_fresh)
+      host_pid_ = static_cast<int>(self);
+    else if (fresh == 1)
+      host_pid_ = static_cast<int>(only);
   }
   if (p->leased) vgpu::UnlockContextProbe(*region_, owner_);
   uint64_t charged = overhead_ + p->estimate;  // the estimate is now part of the overhead
@@ -673,8 +696,7 @@ void Core::AdjustNvmlMemory(nvmlDevice_t dev, void* get_uuid, unsigned long long
     char text[96];
     char uuid[16];
     if (get_uuid == nullptr ||
-        Fn<cuda::nvmlDeviceGetUUID_t>(get_uuid)(dev, text, sizeof text) !=
-            NVML_SUCCESS ||
+        Fn<cuda::nvmlDeviceGetUUID_t>(get_uuid)(dev, text, sizeof text) != NVML_SUCCESS ||
         !ParseUuid(text, uuid) || memcmp(uuid, config_.uuid, 16) != 0)
       return;  // another GPU of the node: shown as it is
   }
@@ -728,9 +750,8 @@ void Core::Harvest(bool wait_oldest) {
     // Any other error (e.g. the context was destroyed under the events): drop the entry uncharged
     // rather than let it block the ring; the slot's events are recreated on next use.
     if (q != CUDA_SUCCESS) p.ctx = nullptr;
-    if (q == CUDA_SUCCESS &&
-        Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(&ms, p.start, p.end) ==
-            CUDA_SUCCESS) {
+    if (q == CUDA_SUCCESS && Fn<cuda::cuEventElapsedTime_t>(real_.cuEventElapsedTime)(
+                                 &ms, p.start, p.end) == CUDA_SUCCESS) {
       // A start event on an idle stream completes at once and the kernel only arrives when the
       // launch call has submitted it: that wait is host time, not GPU time used.
       int64_t d = static_cast<int64_t>(static_cast<double>(ms) * 1e6) - p.gap;
@@ -787,7 +808,8 @@ void Core::UpdateSoftShare(int64_t now) {
       Fn<UtilFn>(real_.nvmlDeviceGetUtilizationRates)(nvml_device_, &util) != NVML_SUCCESS)
     return;
   uint64_t busy = region_->busy_ns.load();
-  uint64_t own = (busy - last_busy_.exchange(busy)) * 100 / static_cast<uint64_t>(now - due + 200'000'000);
+  uint64_t own =
+      (busy - last_busy_.exchange(busy)) * 100 / static_cast<uint64_t>(now - due + 200'000'000);
   int64_t others = static_cast<int64_t>(util.gpu) - static_cast<int64_t>(own);
   if (others < 0) others = 0;
   int64_t target = 100 - others - 5;  // keep 5 points of headroom for the neighbours' bursts
@@ -860,7 +882,8 @@ void Core::TrueUp(uint64_t own, uint64_t charged, int64_t now) {
   // stream, see Harvest) stays forgiven, and a refund taken back is only one given before.
   charged_total_ += charged;
   own_total_ += own;
-  int64_t target = charged_total_ > own_total_ ? static_cast<int64_t>(charged_total_ - own_total_) : 0;
+  int64_t target =
+      charged_total_ > own_total_ ? static_cast<int64_t>(charged_total_ - own_total_) : 0;
   // Half the difference at a time: the credit acts a window later, and settling all of it at
   // once made the shares swing from one window to the next.
   int64_t delta = (target - refunded_) / 2;
@@ -907,15 +930,18 @@ int Core::BeforeLaunch(CUstream stream, bool per_thread) {
       if (p.start) Fn<cuda::cuEventDestroy_t>(real_.cuEventDestroy_v2)(p.start);
       if (p.end) Fn<cuda::cuEventDestroy_t>(real_.cuEventDestroy_v2)(p.end);
       p.start = p.end = nullptr;
-      if (Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
-          Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      if (Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.start, CU_EVENT_DEFAULT) !=
+              CUDA_SUCCESS ||
+          Fn<cuda::cuEventCreate_t>(real_.cuEventCreate)(&p.end, CU_EVENT_DEFAULT) !=
+              CUDA_SUCCESS) {
         p.start = p.end = nullptr;
         slot = -1;
       }
       p.ctx = ctx;
     }
     if (slot >= 0) {
-      void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
+      void* rec =
+          per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
       Fn<cuda::cuEventRecord_t>(rec)(p.start, stream);
       p.started = clock_.now_ns();
       p.weight = weight;
@@ -936,7 +962,8 @@ void Core::AfterLaunch(int slot, CUstream stream, bool per_thread, CUresult laun
   // start-to-end time includes the launch call itself (subtracted when charged).
   if (Fn<cuda::cuEventQuery_t>(real_.cuEventQuery)(p.start) == CUDA_SUCCESS)
     p.gap = clock_.now_ns() - p.started;
-  void* rec = per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
+  void* rec =
+      per_thread && real_.cuEventRecord_ptsz ? real_.cuEventRecord_ptsz : real_.cuEventRecord;
   // A failed launch still completes its events (zero elapsed time): nothing is charged.
   Fn<cuda::cuEventRecord_t>(rec)(p.end, stream);
   (void)launched;

@@ -13,33 +13,28 @@
 #include <atomic>
 #include <cstdint>
 
-#include "vgpu/interposer/accounting.h"
 #include "abi/cuda_abi.h"
+#include "vgpu/interposer/accounting.h"
+#include "vgpu/interposer/hooks.h"
 
 namespace gpulet::vcuda {
 
 // Real entry points. Required ones are marked; the rest may be null (e.g. an old driver).
 struct RealDriver {
-#define GPULET_REAL_CUDA(X)                                                                   \
-  X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) \
-  X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)        \
-  X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemCreate) X(cuMemRelease)    \
-  X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2)                \
-  X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuMemFree)          \
-  X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemGetInfo) X(cuMemGetInfo_v2)  \
-  X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) \
-  X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)             \
-  X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuLaunchKernel)              \
-  X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                         \
-  X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch)             \
-  X(cuGraphLaunch_ptsz) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuCtxGetDevice)              \
-  X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)                   \
-  X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)
-#define GPULET_REAL_NVML(X) \
-  X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetUUID) \
-  X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID)        \
-  X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
-  X(nvmlDeviceGetProcessUtilization)
+// The hooks' own entry points (hooks.h), then the ones the core calls itself.
+#define GPULET_REAL_CUDA(X)                                                                     \
+  GPULET_VCUDA_CUDA_HOOKS(X)                                                                    \
+  X(cuDeviceGetCount)                                                                           \
+  X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) \
+      X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize)              \
+          X(cuEventElapsedTime)
+#define GPULET_REAL_NVML(X)                                            \
+  GPULET_VCUDA_NVML_HOOKS(X)                                           \
+  X(nvmlDeviceGetUUID) X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) \
+      X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByIndex_v2)    \
+          X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)
+// A declarator, which parentheses would break.
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
   GPULET_REAL_CUDA(GPULET_DECLARE_PTR)
   GPULET_REAL_NVML(GPULET_DECLARE_PTR)
@@ -67,9 +62,9 @@ struct Config {
   // reservation taken before a context is created (GPULET_VGPU_CONTEXT_BYTES, else the default).
   uint64_t context_bytes = kDefaultContextBytes;
   static constexpr uint64_t kDefaultContextBytes = uint64_t{640} << 20;
-  bool has_uuid = false;        // limit only the GPU with this UUID
+  bool has_uuid = false;  // limit only the GPU with this UUID
   char uuid[16] = {};
-  char error[256] = {};         // set when invalid
+  char error[256] = {};  // set when invalid
 };
 
 // Parses the contract's environment (GPULET_VGPU_* and NVIDIA_VISIBLE_DEVICES) through `get`
@@ -188,8 +183,10 @@ class Core {
     pthread_mutex_lock(&ctx_mu_);
     uint64_t dev1 = Take(Kind::kContext, reinterpret_cast<uint64_t>(ctx));
     CUresult r = destroy();
-    if (r == CUDA_SUCCESS && dev1 != 0) ContextGone(static_cast<int>(dev1 - 1));
-    else if (dev1 != 0) TableInsert(Key(Kind::kContext, reinterpret_cast<uint64_t>(ctx)), dev1);
+    if (r == CUDA_SUCCESS && dev1 != 0)
+      ContextGone(static_cast<int>(dev1 - 1));
+    else if (dev1 != 0)
+      TableInsert(Key(Kind::kContext, reinterpret_cast<uint64_t>(ctx)), dev1);
     pthread_mutex_unlock(&ctx_mu_);
     return r;
   }
@@ -234,7 +231,7 @@ class Core {
   static constexpr int kHotSize = 1 << 10;
   static constexpr int kHotProbes = 8;  // window per key; a full window spills to table_
   static constexpr uint64_t kDriverGranule = uint64_t{2} << 20;  // device page the driver maps
-  static constexpr int kRing = 8;             // launches in flight being measured
+  static constexpr int kRing = 8;                 // launches in flight being measured
   static constexpr int64_t kBurstNs = 5'000'000;  // idle credit a container may bank
 
  private:
@@ -292,7 +289,7 @@ class Core {
   std::atomic<bool> visible_all_limited_{false};
   std::atomic<int> primary_refs_[64] = {};
   // --- memory the driver holds beyond counted allocations (guarded by ctx_mu_) ---
-  bool track_memory_ = false;               // a memory limit is set (and not disabled)
+  bool track_memory_ = false;  // a memory limit is set (and not disabled)
   pthread_mutex_t ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
   std::atomic<bool> measured_{false};  // NVML reports this process (host_pid_ known)
   int host_pid_ = 0;                   // this process's pid in NVML's (host) namespace
@@ -302,11 +299,11 @@ class Core {
   uint64_t ctx_mask_ = 0;              // ordinals with live contexts
   int dev_contexts_[64] = {};          // live contexts per ordinal
   nvmlDevice_t nvml_dev_[64] = {};
-  std::atomic<int64_t> budget_{0};     // bytes until the next reconcile
-  std::atomic<uint64_t> pads_{0};      // rounding reserved near the limit, not yet settled
+  std::atomic<int64_t> budget_{0};      // bytes until the next reconcile
+  std::atomic<uint64_t> pads_{0};       // rounding reserved near the limit, not yet settled
   int64_t budget_reset_ = 0;            // limit/16
   int64_t call_bytes_ = 0;              // budget_reset_/1024: at least every 1024 calls
-  uint64_t near_limit_ = UINT64_MAX;   // above this container total every allocation reconciles
+  uint64_t near_limit_ = UINT64_MAX;    // above this container total every allocation reconciles
   nvmlDevice_t nvml_device_ = nullptr;  // the limited GPU, for the soft limit's utilisation
   std::atomic<int64_t> next_share_update_{0};
   std::atomic<uint64_t> last_busy_{0};
@@ -317,9 +314,9 @@ class Core {
     CUevent start, end;
     CUcontext ctx;
     bool busy;
-    int64_t started;   // clock when the start event's record returned
-    int64_t gap;       // host time the start event waited for the launch (stream was idle)
-    uint32_t weight;   // launches this measurement stands for (1 / sampling probability)
+    int64_t started;  // clock when the start event's record returned
+    int64_t gap;      // host time the start event waited for the launch (stream was idle)
+    uint32_t weight;  // launches this measurement stands for (1 / sampling probability)
   };
   // Short launches are measured one in kSampleEvery (picked at random, so that a periodic
   // launch pattern cannot alias), each measurement charged for kSampleEvery launches.

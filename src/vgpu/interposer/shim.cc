@@ -56,7 +56,8 @@ void* OpenLib(const char* env, const char* soname) {
 }
 
 void DoInit() {
-  vcuda::Config config = vcuda::ParseConfig(+[](const char* n) -> const char* { return getenv(n); });
+  vcuda::Config config =
+      vcuda::ParseConfig(+[](const char* n) -> const char* { return getenv(n); });
   if (config.invalid) fprintf(stderr, "%s\n", config.error);
   void* cuda = OpenLib("GPULET_VGPU_REAL_LIBCUDA", "libcuda.so.1");
   g_cuda_handle = cuda;
@@ -82,14 +83,15 @@ void DoInit() {
       region = r;
     } else if (getenv("GPULET_VGPU_MEMORY_LIMIT") || getenv("GPULET_VGPU_CORE_LIMIT")) {
       fprintf(stderr,
-              "gpulet-vcuda: %s %s; limits apply to this process alone, not the container\n",
-              error, path);
+              "gpulet-vcuda: %s %s; limits apply to this process alone, not the container\n", error,
+              path);
     }
   }
   g_core.Init(real, config, region, vcuda::RealClockFns());
   if (!config.disabled) {
     atexit(+[] { g_core.Exit(); });
-    pthread_atfork(nullptr, nullptr, +[] { g_core.AfterFork(); });
+    pthread_atfork(
+        nullptr, nullptr, +[] { g_core.AfterFork(); });
   }
 }
 
@@ -114,7 +116,7 @@ inline T R(void* p) {
 }
 // Calls the real entry point `name` with the hook's own type, or fails like a missing driver.
 // Only after C() has run in the calling hook (g_core is then initialised).
-#define FORWARD_OR_FAIL(name, ...)                                                    \
+#define FORWARD_OR_FAIL(name, ...)                                          \
   (g_core.real().name ? R<decltype(&name)>(g_core.real().name)(__VA_ARGS__) \
                       : CUDA_ERROR_NOT_INITIALIZED)
 
@@ -133,11 +135,11 @@ __attribute__((noinline)) CUresult SlowLaunch(void* vcuda::RealDriver::*member, 
   return r;
 }
 // Unthrottled launches (initialised, no core limit): two loads, three branches, a tail call.
-#define LAUNCH(name, stream, per_thread, ...)                                          \
-  if (__builtin_expect(g_state.load(std::memory_order_acquire) == 2, 1)) {             \
-    auto fn = R<decltype(&name)>(g_core.real().name);                                  \
+#define LAUNCH(name, stream, per_thread, ...)                                           \
+  if (__builtin_expect(g_state.load(std::memory_order_acquire) == 2, 1)) {              \
+    auto fn = R<decltype(&name)>(g_core.real().name);                                   \
     if (__builtin_expect(!g_core.pacing() && fn != nullptr, 1)) return fn(__VA_ARGS__); \
-  }                                                                                    \
+  }                                                                                     \
   return SlowLaunch<decltype(&name)>(&vcuda::RealDriver::name, stream, per_thread, __VA_ARGS__)
 
 }  // namespace
@@ -180,11 +182,11 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int fla
     return r;
   });
 }
-#define ASYNC_ALLOC(name, ...)                                        \
-  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) {    \
-    CUresult r = FORWARD_OR_FAIL(name, __VA_ARGS__);                  \
-    if (r == CUDA_SUCCESS) *h = *p;                                   \
-    return r;                                                         \
+#define ASYNC_ALLOC(name, ...)                                     \
+  return C().Charged(Kind::kPointer, -1, bytes, [&](uint64_t* h) { \
+    CUresult r = FORWARD_OR_FAIL(name, __VA_ARGS__);               \
+    if (r == CUDA_SUCCESS) *h = *p;                                \
+    return r;                                                      \
   })
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream s) {
   ASYNC_ALLOC(cuMemAllocAsync, p, bytes, s);
@@ -375,8 +377,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
   return r;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
-  void* fn =
-      NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
+  void* fn = NvmlReal(&vcuda::RealDriver::nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
   if (fn == nullptr) return NVML_ERROR_LIBRARY_NOT_FOUND;
   nvmlReturn_t r = R<decltype(&nvmlDeviceGetMemoryInfo_v2)>(fn)(dev, m);
   if (r == NVML_SUCCESS && m)
@@ -401,21 +402,18 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           CUstream s, void** p) {
   LAUNCH(cuLaunchCooperativeKernel, s, false, f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
-                                               unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                                               unsigned sh, CUstream s, void** p) {
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned sh,
+                                               CUstream s, void** p) {
   LAUNCH(cuLaunchCooperativeKernel_ptsz, s, true, f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction f, void** p, void** e) {
   LAUNCH(cuLaunchKernelEx, cfg ? cfg->hStream : nullptr, false, cfg, f, p, e);
 }
-EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** p,
-                                      void** e) {
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, void** p, void** e) {
   LAUNCH(cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : nullptr, true, cfg, f, p, e);
 }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-  LAUNCH(cuGraphLaunch, s, false, g, s);
-}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { LAUNCH(cuGraphLaunch, s, false, g, s); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
   LAUNCH(cuGraphLaunch_ptsz, s, true, g, s);
 }
@@ -431,22 +429,10 @@ struct Hook {
   void* vcuda::RealDriver::*real;
   void* hook;
 };
-#define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)}
-const Hook kHooks[] = {
-    H(cuGetProcAddress), H(cuGetProcAddress_v2), H(cuMemAlloc), H(cuMemAlloc_v2),
-    H(cuMemAllocPitch), H(cuMemAllocPitch_v2), H(cuMemAllocManaged), H(cuMemAllocAsync),
-    H(cuMemAllocAsync_ptsz), H(cuMemAllocFromPoolAsync), H(cuMemAllocFromPoolAsync_ptsz),
-    H(cuMemCreate), H(cuMemRelease), H(cuArrayCreate), H(cuArrayCreate_v2), H(cuArray3DCreate),
-    H(cuArray3DCreate_v2), H(cuMipmappedArrayCreate), H(cuArrayDestroy),
-    H(cuMipmappedArrayDestroy), H(cuMemFree), H(cuMemFree_v2), H(cuMemFreeAsync),
-    H(cuMemFreeAsync_ptsz), H(cuMemGetInfo), H(cuMemGetInfo_v2), H(cuDeviceTotalMem),
-    H(cuDeviceTotalMem_v2), H(cuCtxCreate), H(cuCtxCreate_v2), H(cuCtxCreate_v3),
-    H(cuCtxCreate_v4), H(cuCtxDestroy), H(cuCtxDestroy_v2), H(cuDevicePrimaryCtxRetain),
-    H(cuDevicePrimaryCtxRelease), H(cuDevicePrimaryCtxRelease_v2), H(cuLaunchKernel),
-    H(cuLaunchKernel_ptsz), H(cuLaunchKernelEx), H(cuLaunchKernelEx_ptsz),
-    H(cuLaunchCooperativeKernel), H(cuLaunchCooperativeKernel_ptsz), H(cuGraphLaunch),
-    H(cuGraphLaunch_ptsz), H(nvmlDeviceGetMemoryInfo), H(nvmlDeviceGetMemoryInfo_v2),
-};
+// `n` is a name (a member and a function), which parentheses would break.
+// NOLINTNEXTLINE(bugprone-macro-parentheses)
+#define H(n) {#n, &vcuda::RealDriver::n, reinterpret_cast<void*>(&n)},
+const Hook kHooks[] = {GPULET_VCUDA_HOOKS(H)};
 #undef H
 
 // The driver resolved (symbol, version, flags) to one of its entry points; hand back ours if we

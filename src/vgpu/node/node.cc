@@ -1,10 +1,10 @@
 #include "vgpu/node/node.h"
 
-#include <algorithm>
-#include <filesystem>
-
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,9 +14,9 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 #include "vgpu/interposer/accounting.h"
-#include "placement/vgpu_policy.h"
 
 namespace gpulet::vgpu {
 namespace {
@@ -106,9 +106,9 @@ std::vector<std::string> BookedGpus(const std::vector<std::string>& ids,
   }
   placement::Node trial = node;
   if (absl::Status s = placement::Apply(trial, pr, a); !s.ok()) {
-    *reason = absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ",
-                           absl::StrJoin(gpus, ","), " is not free in this node's grants (",
-                           s.message(), ")");
+    *reason =
+        absl::StrCat("the kubelet booked ", IdSummary(ids), ", but ", absl::StrJoin(gpus, ","),
+                     " is not free in this node's grants (", s.message(), ")");
     return {};
   }
   return gpus;
@@ -156,8 +156,7 @@ json GrantToJson(const Grant& g) {
 // that aborts the agent at every start.
 absl::StatusOr<Grant> GrantFromJson(const json& j, size_t n) {
   auto bad = [&](const char* field, const char* want) {
-    return absl::DataLossError(
-        absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
+    return absl::DataLossError(absl::StrCat("grant #", n, ": \"", field, "\" must be ", want));
   };
   if (!j.is_object()) return absl::DataLossError(absl::StrCat("grant #", n, " is not an object"));
   Grant g;
@@ -217,15 +216,14 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     PoolGpu p;
     p.uuid = d.uuid;
     p.index = d.index;
-    p.memory_units = nominal_memory
-                         ? static_cast<int64_t>((d.memory_bytes + (1ull << 30) - 1) >> 30) * 4
-                         : MemoryUnitsOf(d.memory_bytes);
+    p.memory_units =
+        nominal_memory ? NominalMemoryUnitsOf(d.memory_bytes) : MemoryUnitsOf(d.memory_bytes);
     out.push_back(p);
   };
   if (selection.empty()) return out;
   if (selection == "all") {
     for (const auto& d : inv.devices) {
-      if (!d.mig_enabled) add(d);
+      if (!d.mig_enabled && d.Readable()) add(d);
     }
     return out;
   }
@@ -235,7 +233,8 @@ absl::StatusOr<std::vector<PoolGpu>> PoolGpus(const gpu::Inventory& inv,
     bool by_index = absl::SimpleAtoi(item, &idx);
     const gpu::Device* found = nullptr;
     for (const auto& d : inv.devices) {
-      if ((by_index && d.index == idx) || (!by_index && d.uuid == item)) found = &d;
+      if (d.Readable() && ((by_index && d.index == idx) || (!by_index && d.uuid == item)))
+        found = &d;
     }
     if (!found) {
       return absl::NotFoundError(absl::StrCat("vGPU GPU \"", item, "\" is not on this node"));
@@ -258,7 +257,7 @@ absl::Status NodeAssigner::Load() {
   std::string path = options_.state_dir + "/assignments.json";
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    if (absl::IsNotFound(text.status()) || !RealFilesystem().Exists(path)) return absl::OkStatus();
+    if (absl::IsNotFound(text.status()) || !PathExists(path)) return absl::OkStatus();
     return text.status();
   }
   json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
@@ -283,7 +282,7 @@ absl::Status NodeAssigner::Load() {
 absl::Status NodeAssigner::SaveLocked() {
   json list = json::array();
   for (const auto& g : grants_) list.push_back(GrantToJson(g));
-  RETURN_IF_ERROR(RealFilesystem().MakeDirs(options_.state_dir));
+  RETURN_IF_ERROR(MakeDirs(options_.state_dir));
   return WriteFileAtomic(options_.state_dir + "/assignments.json",
                          json{{"version", 1}, {"grants", list}}.dump(1), 0600);
 }
@@ -364,7 +363,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   // The rules of docs/vgpu.md, also where no pod was parsed (no API server: the kubelet's counts
   // are the whole request). A refused request never runs, unlimited, on a GPU nobody booked.
   {
-    ContainerRequest asked;
+    ContainerUnits asked;
     asked.cores = cores;
     asked.memory_units = memory_units;
     int64_t max_units = 0;
@@ -409,7 +408,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   std::map<std::string, int> index_of;
   for (const auto& p : pool_) {
     placement::Gpu g;
-    g.memory_total_bytes = g.memory_free_bytes = p.memory_units * int64_t(kMemoryUnitBytes);
+    g.memory_total_bytes = g.memory_free_bytes = MemoryUnitsToBytes(p.memory_units);
     g.healthy = p.healthy;
     index_of[p.uuid] = static_cast<int>(node.gpus.size());
     node.gpus.push_back(g);
@@ -421,19 +420,15 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
       placement::Gpu& gpu = node.gpus[gi->second];
       bool whole = g.cores >= kCoresPerGpu;
       gpu.free_milli -= whole ? placement::kMilliPerGpu : g.cores * placement::kMilliPerVcudaCore;
-      gpu.memory_free_bytes -=
-          whole ? gpu.memory_total_bytes : g.memory_units * int64_t(kMemoryUnitBytes);
+      gpu.memory_free_bytes -= whole ? gpu.memory_total_bytes : MemoryUnitsToBytes(g.memory_units);
     }
   }
   placement::PodRequest pr;
   pr.name = c.ns + "/" + c.pod;
-  placement::ContainerRequest cr;
-  if (cores < kCoresPerGpu) {
-    cr.milli = static_cast<int32_t>(cores * placement::kMilliPerVcudaCore);
-    cr.memory_bytes = memory_units * int64_t(kMemoryUnitBytes);
-  } else {
-    cr.whole_gpus = static_cast<int32_t>(cores / kCoresPerGpu);
-  }
+  ContainerUnits asked;
+  asked.cores = cores;
+  asked.memory_units = memory_units;
+  const placement::ContainerRequest cr = PlacementRequestOf(asked);
   pr.containers.push_back(cr);
   std::vector<std::string> gpus;
   if (!c.annotated_gpus.empty()) {
@@ -466,10 +461,9 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     std::string reason;
     gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
     if (gpus.empty() && c.annotated_gpus.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ",
-                       options_.names.core, " ", cores,
-                       ", but the kubelet's device IDs cannot be honoured: ", reason));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ",
+          cores, ", but the kubelet's device IDs cannot be honoured: ", reason));
     }
   }
   Grant g;
@@ -494,10 +488,10 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     // reaches the file either way.
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
     g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
-    RETURN_IF_ERROR(RealFilesystem().MakeDirs(g.accounting_dir, 0700));
+    RETURN_IF_ERROR(MakeDirs(g.accounting_dir, 0700));
     ::chmod(pod_dir.c_str(), 0700);
     std::string file = g.accounting_dir + "/accounting";
-    if (!RealFilesystem().Exists(file)) {
+    if (!PathExists(file)) {
       auto [uid, gid] = RunAs(c.pod_json, c.index);
       mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
       // A zero-filled file is a valid empty region (vgpu/interposer/accounting.h).
@@ -535,7 +529,7 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
     auto req = ParsePod(*pod, options_.names, 0);
     bool all =
         req.ok() &&
-        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerRequest& c) {
+        std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerUnits& c) {
           return std::any_of(grants_.begin(), grants_.end(), [&](const Grant& x) {
             return x.pod_uid == g.pod_uid && x.container_index == c.index;
           });
@@ -597,10 +591,13 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   v1beta1::ContainerAllocateResponse r;
   auto& env = *r.mutable_envs();
   env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
-  (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
-      absl::StrCat(g.ns, "/", g.pod, "/", g.container);
+  // Only when the pod is known: a grant made without an API server learns it later from
+  // PodResources, and "//c" would name nothing.
+  if (!g.pod.empty())
+    (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
+        absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
-  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(g.memory_units * kMemoryUnitBytes);
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(MemoryUnitsToBytes(g.memory_units));
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
   env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
   env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
@@ -678,13 +675,9 @@ absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
 
 absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::string&)>& healthy) {
   if (!api_) return absl::FailedPreconditionError("no API client");
-  json list = json::array();
-  for (const auto& g : pool_)
-    list.push_back({{"uuid", g.uuid},
-                    {"index", g.index},
-                    {"memoryUnits", g.memory_units},
-                    {"healthy", g.healthy && (!healthy || healthy(g.uuid))}});
-  std::string text = list.dump();
+  std::vector<PoolGpu> now = pool_;
+  for (auto& g : now) g.healthy = g.healthy && (!healthy || healthy(g.uuid));
+  std::string text = EncodeNodePool(now);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (text == published_) return absl::OkStatus();

@@ -35,16 +35,10 @@
 #include "k8s/client.h"
 #include "k8s/deviceplugin/v1beta1/api.pb.h"
 #include "kubelet/resource.h"
+#include "vgpu/rules/node_pool.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::vgpu {
-
-struct PoolGpu {
-  std::string uuid;
-  uint32_t index = 0;
-  int64_t memory_units = 0;
-  bool healthy = true;
-};
 
 struct NodeOptions {
   ResourceNames names;

@@ -39,7 +39,8 @@ class VcudaResource final : public kubelet::Resource {
       const std::vector<std::string>& ids) override {
     for (const auto& id : ids) {
       if (id.find(is_core_ ? "::vc" : "::vm") == std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat("unknown ", name_, " device ID \"", id, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown ", name_, " device ID \"", id, "\""));
       }
     }
     return assigner_->Allocate(is_core_, ids);

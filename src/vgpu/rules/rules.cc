@@ -25,8 +25,8 @@ absl::StatusOr<int64_t> ReadResource(const json& resources, const char* section,
   }
   auto v = ParseIntQuantity(it->get<std::string>());
   if (!v.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": resources.", section, "[", name,
-                                                   "]: ", v.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": resources.", section, "[", name, "]: ", v.status().message()));
   }
   return *v;
 }
@@ -40,18 +40,35 @@ std::string NameOf(const json& c, std::string fallback) {
 
 }  // namespace
 
-int64_t MemoryUnitsOf(uint64_t bytes) { return static_cast<int64_t>(bytes / kMemoryUnitBytes); }
+int64_t MemoryUnitsOf(int64_t bytes) { return bytes / static_cast<int64_t>(kMemoryUnitBytes); }
+
+placement::ContainerRequest PlacementRequestOf(const ContainerUnits& c) {
+  placement::ContainerRequest pc;
+  if (c.cores >= kCoresPerGpu) {
+    pc.whole_gpus = static_cast<int32_t>(c.whole_gpus());
+  } else if (c.cores > 0) {
+    pc.milli = static_cast<int32_t>(c.cores * placement::kMilliPerVcudaCore);
+    pc.memory_bytes = MemoryUnitsToBytes(c.memory_units);
+  }
+  return pc;
+}
+
+int64_t NominalMemoryUnitsOf(int64_t bytes) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  return MemoryUnitsOf((bytes + kGiB - 1) / kGiB * kGiB);
+}
 
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
   int64_t value = 0;
   auto [p, ec] = std::from_chars(q.data(), q.data() + q.size(), value);
   if (ec != std::errc() || p == q.data()) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", std::string(q), "\" is not an integer quantity"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", std::string(q), "\" is not an integer quantity"));
   }
   std::string_view suffix(p, q.data() + q.size() - p);
   static constexpr std::pair<std::string_view, int64_t> kSuffixes[] = {
-      {"", 1},          {"k", 1000},       {"M", 1000000},    {"G", 1000000000},
-      {"Ki", 1 << 10},  {"Mi", 1 << 20},   {"Gi", 1 << 30}};
+      {"", 1},         {"k", 1000},     {"M", 1000000}, {"G", 1000000000},
+      {"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}};
   for (const auto& [s, mult] : kSuffixes) {
     if (suffix == s) {
       if (value > INT64_MAX / mult || value < INT64_MIN / mult) {
@@ -60,16 +77,16 @@ absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
       return value * mult;
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", std::string(q), "\" is not an integer quantity (vGPU resources are whole units)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", std::string(q), "\" is not an integer quantity (vGPU resources are whole units)"));
 }
 
-absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_gpu,
+absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gpu,
                                const ResourceNames& names) {
   std::string where = absl::StrCat("container \"", c.name, "\"");
-  const std::string allowed = absl::StrCat(
-      "allowed: ", names.core, " 1-99 (a share of one GPU, with ", names.memory,
-      " >= 1) or a multiple of 100 (that many whole GPUs)");
+  const std::string allowed =
+      absl::StrCat("allowed: ", names.core, " 1-99 (a share of one GPU, with ", names.memory,
+                   " >= 1) or a multiple of 100 (that many whole GPUs)");
   if (c.cores < 0 || c.memory_units < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": negative vGPU request; ", allowed));
   }
@@ -77,16 +94,15 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
       c.memory_units > kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": vGPU request too large (at most ", kMaxGpusPerContainer * kCoresPerGpu, " ",
-        names.core, " and ", kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu, " ", names.memory,
-        ")"));
+        names.core, " and ", kMaxGpusPerContainer * kMaxMemoryUnitsPerGpu, " ", names.memory, ")"));
   }
   // A bound from a node inventory is trusted no further than the same limit.
   max_units_per_gpu = std::min(max_units_per_gpu, kMaxMemoryUnitsPerGpu);
   if (c.cores == 0) {
     if (c.memory_units > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", names.memory, " ", c.memory_units, " without ", names.core,
-                       "; memory needs a core share; ", allowed));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", names.memory, " ", c.memory_units,
+                                                     " without ", names.core,
+                                                     "; memory needs a core share; ", allowed));
     }
     return absl::OkStatus();
   }
@@ -103,10 +119,11 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
                                                      names.memory, " >= 1 (256 MiB units)"));
     }
     if (max_units_per_gpu > 0 && c.memory_units > max_units_per_gpu) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": ", names.memory, " ", c.memory_units, " (", c.memory_units * 256,
-          " MiB) is larger than one GPU (", max_units_per_gpu, " units = ",
-          max_units_per_gpu * 256, " MiB); a share must fit on one GPU"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", names.memory, " ", c.memory_units, " (",
+                       MemoryUnitsToBytes(c.memory_units) >> 20, " MiB) is larger than one GPU (",
+                       max_units_per_gpu, " units = ", MemoryUnitsToBytes(max_units_per_gpu) >> 20,
+                       " MiB); a share must fit on one GPU"));
     }
   } else if (max_units_per_gpu > 0 && c.memory_units > c.whole_gpus() * max_units_per_gpu) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,9 +133,9 @@ absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_
   return absl::OkStatus();
 }
 
-absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
-                                    int64_t max_units_per_gpu) {
-  PodRequest out;
+absl::StatusOr<PodUnits> ParsePod(const json& pod, const ResourceNames& names,
+                                  int64_t max_units_per_gpu) {
+  PodUnits out;
   auto spec = pod.find("spec");
   if (spec == pod.end() || !spec->is_object()) {
     return absl::InvalidArgumentError("pod has no spec");
@@ -133,9 +150,9 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
         auto list = res->find(sec);
         if (list == res->end() || !list->is_object()) continue;
         if (list->contains(names.core) || list->contains(names.memory)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("init container \"", NameOf(c, ""), "\": ", names.core, "/",
-                           names.memory, " are not supported on init containers"));
+          return absl::InvalidArgumentError(absl::StrCat("init container \"", NameOf(c, ""),
+                                                         "\": ", names.core, "/", names.memory,
+                                                         " are not supported on init containers"));
         }
       }
     }
@@ -144,7 +161,7 @@ absl::StatusOr<PodRequest> ParsePod(const json& pod, const ResourceNames& names,
   if (containers == spec->end() || !containers->is_array()) return out;
   for (size_t i = 0; i < containers->size(); ++i) {
     const json& c = (*containers)[i];
-    ContainerRequest req;
+    ContainerUnits req;
     req.index = static_cast<int>(i);
     req.name = NameOf(c, absl::StrCat("#", i));
     std::string where = absl::StrCat("container \"", req.name, "\"");

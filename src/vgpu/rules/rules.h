@@ -1,5 +1,5 @@
-// The fractional-GPU resource rules, in ONE place: the admission webhook, the scheduler extender and
-// the node agent all call ParsePod() so a pod is judged the same way everywhere.
+// The fractional-GPU resource rules, in ONE place: the admission webhook, the scheduler extender
+// and the node agent all call ParsePod() so a pod is judged the same way everywhere.
 //
 // A container's tencent.com/vcuda-core (C) and tencent.com/vcuda-memory (M, 256 MiB units):
 //   C in 1..99           a share of one GPU; M >= 1 is required and must fit one GPU.
@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
+#include "placement/placement.h"
 
 namespace gpulet::vgpu {
 
@@ -37,7 +38,7 @@ struct ResourceNames {
 // Annotations gpulet reads and writes on pods. The extender writes the node, the per-container GPU
 // UUIDs and the bind time; the node agent flips `assigned` to "true" once Allocate served the pod.
 inline constexpr char kAnnotationNode[] = "gpulet.io/vgpu-node";
-inline constexpr char kAnnotationGpusPrefix[] = "gpulet.io/vgpu-gpus-";  // + container index
+inline constexpr char kAnnotationGpusPrefix[] = "gpulet.io/vgpu-gpus-";    // + container index
 inline constexpr char kAnnotationBindTime[] = "gpulet.io/vgpu-bind-time";  // unix nanoseconds
 inline constexpr char kAnnotationAssigned[] = "gpulet.io/vgpu-assigned";
 inline constexpr char kAnnotationPolicy[] = "gpulet.io/vgpu-policy";  // binpack|spread|<registry>
@@ -47,8 +48,10 @@ inline constexpr char kAnnotationCoreLimit[] = "tencent.com/vcuda-core-limit";
 // {"uuid","index","memoryUnits","healthy"}). The extender prefers it over node capacity.
 inline constexpr char kAnnotationNodeGpus[] = "gpulet.io/vgpu-gpus";
 
-// What one container asks for. `index` is the position in spec.containers.
-struct ContainerRequest {
+// What one container asks for, in vcuda units (cores: 1/100 GPU; memory: 256 MiB units; the
+// placement library's ContainerRequest is in milli-GPU and bytes: PlacementRequestOf converts).
+// `index` is the position in spec.containers.
+struct ContainerUnits {
   int index = 0;
   std::string name;
   int64_t cores = 0;
@@ -58,24 +61,35 @@ struct ContainerRequest {
   int64_t whole_gpus() const { return cores >= kCoresPerGpu ? cores / kCoresPerGpu : 0; }
 };
 
-struct PodRequest {
-  std::vector<ContainerRequest> containers;  // only containers that ask for vGPU resources
+struct PodUnits {
+  std::vector<ContainerUnits> containers;  // only containers that ask for vGPU resources
   bool empty() const { return containers.empty(); }
 };
 
-// Memory units of a GPU with `bytes` of memory: floor(bytes / 256 MiB).
-int64_t MemoryUnitsOf(uint64_t bytes);
+// The one vGPU -> placement translation: k x 100 cores are k whole GPUs (memory units of whole
+// GPUs are not placed: the GPU is theirs); 1-99 cores a share of one GPU with its memory in bytes.
+placement::ContainerRequest PlacementRequestOf(const ContainerUnits& c);
+
+// The one conversion between vcuda-memory units and bytes: units -> bytes (exact), bytes -> units
+// (bytes / 256 MiB, rounded toward zero: the units a GPU with `bytes` of memory offers).
+constexpr int64_t MemoryUnitsToBytes(int64_t units) {
+  return units * static_cast<int64_t>(kMemoryUnitBytes);
+}
+int64_t MemoryUnitsOf(int64_t bytes);
+// The units of a GPU's nominal size: its memory rounded up to whole GiB (a "16 GB" card that
+// reports 15.6 GiB counts 16), 4 units per GiB.
+int64_t NominalMemoryUnitsOf(int64_t bytes);
 
 // Checks one container's numbers. `max_units_per_gpu` is the largest GPU's memory in units (0 =
 // unknown: the memory-fits check is skipped). Errors are InvalidArgument with a message that says
 // what is allowed.
-absl::Status ValidateContainer(const ContainerRequest& c, int64_t max_units_per_gpu,
+absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gpu,
                                const ResourceNames& names);
 
 // Reads and validates the vGPU requests of a pod (Kubernetes JSON). Errors name the container and
-// the resource. A pod without vGPU requests gives an empty PodRequest.
-absl::StatusOr<PodRequest> ParsePod(const nlohmann::json& pod, const ResourceNames& names,
-                                    int64_t max_units_per_gpu);
+// the resource. A pod without vGPU requests gives an empty PodUnits.
+absl::StatusOr<PodUnits> ParsePod(const nlohmann::json& pod, const ResourceNames& names,
+                                  int64_t max_units_per_gpu);
 
 // Parses an integer Kubernetes quantity ("30", "2k", "1Ki"); fractional values are errors.
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);

@@ -19,8 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
+#include "vgpu/interposer/hooks.h"
 
 namespace gpulet {
 namespace {
@@ -139,8 +140,10 @@ class E2E : public ::testing::Test {
     Child c(argv, env);
     std::string out = c.All();
     int rc = c.Wait();
-    if (code) *code = rc;
-    else EXPECT_EQ(rc, 0) << argv[0] << " " << argv[1] << ": " << out;
+    if (code)
+      *code = rc;
+    else
+      EXPECT_EQ(rc, 0) << argv[0] << " " << argv[1] << ": " << out;
     return out;
   }
 
@@ -215,8 +218,8 @@ TEST_F(E2E, SixteenProcessesNeverExceedTheLimit) {
 // context charge: the defaults must hold. Returns the probes' outputs; *peak = the device's peak.
 class DriverHeld : public E2E {
  protected:
-  std::vector<std::string> Race(int procs, std::map<std::string, std::string> extra,
-                                uint64_t* peak, uint64_t* nvml_sum) {
+  std::vector<std::string> Race(int procs, std::map<std::string, std::string> extra, uint64_t* peak,
+                                uint64_t* nvml_sum) {
     auto env = env_;
     env.erase("GPULET_VGPU_CONTEXT_BYTES");
     env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(kLimit);
@@ -290,8 +293,9 @@ TEST_F(DriverHeld, EightRacingProcessesInAPidNamespace) {
 // is found by the allocation path's reconciliation and charged before the limit is reached.
 TEST_F(DriverHeld, LaterHiddenMemoryIsCharged) {
   uint64_t peak = 0, used = 0;
-  auto outs = Race(1, {{"FAKE_CUDA_MODULE_BYTES", std::to_string(100 * kMiB)},
-                       {"FAKE_CUDA_ALLOC_GRANULE", "1"}}, &peak, &used);
+  auto outs = Race(
+      1, {{"FAKE_CUDA_MODULE_BYTES", std::to_string(100 * kMiB)}, {"FAKE_CUDA_ALLOC_GRANULE", "1"}},
+      &peak, &used);
   EXPECT_EQ(Field(outs[0], "module"), 0u) << outs[0];
   EXPECT_LE(peak, kLimit) << outs[0];
   EXPECT_LE(Field(outs[0], "held"), kLimit - 400 * kMiB) << outs[0];
@@ -302,8 +306,8 @@ TEST_F(DriverHeld, LaterHiddenMemoryIsCharged) {
 // instead: still never above the limit for contexts (allocations exact here: no rounding).
 TEST_F(DriverHeld, WithoutNvmlTheEstimateIsCharged) {
   uint64_t peak = 0, used = 0;
-  auto outs = Race(8, {{"FAKE_CUDA_NO_PROCESS_INFO", "1"}, {"FAKE_CUDA_ALLOC_GRANULE", "1"}},
-                   &peak, &used);
+  auto outs =
+      Race(8, {{"FAKE_CUDA_NO_PROCESS_INFO", "1"}, {"FAKE_CUDA_ALLOC_GRANULE", "1"}}, &peak, &used);
   int contexts = 0;
   for (auto& o : outs) contexts += Field(o, "context") == 0;
   EXPECT_EQ(contexts, 1) << "640 MiB estimate: one context fits in 1 GiB";
@@ -367,8 +371,8 @@ TEST_F(E2E, RuntimeStyleProgramThroughGetProcAddress) {
   if (access(list.c_str(), R_OK) != 0) GTEST_SKIP() << "reference list not found: " << list;
   std::string log = accounting_ + ".proclog";
   unlink(log.c_str());
-  std::string out = Run({Bin("vcuda_procaddr"), list, std::to_string(8 * kMiB)},
-                        {{"FAKE_CUDA_PROC_LOG", log}});
+  std::string out =
+      Run({Bin("vcuda_procaddr"), list, std::to_string(8 * kMiB)}, {{"FAKE_CUDA_PROC_LOG", log}});
   std::vector<std::string> want, seen;
   std::ifstream in(list);
   for (std::string l; std::getline(in, l);)
@@ -430,8 +434,11 @@ TEST_F(E2E, VisibleDevicesReorderAndHide) {
 
 // GPULET_VGPU_DISABLE=1 turns the library into a pass-through.
 TEST_F(E2E, OptOut) {
-  Child c({Bin("vcuda_probe"), "fill", std::to_string(16 * kMiB)},
-          [&] { auto e = env_; e["GPULET_VGPU_DISABLE"] = "1"; return e; }());
+  Child c({Bin("vcuda_probe"), "fill", std::to_string(16 * kMiB)}, [&] {
+    auto e = env_;
+    e["GPULET_VGPU_DISABLE"] = "1";
+    return e;
+  }());
   ASSERT_EQ(c.Line(), "ready");
   c.Send('g');
   EXPECT_GT(Field(c.Line(), "held"), limit_);
@@ -502,27 +509,21 @@ TEST(Library, ExportsOnlyHooksAndLinksOnlyLibc) {
   };
   std::set<std::string> exported =
       lines("nm -D --defined-only " + ShimPath() + " | awk '{print $3}'");
-  const std::set<std::string> hooks = {
-      "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocPitch",
-      "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-      "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate", "cuMemRelease",
-      "cuArrayCreate", "cuArrayCreate_v2", "cuArray3DCreate", "cuArray3DCreate_v2",
-      "cuMipmappedArrayCreate", "cuArrayDestroy", "cuMipmappedArrayDestroy", "cuMemFree",
-      "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemGetInfo", "cuMemGetInfo_v2",
-      "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3",
-      "cuCtxCreate_v4", "cuCtxDestroy", "cuCtxDestroy_v2", "cuDevicePrimaryCtxRetain",
-      "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuLaunchKernel",
-      "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
-      "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch",
-      "cuGraphLaunch_ptsz", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2", "dlsym"};
+  // The list the library is built from (hooks.h), and dlsym.
+#define GPULET_HOOK_NAME(n) #n,
+  const std::set<std::string> hooks = {GPULET_VCUDA_HOOKS(GPULET_HOOK_NAME) "dlsym"};
+#undef GPULET_HOOK_NAME
+  EXPECT_EQ(hooks.size(), 48u);  // 47 driver hooks + dlsym: a hook dropped by accident shows here
   EXPECT_EQ(exported, hooks);
   std::set<std::string> needed =
       lines("readelf -d " + ShimPath() + " | sed -n 's/.*(NEEDED).*\\[\\(.*\\)\\]/\\1/p'");
   for (const std::string& n : needed)
-    EXPECT_TRUE(n == "libc.so.6" || n.rfind("ld-linux", 0) == 0 || n.find("san.so") != std::string::npos)
+    EXPECT_TRUE(n == "libc.so.6" || n.rfind("ld-linux", 0) == 0 ||
+                n.find("san.so") != std::string::npos)
         << "unexpected dependency " << n;
   std::set<std::string> symbols = lines("nm -D " + ShimPath() + " | awk '{print $NF}'");
-  for (const char* bad : {"__cxa_throw", "__gxx_personality_v0", "_Unwind_Resume", "__cxa_begin_catch"})
+  for (const char* bad :
+       {"__cxa_throw", "__gxx_personality_v0", "_Unwind_Resume", "__cxa_begin_catch"})
     EXPECT_EQ(symbols.count(bad), 0u) << bad;
 }
 

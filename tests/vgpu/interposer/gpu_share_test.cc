@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 
 namespace gpulet {
 namespace {
@@ -77,8 +77,8 @@ TEST(GpuShares, EachShareHoldsBesideBusyNeighbours) {
       std::string acct = ProcessTempDir() + "/gpu-share-" + std::to_string(i) + "-" +
                          std::to_string(mix[0]) + "-" + std::to_string(mix.size());
       unlink(acct.c_str());
-      running.push_back(Start(Env(mix[i], acct) + Probe() + " work " +
-                              std::to_string(kSeconds) + " " + it));
+      running.push_back(
+          Start(Env(mix[i], acct) + Probe() + " work " + std::to_string(kSeconds) + " " + it));
       name += (name.empty() ? "" : "/") + std::to_string(mix[i]);
     }
     for (size_t i = 0; i < mix.size(); ++i) {

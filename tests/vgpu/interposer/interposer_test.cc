@@ -7,20 +7,19 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <time.h>
-
 #include <cmath>
-#include <functional>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
-#include "tests/vgpu/interposer/support.h"
+#include "testing/vcuda/support.h"
 #include "vgpu/interposer/accounting.h"
 #include "vgpu/interposer/core.h"
 
@@ -80,7 +79,8 @@ TEST(Accounting, ThreadsNeverExceedLimit) {
           held.pop_back();
         }
       }
-      for (uint64_t b : held) committed.fetch_sub(static_cast<int64_t>(b)), vgpu::Unreserve(*r, slot, b);
+      for (uint64_t b : held)
+        committed.fetch_sub(static_cast<int64_t>(b)), vgpu::Unreserve(*r, slot, b);
       vgpu::ReleaseSlot(*r, slot, SelfOwner());
     });
   }
@@ -118,8 +118,10 @@ TEST(Accounting, SixteenProcessesRaceToTheLimit) {
       std::mt19937 rng(k);
       for (int fails = 0; fails < 20;) {
         uint64_t b = 1 + rng() % (3 * kMiB);
-        if (vgpu::Reserve(*mine, slot, owner, b)) got[k].fetch_add(b);
-        else ++fails;
+        if (vgpu::Reserve(*mine, slot, owner, b))
+          got[k].fetch_add(b);
+        else
+          ++fails;
       }
       go.fetch_add(1);
       while (go.load() < 17) sched_yield();  // stay alive (holding) until every child is done
@@ -486,8 +488,8 @@ std::vector<Path> Paths() {
        [](S* s, uint64_t b, CUdeviceptr* h, uint64_t* c) {
          size_t pitch = 0;
          size_t width = 1000, height = b / 1000;  // the driver rounds 1000 up to 1024
-         CUresult r = s->Hook<cuda::cuMemAllocPitch_t>("cuMemAllocPitch_v2")(h, &pitch, width,
-                                                                              height, 4);
+         CUresult r =
+             s->Hook<cuda::cuMemAllocPitch_t>("cuMemAllocPitch_v2")(h, &pitch, width, height, 4);
          *c = r == CUDA_SUCCESS ? pitch * height : 0;
          return r;
        },
@@ -529,7 +531,7 @@ std::vector<Path> Paths() {
        [](S* s, uint64_t b, CUdeviceptr* h, uint64_t* c) {
          *c = b;
          return s->Hook<cuda::cuMemAllocFromPoolAsync_t>("cuMemAllocFromPoolAsync")(h, b, nullptr,
-                                                                                  nullptr);
+                                                                                    nullptr);
        },
        async_free},
       {"cuMemAllocFromPoolAsync_ptsz",
@@ -582,7 +584,7 @@ std::vector<Path> Paths() {
       {"cuArray3DCreate",
        [](S* s, uint64_t b, CUdeviceptr* h, uint64_t* c) {
          CUDA_ARRAY3D_DESCRIPTOR_v1 d{static_cast<unsigned>(b / 64 / 64), 64, 64,
-                                      CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+                                      CU_AD_FORMAT_UNSIGNED_INT8,         1,  0};
          *c = uint64_t{d.Width} * 64 * 64;
          CUarray a = nullptr;
          CUresult r = s->Hook<cuda::cuArray3DCreate_v1_t>("cuArray3DCreate")(&a, &d);
@@ -657,7 +659,9 @@ TEST_F(Shim, ReportsShowTheLimit) {
   ASSERT_EQ(Hook<cuda::cuDeviceTotalMem_t>("cuDeviceTotalMem_v2")(&total, 0), CUDA_SUCCESS);
   EXPECT_EQ(total, kLimit);
   nvmlDevice_t dev;
-  ASSERT_EQ(FakeSym<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>("nvmlDeviceGetHandleByIndex_v2")(0, &dev), 0);
+  ASSERT_EQ(
+      FakeSym<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>("nvmlDeviceGetHandleByIndex_v2")(0, &dev),
+      0);
   nvmlMemory_t m{};
   ASSERT_EQ(Hook<cuda::nvmlDeviceGetMemoryInfo_t>("nvmlDeviceGetMemoryInfo")(dev, &m), 0);
   EXPECT_EQ(m.total, kLimit);
@@ -744,9 +748,11 @@ TEST_F(Shim, DlsymReturnsHooks) {
 // Without a core limit launches pass straight through (and still run on the device).
 TEST_F(Shim, UnthrottledLaunchPassesThrough) {
   CUfunction f;
-  FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr, "k");
+  FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr,
+                                                                                   "k");
   auto launch = Hook<cuda::cuLaunchKernel_t>("cuLaunchKernel");
-  for (int i = 0; i < 10; ++i) ASSERT_EQ(launch(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), 0);
+  for (int i = 0; i < 10; ++i)
+    ASSERT_EQ(launch(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), 0);
   EXPECT_EQ(region_->launches.load(), 0u);  // not even counted: the pacer is off
   EXPECT_GT(FakeSym<int64_t (*)(int64_t, int64_t)>("fakecuda_busy_between")(0, INT64_MAX), 0);
 }
@@ -837,7 +843,8 @@ TEST_P(PacingFloors, EachShareHoldsBesideBusyNeighbours) {
   std::vector<double> got = RunTenants(specs, 10'000'000'000, 3'000'000'000);
   ASSERT_EQ(got.size(), specs.size());
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_GE(got[i], specs[i].limit - 3.0) << "tenant " << i << " of " << ::testing::PrintToString(GetParam());
+    EXPECT_GE(got[i], specs[i].limit - 3.0)
+        << "tenant " << i << " of " << ::testing::PrintToString(GetParam());
     EXPECT_LE(got[i], specs[i].limit + 3.0) << "tenant " << i;
     RecordProperty(std::string("share_") + std::to_string(i), std::to_string(got[i]));
     printf("share %u: %.2f %%\n", specs[i].limit, got[i]);
@@ -911,8 +918,8 @@ TEST(PacingLaunches, FrontEndAllowanceKeepsBusyKernelsAtTheirShare) {
 
 struct MixCase {
   uint32_t limit;
-  unsigned blocks;   // kernel length, us
-  int64_t host_ns;   // the program's own host work per launch
+  unsigned blocks;  // kernel length, us
+  int64_t host_ns;  // the program's own host work per launch
   int sync_every;
 };
 void PrintTo(const MixCase& c, std::ostream* os) {

@@ -145,8 +145,10 @@ void PrintNvml() {
     if (infos[i].pid == static_cast<unsigned>(getpid())) self = static_cast<int>(i);
   }
   if (self < 0 && n == 1) self = 0;
-  if (self >= 0) printf("nvml_self %u %llu\n", infos[self].pid, infos[self].usedGpuMemory);
-  else printf("nvml_self none\n");
+  if (self >= 0)
+    printf("nvml_self %u %llu\n", infos[self].pid, infos[self].usedGpuMemory);
+  else
+    printf("nvml_self none\n");
   printf("nvml_procs %u %llu\n", n, sum);
 }
 
@@ -168,8 +170,8 @@ uint64_t Fill(size_t chunk) {
     if (r == CUDA_SUCCESS) {
       held += chunk;
     } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-      ++fails;         // may be transient while other processes' reservations are in flight:
-      usleep(2000);    // let them settle before concluding that the container is full
+      ++fails;       // may be transient while other processes' reservations are in flight:
+      usleep(2000);  // let them settle before concluding that the container is full
     } else {
       return held;
     }
@@ -274,7 +276,8 @@ int main(int argc, char** argv) {
     cuModuleGetFunction(&f, nullptr, "k");
     cuStreamCreate(&s, 0);
     if (mode == "launch-loop") {
-      for (long long i = 0; i < arg(2); ++i) cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr);
+      for (long long i = 0; i < arg(2); ++i)
+        cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr);
       return 0;
     }
     int64_t start = Now(), seconds = arg(2);
@@ -351,9 +354,9 @@ int main(int argc, char** argv) {
         if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
         int64_t each = (Now() - t0) / 5;
         if (each >= 20'000'000 || n > (1ull << 40)) {
-          printf("iters %llu\n", static_cast<unsigned long long>(
-                                       static_cast<double>(n) * static_cast<double>(usec) * 1e3 /
-                                       static_cast<double>(each)));
+          printf("iters %llu\n", static_cast<unsigned long long>(static_cast<double>(n) *
+                                                                 static_cast<double>(usec) * 1e3 /
+                                                                 static_cast<double>(each)));
           return 0;
         }
         n *= 4;

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "vcuda_procaddr: %s\n", dlerror());
     return 1;
   }
-  auto gpa = reinterpret_cast<gpulet::cuda::cuGetProcAddress_v2_t>(dlsym(cuda, "cuGetProcAddress_v2"));
+  auto gpa =
+      reinterpret_cast<gpulet::cuda::cuGetProcAddress_v2_t>(dlsym(cuda, "cuGetProcAddress_v2"));
   FILE* list = fopen(argv[1], "r");
   if (gpa == nullptr || list == nullptr) {
     fprintf(stderr, "vcuda_procaddr: no cuGetProcAddress_v2 or cannot read %s\n", argv[1]);
@@ -65,10 +66,12 @@ int main(int argc, char** argv) {
   };
   Dl_info info{};
   dladdr(need("cuMemAlloc"), &info);
-  printf("hooked cuMemAlloc %s\n", info.dli_fname && strstr(info.dli_fname, "gpulet-vcuda") ? "yes" : "no");
+  printf("hooked cuMemAlloc %s\n",
+         info.dli_fname && strstr(info.dli_fname, "gpulet-vcuda") ? "yes" : "no");
   reinterpret_cast<CUresult (*)(unsigned)>(need("cuInit"))(0);
   CUcontext ctx;
-  reinterpret_cast<gpulet::cuda::cuDevicePrimaryCtxRetain_t>(need("cuDevicePrimaryCtxRetain"))(&ctx, 0);
+  reinterpret_cast<gpulet::cuda::cuDevicePrimaryCtxRetain_t>(need("cuDevicePrimaryCtxRetain"))(&ctx,
+                                                                                               0);
   reinterpret_cast<CUresult (*)(CUcontext)>(need("cuCtxSetCurrent"))(ctx);
   size_t free_b = 0, total = 0;
   reinterpret_cast<gpulet::cuda::cuMemGetInfo_t>(need("cuMemGetInfo"))(&free_b, &total);

@@ -5,11 +5,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <filesystem>
-
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <filesystem>
 
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
@@ -334,8 +333,9 @@ TEST_F(NodeTest, RefusesWhatTheRulesRefuse) {
   auto r = a.Allocate(true, ids);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("tencent.com/vcuda-core 150 is more than one GPU but not a multiple of 100"));
+  EXPECT_THAT(
+      r.status().message(),
+      HasSubstr("tencent.com/vcuda-core 150 is more than one GPU but not a multiple of 100"));
   EXPECT_THAT(r.status().message(), HasSubstr("GPU-0: 100 core, GPU-1: 50 core"));
   auto split = Ids("GPU-0", "::vc", 50);
   more = Ids("GPU-1", "::vc", 50);

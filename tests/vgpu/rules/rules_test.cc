@@ -1,11 +1,12 @@
-// The vGPU resource rules (vgpu/rules/rules.h): what is accepted, what is refused and what the refusal
-// says.
+// The vGPU resource rules (vgpu/rules/rules.h): what is accepted, what is refused and what the
+// refusal says.
 #include "vgpu/rules/rules.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
+#include "vgpu/rules/node_pool.h"
 
 namespace gpulet::vgpu {
 namespace {
@@ -24,8 +25,8 @@ constexpr int64_t kH100Units = 318;  // floor(81559 MiB / 256 MiB)
 
 // The seed's pod: 30 cores and 20 units is a share of one GPU.
 TEST(Rules, SeedPodIsAShare) {
-  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}),
-                    {}, kH100Units);
+  auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}}), {},
+                    kH100Units);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->containers.size(), 1u);
   EXPECT_TRUE(p->containers[0].fractional());
@@ -46,8 +47,8 @@ TEST(Rules, MultiplesOfHundredAreWholeGpus) {
 // 150 and 250 are refused with a message that says what is allowed.
 TEST(Rules, NonMultipleAboveHundredRejected) {
   for (int cores : {150, 250, 101}) {
-    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 4}}),
-                      {}, kH100Units);
+    auto p = ParsePod(Pod({{"tencent.com/vcuda-core", cores}, {"tencent.com/vcuda-memory", 4}}), {},
+                      kH100Units);
     ASSERT_FALSE(p.ok()) << cores;
     EXPECT_THAT(p.status().message(), HasSubstr("not a multiple of 100"));
     EXPECT_THAT(p.status().message(), HasSubstr("allowed: tencent.com/vcuda-core 1-99"));
@@ -74,16 +75,16 @@ TEST(Rules, MemoryMustFitOneGpu) {
                     kH100Units);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("larger than one GPU (318 units"));
-  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 318}}),
-                       {}, kH100Units)
+  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 318}}), {},
+                       kH100Units)
                   .ok());
   EXPECT_FALSE(ParsePod(Pod({{"tencent.com/vcuda-core", 100}, {"tencent.com/vcuda-memory", 400}}),
                         {}, kH100Units)
                    .ok());
   // Unknown GPU size (0): the bound is not applied.
-  EXPECT_TRUE(ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 999}}),
-                       {}, 0)
-                  .ok());
+  EXPECT_TRUE(
+      ParsePod(Pod({{"tencent.com/vcuda-core", 50}, {"tencent.com/vcuda-memory", 999}}), {}, 0)
+          .ok());
 }
 
 // Requests, if given, must equal limits; a request without a limit is refused.
@@ -119,9 +120,9 @@ TEST(Rules, Quantities) {
 // Configured resource names replace TKEStack's; other names are ignored.
 TEST(Rules, ConfigurableNames) {
   ResourceNames names{"example.com/core", "example.com/mem"};
-  auto p = ParsePod(Pod({{"example.com/core", 40}, {"example.com/mem", 2},
-                         {"tencent.com/vcuda-core", 150}}),
-                    names, 0);
+  auto p = ParsePod(
+      Pod({{"example.com/core", 40}, {"example.com/mem", 2}, {"tencent.com/vcuda-core", 150}}),
+      names, 0);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->containers[0].cores, 40);
 }
@@ -147,7 +148,7 @@ TEST(Rules, HugeValuesAreRefusedWithoutOverflow) {
        {std::tuple<int64_t, int64_t, int64_t>{50, int64_t{1} << 60, 318},
         {int64_t{100} << 40, int64_t{1} << 62, int64_t{1} << 40},
         {100, int64_t{1} << 58, int64_t{1} << 62}}) {
-    ContainerRequest c{0, "c", cores, mem};
+    ContainerUnits c{0, "c", cores, mem};
     absl::Status s = ValidateContainer(c, max_units, names);
     EXPECT_FALSE(s.ok()) << cores << " " << mem;
     EXPECT_THAT(s.message(), HasSubstr("too large")) << cores << " " << mem;
@@ -168,6 +169,56 @@ TEST(Rules, MemoryUnits) {
   EXPECT_EQ(MemoryUnitsOf(81559ull << 20), 318);
   EXPECT_EQ(MemoryUnitsOf(80ull << 30), 320);
   EXPECT_EQ(MemoryUnitsOf(255ull << 20), 0);
+}
+
+// Units -> bytes is exact and the inverse of bytes -> units on whole units; nominal units round
+// the memory up to whole GiB first (a 15.6 GiB "16 GB" card counts 64).
+TEST(Rules, MemoryUnitsToBytesAndNominalUnits) {
+  EXPECT_EQ(MemoryUnitsToBytes(1), int64_t{256} << 20);
+  EXPECT_EQ(MemoryUnitsToBytes(16), int64_t{4} << 30);
+  for (int64_t u : {0, 1, 318, 1 << 20}) EXPECT_EQ(MemoryUnitsOf(MemoryUnitsToBytes(u)), u);
+  EXPECT_EQ(NominalMemoryUnitsOf(int64_t{15974} << 20), 64);
+  EXPECT_EQ(NominalMemoryUnitsOf(int64_t{16} << 30), 64);
+  EXPECT_EQ(NominalMemoryUnitsOf((int64_t{16} << 30) + 1), 68);
+}
+
+// The vGPU -> placement translation: whole GPUs by count, a share in milli-GPU and bytes.
+TEST(Rules, PlacementRequestOf) {
+  auto whole = PlacementRequestOf({0, "w", 200, 640});
+  EXPECT_EQ(whole.whole_gpus, 2);
+  EXPECT_EQ(whole.milli, 0);
+  EXPECT_EQ(whole.memory_bytes, 0);
+  auto share = PlacementRequestOf({0, "s", 30, 16});
+  EXPECT_EQ(share.whole_gpus, 0);
+  EXPECT_EQ(share.milli, 300);
+  EXPECT_EQ(share.memory_bytes, int64_t{4} << 30);
+  auto none = PlacementRequestOf({0, "n", 0, 0});
+  EXPECT_EQ(none.whole_gpus + none.milli, 0);
+}
+
+// The node-pool annotation: what the agent encodes the extender and webhook decode unchanged.
+TEST(NodePool, EncodeDecodeRoundTrip) {
+  std::vector<PoolGpu> pool = {{"GPU-a", 0, 318, true}, {"GPU-b", 3, 64, false}};
+  std::string text = EncodeNodePool(pool);
+  EXPECT_EQ(text, R"([{"healthy":true,"index":0,"memoryUnits":318,"uuid":"GPU-a"},)"
+                  R"({"healthy":false,"index":3,"memoryUnits":64,"uuid":"GPU-b"}])");
+  auto back = DecodeNodePool(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[1].uuid, "GPU-b");
+  EXPECT_EQ((*back)[1].index, 3u);
+  EXPECT_EQ((*back)[1].memory_units, 64);
+  EXPECT_FALSE((*back)[1].healthy);
+}
+
+// A bad annotation gets one error naming the annotation, the GPU and the field.
+TEST(NodePool, DecodeNamesTheBadField) {
+  auto r = DecodeNodePool(R"([{"uuid":"GPU-a","memoryUnits":1},{"memoryUnits":-3}])");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("gpulet.io/vgpu-gpus[1].memoryUnits"));
+  EXPECT_FALSE(DecodeNodePool(R"([{"uuid":"a b"}])").ok());
+  EXPECT_FALSE(DecodeNodePool(R"([[[[1]]]])").ok());
+  EXPECT_FALSE(DecodeNodePool("{}").ok());
 }
 
 }  // namespace

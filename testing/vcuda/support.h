@@ -4,25 +4,23 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <queue>
-#include <thread>
-#include <filesystem>
-#include <cstdint>
 #include <string>
-
-#include <time.h>
-
-#include <memory>
+#include <thread>
 #include <vector>
 
-#include "vgpu/interposer/core.h"
 #include "abi/cuda_abi.h"
+#include "vgpu/interposer/core.h"
 
 namespace gpulet::testing_interposer {
 
@@ -37,8 +35,10 @@ inline const std::string& ProcessTempDir() {
     Dir() {
       const char* tmp = getenv("TMPDIR");
       std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/vcuda-test-XXXXXX";
-      if (mkdtemp(templ.data()) != nullptr) path = templ;
-      else path = tmp && *tmp ? tmp : "/tmp";  // still usable: the files carry the pid
+      if (mkdtemp(templ.data()) != nullptr)
+        path = templ;
+      else
+        path = tmp && *tmp ? tmp : "/tmp";  // still usable: the files carry the pid
     }
     ~Dir() {
       if (getpid() != owner || path.find("/vcuda-test-") == std::string::npos) return;
@@ -119,7 +119,7 @@ struct VirtualGpu {
   bool ok = false;
 
   VirtualGpu(uint32_t limit, uint32_t ceiling, vgpu::AccountingRegion* region) {
-    set_clock = FakeSym<void (*)(int64_t (*)(), void (*)(int64_t))>("fakecuda_set_clock");
+    set_clock = FakeSym<void (*)(int64_t(*)(), void (*)(int64_t))>("fakecuda_set_clock");
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     // Virtual time only moves forward: the fake's device timeline remembers earlier runs.
@@ -199,7 +199,7 @@ struct TenantSpec {
 };
 inline std::vector<double> RunTenants(const std::vector<TenantSpec>& specs, int64_t total_ns,
                                       int64_t warmup_ns) {
-  auto set_clock = FakeSym<void (*)(int64_t (*)(), void (*)(int64_t))>("fakecuda_set_clock");
+  auto set_clock = FakeSym<void (*)(int64_t(*)(), void (*)(int64_t))>("fakecuda_set_clock");
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   VirtualSleepUntil(ts.tv_sec * 1000000000LL + ts.tv_nsec + 1'000'000'000);

@@ -15,14 +15,6 @@
 
 namespace gpulet::testing_metrics {
 
-// A clock that moves only when a test moves it (rates over a known wall time).
-struct ManualClock : Clock {
-  TimePoint now{};
-  TimePoint Now() const override { return now; }
-  int64_t UnixSeconds() const override { return 1700000000; }
-  void SleepFor(Duration d) override { now += d; }
-};
-
 class FakeGpuLayer : public gpu::GpuLayer {
  public:
   explicit FakeGpuLayer(int n, bool mig_on_last = false) {

@@ -1,13 +1,14 @@
 // Unit tests of the GFD-compatible feature labels. Expected values follow gpu-feature-discovery's
 // documented label set (reference/monitoring-toolkit.md section 5) for the machines we simulate.
+#include "labels/labels.h"
+
 #include <filesystem>
 
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "labels/labels.h"
-#include "tests/metrics/expo_util.h"
-#include "tests/metrics/fake_gpu.h"
+#include "testing/metrics/expo_util.h"
+#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::labels {
 namespace {
@@ -83,7 +84,7 @@ TEST(Labels, MigSingle) {
   EXPECT_EQ(bad["nvidia.com/gpu.count"], "0");
 
   gpu::Inventory inv = *g.GetInventory();
-  inv.devices.erase(inv.devices.begin());                  // only the MIG GPU left
+  inv.devices.erase(inv.devices.begin());                         // only the MIG GPU left
   inv.devices[0].mig_devices[1] = inv.devices[0].mig_devices[0];  // one profile
   Labels good = GenerateLabels(inv, o, 0);
   EXPECT_EQ(good["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb");
@@ -97,8 +98,9 @@ TEST(Labels, FamilyByComputeCapability) {
   FakeGpuLayer g(1);
   gpu::Inventory inv = *g.GetInventory();
   std::pair<std::pair<int, int>, const char*> cases[] = {
-      {{7, 0}, "volta"}, {{7, 5}, "turing"}, {{8, 0}, "ampere"}, {{8, 6}, "ampere"},
-      {{8, 9}, "ada-lovelace"}, {{10, 0}, "blackwell"}, {{12, 0}, "blackwell"}, {{4, 0}, "undefined"}};
+      {{7, 0}, "volta"},      {{7, 5}, "turing"},       {{8, 0}, "ampere"},
+      {{8, 6}, "ampere"},     {{8, 9}, "ada-lovelace"}, {{10, 0}, "blackwell"},
+      {{12, 0}, "blackwell"}, {{4, 0}, "undefined"}};
   for (auto [cc, family] : cases) {
     inv.devices[0].cc_major = cc.first;
     inv.devices[0].cc_minor = cc.second;
@@ -113,7 +115,8 @@ TEST(Labels, RejectsBadOptions) {
   EXPECT_THAT(std::string(ValidateOptions(o).message()), ::testing::HasSubstr("--mig-strategy"));
   o = {};
   o.replicas = 3;
-  EXPECT_THAT(std::string(ValidateOptions(o).message()), ::testing::HasSubstr("--sharing-strategy"));
+  EXPECT_THAT(std::string(ValidateOptions(o).message()),
+              ::testing::HasSubstr("--sharing-strategy"));
   o = {};
   o.sharing_strategy = "magic";
   EXPECT_FALSE(ValidateOptions(o).ok());
@@ -125,10 +128,11 @@ TEST(Labels, RejectsBadOptions) {
 TEST(Labels, WritesFeatureFileAtomically) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-labels-XXXXXX").string();
   std::string dir = mkdtemp(tmpl.data());
-  RealFilesystem fs("/");
+  RootedFilesystem fs("/");
   std::string path = dir + "/features.d/gpulet";
-  ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "8"},
-                                          {"nvidia.com/gpu.present", "true"}}).ok());
+  ASSERT_TRUE(WriteFeatureFile(fs, path,
+                               {{"nvidia.com/gpu.count", "8"}, {"nvidia.com/gpu.present", "true"}})
+                  .ok());
   EXPECT_EQ(testing_metrics::ReadFileOrEmpty(path),
             "nvidia.com/gpu.count=8\nnvidia.com/gpu.present=true\n");
   ASSERT_TRUE(WriteFeatureFile(fs, path, {{"nvidia.com/gpu.count", "7"}}).ok());

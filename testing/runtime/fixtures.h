@@ -24,7 +24,8 @@ inline const char* kDriverVersion = "550.54.15";
 inline const char* kLibDir = "/usr/lib/x86_64-linux-gnu";
 
 inline std::string MakeTempDir(const std::string& tag) {
-  std::string t = (std::filesystem::temp_directory_path() / ("gpulet-rt-" + tag + "-XXXXXX")).string();
+  std::string t =
+      (std::filesystem::temp_directory_path() / ("gpulet-rt-" + tag + "-XXXXXX")).string();
   char* d = ::mkdtemp(t.data());
   return d ? std::string(d) : "";
 }
@@ -92,7 +93,8 @@ inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why,
   for (const char* lib : {"libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-encode",
                           "libnvidia-glcore"}) {
     std::string so = std::string(lib) + ".so.";
-    std::string soname = so + (std::string(lib) == "libcuda" || std::string(lib) == "libnvidia-ml" ? "1" : v);
+    std::string soname =
+        so + (std::string(lib) == "libcuda" || std::string(lib) == "libnvidia-ml" ? "1" : v);
     if (!BuildLibrary(root + layout.lib_dir + "/" + so + v, soname)) {
       *why = "cannot build stand-in libraries with cc";
       return false;
@@ -120,8 +122,9 @@ inline bool MakeDriverRoot(const std::string& root, int gpus, std::string* why,
     WriteFile(root + layout.wrapper_dir + "/nvidia-smi",
               "#!/bin/sh\nexec " + layout.bin_dir + "/nvidia-smi \"$@\"\n", 0755);
   }
-  WriteFile(root + "/proc/driver/nvidia/version",
-            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + v + "  Tue Mar  5 22:14:24 UTC 2024\n");
+  WriteFile(
+      root + "/proc/driver/nvidia/version",
+      "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + v + "  Tue Mar  5 22:14:24 UTC 2024\n");
   std::string conf = layout.lib_dir + "\n";
   if (!layout.also_lib_dir.empty()) conf += layout.also_lib_dir + "\n";
   WriteFile(root + "/etc/ld.so.conf", conf);

@@ -1,0 +1,80 @@
+#include "plugin/run.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "kubelet/podresources_client.h"
+#include "vgpu/rules/rules.h"
+
+namespace gpulet::plugin {
+
+absl::Status RunDevicePlugin(
+    std::string_view who, RunOptions o, Config config,
+    const std::function<absl::Status(gpu::GpuLayer&, DevicePlugin&)>& with_plugin,
+    const std::function<void()>& before_teardown) {
+  // A simulated node without --sim-root: make the directory here so the plugin can find the
+  // node's /proc and /dev under it; removed on exit.
+  std::string owned_root;
+  if (!o.gpu.simulate.empty() && o.gpu.sim_root.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError("cannot create a temporary sim root");
+    }
+    o.gpu.sim_root = owned_root = tmpl;
+  }
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{owned_root};
+
+  auto layer = gpu::OpenGpuLayer(o.gpu);
+  const sigset_t stop = StopSignals();
+  while (!layer.ok()) {
+    if (config.fail_on_init_error) return layer.status();
+    std::cerr << who << ": " << layer.status().message() << "\n";
+    // failOnInitError=false: wait for the driver instead of crash-looping.
+    struct timespec ts = {5, 0};
+    if (sigtimedwait(&stop, nullptr, &ts) > 0) return absl::OkStatus();
+    layer = gpu::OpenGpuLayer(o.gpu);
+  }
+  DevicePlugin::Options options;
+  options.manager.plugin_dir = o.plugin_dir;
+  options.manager.kubelet_socket = o.kubelet_socket;
+  options.sources = std::move(o.sources);
+  options.watch_file = o.watch_file;
+  options.host_root = o.gpu.simulate.empty() ? o.gpu.host_root : o.gpu.sim_root;
+  options.api = o.api;
+  options.node_name = o.node_name;
+  kubelet::PodResourcesOptions pr;
+  pr.socket = o.pod_resources_socket;
+  pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};
+  options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
+  DevicePlugin dp(layer->get(), std::move(options), std::move(config));
+  if (absl::Status s = dp.Start(); !s.ok()) return s;
+  if (o.on_serving) o.on_serving(dp);
+  struct OnStop {
+    const std::function<void()>& f;
+    ~OnStop() {
+      if (f) f();
+    }
+  } on_stop{o.on_stop};
+  if (with_plugin) {
+    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) return s;
+  }
+  int rc = dp.Run();
+  // Parts started by `with_plugin` share the GPU layer: they stop before it goes away.
+  if (before_teardown) before_teardown();
+  if (rc != 0) return absl::InternalError(absl::StrCat("device plugin stopped with status ", rc));
+  return absl::OkStatus();
+}
+
+}  // namespace gpulet::plugin

@@ -1,0 +1,160 @@
+#!/bin/bash
+# gpulet installed the admin's way on the real cluster, then uninstalled:
+# - the image: `make image`'s steps (deploy/image/stage-rootfs.sh, podman build of Containerfile;
+#   `make image` itself would first build every target), plus the test layer Containerfile.sim (the
+#   fake NVML), saved as an OCI archive and imported into the cluster's containerd;
+# - `kubectl apply -k tests/cluster/deploy` (deploy/overlays/containerd with the test cluster's
+#   needs, see its kustomization.yaml): the install init container configures the cluster's
+#   containerd (/etc/containerd/config.toml in the cluster's namespace) and restarts it; the agent
+#   runs as a pod on the real kubelet, registers nvidia.com/gpu (8, the host-process plugin having
+#   been stopped), validates the node (label gpulet.io/gpu-stack=ready, no taint left); the
+#   scheduler Deployment runs; a 2-GPU pod runs and sees its 2 device nodes;
+# - uninstall as docs/install.md says: `kubectl debug node/... --profile=sysadmin -- gpulet
+#   uninstall --host-root /host`, then `kubectl delete -k`: containerd's config.toml is byte for
+#   byte what it was, nothing of gpulet is left on the node, nvidia.com/gpu is gone.
+# The host-process plugin is restarted at the end for the scenarios after this one.
+# Usage: install_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
+. "$(dirname "$0")/lib.sh"
+need_cluster
+command -v podman >/dev/null || { echo "skipped: podman missing (the image is built with podman build)"; exit 77; }
+[ "$(cat "$D/runtime" 2>/dev/null)" = containerd ] || { echo "skipped: the install test runs on containerd 1.6"; exit 77; }
+NS=gpulet-system
+IMG=gpulet.test/gpulet:cluster
+SIM_IMG=gpulet.test/gpulet-sim:cluster
+OVERLAY=$src/tests/cluster/deploy
+CONFIG=$D/fixed/etc/containerd/config.toml
+work=$build/cluster-install-test
+rm -rf "$work" && mkdir -p "$work"
+incluster() { nsenter -t "$(cat "$D/pids/holder")" -m -- "$@"; }
+ctr_k8s() { incluster ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
+cleanup() {
+  kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=90s >/dev/null 2>&1
+  kc label node "$NODE" feature.node.kubernetes.io/pci-10de.present- gpulet.io/gpu-stack- >/dev/null 2>&1
+  kc taint node "$NODE" gpulet.io/gpu-stack-not-ready- >/dev/null 2>&1
+  kc delete deployment gpu-reboot --ignore-not-found >/dev/null 2>&1
+  [ -n "$(cat "$D/pids/kubelet" 2>/dev/null)" ] && kill -0 "$(cat "$D/pids/kubelet")" 2>/dev/null || "$cluster" kubelet-start "$build" >/dev/null 2>&1
+  kc delete pod vgpu-a vgpu-b gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
+  [ ! -f "$D/kube-scheduler-config.yaml" ] || "$cluster" scheduler "$build" >/dev/null 2>&1
+  podman rmi -f "$SIM_IMG" "$IMG" >/dev/null 2>&1
+  restart_plugin
+}
+trap cleanup EXIT
+
+# --- the image -------------------------------------------------------------------------------------
+t0=$(now)
+"$src/deploy/image/stage-rootfs.sh" "$build" "$work" > "$work/stage.log" 2>&1 \
+  || { echo "FAIL: stage-rootfs.sh: $(tail -n 3 "$work/stage.log")"; exit 1; }
+podman build -q -f "$src/Containerfile" -t "$IMG" "$work" > "$work/podman.log" 2>&1 \
+  || { echo "FAIL: podman build of Containerfile: $(tail -n 3 "$work/podman.log")"; exit 1; }
+# The test layer: the fake NVML at <gpulet's dir>/../lib/fake and the libraries it loads that the
+# image lacks (copied at the paths ldd resolves, as stage-rootfs.sh does), the restart helper.
+sim=$work/sim/rootfs
+mkdir -p "$sim/usr/lib/fake" "$sim/usr/bin"
+cp "$build/lib/fake/libnvidia-ml.so.1" "$sim/usr/lib/fake/"
+ldd "$build/lib/fake/libnvidia-ml.so.1" | awk '/=> \//{print $3}' | while read -r lib; do
+  [ -e "$work/rootfs$lib" ] || { mkdir -p "$sim$(dirname "$lib")"; cp -L "$lib" "$sim$lib"; }
+done
+install -m 0755 "$src/tests/cluster/deploy/restart-engine.sh" "$sim/usr/bin/gpulet-test-restart-engine"
+podman build -q -f "$src/tests/cluster/deploy/Containerfile.sim" --build-arg "BASE=$IMG" -t "$SIM_IMG" \
+  "$work/sim" >> "$work/podman.log" 2>&1 \
+  || { echo "FAIL: podman build of Containerfile.sim: $(tail -n 3 "$work/podman.log")"; exit 1; }
+podman save --format oci-archive -o "$work/gpulet.tar" "$SIM_IMG" >> "$work/podman.log" 2>&1 \
+  || { echo "FAIL: podman save: $(tail -n 3 "$work/podman.log")"; exit 1; }
+check "image imported into the cluster's containerd" ctr_k8s images import "$work/gpulet.tar"
+check "containerd lists $SIM_IMG" bash -c '[[ "$1" == *"$2"* ]]' _ "$(ctr_k8s images ls -q)" "$SIM_IMG"
+echo "figure: make image steps + test layer + import: $(elapsed "$t0" "$(now)") s"
+
+# --- install ---------------------------------------------------------------------------------------
+cp "$CONFIG" "$work/config.before"
+# The audit log from here to the uninstall is what gpulet's accounts did while installed (earlier
+# scenarios use gpulet-node tokens to be refused on purpose; kubectl delete -k removes the RBAC
+# while the agent is still stopping).
+audit_from=$(wc -l < "$D/logs/audit.log")
+"$cluster" plugin "$build" none >/dev/null
+gone() { [ "$(allocatable nvidia.com/gpu)" = 0 ]; }
+check "host-process plugin stopped: nvidia.com/gpu allocatable 0" wait_until 30 gone
+# What NFD would say of a node with an NVIDIA PCI device (the DaemonSet's node affinity).
+kc label node "$NODE" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
+restarts_before=$(grep -c 'containerd restarted' "$D/logs/engine-restarter.log" 2>/dev/null)
+t0=$(now)
+check "kubectl apply -k tests/cluster/deploy" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig apply -k $OVERLAY > $work/apply.log 2>&1"
+agent_up() { [ "$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[*].status.phase}')" = Running ]; }
+# GPUs 4-7 are shared as vGPU (the overlay's gpulet.vgpu.gpus): 4 whole GPUs, 4 x 100 cores,
+# 4 x 320 memory units (80 GiB in 256 MiB units).
+gpus8() { [ "$(allocatable nvidia.com/gpu)" = 4 ] && [ "$(allocatable tencent.com/vcuda-core)" = 400 ] \
+  && [ "$(allocatable tencent.com/vcuda-memory)" = 1280 ]; }
+wait_until 120 agent_up
+check "the agent DaemonSet's pod is Running on the real kubelet" agent_up
+wait_until 60 gpus8
+t1=$(now)
+check "the agent pod registered nvidia.com/gpu 4, vcuda-core 400, vcuda-memory 1280 ($(allocatable nvidia.com/gpu), $(allocatable tencent.com/vcuda-core), $(allocatable tencent.com/vcuda-memory))" gpus8
+gpus8 && echo "figure: kubectl apply -k -> nvidia.com/gpu allocatable from the agent pod: $(elapsed "$t0" "$t1") s"
+agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
+kc -n "$NS" logs "$agent" -c install > "$work/install.log" 2>&1
+kc -n "$NS" logs "$agent" -c agent > "$work/agent.log" 2>&1
+check "install configured /etc/containerd/config.toml ($(grep -c . "$work/install.log") lines of output)" \
+  grep -q 'configured /etc/containerd/config.toml' "$work/install.log"
+check "install restarted containerd through --restart" grep -q 'restarted containerd' "$work/install.log"
+check "containerd was restarted once by the cluster" \
+  [ "$(grep -c 'containerd restarted' "$D/logs/engine-restarter.log")" = $((restarts_before + 1)) ]
+check "config.toml imports gpulet's drop-in" grep -q '/etc/containerd/conf.d/99-gpulet.toml' "$CONFIG"
+check "the drop-in names gpulet's runtime" grep -q '/usr/local/gpulet/bin/gpulet-container-runtime' \
+  "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"
+check "the shim is on the node (/usr/local/gpulet/bin)" [ -x "$D/fixed/usr/local/gpulet/bin/gpulet-container-runtime" ]
+ready() { [ "$(kc get node "$NODE" -o 'jsonpath={.metadata.labels.gpulet\.io/gpu-stack}')" = ready ]; }
+untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
+wait_until 60 ready
+check "the agent validated the node: label gpulet.io/gpu-stack=ready" ready
+check "no gpulet.io/gpu-stack-not-ready taint left" untainted
+ready || grep -i 'valid\|taint\|readiness' "$work/agent.log" | tail -n 5
+sched_up() { [ "$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-scheduler -o 'jsonpath={.items[*].status.phase}')" = Running ]; }
+wait_until 60 sched_up
+check "the scheduler Deployment's pod is Running (image $(kc -n "$NS" get deploy gpulet-scheduler -o 'jsonpath={.spec.template.spec.containers[0].image}'))" sched_up
+
+default_sa
+clean_pods gpu-installed
+pod gpu-installed nvidia.com/gpu 2 | kc apply -f - >/dev/null
+wait_until 60 running gpu-installed
+check "a 2-GPU pod runs on the agent's GPUs" running gpu-installed
+nodes=$(kc exec gpu-installed -- sh -c 'ls /dev | grep -E "^nvidia[0-9]+$" | tr "\n" " "' 2>&1)
+check "kubectl exec: the pod sees exactly 2 /dev/nvidiaN ($nodes)" bash -c '[ "$(wc -w <<< "$1")" = 2 ]' _ "$nodes"
+clean_pods gpu-installed
+
+# --- vGPU: the real API server calls the webhook, the real kube-scheduler the extender ------------
+. "$src/tests/cluster/vgpu_checks.sh"
+
+# --- the reboot order: kubelet first, then the agent -------------------------------------------------
+. "$src/tests/cluster/reboot_checks.sh"
+
+sed -n "$((audit_from + 1)),\$p" "$D/logs/audit.log" > "$work/audit.log"
+
+# --- uninstall (docs/install.md) -------------------------------------------------------------------
+out=$(kc debug "node/$NODE" --profile=sysadmin --image="$SIM_IMG" --image-pull-policy=Never \
+  -- gpulet uninstall --host-root /host --restart=/usr/bin/gpulet-test-restart-engine 2>&1)
+dbg=$(sed -n 's/.*debugging pod \([^ ]*\).*/\1/p' <<< "$out")
+check "kubectl debug node started the uninstall pod ($dbg)" [ -n "$dbg" ]
+done_pod() { [[ "$(phase "$dbg")" == Succeeded || "$(phase "$dbg")" == Failed ]]; }
+wait_until 90 done_pod
+kc logs "$dbg" > "$work/uninstall.log" 2>&1
+check "gpulet uninstall succeeded in the debug pod ($(phase "$dbg"))" [ "$(phase "$dbg")" = Succeeded ]
+check "uninstall restored /etc/containerd/config.toml" grep -q 'restored /etc/containerd/config.toml' "$work/uninstall.log"
+kc delete pod "$dbg" --grace-period=0 --ignore-not-found >/dev/null 2>&1
+check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $work/delete.log 2>&1"
+check "containerd's config.toml is byte for byte as before the install" cmp "$work/config.before" "$CONFIG"
+# What install placed is gone. The agent's own state stays (its vGPU checkpoint and accounting in
+# /var/lib/gpulet/vgpu, the NFD feature file): uninstall removes only what install recorded.
+left=$(find "$D/fixed/usr/local/gpulet" "$D/fixed/var/lib/gpulet" "$D/fixed/var/run/cdi" -mindepth 1 \
+  -not -path "$D/fixed/var/lib/gpulet/vgpu*" 2>/dev/null)
+check "nothing install placed is left in /usr/local/gpulet, /var/lib/gpulet, /var/run/cdi ($left)" [ -z "$left" ]
+echo "note: left by the agent (not by install): $(cd "$D/fixed" && find var/lib/gpulet/vgpu etc/kubernetes -type f 2>/dev/null | tr '\n' ' ')"
+check "namespace $NS gone" bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig get namespace $NS >/dev/null 2>&1"
+wait_until 30 gone
+check "nvidia.com/gpu no longer allocatable" gone
+# RBAC: every request of gpulet's service accounts in the API server's audit log; none refused.
+"$K/kubectl" kustomize "$OVERLAY" > "$work/manifests.yaml"
+python3 "$src/tests/cluster/rbac_audit.py" "$work/audit.log" "$work/manifests.yaml" > "$work/rbac.txt" 2>&1; rc=$?
+cat "$work/rbac.txt"
+check "no request of a gpulet service account was refused (403) in the audit log" [ "$rc" = 0 ]
+check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-node" "$1" && grep -q "^== gpulet-scheduler" "$1" && grep -q "used " "$1"' _ "$work/rbac.txt"
+[ "$failures" = 0 ] || { echo "--- install log"; cat "$work/install.log"; echo "--- agent log (tail)"; tail -n 20 "$work/agent.log"; echo "--- uninstall log"; cat "$work/uninstall.log"; }
+finish

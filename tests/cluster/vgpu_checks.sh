@@ -1,0 +1,99 @@
+# Sourced by install_test.sh while gpulet is installed (agent with GPUs 4-7 as vGPU, gpulet-scheduler
+# Deployment): the vGPU path through the real control plane.
+# - the real kube-apiserver calls gpulet's webhook over TLS (Service -> endpoints, CA published by
+#   gpulet scheduler into the ValidatingWebhookConfiguration): `kubectl apply` of a bad pod fails
+#   with our message;
+# - the real kube-scheduler runs with the shipped KubeSchedulerConfiguration (ConfigMap
+#   gpulet-kube-scheduler-config), only its addresses and file paths adapted to this cluster: the
+#   extender is called over HTTPS with the scheduler's client certificate and binds the pods;
+# - vcuda pods start with their limits and the interposer (env and library mount from the agent);
+# - the agent pod deleted and recreated between two vcuda pods loses nothing: the first keeps its
+#   grant and accounting, the Node its vGPU capacity, and the second is placed and starts.
+
+# The webhook's CA: gpulet scheduler issues its serving certificate and publishes the CA.
+ca_published() {
+  [ -n "$(kc get validatingwebhookconfiguration gpulet-vgpu -o 'jsonpath={.webhooks[0].clientConfig.caBundle}' 2>/dev/null)" ] \
+    && kc -n "$NS" get secret gpulet-scheduler-tls >/dev/null 2>&1
+}
+wait_until 60 ca_published
+check "gpulet scheduler published its CA in the webhook configuration and the TLS Secret" ca_published
+
+vpod() { pod_limits "$1" "tencent.com/vcuda-core: $2, tencent.com/vcuda-memory: $3"; }  # vpod NAME CORES MEMORY_UNITS
+
+# A share above one GPU that is not whole GPUs: refused by the webhook through the real API server.
+out=$(vpod vgpu-bad 150 20 | kc apply -f - 2>&1); rc=$?
+check "kubectl apply of vcuda-core 150 fails (rc $rc)" [ "$rc" != 0 ]
+check "... with gpulet's message through the API server ($(head -c 300 <<< "$out"))" \
+  bash -c '[[ "$1" == *"admission webhook \"vgpu.gpulet.io\" denied"*"not a multiple of 100"* ]]' _ "$out"
+check "the refused pod does not exist" bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig get pod vgpu-bad >/dev/null 2>&1"
+
+# kube-scheduler with the shipped configuration: the extender at the gpulet scheduler pod's address
+# (hostNetwork, 127.0.0.1; the Service name is still the TLS server name), this cluster's scheduler
+# client certificate (CN system:kube-scheduler, cluster CA), the CA from the Secret.
+kc -n "$NS" get secret gpulet-scheduler-tls -o 'jsonpath={.data.ca\.crt}' | base64 -d > "$work/extender-ca.crt"
+kc -n "$NS" get configmap gpulet-kube-scheduler-config -o 'jsonpath={.data.kube-scheduler-config\.yaml}' > "$work/shipped-scheduler-config.yaml"
+python3 - "$work/shipped-scheduler-config.yaml" "$work/kube-scheduler.yaml" "$D" "$work/extender-ca.crt" <<'PY'
+import sys, yaml
+src, dst, d, ca = sys.argv[1:]
+c = yaml.safe_load(open(src))
+c["clientConnection"]["kubeconfig"] = d + "/scheduler.kubeconfig"
+c["leaderElection"] = {"leaderElect": False}
+(e,) = c["extenders"]
+assert e["urlPrefix"] == "https://gpulet-scheduler.gpulet-system.svc:12345/scheduler", e["urlPrefix"]
+e["urlPrefix"] = "https://127.0.0.1:12345/scheduler"
+e["tlsConfig"] = {"serverName": "gpulet-scheduler.gpulet-system.svc", "certFile": d + "/pki/scheduler.crt",
+                  "keyFile": d + "/pki/scheduler.key", "caFile": ca}
+yaml.safe_dump(c, open(dst, "w"))
+PY
+check "kube-scheduler restarted with the shipped KubeSchedulerConfiguration" \
+  bash -c '"$1" scheduler "$2" "$3" >/dev/null 2>&1' _ "$cluster" "$build" "$work/kube-scheduler.yaml"
+
+sched_log() { kc -n "$NS" logs -l app.kubernetes.io/name=gpulet-scheduler --tail=-1 2>/dev/null; }
+clean_pods vgpu-a vgpu-b
+t0=$(now)
+vpod vgpu-a 30 20 | kc apply -f - >/dev/null
+wait_until 60 running vgpu-a
+t1=$(now)
+check "vcuda pod (30 cores, 20 units) is Running" running vgpu-a
+running vgpu-a && echo "figure: kubectl apply -> vcuda pod Running (extender + webhook + agent): $(elapsed "$t0" "$t1") s"
+running vgpu-a || { kc describe pod vgpu-a | tail -n 8; sched_log | tail -n 5; }
+ann() { kc get pod "$1" -o "jsonpath={.metadata.annotations.${2//./\\.}}"; }
+check "the extender bound it: gpulet.io/vgpu-node=$NODE" [ "$(ann vgpu-a gpulet.io/vgpu-node)" = "$NODE" ]
+gpus_a=$(ann vgpu-a gpulet.io/vgpu-gpus-0)
+check "the extender chose its GPU (gpulet.io/vgpu-gpus-0=$gpus_a)" [ -n "$gpus_a" ]
+check "the agent granted it (gpulet.io/vgpu-assigned=$(ann vgpu-a gpulet.io/vgpu-assigned))" [ "$(ann vgpu-a gpulet.io/vgpu-assigned)" = true ]
+env_a=$(kc exec vgpu-a -- env 2>&1)
+check "limits in the container: GPULET_VGPU_MEMORY_LIMIT=$((20 * 268435456))" grep -qx "GPULET_VGPU_MEMORY_LIMIT=$((20 * 268435456))" <<< "$env_a"
+check "limits in the container: GPULET_VGPU_CORE_LIMIT=30" grep -qx 'GPULET_VGPU_CORE_LIMIT=30' <<< "$env_a"
+check "the interposer: LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so" grep -qx 'LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so' <<< "$env_a"
+check "the interposer library is mounted in the container" kc exec vgpu-a -- ls /usr/lib/gpulet/libgpulet-vcuda.so
+check "NVIDIA_VISIBLE_DEVICES names the granted GPU" grep -qx "NVIDIA_VISIBLE_DEVICES=$gpus_a" <<< "$env_a"
+
+# The agent restarted mid-way (its pod deleted; the DaemonSet makes another).
+uid_a=$(kc get pod vgpu-a -o 'jsonpath={.metadata.uid}')
+old_agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
+t0=$(now)
+kc -n "$NS" delete pod "$old_agent" --wait=true --timeout=60s >/dev/null 2>&1
+new_agent_up() {
+  local n; n=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[?(@.status.phase=="Running")].metadata.name}')
+  [ -n "$n" ] && [ "$n" != "$old_agent" ] && gpus8
+}
+wait_until 90 new_agent_up
+t1=$(now)
+check "a new agent pod runs and the Node has its vGPU capacity again" new_agent_up
+new_agent_up && echo "figure: agent pod deleted -> new agent re-registered with the real kubelet: $(elapsed "$t0" "$t1") s"
+check "vcuda pod A still Running after the agent restart" running vgpu-a
+check "A keeps its grant (same GPU, assigned)" bash -c '[ "$1" = "$2" ] && [ "$3" = true ]' _ \
+  "$(ann vgpu-a gpulet.io/vgpu-gpus-0)" "$gpus_a" "$(ann vgpu-a gpulet.io/vgpu-assigned)"
+check "A's accounting file is still on the node" test -e "$D/fixed/var/lib/gpulet/vgpu/$uid_a/main/accounting"
+vpod vgpu-b 50 40 | kc apply -f - >/dev/null
+wait_until 60 running vgpu-b
+check "vcuda pod B (50 cores, 40 units) placed and Running after the restart" running vgpu-b
+running vgpu-b || { kc describe pod vgpu-b | tail -n 8; kc -n "$NS" logs -l app.kubernetes.io/name=gpulet-node -c agent --tail=10; }
+check "B got GPULET_VGPU_CORE_LIMIT=50" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig exec vgpu-b -- env | grep -qx GPULET_VGPU_CORE_LIMIT=50"
+# binpack: B goes on A's GPU (30 + 50 <= 100) -- only right if the new agent still counts A there.
+check "binpack put B on A's GPU ($(ann vgpu-b gpulet.io/vgpu-gpus-0))" [ "$(ann vgpu-b gpulet.io/vgpu-gpus-0)" = "$gpus_a" ]
+check "the extender's bind stamped both (gpulet.io/vgpu-bind-time)" \
+  bash -c '[ -n "$1" ] && [ -n "$2" ]' _ "$(ann vgpu-a gpulet.io/vgpu-bind-time)" "$(ann vgpu-b gpulet.io/vgpu-bind-time)"
+clean_pods vgpu-a vgpu-b
+"$cluster" scheduler "$build" >/dev/null 2>&1 || check "kube-scheduler back to its flags" false
