@@ -400,17 +400,22 @@ class FragModel {
 // (Schedule(): first node in order, which is what reproduces the paper's figures).
 //
 // gpulet ("gpulet"): FGD's measure and score levels, plus two terms for GPU tasks (CPU-only
-// tasks are scored exactly like FGD):
+// tasks are scored exactly like FGD), applied only while the cluster has CPU and memory to
+// spare (below):
 //  - Stranding across resources: FGD's measure gates each class by the node's CPU but never
 //    asks whether the CPU (or memory, which it ignores) left is enough for ALL the free GPUs.
 //    gpulet takes the workload's average CPU and memory per milli-GPU and counts a node's free
 //    GPU compute beyond what its free CPU and memory can serve at that ratio as stranded; a
-//    placement loses 0.5 score level per whole GPU it newly strands (it gains when it un-strands
-//    one, by taking the GPUs a CPU-starved node could not serve anyway). Small strandings only
-//    reorder FGD's equal scores; a placement stranding two or more GPUs can lose a level.
+//    placement loses 2 score levels per whole GPU it newly strands (it gains when it un-strands
+//    one, by taking the GPUs a CPU-starved node could not serve anyway).
 //  - Among otherwise equal scores, a node already in use (some CPU or GPU given out) before an
 //    idle one (+0.5); within each group node order still decides. Idle nodes stay whole for the
 //    tasks that need a whole node's GPUs or CPU.
+//  - Only with resources to spare: when the cluster's free CPU or memory per free GPU (over the
+//    nodes with GPU compute free) falls below 1.5 x the workload's average, CPU or memory, not
+//    GPUs, is what runs out; every node then looks stranded, the penalty spreads tasks instead
+//    of packing them, and gpulet lost up to 1.2 points to FGD on such mixes. It then scores
+//    exactly like FGD. Score() (no cluster given) always applies both terms.
 // An earlier rule steering CPU-only tasks to the nodes with the fewest free GPUs was dropped: on
 // CPU-heavy mixes it lost 0.3-0.4 points to FGD (it drains the CPU of nodes with a few GPUs
 // left, stranding them); docs/placement.md has the measurements.
@@ -452,6 +457,15 @@ class FragPolicy final : public PolicyImpl {
     return gpu - usable;
   }
 
+  // Whether CPU or memory is short cluster-wide: the free CPU (memory) per free milli-GPU,
+  // over the nodes with GPU compute free, below kPlenty x the workload's average. Unknown
+  // (null, or no GPU free) counts as not scarce.
+  bool Scarce(const ClusterFree* cluster) const {
+    if (cluster == nullptr || cluster->gpu_milli <= 0) return false;
+    return cluster->cpu_milli < kPlenty * cpu_per_milli_ * cluster->gpu_milli ||
+           cluster->memory_mib < kPlenty * mem_per_milli_ * cluster->gpu_milli;
+  }
+
  protected:
   bool TriesEveryGpu() const override { return true; }
   double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,
@@ -475,6 +489,9 @@ class FragPolicy final : public PolicyImpl {
       if (o_.exact) return delta;
       score = std::trunc(100.0 / (1.0 + std::exp(-delta / 1000.0)));
     }
+    // Both gpulet terms only while the cluster has CPU and memory to spare (see the class
+    // comment); otherwise FGD's score as it is.
+    if ((o_.prefer_used_nodes || o_.avoid_stranding) && Scarce(ctx.cluster)) return score;
     if (pod.TotalGpuMilli() > 0) {
       if (o_.prefer_used_nodes) {
         bool used = node.cpu_milli_free < node.cpu_milli_total;
@@ -499,10 +516,14 @@ class FragPolicy final : public PolicyImpl {
   Options o_;
   FragModel frag_;
   double cpu_per_milli_ = 0, mem_per_milli_ = 0;
-  // Score levels per whole GPU newly stranded (trained on the TRAIN variants and the default
-  // trace: 0.2 / 0.5 / 1.0 gave -0.16 / -0.07 / -0.23 points on the CPU-heavy train-mix0 and
-  // +0.18 / +0.19 / +0.30 on the default trace, 6 seeds; docs/placement.md).
-  static constexpr double kStrandPenaltyPerGpu = 0.5;
+  // Score levels per whole GPU newly stranded, and the margin of CPU and memory over the
+  // workload's ratios below which gpulet scores like FGD. Tuned on the TRAIN variants only
+  // (docs/placement.md): a margin of 1.0 / 1.2 left gpulet behind FGD on CPU- or
+  // memory-scaled mixes (-0.23 / -0.25 points), 1.5 nowhere; with it, a penalty of 0.5 / 1 /
+  // 2 / 3 levels gave +0.12 / +0.13 / +0.15 / +0.18 points on the default-like train-mix5 and
+  // -0.04 / -0.09 / -0.05 / -0.06 on train-cpu-tasks (many CPU-only tasks; 3 was below zero).
+  static constexpr double kStrandPenaltyPerGpu = 2.0;
+  static constexpr double kPlenty = 1.5;
 };
 
 }  // namespace

@@ -291,6 +291,37 @@ TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
   EXPECT_EQ(Decide("gpulet", c, CpuOnly(2000), w).node, 0);
 }
 
+// When CPU is short cluster-wide (two nodes hold 32 free GPUs and no CPU: 88 cores for 40 free
+// GPUs, 2.2 per GPU against the 2 the expected tasks ask, under the 1.5x margin), every node
+// looks stranded and the penalty would only spread tasks: gpulet decides like FGD. The same
+// nodes scored without the cluster (Score()) still show the penalty.
+TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
+  c.nodes[0].cpu_milli_free = 24000;
+  c.nodes[1].cpu_milli_free = 64000;
+  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
+    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
+    c.nodes.back().cpu_milli_free = 0;
+  }
+  std::vector<PodRequest> expected(5, Whole(1, 1000));
+  for (int i = 0; i < 5; ++i) expected.push_back(Whole(1, 3000));
+  const Workload w = WorkloadFromPods(expected);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
+  auto gpulet = MakePolicy("gpulet");
+  ASSERT_TRUE(gpulet.ok());
+  (*gpulet)->SetWorkload(w);
+  auto tight = (*gpulet)->Score(c.nodes[0], Whole(1, 20000));
+  auto roomy = (*gpulet)->Score(c.nodes[1], Whole(1, 20000));
+  ASSERT_TRUE(tight && roomy);
+  EXPECT_LT(tight->score, roomy->score);
+  // With the CPU-less nodes gone the cluster has CPU to spare again: the penalty decides.
+  c.nodes.resize(2);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
+}
+
 // The same with memory, which FGD's measure ignores: the expected tasks ask 1024 MiB per GPU.
 // A whole GPU with 3 GiB leaves "tight" 3 free GPUs but 1 GiB: 2000 milli stranded; FGD sees a
 // tie and takes the first node, gpulet the one with memory to spare.
