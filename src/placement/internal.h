@@ -73,6 +73,11 @@ class PolicyImpl : public Policy {
     bool has_state = false;
     FragState state;
     const ClusterFree* cluster = nullptr;  // what the cluster has free, when the caller knows
+    // gpulet's node-level terms (policies.cc), once per (node, pod).
+    bool has_extra = false;
+    bool scarce = false;
+    bool used = false;
+    double stranded_more = 0;
   };
   // Score of placing `pod` on `node` as `plan` (known feasible). Higher is better.
   virtual double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,

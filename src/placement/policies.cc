@@ -489,24 +489,33 @@ class FragPolicy final : public PolicyImpl {
       if (o_.exact) return delta;
       score = std::trunc(100.0 / (1.0 + std::exp(-delta / 1000.0)));
     }
+    if (!o_.prefer_used_nodes && !o_.avoid_stranding) return score;
+    // Both terms depend on the node and the pod only, not on the in-node plan: computed once
+    // per (node, pod), not once per candidate GPU (the extender tries every GPU of every node).
+    if (!ctx.has_extra) {
+      ctx.has_extra = true;
+      ctx.scarce = Scarce(ctx.cluster);
+      if (pod.TotalGpuMilli() > 0 && !ctx.scarce) {
+        if (o_.prefer_used_nodes) {
+          ctx.used = node.cpu_milli_free < node.cpu_milli_total;
+          for (const Gpu& g : node.gpus) ctx.used |= g.free_milli < kMilliPerGpu;
+        }
+        if (o_.avoid_stranding) {
+          const double g0 = static_cast<double>(NodeGpuFree(node));
+          const double g1 = g0 - static_cast<double>(pod.TotalGpuMilli());
+          ctx.stranded_more = Stranded(g1, static_cast<double>(node.cpu_milli_free - pod.cpu_milli),
+                                       static_cast<double>(node.memory_mib_free - pod.memory_mib)) -
+                              Stranded(g0, static_cast<double>(node.cpu_milli_free),
+                                       static_cast<double>(node.memory_mib_free));
+        }
+      }
+    }
     // Both gpulet terms only while the cluster has CPU and memory to spare (see the class
     // comment); otherwise FGD's score as it is.
-    if ((o_.prefer_used_nodes || o_.avoid_stranding) && Scarce(ctx.cluster)) return score;
+    if (ctx.scarce) return score;
     if (pod.TotalGpuMilli() > 0) {
-      if (o_.prefer_used_nodes) {
-        bool used = node.cpu_milli_free < node.cpu_milli_total;
-        for (const Gpu& g : node.gpus) used |= g.free_milli < kMilliPerGpu;
-        if (used) score += 0.5;
-      }
-      if (o_.avoid_stranding) {
-        const double g0 = static_cast<double>(NodeGpuFree(node));
-        const double g1 = g0 - static_cast<double>(pod.TotalGpuMilli());
-        const double more = Stranded(g1, static_cast<double>(node.cpu_milli_free - pod.cpu_milli),
-                                     static_cast<double>(node.memory_mib_free - pod.memory_mib)) -
-                            Stranded(g0, static_cast<double>(node.cpu_milli_free),
-                                     static_cast<double>(node.memory_mib_free));
-        score -= kStrandPenaltyPerGpu * more / kMilliPerGpu;
-      }
+      if (ctx.used) score += 0.5;
+      if (o_.avoid_stranding) score -= kStrandPenaltyPerGpu * ctx.stranded_more / kMilliPerGpu;
     }
     return score;
   }
