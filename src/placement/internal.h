@@ -54,12 +54,14 @@ Assignment ToAssignment(const PodRequest& pod, const Plan& plan);
 class PolicyImpl : public Policy {
  public:
   std::optional<NodeScore> Score(const Node& node, const PodRequest& pod) const final;
-  std::optional<double> ScoreValue(const Node& node, const PodRequest& pod) const final {
+  std::optional<double> ScoreValue(const Node& node, const PodRequest& pod,
+                                   const ClusterFree* cluster) const final {
     Plan plan;
-    return ScorePlan(node, pod, &plan);
+    return ScorePlan(node, pod, &plan, cluster);
   }
   // Score() without building an Assignment; `plan` receives the chosen in-node placement.
-  std::optional<double> ScorePlan(const Node& node, const PodRequest& pod, Plan* plan) const;
+  std::optional<double> ScorePlan(const Node& node, const PodRequest& pod, Plan* plan,
+                                  const ClusterFree* cluster) const;
 
  protected:
   // Per-(node, pod) scratch a policy may fill lazily (e.g. FGD's fragmentation before placing).
@@ -70,6 +72,12 @@ class PolicyImpl : public Policy {
     // per candidate GPU (it looks up every GPU's model).
     bool has_state = false;
     FragState state;
+    const ClusterFree* cluster = nullptr;  // what the cluster has free, when the caller knows
+    // gpulet's node-level terms (policies.cc), once per (node, pod).
+    bool has_extra = false;
+    bool scarce = false;
+    bool used = false;
+    double stranded_more = 0;
   };
   // Score of placing `pod` on `node` as `plan` (known feasible). Higher is better.
   virtual double Evaluate(const Node& node, const PodRequest& pod, const Plan& plan,

@@ -166,10 +166,11 @@ Assignment ToAssignment(const PodRequest& pod, const Plan& plan) {
   return a;
 }
 
-std::optional<double> PolicyImpl::ScorePlan(const Node& node, const PodRequest& pod,
-                                            Plan* plan) const {
+std::optional<double> PolicyImpl::ScorePlan(const Node& node, const PodRequest& pod, Plan* plan,
+                                            const ClusterFree* cluster) const {
   if (!PlanGreedy(node, pod, plan, nullptr)) return std::nullopt;
   Context ctx;
+  ctx.cluster = cluster;
   const int c = SingleShareContainer(pod);
   if (c < 0 || !TriesEveryGpu()) return Evaluate(node, pod, *plan, ctx);
   // Every GPU the share fits on; GPUs in the same state give the same score, so only the
@@ -200,12 +201,27 @@ std::optional<double> PolicyImpl::ScorePlan(const Node& node, const PodRequest& 
 
 std::optional<NodeScore> PolicyImpl::Score(const Node& node, const PodRequest& pod) const {
   Plan plan;
-  auto s = ScorePlan(node, pod, &plan);
+  auto s = ScorePlan(node, pod, &plan, nullptr);
   if (!s) return std::nullopt;
   return NodeScore{*s, ToAssignment(pod, plan)};
 }
 
 }  // namespace internal
+
+void ClusterFree::Add(const Node& node) {
+  int64_t gpu = 0;
+  for (const Gpu& g : node.gpus) gpu += g.healthy ? g.free_milli : 0;
+  if (gpu <= 0) return;
+  gpu_milli += static_cast<double>(gpu);
+  cpu_milli += static_cast<double>(std::max<int64_t>(0, node.cpu_milli_free));
+  memory_mib += static_cast<double>(std::max<int64_t>(0, node.memory_mib_free));
+}
+
+ClusterFree FreeOf(const Cluster& cluster) {
+  ClusterFree f;
+  for (const Node& n : cluster.nodes) f.Add(n);
+  return f;
+}
 
 bool Fits(const Node& node, const PodRequest& pod, std::string* reason) {
   return internal::PlanGreedy(node, pod, nullptr, reason);
@@ -303,6 +319,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
   using Key =
       std::tuple<int64_t, std::vector<std::pair<int32_t, int32_t>>, std::vector<std::string>>;
   std::map<Key, std::pair<const PodRequest*, int64_t>> counts;
+  std::map<Key, int64_t> mem_sum;
   for (const PodRequest& p : pods) {
     std::vector<std::pair<int32_t, int32_t>> gpu;
     for (const auto& c : p.containers) {
@@ -313,6 +330,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
     models.erase(std::unique(models.begin(), models.end()), models.end());
     auto [it, inserted] = counts.try_emplace(Key{p.cpu_milli, gpu, models}, &p, 0);
     ++it->second.second;
+    mem_sum[it->first] += p.memory_mib;
   }
   std::vector<std::pair<int64_t, const Key*>> order;
   for (const auto& [k, v] : counts) order.emplace_back(v.second, &k);
@@ -336,6 +354,7 @@ Workload WorkloadFromPods(std::span<const PodRequest> pods, double coverage) {
     }
     cls.shape.gpu_models = std::get<2>(*key);
     cls.weight = n / total;
+    cls.shape.memory_mib = mem_sum.at(*key) / n;  // mean; FGD's measure ignores it
     w.classes.push_back(std::move(cls));
   }
   for (auto& c : w.classes) c.weight = c.weight * total / cum;
@@ -388,6 +407,7 @@ absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, c
   int64_t ties = 0;
   internal::Plan plan, best_plan;
   const int n = static_cast<int>(cluster.nodes.size());
+  const ClusterFree free = FreeOf(cluster);
   // Nodes in identical states get identical scores: score the first of each state only.
   const bool memo_on = impl && impl->StateOnly();
   absl::flat_hash_map<uint64_t, int> memo;  // state hash -> memo_entries index
@@ -409,11 +429,11 @@ absl::StatusOr<Choice> Schedule(const Cluster& cluster, const PodRequest& pod, c
         s = memo_entries[it->second].score;
         plan = memo_entries[it->second].plan;
       } else {
-        s = impl->ScorePlan(node, pod, &plan);
+        s = impl->ScorePlan(node, pod, &plan, &free);
         if (inserted) memo_entries.push_back({i, s, plan});
       }
     } else if (impl) {
-      s = impl->ScorePlan(node, pod, &plan);
+      s = impl->ScorePlan(node, pod, &plan, &free);
     } else {
       full = policy.Score(node, pod);
       if (full) s = full->score;

@@ -54,6 +54,17 @@ struct Cluster {
   std::vector<Node> nodes;
 };
 
+// What a cluster can still give GPU tasks: free CPU, memory and healthy GPU compute summed over
+// the nodes that have some GPU compute free (CPU elsewhere serves no GPU task). gpulet weighs a
+// node's leftovers against it, so that a resource short everywhere strands nothing.
+struct ClusterFree {
+  double gpu_milli = 0;
+  double cpu_milli = 0;
+  double memory_mib = 0;
+  void Add(const Node& node);
+};
+ClusterFree FreeOf(const Cluster& cluster);
+
 // What one container asks of GPUs: either `whole_gpus` >= 1 whole GPUs (milli and memory ignored:
 // a whole GPU brings all of its memory), or, with whole_gpus == 0, a share of ONE GPU:
 // `milli` in 1..1000 and optionally `memory_bytes`. milli == 1000 with whole_gpus == 0 is still a
@@ -137,8 +148,10 @@ class Policy {
   // the pod does not fit (same rule as Fits()).
   virtual std::optional<NodeScore> Score(const Node& node, const PodRequest& pod) const = 0;
   // Score() without the in-node assignment (the extender's filter and prioritize need only the
-  // number; the assignment is built at bind).
-  virtual std::optional<double> ScoreValue(const Node& node, const PodRequest& pod) const {
+  // number; the assignment is built at bind). `cluster`: what the whole cluster has free (see
+  // ClusterFree; Schedule() passes FreeOf(cluster)), or null when unknown; Score() passes null.
+  virtual std::optional<double> ScoreValue(const Node& node, const PodRequest& pod,
+                                           const ClusterFree* cluster) const {
     auto s = Score(node, pod);
     return s ? std::optional<double>(s->score) : std::nullopt;
   }

@@ -430,6 +430,12 @@ void Extender::MaybeRebuildWorkload() {
   RebuildWorkload();
 }
 
+placement::ClusterFree Extender::FreeLocked() const {
+  placement::ClusterFree free;
+  for (const auto& [name, e] : nodes_) free.Add(e.node);
+  return free;
+}
+
 placement::Workload Extender::workload() const {
   absl::ReaderMutexLock l(&mu_);
   return workload_;
@@ -581,11 +587,12 @@ std::string Extender::FilterWire(const json& args) {
         auto it = nodes_.find(*names[i]);
         if (it != nodes_.end()) slots[i].node = &it->second.node;
       }
+      const placement::ClusterFree free = pol ? FreeLocked() : placement::ClusterFree{};
       scorers_->Run(slots.size(), 64, [&](size_t begin, size_t end) {
         for (size_t i = begin; i < end; ++i) {
           Slot& s = slots[i];
           if (s.node == nullptr) continue;
-          s.fits = pol ? (s.score = pol->ScoreValue(*s.node, req->first)).has_value()
+          s.fits = pol ? (s.score = pol->ScoreValue(*s.node, req->first, &free)).has_value()
                        : placement::Fits(*s.node, req->first);
           // Only the failures pay for the message.
           if (!s.fits) placement::Fits(*s.node, req->first, &s.reason);
@@ -659,9 +666,10 @@ std::string Extender::PrioritizeWire(const json& args) {
         auto it = nodes_.find(*names[i]);
         if (it != nodes_.end()) nodes[i] = &it->second.node;
       }
+      const placement::ClusterFree free = FreeLocked();
       scorers_->Run(names.size(), 64, [&](size_t begin, size_t end) {
         for (size_t i = begin; i < end; ++i) {
-          if (nodes[i] != nullptr) slot[i] = (*policy)->ScoreValue(*nodes[i], req->first);
+          if (nodes[i] != nullptr) slot[i] = (*policy)->ScoreValue(*nodes[i], req->first, &free);
         }
       });
       for (size_t i = 0; i < names.size(); ++i) {

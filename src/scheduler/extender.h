@@ -144,6 +144,8 @@ class Extender {
   absl::Mutex& NodeLock(const std::string& node);
   // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
   void MaybeRebuildWorkload();
+  // What all known nodes have free (placement::ClusterFree), for the policy. Caller holds mu_.
+  placement::ClusterFree FreeLocked() const;
 
   k8s::Client* api_;
   ExtenderOptions options_;

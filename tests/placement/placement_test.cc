@@ -168,8 +168,9 @@ TEST(ScaleScores, MinMax) {
   EXPECT_EQ(ScaleScores(same, 0, 10), (std::vector<int64_t>{10, 10}));
 }
 
-// Workload classes: grouped by cpu and GPU ask (memory ignored), most frequent first, and the
-// tail beyond the coverage share dropped and weights renormalised.
+// Workload classes: grouped by cpu and GPU ask (memory not part of the key; a class carries its
+// pods' mean memory, which gpulet's stranding term reads), most frequent first, and the tail
+// beyond the coverage share dropped and weights renormalised.
 TEST(WorkloadFromPods, GroupsAndCoverage) {
   std::vector<PodRequest> pods;
   for (int i = 0; i < 6; ++i) pods.push_back(Share(500));
@@ -180,6 +181,7 @@ TEST(WorkloadFromPods, GroupsAndCoverage) {
   ASSERT_EQ(all.classes.size(), 3u);
   EXPECT_EQ(all.classes[0].shape.containers[0].milli, 500);
   EXPECT_DOUBLE_EQ(all.classes[0].weight, 0.6);
+  EXPECT_EQ(all.classes[0].shape.memory_mib, (5 * 1024 + 99) / 6);
   Workload top = WorkloadFromPods(pods, 0.9);  // 6 + 3 = 90% of pods
   ASSERT_EQ(top.classes.size(), 2u);
   EXPECT_DOUBLE_EQ(top.classes[0].weight + top.classes[1].weight, 1.0);
@@ -266,19 +268,75 @@ TEST(Policies, FgdKeepsNodesUsableAcrossNodes) {
   EXPECT_EQ(Decide("best-fit", c, Whole(1), w).node, 0);
 }
 
-// gpulet steers CPU-only tasks to nodes whose GPUs are all taken: there their CPU cannot
-// strand a GPU. Both nodes keep enough CPU for every expected task, so FGD's measure sees no
-// difference (a tie, first node); gpulet breaks the tie towards the GPU-exhausted node.
-TEST(Policies, GpuletPutsCpuTasksWhereGpusAreGone) {
+// gpulet weighs the GPUs a placement strands behind the node's CPU: the expected tasks ask 2
+// milli-CPU per milli-GPU on average (1000m and 3000m per GPU). Both nodes are in use and have 4
+// free GPUs; "tight" has 24 cores free, "roomy" 64. A whole GPU with 20 cores leaves "tight"
+// 3 free GPUs but 4 cores, enough for one 3000m task yet only 2000 milli-GPU at the average
+// ratio: 1000 milli stranded. Every class still fits both nodes afterwards, so FGD's measure
+// sees no difference (a tie: first node, "tight"); gpulet picks "roomy". CPU-only tasks have no
+// tie rule of their own (they follow node order, like FGD).
+TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
   Cluster c;
-  c.nodes.push_back(MakeNode("free-gpus", 2));
-  c.nodes.push_back(MakeNode("gpus-gone", 2));
-  c.nodes[1].gpus[0].free_milli = 0;
-  c.nodes[1].gpus[1].free_milli = 0;
-  std::vector<PodRequest> expected(10, Whole(1));
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
+  c.nodes[0].cpu_milli_free = 24000;
+  c.nodes[1].cpu_milli_free = 64000;
+  std::vector<PodRequest> expected(5, Whole(1, 1000));
+  for (int i = 0; i < 5; ++i) expected.push_back(Whole(1, 3000));
   const Workload w = WorkloadFromPods(expected);
-  EXPECT_EQ(Decide("fgd", c, CpuOnly(2000), w).node, 0);
-  EXPECT_EQ(Decide("gpulet", c, CpuOnly(2000), w).node, 1);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
+  // A task at the workload's ratio strands nothing on either node: a tie for gpulet too.
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 2000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, CpuOnly(2000), w).node, 0);
+}
+
+// When CPU is short cluster-wide (two nodes hold 32 free GPUs and no CPU: 88 cores for 40 free
+// GPUs, 2.2 per GPU against the 2 the expected tasks ask, under the 1.5x margin), every node
+// looks stranded and the penalty would only spread tasks: gpulet decides like FGD. The same
+// nodes scored without the cluster (Score()) still show the penalty.
+TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
+  c.nodes[0].cpu_milli_free = 24000;
+  c.nodes[1].cpu_milli_free = 64000;
+  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
+    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
+    c.nodes.back().cpu_milli_free = 0;
+  }
+  std::vector<PodRequest> expected(5, Whole(1, 1000));
+  for (int i = 0; i < 5; ++i) expected.push_back(Whole(1, 3000));
+  const Workload w = WorkloadFromPods(expected);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
+  auto gpulet = MakePolicy("gpulet");
+  ASSERT_TRUE(gpulet.ok());
+  (*gpulet)->SetWorkload(w);
+  auto tight = (*gpulet)->Score(c.nodes[0], Whole(1, 20000));
+  auto roomy = (*gpulet)->Score(c.nodes[1], Whole(1, 20000));
+  ASSERT_TRUE(tight && roomy);
+  EXPECT_LT(tight->score, roomy->score);
+  // With the CPU-less nodes gone the cluster has CPU to spare again: the penalty decides.
+  c.nodes.resize(2);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
+}
+
+// The same with memory, which FGD's measure ignores: the expected tasks ask 1024 MiB per GPU.
+// A whole GPU with 3 GiB leaves "tight" 3 free GPUs but 1 GiB: 2000 milli stranded; FGD sees a
+// tie and takes the first node, gpulet the one with memory to spare.
+TEST(Policies, GpuletAvoidsStrandingGpusBehindMemory) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000, 8192));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 32000, 131072));
+  for (Node& n : c.nodes) n.cpu_milli_free -= 1000;
+  c.nodes[0].memory_mib_free = 4096;
+  const Workload w = WorkloadFromPods(std::vector<PodRequest>(10, Whole(1)));
+  PodRequest big = Whole(1);
+  big.memory_mib = 3072;
+  EXPECT_EQ(Decide("fgd", c, big, w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, big, w).node, 1);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1), w).node, 0);  // strands nothing: node order
 }
 
 // gpulet opens idle nodes last: "idle" and "in-use" have the same free GPUs and enough CPU for
