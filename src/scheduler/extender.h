@@ -145,7 +145,7 @@ class Extender {
   // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
   void MaybeRebuildWorkload();
   // What all known nodes have free (placement::ClusterFree), for the policy. Caller holds mu_.
-  placement::ClusterFree FreeLocked() const;
+  placement::ClusterFree FreeLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   k8s::Client* api_;
   ExtenderOptions options_;
