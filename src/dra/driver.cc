@@ -509,7 +509,8 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
       const auto& cc = r["consumedCapacity"];
       if (cc.contains("memory") && cc["memory"].is_string()) {
         ASSIGN_OR_RETURN(int64_t m, ParseQuantity(cc["memory"].get<std::string>()));
-        if (m < static_cast<int64_t>(d.memory_bytes)) lim.memory_bytes = m;
+        // The whole GPU's share (the default, on the 256Mi grid) is no limit.
+        if (m < static_cast<int64_t>(WholeShareBytes(d.memory_bytes))) lim.memory_bytes = m;
       }
       if (cc.contains("cores") && cc["cores"].is_string()) {
         ASSIGN_OR_RETURN(int64_t k, ParseQuantity(cc["cores"].get<std::string>()));

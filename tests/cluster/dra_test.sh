@@ -12,7 +12,9 @@
 # CUDA program in a fractional claim's container (vcuda_probe on the fake driver through the
 # interposer) that holds exactly the claimed memory; an unsatisfiable claim stays Pending with the
 # scheduler's reason; XID 79 -> the GPU leaves the slice (timed); a driver restart with prepared
-# claims (unprepare still works after it); a MIG device by profile on a100-mig.
+# claims (unprepare still works after it); consumable capacity (DRAConsumableCapacity on: two
+# fractional claims packed onto one GPU, a third that does not fit Unschedulable); a MIG device by
+# profile on a100-mig.
 # Usage: dra_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 STATE=$build/cluster-test-dra
@@ -117,9 +119,12 @@ rslice own-node-foreign-pool $NODE other-node gpu.gpulet.io | denied "the agent 
 rslice own-node-other-driver $NODE $NODE example.com | denied "the agent creates a slice of another driver on its node" \
   "the gpulet node agent may write only ResourceSlices of driver gpu.gpulet.io" create -f -
 rslice other-node-admin other-node other-node gpu.gpulet.io | kc create -f - >/dev/null
-denied "the agent labels a slice of other-node (made by the admin)" "$NOTOWN" label resourceslice other-node-admin x=1
+# (An update as the driver writes one, PUT: the agent may not patch.)
+kc get resourceslice other-node-admin -o json |
+  denied "the agent updates a slice of other-node (made by the admin)" "$NOTOWN" replace -f -
 denied "the agent deletes a slice of other-node" "$NOTOWN" delete resourceslice other-node-admin
-check "other-node's slice is still there" kc get resourceslice other-node-admin -o name
+check "other-node's slice is still there" bash -c '"$1" --kubeconfig "$2" get resourceslice other-node-admin >/dev/null' \
+  _ "$K/kubectl" "$D/admin.kubeconfig"
 kc delete resourceslice other-node-admin >/dev/null
 # A slice of this driver on this node under another name: the driver deletes it at start (DELETE of
 # its own node's slice, with the agent's token).
@@ -350,6 +355,7 @@ shareable() { kc get resourceslices -o json | python3 -c 'import json,sys
 sys.exit(not any(d.get("allowMultipleAllocations") for s in json.load(sys.stdin)["items"] for d in s["spec"].get("devices", [])))'; }
 check "consumable capacity: the API server keeps allowMultipleAllocations (gate ${GPULET_CLUSTER_FEATURE_GATES-DRAConsumableCapacity=true})" \
   wait_until 30 shareable
+shareable || grep "resourceslices" "$D/logs/gpulet-dra.log" | tail -n 1 | cut -c 1-600
 taken=$(kc get resourceclaims -A -o 'jsonpath={.items[*].status.allocation.devices.results[*].device}')
 free=$(for g in $(slice_devices); do grep -qw "$g" <<< "$taken" || echo "${g#gpu-}"; done | head -n 1)
 check "consumable capacity: a GPU no claim holds (gpu-$free)" [ -n "$free" ]

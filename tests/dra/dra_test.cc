@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "dra/devices.h"
@@ -217,6 +218,9 @@ TEST(DraDevicesTest, AttributesCapacityAndNames) {
   ASSERT_TRUE(shared.ok());
   EXPECT_EQ((*shared)[0].entry["allowMultipleAllocations"], true);
   EXPECT_EQ((*shared)[0].entry["capacity"]["cores"]["requestPolicy"]["validRange"]["max"], "100");
+  // The API server refuses a default off the min + k * step grid (81559Mi is; so was the slice).
+  EXPECT_EQ((*shared)[0].entry["capacity"]["memory"]["requestPolicy"]["default"], "81408Mi");
+  EXPECT_EQ(WholeShareBytes(uint64_t{81559} << 20), uint64_t{81408} << 20);
   EXPECT_FALSE((*shared)[3].entry.contains("allowMultipleAllocations"));  // MIG: exclusive
 
   DeviceOptions sel;
@@ -503,6 +507,16 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   EXPECT_THAT(SpecOf(*p2).devices[0].edits.env,
               ::testing::IsSupersetOf(
                   {"GPULET_VGPU_MEMORY_LIMIT=8589934592", "GPULET_VGPU_CORE_LIMIT=25"}));
+  // A claim that names no amount consumes the defaults, the whole GPU: no limit, no interposer.
+  json c3 = MakeClaim("whole", {{"gpu", "gpu-1"}});
+  c3["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {{"memory", "81408Mi"},
+                                                                             {"cores", "100"}};
+  c3["status"]["allocation"]["devices"]["results"][0]["shareID"] = "def";
+  ASSERT_TRUE(api_.UpdateObject("resourceclaims", c3));
+  auto p3 = driver_->Prepare("team", "whole", c3["metadata"]["uid"]);
+  ASSERT_TRUE(p3.ok()) << p3.status();
+  for (const std::string& e : SpecOf(*p3).devices[0].edits.env)
+    EXPECT_FALSE(absl::StartsWith(e, "GPULET_VGPU_MEMORY_LIMIT=")) << e;
 }
 
 TEST_F(DraTest, PrepareErrorsNameTheProblem) {
