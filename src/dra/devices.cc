@@ -161,7 +161,14 @@ absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
             {"requestPolicy",
              {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
       }
-      if (d.sm_count > 0) cap["multiprocessors"] = {{"value", absl::StrCat(d.sm_count)}};
+      if (d.sm_count > 0) {
+        cap["multiprocessors"] = {{"value", absl::StrCat(d.sm_count)}};
+        // Informational: a capacity without a policy is consumed whole by every claim that
+        // names no amount (the scheduler's rule), which would let only one share on the GPU.
+        // Shares consume none of it; a claim asking for some finds no device.
+        if (opt.consumable_capacity)
+          cap["multiprocessors"]["requestPolicy"] = {{"default", "0"}, {"validValues", {"0"}}};
+      }
       dev.entry = {{"name", dev.name}, {"attributes", attrs}, {"capacity", cap}};
       if (opt.consumable_capacity) dev.entry["allowMultipleAllocations"] = true;
       out.push_back(std::move(dev));
