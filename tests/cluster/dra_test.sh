@@ -388,6 +388,8 @@ check "consumable capacity: both allocated gpu-$free ($(devices_of "$ca") / $(de
   bash -c '[ "$1 $2" = "gpu-$3 gpu-$3" ] && [ -n "$4" ] && [ "$4" != "$5" ]' _ "$(devices_of "$ca")" "$(devices_of "$cb")" "$free" \
   "$(kc get resourceclaim "$ca" -o 'jsonpath={.status.allocation.devices.results[0].shareID}')" \
   "$(kc get resourceclaim "$cb" -o 'jsonpath={.status.allocation.devices.results[0].shareID}')"
+both_ready() { ready "$ca" && ready "$cb"; }
+check "consumable capacity: both claims' status.devices Ready=True (each entry with its shareID)" wait_until 10 both_ready
 check "consumable capacity: both containers see /dev/nvidia$free ($(gpu_nodes dra-cap-a)/ $(gpu_nodes dra-cap-b))" \
   bash -c '[ "$1" = "nvidia$3 " ] && [ "$2" = "nvidia$3 " ]' _ "$(gpu_nodes dra-cap-a)" "$(gpu_nodes dra-cap-b)" "$free"
 for p in "dra-cap-a 51539607552 25" "dra-cap-b 25769803776 50"; do
