@@ -69,6 +69,8 @@ print(yaml.safe_dump_all([d for d in docs if (d["kind"], d["metadata"]["name"]) 
 applied() { kc apply -f "$STATE/agent.yaml" > "$STATE/apply.out" 2>&1 || { cat "$STATE/apply.out"; false; }; }
 check "deploy/overlays/dra: namespace, gpulet-node RBAC, admission policies, DeviceClasses applied" applied
 check "DeviceClasses gpu.gpulet.io and mig.gpulet.io exist" kc get deviceclass gpu.gpulet.io mig.gpulet.io
+examples_ok() { kc apply --dry-run=server -f "$src/examples/dra/" > "$STATE/examples.out" 2>&1 || { cat "$STATE/examples.out"; false; }; }
+check "examples/dra/ accepted by the API server (server-side dry run; the consumable-capacity template too)" examples_ok
 kc apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
