@@ -26,7 +26,7 @@
 #include "k8s/dra/v1/api.grpc.pb.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "tests/plugin/fake_gpu.h"
-#include "tests/runtime/fixtures.h"
+#include "testing/runtime/fixtures.h"
 
 using namespace gpulet;
 using nlohmann::json;

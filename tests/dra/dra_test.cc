@@ -527,7 +527,8 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   ASSERT_TRUE(api_.UpdateObject("resourceclaims", c3));
   auto p3 = driver_->Prepare("team", "whole", c3["metadata"]["uid"]);
   ASSERT_TRUE(p3.ok()) << p3.status();
-  for (const std::string& e : SpecOf(*p3).devices[0].edits.env)
+  runtime::CdiSpec whole = SpecOf(*p3);
+  for (const std::string& e : whole.devices[0].edits.env)
     EXPECT_FALSE(absl::StartsWith(e, "GPULET_VGPU_MEMORY_LIMIT=")) << e;
 }
 
