@@ -100,7 +100,7 @@ cluster-down:
 e2e-cluster:
 	@testing/k8s/build $(BUILD)
 	@cmake --preset $(PRESET) >/dev/null
-	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml gpulet-container-hook gpulet-vcuda
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml gpulet-container-hook gpulet-vcuda gpulet-kubelet-probe
 	GPULET_E2E_CLUSTER=1 ctest --preset $(PRESET) -L cluster --output-on-failure
 
 clean:

@@ -18,7 +18,10 @@
 #    recovery = hold-down + probe; NVIDIA's never recovers without a restart);
 #  - labels RSS: GFD and `gpulet labels` as daemons (60 s interval), VmRSS 3 s after start;
 #  - agent: `gpulet agent` (plugin + exporter + labels) under the probe vs the sum of NVIDIA's
-#    plugin and GFD.
+#    plugin and GFD;
+#  - the runtime shims' added time on `create`: tests/compat/oci_runtime.sh --bench (its header:
+#    runc alone, runc via nvidia-container-runtime, runc via gpulet-container-runtime on the same
+#    1-GPU bundle, CREATES runs each, interleaved; `create` timed as a whole, hooks included).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -114,5 +117,11 @@ row "labels daemon RSS" "dgx-h100" KiB "$gfd" "$gl"
   || { echo "gpulet agent failed:"; tail -5 "$d/agent.log"; exit 1; }
 row "plugin + labels (NVIDIA) vs gpulet agent (plugin + exporter + labels) RSS" "dgx-h100" KiB \
   "$((nv_plugin_rss + gfd))" "$(field "$d/agent.json" rss_kib)"
+echo
+if [ -x "$nvbin/nvidia-container-runtime" ] && command -v runc >/dev/null && [ -x /bin/busybox ]; then
+  "$src/tests/compat/oci_runtime.sh" "$src" "$build" --bench "${CREATES:-30}"
+else
+  echo "(runtime shims: skipped, needs nvidia-container-runtime, runc and busybox-static)"
+fi
 echo
 echo "Machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $repeat calls per latency figure; $(date -u +%FT%TZ)."

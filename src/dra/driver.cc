@@ -358,7 +358,8 @@ void Driver::Stop() {
 }
 
 void Driver::Loop(uint64_t seen, bool failed) {
-  auto last = absl::Now();
+  const auto resync = absl::ToChronoNanoseconds(options_.resync);
+  Clock::TimePoint last = options_.clock->Now();
   while (true) {
     {
       absl::MutexLock l(&mu_);
@@ -371,9 +372,9 @@ void Driver::Loop(uint64_t seen, bool failed) {
     } else {
       absl::SleepFor(absl::Milliseconds(200));
     }
-    if (now_gen == seen && !failed && absl::Now() - last < options_.resync) continue;
+    if (now_gen == seen && !failed && options_.clock->Now() - last < resync) continue;
     seen = now_gen;
-    last = absl::Now();
+    last = options_.clock->Now();
     absl::Status s = Sync();
     if (!s.ok() && !failed) spdlog::warn("DRA: {}", s.ToString());
     failed = !s.ok();

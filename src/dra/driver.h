@@ -32,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "dra/devices.h"
 #include "dra/slices.h"
 #include "gpu/gpu.h"
@@ -62,6 +63,7 @@ struct DriverOptions {
   std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
   bool write_device_status = true;            // ResourceClaim status.devices with conditions
   absl::Duration resync = absl::Seconds(30);  // slice check even without a change signal
+  Clock* clock = RealClock();                 // whose time `resync` is counted in; never null
 };
 
 // One prepared device as the kubelet is told.

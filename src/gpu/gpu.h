@@ -48,6 +48,9 @@ struct MigDevice {
   uint32_t ci_slices = 0;  // compute slices of the compute instance
   uint64_t memory_bytes = 0;
   uint32_t sm_count = 0;
+  // Engines of the GPU instance (NVML's nvmlDeviceGetAttributes shared*Count): labelled by
+  // feature discovery as mig-<profile>.engines.* (GFD's names).
+  uint32_t copy_engines = 0, decoders = 0, encoders = 0, jpeg_engines = 0, ofa_engines = 0;
 };
 
 // The index name of a MIG device, "<gpu index>:<mig index>" (NVIDIA's NVIDIA_VISIBLE_DEVICES form,

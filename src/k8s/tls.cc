@@ -34,11 +34,12 @@ std::string BioString(BIO* bio) {
 
 }  // namespace
 
-bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within) {
+bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within,
+                              const Clock& clock) {
   Bio b(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
   Cert cert(PEM_read_bio_X509(b.get(), nullptr, nullptr, nullptr));
   if (!cert) return true;
-  time_t deadline = std::time(nullptr) + static_cast<time_t>(within.count());
+  time_t deadline = static_cast<time_t>(clock.UnixSeconds() + within.count());
   // X509_cmp_time: -1 when notAfter is before the deadline (or on error, 0).
   return X509_cmp_time(X509_get0_notAfter(cert.get()), &deadline) <= 0;
 }
@@ -158,26 +159,30 @@ absl::StatusOr<std::shared_ptr<const CertReloader::Pair>> CertReloader::Parse(
 }
 
 CertReloader::CertReloader(std::string cert_file, std::string key_file,
-                           std::chrono::milliseconds interval)
-    : cert_file_(std::move(cert_file)), key_file_(std::move(key_file)), interval_(interval) {}
+                           std::chrono::milliseconds interval, Clock* clock)
+    : cert_file_(std::move(cert_file)),
+      key_file_(std::move(key_file)),
+      interval_(interval),
+      clock_(clock) {}
 CertReloader::~CertReloader() = default;
 
 absl::StatusOr<std::unique_ptr<CertReloader>> CertReloader::Load(
-    std::string cert_file, std::string key_file, std::chrono::milliseconds check_interval) {
+    std::string cert_file, std::string key_file, std::chrono::milliseconds check_interval,
+    Clock* clock) {
   ASSIGN_OR_RETURN(auto pair, Parse(cert_file, key_file));
   std::unique_ptr<CertReloader> r(
-      new CertReloader(std::move(cert_file), std::move(key_file), check_interval));
+      new CertReloader(std::move(cert_file), std::move(key_file), check_interval, clock));
   {
     absl::MutexLock lock(&r->mu_);
     r->current_ = std::move(pair);
-    r->checked_ = std::chrono::steady_clock::now();
+    r->checked_ = r->clock_->Now();
   }
   return r;
 }
 
 absl::StatusOr<bool> CertReloader::ReloadIfChanged() {
   absl::MutexLock lock(&mu_);
-  checked_ = std::chrono::steady_clock::now();
+  checked_ = clock_->Now();
   auto cert = ReadFileToString(cert_file_);
   auto key = ReadFileToString(key_file_);
   if (cert.ok() && key.ok() && *cert == current_->cert_pem && *key == current_->key_pem) {
@@ -201,7 +206,7 @@ int CertReloader::OnHandshake(ssl_st* ssl, void* arg) {
   bool check;
   {
     absl::MutexLock lock(&self->mu_);
-    check = std::chrono::steady_clock::now() - self->checked_ >= self->interval_;
+    check = self->clock_->Now() - self->checked_ >= self->interval_;
   }
   if (check) (void)self->ReloadIfChanged();  // a refused pair is in last_error(); keep serving
   {

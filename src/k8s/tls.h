@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
@@ -35,9 +36,11 @@ absl::StatusOr<PemPair> SelfIssuedCertificate(const std::vector<std::string>& na
 // encrypted key fails instead of OpenSSL asking for its passphrase on the terminal.
 int NoPassphrase(char* buf, int size, int rwflag, void* userdata);
 
-// True when the PEM certificate's notAfter is less than `within` from now, or it does not parse
-// (either way: issue a new one).
-bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within);
+// True when the PEM certificate's notAfter is less than `within` from the clock's now, or it does
+// not parse (either way: issue a new one). The clock is a parameter so that renewal can be tested
+// a year ahead without waiting.
+bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within,
+                              const Clock& clock = *RealClock());
 
 // A serving certificate read from PEM files and read again when they change (cert-manager renewing
 // its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX
@@ -51,7 +54,8 @@ class CertReloader {
   // Fails (naming the file) when the files cannot be read, do not parse or do not match.
   static absl::StatusOr<std::unique_ptr<CertReloader>> Load(
       std::string cert_file, std::string key_file,
-      std::chrono::milliseconds check_interval = std::chrono::seconds(1));
+      std::chrono::milliseconds check_interval = std::chrono::seconds(1),
+      Clock* clock = RealClock());
   ~CertReloader();
 
   void Install(ssl_ctx_st* ctx);
@@ -66,14 +70,16 @@ class CertReloader {
   struct Pair;
   static absl::StatusOr<std::shared_ptr<const Pair>> Parse(const std::string& cert_file,
                                                            const std::string& key_file);
-  CertReloader(std::string cert_file, std::string key_file, std::chrono::milliseconds interval);
+  CertReloader(std::string cert_file, std::string key_file, std::chrono::milliseconds interval,
+               Clock* clock);
   static int OnHandshake(ssl_st* ssl, void* self);
 
   const std::string cert_file_, key_file_;
   const std::chrono::milliseconds interval_;
+  Clock* const clock_;  // when the files were last checked, against check_interval
   mutable absl::Mutex mu_;
   std::shared_ptr<const Pair> current_ ABSL_GUARDED_BY(mu_);
-  std::chrono::steady_clock::time_point checked_ ABSL_GUARDED_BY(mu_){};
+  Clock::TimePoint checked_ ABSL_GUARDED_BY(mu_){};
   int reloads_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };

@@ -205,7 +205,7 @@ struct PluginManager::Entry {
   std::unique_ptr<PluginServer> server;
   bool registered = false;
   uint64_t kubelet_inode = 0;  // identity of the kubelet.sock we registered with
-  absl::Time next_attempt = absl::InfinitePast();
+  Clock::TimePoint next_attempt = Clock::TimePoint::min();  // on options.clock
   absl::Duration backoff;
   int registrations = 0;
   int serves = 0;
@@ -363,9 +363,9 @@ void PluginManager::Tick() {
         // A new kubelet.sock means a new kubelet that does not know us yet.
         e->registered = false;
         e->backoff = options_.initial_backoff;
-        e->next_attempt = absl::InfinitePast();
+        e->next_attempt = Clock::TimePoint::min();
       }
-      need = !e->registered && absl::Now() >= e->next_attempt;
+      need = !e->registered && options_.clock->Now() >= e->next_attempt;
     }
     if (!need) continue;
     absl::Status s = e->server->Register(kubelet_sock, options_.register_timeout);
@@ -379,7 +379,7 @@ void PluginManager::Tick() {
       spdlog::info("registered {} with the kubelet", e->server->resource()->name());
     } else {
       e->last_error = std::string(s.message());
-      e->next_attempt = absl::Now() + e->backoff;
+      e->next_attempt = options_.clock->Now() + absl::ToChronoNanoseconds(e->backoff);
       spdlog::warn("{}; retrying in {}", e->last_error, absl::FormatDuration(e->backoff));
       e->backoff = std::min(e->backoff * 2, options_.max_backoff);
     }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kubelet/resource.h"
 
 namespace gpulet::kubelet {
@@ -30,6 +31,9 @@ struct ManagerOptions {
   absl::Duration register_timeout = absl::Seconds(2);
   // Upper bound on how long a missed inotify event could delay noticing a change.
   absl::Duration poll_interval = absl::Milliseconds(200);
+  // Whose time the registration backoff waits on (the watcher itself wakes every poll_interval
+  // of real time to look). Never null.
+  Clock* clock = RealClock();
 };
 
 struct ServerStatus {

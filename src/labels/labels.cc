@@ -50,6 +50,20 @@ std::string ProfileKey(const std::string& profile) {
   return absl::StrReplaceAll(profile, {{"+", "."}});
 }
 
+// GFD's MIG attribute labels, under `prefix` ("gpu." for single, "mig-<profile>." for mixed).
+void MigLabels(Labels& l, const std::string& prefix, const gpu::MigDevice& m) {
+  auto set = [&](const std::string& key, uint64_t v) { l[P + prefix + key] = absl::StrCat(v); };
+  set("memory", Mib(m.memory_bytes));
+  set("multiprocessors", m.sm_count);
+  set("slices.gi", m.gi_slices);
+  set("slices.ci", m.ci_slices);
+  set("engines.copy", m.copy_engines);
+  set("engines.decoder", m.decoders);
+  set("engines.encoder", m.encoders);
+  set("engines.jpeg", m.jpeg_engines);
+  set("engines.ofa", m.ofa_engines);
+}
+
 void DeviceLabels(Labels& l, const std::string& product, const gpu::Device& d, size_t count) {
   l[absl::StrCat(P, "gpu.product")] = product;
   l[absl::StrCat(P, "gpu.memory")] = absl::StrCat(Mib(d.memory_bytes));
@@ -175,14 +189,16 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
     const gpu::MigDevice& m = *migs.front();
     set("gpu.product", absl::StrCat(product, "-MIG-", m.profile, shared));
     set("gpu.count", absl::StrCat(migs.size()));
-    set("gpu.memory", absl::StrCat(Mib(m.memory_bytes)));
-    set("gpu.multiprocessors", absl::StrCat(m.sm_count));
-    set("gpu.slices.gi", absl::StrCat(m.gi_slices));
-    set("gpu.slices.ci", absl::StrCat(m.ci_slices));
+    MigLabels(l, "gpu.", m);
     return l;
   }
 
-  DeviceLabels(l, product + shared, full.empty() ? first : *full.front(), full.size());
+  // gpu.count is every GPU of the product, MIG-enabled ones included (GFD's count under mixed:
+  // the physical GPUs, not the nvidia.com/gpu devices, which MIG-enabled GPUs are not).
+  size_t gpus = full.size();
+  if (o.mig_strategy == "mixed")
+    for (const gpu::Device& d : inv.devices) gpus += d.Readable() && d.mig_enabled;
+  DeviceLabels(l, product + shared, full.empty() ? first : *full.front(), gpus);
   if (o.mig_strategy == "mixed") {
     std::map<std::string, std::vector<const gpu::MigDevice*>> by_profile;
     for (const gpu::MigDevice* m : migs) by_profile[m->profile].push_back(m);
@@ -190,11 +206,11 @@ Labels GenerateLabels(const gpu::Inventory& inv, const LabelOptions& o, int64_t 
       std::string k = absl::StrCat("mig-", ProfileKey(profile), ".");
       const gpu::MigDevice& m = *list.front();
       set(k + "count", absl::StrCat(list.size()));
-      set(k + "memory", absl::StrCat(Mib(m.memory_bytes)));
-      set(k + "multiprocessors", absl::StrCat(m.sm_count));
-      set(k + "slices.gi", absl::StrCat(m.gi_slices));
-      set(k + "slices.ci", absl::StrCat(m.ci_slices));
+      MigLabels(l, k, m);
       set(k + "product", absl::StrCat(product, "-MIG-", ProfileKey(profile)));
+      // --replicas and --sharing-strategy are nvidia.com/gpu's: MIG resources are not shared.
+      set(k + "replicas", "1");
+      set(k + "sharing-strategy", "none");
     }
   }
   return l;

@@ -115,6 +115,8 @@ class Sampler {
   std::shared_ptr<const Snapshot> snapshot() const;
 
   const SamplerOptions& options() const { return options_; }
+  // The clock Snapshot::taken is on.
+  Clock* clock() const { return clock_; }
 
  private:
   struct XidState {

@@ -525,7 +525,8 @@ absl::Status MetricsServer::Start() {
     std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
     // Unhealthy only when sampling itself is stuck; a missing NVML or kubelet is reported by the
     // *_up gauges, and restarting the exporter would not bring them back.
-    auto age = Clk::now() - snap->taken;
+    // On the sampler's clock: `taken` is a time point of that clock, not of the steady clock.
+    auto age = sampler_->clock()->Now() - snap->taken;
     auto limit = 3 * sampler_->options().interval + std::chrono::seconds(30);
     bool ok = snap->self.cycles > 0 && age < limit;
     res.status = ok ? 200 : 503;

@@ -8,7 +8,11 @@
 // cluster, so several simulations may run at once on the same inputs and the same policy.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,7 +80,9 @@ struct SimResult {
 SimResult Simulate(const Cluster& cluster, std::span<const PodRequest> trace, const Policy& policy,
                    const SimOptions& options);
 
-// `gpulet-sched simulate` as a library call: files in, one result per (policy, seed) out.
+// `gpulet-sched simulate` as a library call: files in, one result per (policy, seed) out, in two
+// steps so that a caller can say what it runs (FormatSimulationHeader) before the runs take their
+// seconds.
 struct SimulationRequest {
   std::string nodes, pods;                                                      // openb CSV files
   std::string policies = "random,best-fit,gpu-packing,dot-product,fgd,gpulet";  // comma-separated
@@ -88,23 +94,61 @@ struct SimulationRequest {
   bool offline = false;  // SimOptions::offline
 };
 
+// A checked request with its files loaded and its policies made (each knows the workload).
+struct Simulation {
+  SimulationRequest request;
+  Cluster cluster;
+  std::vector<PodRequest> trace;
+  std::vector<std::unique_ptr<Policy>> policies;
+  int64_t capacity_milli = 0;
+  // policies x seeds.
+  size_t runs() const { return policies.size() * static_cast<size_t>(request.seeds); }
+};
+
 struct SimulationReport {
   std::vector<std::string> policies;  // names, in request order
   std::vector<SimResult> results;     // policy-major: results[p * seeds + s]
   int64_t capacity_milli = 0;
 };
 
-// Loads the files, checks the request (InvalidArgument naming the file:line or the flag) and runs
-// every (policy, seed) on up to `jobs` threads; the results do not depend on the thread count.
-absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& request);
+// Loads the files and checks the request: InvalidArgument naming the file:line or the flag.
+absl::StatusOr<Simulation> PrepareSimulation(const SimulationRequest& request);
+
+// Told of each finished run: `done` of simulation.runs() so far. Called from the worker that
+// ran it, one call at a time (the caller needs no lock of its own).
+using SimulationRunDone = std::function<void(const SimResult& run, size_t done)>;
+
+// Every (policy, seed) on up to request.jobs threads; the results do not depend on the thread
+// count.
+SimulationReport RunSimulation(const Simulation& simulation,
+                               const SimulationRunDone& run_done = nullptr);
 
 // The curves as CSV (policy,seed,arrived,allocated), written to a temporary name and renamed so a
 // failed run never leaves half a file.
 absl::Status WriteSimulationCurves(const SimulationReport& report, const std::string& path);
 
+// The line that says what runs: "# PODS x NODES, N GPUs, arrivals A, seeds S..T\n".
+std::string FormatSimulationHeader(const Simulation& simulation);
 // The summary table: per policy, mean allocated share (+- sd, min, max over seeds), failed tasks
 // and seconds per run.
-std::string FormatSimulationSummary(const SimulationRequest& request,
-                                    const SimulationReport& report);
+std::string FormatSimulationTable(const SimulationRequest& request, const SimulationReport& report);
+
+// Progress of the runs for whoever watches `out` (gpulet-sched writes it to stderr, so stdout stays
+// the table): with `redraw` (a terminal) one bar redrawn in place, otherwise one line per finished
+// run (logs, CI). Finish() after the last run.
+class SimulationProgress {
+ public:
+  SimulationProgress(std::ostream& out, size_t total, bool redraw);
+  void RunDone(const SimResult& run, size_t done);
+  void Finish();
+
+ private:
+  void Draw(size_t done);
+  std::ostream& out_;
+  const size_t total_;
+  const bool redraw_;
+  // Elapsed time shown on the bar: a measurement, on the real clock (common/clock.h).
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
 
 }  // namespace gpulet::placement

@@ -1,46 +1,56 @@
-// `gpulet-sched simulate` as a library call (sim.h): loading, the parallel runs, the CSV and the
-// summary table.
+// `gpulet-sched simulate` as a library call (sim.h): loading, the parallel runs, their progress,
+// the CSV, the header and the summary table.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 #include "placement/sim.h"
 
 namespace gpulet::placement {
 
-absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& f) {
-  auto cluster = LoadOpenbNodes(f.nodes);
-  if (!cluster.ok()) return cluster.status();
-  auto trace = LoadOpenbPods(f.pods);
-  if (!trace.ok()) return trace.status();
+absl::StatusOr<Simulation> PrepareSimulation(const SimulationRequest& f) {
+  Simulation sim;
+  sim.request = f;
+  ASSIGN_OR_RETURN(sim.cluster, LoadOpenbNodes(f.nodes));
+  ASSIGN_OR_RETURN(sim.trace, LoadOpenbPods(f.pods));
   if (!(f.arrivals > 0 && f.arrivals <= 100)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--arrivals must be in (0, 100], got ", f.arrivals));
   }
   if (f.seeds < 1) return absl::InvalidArgumentError("--seeds must be >= 1");
-  const Workload workload = WorkloadFromPods(*trace);
-  std::vector<std::unique_ptr<Policy>> policies;
-  SimulationReport report;
+  const Workload workload = WorkloadFromPods(sim.trace);
   for (absl::string_view name : absl::StrSplit(f.policies, ',', absl::SkipEmpty())) {
     auto p = MakePolicy(std::string_view(name.data(), name.size()), {.seed = f.seed});
     if (!p.ok())
       return absl::InvalidArgumentError(absl::StrCat("--policy: ", p.status().message()));
     (*p)->SetWorkload(workload);
-    report.policies.emplace_back((*p)->name());
-    policies.push_back(std::move(*p));
+    sim.policies.push_back(std::move(*p));
   }
-  if (policies.empty()) return absl::InvalidArgumentError("--policy names no policy");
+  if (sim.policies.empty()) return absl::InvalidArgumentError("--policy names no policy");
+  sim.capacity_milli = GpuCapacityMilli(sim.cluster);
+  return sim;
+}
+
+SimulationReport RunSimulation(const Simulation& sim, const SimulationRunDone& run_done) {
+  const SimulationRequest& f = sim.request;
+  SimulationReport report;
+  for (const auto& p : sim.policies) report.policies.emplace_back(p->name());
+  report.capacity_milli = sim.capacity_milli;
   // Every (policy, seed) run is independent; results land in fixed slots so output order and
   // content do not depend on the number of threads.
-  const size_t nruns = policies.size() * static_cast<size_t>(f.seeds);
+  const size_t nruns = sim.runs();
   report.results.resize(nruns);
   std::atomic<size_t> next{0};
+  std::mutex done_mu;  // one run_done call at a time, `done` in the order of the calls
+  size_t done = 0;
   const int jobs = f.jobs > 0 ? f.jobs : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> threads;
   for (int t = 0; t < std::min<int>(jobs, static_cast<int>(nruns)); ++t) {
@@ -50,12 +60,14 @@ absl::StatusOr<SimulationReport> RunSimulation(const SimulationRequest& f) {
                      .seed = f.seed + i % f.seeds,
                      .random_ties = f.random_ties,
                      .offline = f.offline};
-        report.results[i] = Simulate(*cluster, *trace, *policies[i / f.seeds], o);
+        report.results[i] = Simulate(sim.cluster, sim.trace, *sim.policies[i / f.seeds], o);
+        std::lock_guard<std::mutex> lock(done_mu);
+        ++done;
+        if (run_done) run_done(report.results[i], done);
       }
     });
   }
   for (auto& t : threads) t.join();
-  report.capacity_milli = GpuCapacityMilli(*cluster);
   return report;
 }
 
@@ -81,12 +93,16 @@ absl::Status WriteSimulationCurves(const SimulationReport& report, const std::st
   return absl::OkStatus();
 }
 
-std::string FormatSimulationSummary(const SimulationRequest& f, const SimulationReport& report) {
-  std::string out = absl::StrFormat("# %s x %s, %d GPUs, arrivals %.2f, seeds %d..%d\n", f.pods,
-                                    f.nodes, report.capacity_milli / kMilliPerGpu, f.arrivals,
-                                    f.seed, f.seed + f.seeds - 1);
-  absl::StrAppend(&out, absl::StrFormat("%-12s %8s %7s %7s %7s %9s %8s\n", "policy", "alloc%",
-                                        "+-sd", "min", "max", "failed", "s/run"));
+std::string FormatSimulationHeader(const Simulation& sim) {
+  const SimulationRequest& f = sim.request;
+  return absl::StrFormat("# %s x %s, %d GPUs, arrivals %.2f, seeds %d..%d\n", f.pods, f.nodes,
+                         sim.capacity_milli / kMilliPerGpu, f.arrivals, f.seed,
+                         f.seed + f.seeds - 1);
+}
+
+std::string FormatSimulationTable(const SimulationRequest& f, const SimulationReport& report) {
+  std::string out = absl::StrFormat("%-12s %8s %7s %7s %7s %9s %8s\n", "policy", "alloc%", "+-sd",
+                                    "min", "max", "failed", "s/run");
   for (size_t p = 0; p < report.policies.size(); ++p) {
     double sum = 0, sq = 0, mn = 1e9, mx = -1e9, secs = 0, failed = 0;
     for (int s = 0; s < f.seeds; ++s) {
@@ -106,6 +122,33 @@ std::string FormatSimulationSummary(const SimulationRequest& f, const Simulation
                               100 * mean, 100 * sd, 100 * mn, 100 * mx, failed / n, secs / n));
   }
   return out;
+}
+
+SimulationProgress::SimulationProgress(std::ostream& out, size_t total, bool redraw)
+    : out_(out), total_(total), redraw_(redraw) {
+  if (redraw_) Draw(0);
+}
+
+void SimulationProgress::RunDone(const SimResult& r, size_t done) {
+  if (redraw_) {
+    Draw(done);
+    return;
+  }
+  out_ << absl::StrFormat("run %d/%d done: %s seed %d, %.2f%% allocated (%.1f s)\n", done, total_,
+                          r.policy, r.seed, 100 * r.allocated, r.seconds);
+}
+
+void SimulationProgress::Finish() {
+  if (redraw_) out_ << "\n";
+}
+
+void SimulationProgress::Draw(size_t done) {
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int width = 30, filled = total_ ? static_cast<int>(width * done / total_) : width;
+  out_ << absl::StrFormat("\r[%s%s] %d/%d runs, %.0f s", std::string(filled, '#'),
+                          std::string(width - filled, ' '), done, total_, secs)
+       << std::flush;
 }
 
 }  // namespace gpulet::placement

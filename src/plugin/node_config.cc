@@ -141,7 +141,8 @@ void NodeConfigWatcher::WatchDir() {
                                          IN_CLOSE_WRITE | IN_ATTRIB) < 0)
     spdlog::warn("config: cannot watch {}: re-checking every {}", options_.dir,
                  absl::FormatDuration(options_.recheck));
-  absl::Time next = absl::Now() + options_.recheck;
+  const auto recheck = absl::ToChronoNanoseconds(options_.recheck);
+  Clock::TimePoint next = options_.clock->Now() + recheck;
   for (;;) {
     {
       absl::MutexLock l(&mu_);
@@ -158,9 +159,9 @@ void NodeConfigWatcher::WatchDir() {
       ::usleep(100 * 1000);
     }
     // The re-check covers what inotify cannot see (a directory replaced under a bind mount).
-    if (changed || absl::Now() >= next) {
+    if (changed || options_.clock->Now() >= next) {
       Evaluate();
-      next = absl::Now() + options_.recheck;
+      next = options_.clock->Now() + recheck;
     }
   }
   if (fd >= 0) ::close(fd);

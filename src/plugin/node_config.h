@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "nlohmann/json.hpp"
 
 namespace gpulet::k8s {
@@ -34,6 +35,7 @@ struct NodeConfigOptions {
   std::string node_name;       // NODE_NAME; empty: no label, no Events
   k8s::Client* api = nullptr;  // not owned; null: no label, no Events
   absl::Duration recheck = absl::Seconds(1);
+  Clock* clock = RealClock();                      // whose time `recheck` is counted in; never null
   std::string component = "gpulet-device-plugin";  // Event source
 };
 

@@ -115,6 +115,19 @@ class NvidiaResource final : public kubelet::Resource {
       if (std::none_of(units.begin(), units.end(),
                        [&](const Unit& u) { return u.gpu == e->unit.gpu && u.mig == e->unit.mig; }))
         units.push_back(e->unit);
+    // Index IDs are listed in index order (GPU, then MIG device): NVIDIA's plugin gives them in
+    // Go's map order, random per call (so `2:1,1:0` and `1:0,2:1` both occur); gpulet gives the
+    // one stable order. UUIDs keep the request's order, as NVIDIA's do.
+    if (node_->cfg.id_strategy == IdStrategy::kIndex)
+      std::sort(units.begin(), units.end(), [&](const Unit& a, const Unit& b) {
+        const auto& da = node_->inv.devices[a.gpu];
+        const auto& db = node_->inv.devices[b.gpu];
+        auto mig = [](const gpu::Device& d, int m) {
+          return m < 0 ? -1 : static_cast<int64_t>(d.mig_devices[m].index);
+        };
+        return std::make_pair(static_cast<int64_t>(da.index), mig(da, a.mig)) <
+               std::make_pair(static_cast<int64_t>(db.index), mig(db, b.mig));
+      });
     return Edits(units);
   }
 
@@ -173,33 +186,78 @@ class NvidiaResource final : public kubelet::Resource {
     return out;
   }
 
-  // Replicas: must-include first, then one at a time from the unit with the fewest (distributed)
-  // or most (packed) replicas in use, counting those already picked for this request.
+  // Replicas: must-include first, then as NVIDIA's policy would, one at a time from the unit with
+  // the fewest (distributed) or most (packed) replicas in use, counting those already picked. That
+  // rule leaves ties; they go to the topology score of the resulting replica multiset (pairs of
+  // replicas on two GPUs, as TopologyScorer::BestAddition), as whole GPUs are chosen:
+  //  - distributed on whole GPUs: exact. Filling level by level, every unit at the lowest level is
+  //    taken while the request has room for all of them; when it has room for only some, which
+  //    ones is the one free choice, and BestAddition makes it;
+  //  - packed, or units that are MIG devices (several per GPU): greedy, each pick the tied unit
+  //    with the strongest links to what is already picked, then the first in ID order.
   std::vector<size_t> Spread(const std::set<size_t>& pool, const std::vector<size_t>& required,
                              int size) const {
-    std::map<std::pair<int, int>, int> total, used;
-    for (const auto& e : entries_) ++total[{e.unit.gpu, e.unit.mig}];
-    for (const auto& [k, t] : total) used[k] = t;
-    for (size_t i : pool) --used[{entries_[i].unit.gpu, entries_[i].unit.mig}];
-    std::vector<size_t> out = required;
-    std::set<size_t> taken(required.begin(), required.end());
+    using Key = std::pair<int, int>;
+    std::map<Key, int> used;
+    std::map<Key, std::vector<size_t>> free;  // not yet picked, in ID order
+    for (const auto& e : entries_) ++used[{e.unit.gpu, e.unit.mig}];
+    std::set<size_t> req(required.begin(), required.end());
+    for (size_t i : pool) {
+      const Key k{entries_[i].unit.gpu, entries_[i].unit.mig};
+      --used[k];
+      if (!req.count(i)) free[k].push_back(i);
+    }
     for (size_t i : required) ++used[{entries_[i].unit.gpu, entries_[i].unit.mig}];
+    std::vector<size_t> out = required;
+    std::vector<int> per_gpu(node_->inv.devices.size(), 0);  // picked replicas per GPU
+    for (size_t i : required) ++per_gpu[entries_[i].unit.gpu];
+    auto take = [&](const Key& k) {
+      out.push_back(free[k].front());
+      free[k].erase(free[k].begin());
+      ++used[k];
+      ++per_gpu[k.first];
+    };
+    auto gain = [&](int g) {
+      int64_t v = 0;
+      for (int h = 0; h < node_->scorer->size() && g < node_->scorer->size(); ++h)
+        if (h != g) v += per_gpu[h] * node_->scorer->PairScore(g, h);
+      return v;
+    };
     const bool packed = node_->cfg.shared_policy == SharedPolicy::kPacked;
-    while (out.size() < static_cast<size_t>(size)) {
-      size_t best = SIZE_MAX;
-      for (size_t i : pool) {
-        if (taken.count(i)) continue;
-        if (best == SIZE_MAX) {
-          best = i;
-          continue;
+    int need = size - static_cast<int>(required.size());
+    while (need > 0) {
+      // The tied units: those the rule could pick next.
+      std::vector<Key> tied;
+      for (const auto& [k, f] : free) {
+        if (f.empty()) continue;
+        if (!tied.empty() && used[k] != used[tied[0]]) {
+          if (packed ? used[k] < used[tied[0]] : used[k] > used[tied[0]]) continue;
+          tied.clear();
         }
-        int a = used[{entries_[i].unit.gpu, entries_[i].unit.mig}];
-        int b = used[{entries_[best].unit.gpu, entries_[best].unit.mig}];
-        if (packed ? a > b : a < b) best = i;
+        tied.push_back(k);
       }
-      taken.insert(best);
-      out.push_back(best);
-      ++used[{entries_[best].unit.gpu, entries_[best].unit.mig}];
+      if (!packed && static_cast<int>(tied.size()) <= need) {
+        for (const Key& k : tied) take(k);
+        need -= tied.size();
+        continue;
+      }
+      const bool scored = std::all_of(
+          tied.begin(), tied.end(), [&](const Key& k) { return k.first < node_->scorer->size(); });
+      if (!packed && whole_gpus_ && scored) {
+        uint64_t cand = 0;
+        for (const Key& k : tied) cand |= uint64_t{1} << k.first;
+        auto best = node_->scorer->BestAddition(cand, per_gpu, need);
+        if (best.ok()) {
+          for (const Key& k : tied)
+            if (*best >> k.first & 1) take(k);
+          break;
+        }
+      }
+      const Key* pick = &tied[0];  // greedy (also the fallback past the scorer's 64 GPUs)
+      for (const Key& k : tied)
+        if (gain(k.first) > gain(pick->first)) pick = &k;
+      take(*pick);
+      --need;
     }
     return out;
   }

@@ -123,10 +123,38 @@ absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t requi
     return absl::InvalidArgumentError(absl::StrCat("cannot choose ", size, " of ",
                                                    std::popcount(available), " devices with ",
                                                    std::popcount(required), " required"));
+  std::vector<int64_t> link(n_, 0);
+  for (int g = 0; g < n_; ++g)
+    for (int h = 0; h < n_; ++h)
+      if (h != g && (required >> h & 1)) link[g] += PairScore(g, h);
+  return required | Extend(available & ~required, link, available, need);
+}
+
+absl::StatusOr<uint64_t> TopologyScorer::BestAddition(uint64_t candidates,
+                                                      const std::vector<int>& base,
+                                                      int count) const {
+  const uint64_t all = n_ == 64 ? ~uint64_t{0} : (uint64_t{1} << n_) - 1;
+  candidates &= all;
+  if (count < 0 || std::popcount(candidates) < count)
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot choose ", count, " of ", std::popcount(candidates), " devices"));
+  std::vector<int64_t> link(n_, 0);
+  uint64_t context = candidates;
+  for (int h = 0; h < n_ && h < static_cast<int>(base.size()); ++h) {
+    if (base[h] <= 0) continue;
+    context |= uint64_t{1} << h;
+    for (int g = 0; g < n_; ++g)
+      if (g != h) link[g] += base[h] * PairScore(g, h);
+  }
+  return Extend(candidates, link, context, count);
+}
+
+uint64_t TopologyScorer::Extend(uint64_t candidates, const std::vector<int64_t>& link,
+                                uint64_t context, int need) const {
   Search s{*this};
   for (int g = 0; g < n_; ++g)
-    if ((available & ~required) >> g & 1) s.cand[s.m++] = g;
-  // Most promising first: strongest links to the required set, then to everything available.
+    if (candidates >> g & 1) s.cand[s.m++] = g;
+  // Most promising first: strongest links to what is chosen, then to the whole context.
   auto pull = [&](int g, uint64_t m) {
     int64_t v = 0;
     for (int h = 0; h < n_; ++h)
@@ -134,12 +162,11 @@ absl::StatusOr<uint64_t> TopologyScorer::Best(uint64_t available, uint64_t requi
     return v;
   };
   std::pair<int64_t, int64_t> key[kMaxGpus];
-  for (int k = 0; k < s.m; ++k)
-    key[s.cand[k]] = {pull(s.cand[k], required), pull(s.cand[k], available)};
+  for (int k = 0; k < s.m; ++k) key[s.cand[k]] = {link[s.cand[k]], pull(s.cand[k], context)};
   std::stable_sort(s.cand, s.cand + s.m, [&](int a, int b) { return key[a] > key[b]; });
   for (int k = 0; k < s.m; ++k) s.link[k] = key[s.cand[k]].first;
   if (need > 0) s.Prepare();
-  s.Run(0, need, SetScore(required), required);
+  s.Run(0, need, 0, 0);
   return s.best;
 }
 

@@ -30,7 +30,20 @@ class TopologyScorer {
   // impossible (size too small or too large).
   absl::StatusOr<uint64_t> Best(uint64_t available, uint64_t required, int size) const;
 
+  // The best `count` GPUs of `candidates` to add to a multiset of GPUs already chosen (`base[g]`
+  // items on GPU g, e.g. time-slicing replicas; may be shorter than size()). The score is that of
+  // the whole multiset: every pair of items on two different GPUs counts its pair score (so an
+  // added GPU gains base[h] * PairScore(g, h) from each GPU h). A candidate may already be in the
+  // base. Exact, by the same search as Best(). InvalidArgument when count exceeds the candidates.
+  absl::StatusOr<uint64_t> BestAddition(uint64_t candidates, const std::vector<int>& base,
+                                        int count) const;
+
  private:
+  // The best `need` of `candidates` given each GPU's score towards what is already chosen
+  // (`link`, indexed by GPU); `context` orders the search (ties: strongest pull to it first).
+  uint64_t Extend(uint64_t candidates, const std::vector<int64_t>& link, uint64_t context,
+                  int need) const;
+
   int n_ = 0;
   std::vector<int64_t> pair_;  // n_ * n_
 };

@@ -27,7 +27,9 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
     return p;
   }
   if (o.secret.empty()) {
-    if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before)) return *current;
+    if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before, *o.clock)) {
+      return *current;
+    }
     return k8s::SelfIssuedCertificate(o.names);
   }
   std::vector<std::string> ns_name = absl::StrSplit(o.secret, '/');
@@ -56,7 +58,7 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
   // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
   // and, with a webhook configuration, into caBundle.
   if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
-      !k8s::CertificateExpiresWithin(p.cert_pem, renew_before)) {
+      !k8s::CertificateExpiresWithin(p.cert_pem, renew_before, *o.clock)) {
     return p;
   }
   ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(o.names));

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "k8s/client.h"
 #include "k8s/tls.h"
 
@@ -26,8 +27,11 @@ struct ServingCertOptions {
   std::string secret;
   // DNS names / IPs of a self-issued certificate.
   std::vector<std::string> names;
-  // A self-issued pair is replaced this close to its expiry.
-  std::chrono::hours renew_before{24 * 30};
+  // A self-issued pair is replaced this close to its expiry (any length: the tests of the binary
+  // renew on every check with a window longer than the pair's one-year life).
+  std::chrono::seconds renew_before = std::chrono::hours(24 * 30);
+  // Whose "now" expiry is measured against (tests move it a year ahead).
+  Clock* clock = RealClock();
   // Validating/MutatingWebhookConfiguration whose caBundle gets our CA (empty: none).
   std::string webhook_configuration;
 };

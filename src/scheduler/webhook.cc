@@ -127,7 +127,7 @@ bool AdmissionWebhook::NamespaceAllowsDisable(const std::string& ns) {
 int64_t AdmissionWebhook::MaxMemoryUnits() {
   if (options_.max_memory_units > 0 || !api_) return options_.max_memory_units;
   absl::MutexLock l(&mu_);
-  auto now = std::chrono::steady_clock::now();
+  const Clock::TimePoint now = options_.clock->Now();
   if (cached_units_ > 0 && now - cached_at_ < std::chrono::seconds(30)) return cached_units_;
   auto nodes = api_->ListNodes();
   if (!nodes.ok()) {

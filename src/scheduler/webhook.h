@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "k8s/client.h"
 #include "vgpu/rules/rules.h"
 
@@ -33,6 +34,7 @@ struct WebhookOptions {
   vgpu::ResourceNames names;
   int64_t max_memory_units = 0;  // largest GPU, in 256 MiB units; 0 = learn from nodes
   std::string scheduler_name;    // mutate: set spec.schedulerName of vGPU pods (empty: no)
+  Clock* clock = RealClock();    // whose time the learned bound's 30 s cache expires in
 };
 
 class AdmissionWebhook {
@@ -59,7 +61,7 @@ class AdmissionWebhook {
   k8s::Client* api_;
   absl::Mutex mu_;
   int64_t cached_units_ ABSL_GUARDED_BY(mu_) = 0;
-  std::chrono::steady_clock::time_point cached_at_ ABSL_GUARDED_BY(mu_){};
+  Clock::TimePoint cached_at_ ABSL_GUARDED_BY(mu_){};
 };
 
 // Largest per-GPU memory, in units, that a node object offers (gpulet.io/vgpu-gpus annotation,

@@ -1,5 +1,6 @@
 #include "testing/apiserver/fake_apiserver.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -54,20 +55,32 @@ struct Term {
   std::vector<std::string> values;
 };
 
-bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, std::string* err) {
-  static const char* kFields[] = {"metadata.name",
-                                  "metadata.namespace",
-                                  "spec.nodeName",
-                                  "status.phase",
-                                  "spec.schedulerName",
-                                  "involvedObject.name",
-                                  "involvedObject.namespace",
-                                  "involvedObject.kind",
-                                  "involvedObject.uid",
-                                  "reason",
-                                  "type",
-                                  "spec.driver",
-                                  "spec.pool.name"};
+// The field labels kube-apiserver v1.34 accepts per resource (others: 400 "field label not
+// supported: X", as tests/k8s/api_probe.py saw on the real server).
+bool FieldSupported(const std::string& kind, const std::string& key) {
+  static const std::map<std::string, std::vector<std::string>> kFields = {
+      {"pods",
+       {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+        "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+        "status.podIP", "status.podIPs", "status.nominatedNodeName"}},
+      {"nodes", {"metadata.name", "spec.unschedulable"}},
+      {"events",
+       {"metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+        "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+        "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+        "reportingComponent", "source", "type"}},
+      {"resourceslices", {"metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"}},
+      {"resourceclaims", {"metadata.name", "metadata.namespace"}},
+  };
+  auto it = kFields.find(kind);
+  if (it == kFields.end()) return key == "metadata.name" || key == "metadata.namespace";
+  return std::find(it->second.begin(), it->second.end(), key) != it->second.end();
+}
+
+// `kind` is the resource's plural; empty for a label selector.
+bool ParseSelector(const std::string& s, const std::string& kind, std::vector<Term>* out,
+                   std::string* err) {
+  const bool labels = kind.empty();
   std::vector<std::string> parts;
   int depth = 0;
   std::string cur;
@@ -117,11 +130,11 @@ bool ParseSelector(const std::string& s, bool labels, std::vector<Term>* out, st
       t.op = p[0] == '!' ? Term::kNotExists : Term::kExists;
       t.key = p[0] == '!' ? p.substr(1) : p;
     } else {
-      return *err = "invalid field selector term \"" + p + "\"", false;
+      return *err = "invalid selector: '" + s + "'; can't understand '" + p + "'", false;
     }
     t.key = std::string(absl::StripAsciiWhitespace(t.key));
     for (auto& v : t.values) v = std::string(absl::StripAsciiWhitespace(v));
-    if (!labels && std::find(std::begin(kFields), std::end(kFields), t.key) == std::end(kFields)) {
+    if (!labels && !FieldSupported(kind, t.key)) {
       return *err = "field label not supported: " + t.key, false;
     }
     out->push_back(std::move(t));
@@ -159,6 +172,13 @@ bool Matches(const json& obj, const std::vector<Term>& fields, const std::vector
     }
   }
   return true;
+}
+
+// How kube-apiserver names a resource in messages: core resources by plural, others qualified by
+// their group.
+std::string Qualified(const std::string& kind) {
+  if (kind == "resourceclaims" || kind == "resourceslices") return kind + ".resource.k8s.io";
+  return kind;
 }
 
 std::string NewUid() {
@@ -232,6 +252,11 @@ json FakeApiServer::Stamp(json obj, const std::string& kind) {
   if (!md.contains("uid")) md["uid"] = NewUid();
   if (!md.contains("creationTimestamp")) md["creationTimestamp"] = Now();
   md["resourceVersion"] = std::to_string(++rv_);
+  if (kind == "daemonsets") {
+    obj["apiVersion"] = "apps/v1";
+    obj["kind"] = "DaemonSet";
+    return obj;
+  }
   if (kind == "resourceslices" || kind == "resourceclaims") {
     obj["apiVersion"] = "resource.k8s.io/v1";
     obj["kind"] = kind == "resourceslices" ? "ResourceSlice" : "ResourceClaim";
@@ -252,7 +277,6 @@ json FakeApiServer::CreatePod(json pod) {
   std::lock_guard<std::mutex> l(mu_);
   if (!pod["metadata"].contains("namespace")) pod["metadata"]["namespace"] = "default";
   if (!pod["status"].contains("phase")) pod["status"]["phase"] = "Pending";
-  if (!pod["spec"].contains("nodeName")) pod["spec"]["nodeName"] = "";
   pod = Stamp(std::move(pod), "pods");
   std::string key = Field(pod, "metadata.namespace") + "/" + Field(pod, "metadata.name");
   pods_[key] = pod;
@@ -353,8 +377,8 @@ void FakeApiServer::Routes() {
                      httplib::Response& res) {
     std::vector<Term> fields, labels;
     std::string err;
-    if (!ParseSelector(req.get_param_value("fieldSelector"), false, &fields, &err) ||
-        !ParseSelector(req.get_param_value("labelSelector"), true, &labels, &err)) {
+    if (!ParseSelector(req.get_param_value("fieldSelector"), kind, &fields, &err) ||
+        !ParseSelector(req.get_param_value("labelSelector"), "", &labels, &err)) {
       return Fail(res, 400, "BadRequest", err);
     }
     auto in_scope = [ns, fields, labels](const json& o) {
@@ -368,7 +392,7 @@ void FakeApiServer::Routes() {
           if (in_scope(events_.at(key))) items.push_back(events_.at(key));
         }
       } else {
-        for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+        for (const auto& [k, o] : Store(kind)) {
           if (in_scope(o)) items.push_back(o);
         }
       }
@@ -379,9 +403,6 @@ void FakeApiServer::Routes() {
                     {"apiVersion", "v1"},
                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
                     {"items", items}});
-    }
-    if (kind == "events") {
-      return Fail(res, 405, "MethodNotAllowed", "the fake API server does not watch events");
     }
     int64_t from = 0;
     std::string rv = req.get_param_value("resourceVersion");
@@ -404,7 +425,7 @@ void FakeApiServer::Routes() {
             std::unique_lock<std::mutex> l(mu_);
             if (*initial) {  // no resourceVersion: synthetic ADDED for what exists, then changes
               *initial = false;
-              for (const auto& [k, o] : kind == "pods" ? pods_ : nodes_) {
+              for (const auto& [k, o] : Store(kind)) {
                 if (in_scope(o)) out += json{{"type", "ADDED"}, {"object", o}}.dump() + "\n";
               }
               *cursor = rv_;
@@ -480,18 +501,18 @@ void FakeApiServer::Routes() {
                  absl::StartsWith(ctype, "application/strategic-merge-patch+json")) {
         next.merge_patch(body);
       } else {
-        return Fail(res, 415, "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types "
-                    "include: application/json-patch+json, application/merge-patch+json, "
-                    "application/strategic-merge-patch+json");
+        // kube-apiserver's router refuses it before the patch handler: only its generic words.
+        return Fail(res, 415, "UnsupportedMediaType", "415: Unsupported Media Type");
       }
     } catch (const json::exception& e) {
-      return Fail(res, 422, "Invalid", std::string("patch failed: ") + e.what());
+      // kube-apiserver's generic 422 (the JSON patch library's reason is only in its details).
+      return Fail(res, 422, "Invalid",
+                  "the server rejected our request due to an error in our request");
     }
     std::string want = Field(next, "metadata.resourceVersion");
     if (!want.empty() && want != Field(obj, "metadata.resourceVersion")) {
       return Fail(res, 409, "Conflict",
-                  absl::StrCat("Operation cannot be fulfilled on ", kind, " \"",
+                  absl::StrCat("Operation cannot be fulfilled on ", Qualified(kind), " \"",
                                Field(obj, "metadata.name"),
                                "\": the object has been modified; please apply your changes to "
                                "the latest version and try again"));
@@ -499,10 +520,19 @@ void FakeApiServer::Routes() {
     if (Field(next, "metadata.name") != Field(obj, "metadata.name")) {
       return Fail(res, 422, "Invalid", "metadata.name may not change");
     }
+    // As kube-apiserver's strategies for resources with a status subresource: the main resource
+    // keeps the stored status, /status keeps the stored spec (metadata such as labels may change
+    // through either).
     if (status_only) {
-      json s = next["status"];
-      next = obj;
-      next["status"] = s;
+      if (obj.contains("spec"))
+        next["spec"] = obj["spec"];
+      else
+        next.erase("spec");
+    } else if (kind == "pods" || kind == "nodes" || kind == "resourceclaims") {
+      if (obj.contains("status"))
+        next["status"] = obj["status"];
+      else
+        next.erase("status");
     }
     next["metadata"]["uid"] = obj["metadata"]["uid"];
     obj = Stamp(std::move(next), kind);
@@ -523,6 +553,16 @@ void FakeApiServer::Routes() {
     json pod = json::parse(q.body, nullptr, false);
     if (!pod.is_object() || Field(pod, "metadata.name").empty()) {
       return Fail(r, 422, "Invalid", "pod needs metadata.name");
+    }
+    // The one validation rule of kube-apiserver's that tests meet: a pod needs containers.
+    const json* containers =
+        pod.contains("spec") && pod["spec"].is_object() && pod["spec"].contains("containers")
+            ? &pod["spec"]["containers"]
+            : nullptr;
+    if (!containers || !containers->is_array() || containers->empty()) {
+      return Fail(r, 422, "Invalid",
+                  absl::StrCat("Pod \"", Field(pod, "metadata.name"),
+                               "\" is invalid: spec.containers: Required value"));
     }
     pod["metadata"]["namespace"] = std::string(q.matches[1]);
     {
@@ -563,15 +603,49 @@ void FakeApiServer::Routes() {
   };
   s.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
   s.Put(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)(/status)?)", pod_modify);
-  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))", [this](const httplib::Request& q,
-                                                                httplib::Response& r) {
-    json pod;
-    if (!GetPod(q.matches[1], q.matches[2], &pod) || !DeletePod(q.matches[1], q.matches[2])) {
-      return Fail(r, 404, "NotFound",
-                  absl::StrCat("pods \"", std::string(q.matches[2]), "\" not found"));
-    }
-    Reply(r, 200, pod);
-  });
+  // DELETE as kube-apiserver's pod strategy does it: a pod bound to a node and not finished
+  // (phase neither Succeeded nor Failed) is only marked (deletionTimestamp,
+  // deletionGracePeriodSeconds: ?gracePeriodSeconds=, else spec.terminationGracePeriodSeconds,
+  // else 30) and stays until its kubelet has stopped it; the fake has no kubelet, so it stays until
+  // DeletePod() or a DELETE with gracePeriodSeconds=0. Unbound or finished pods go at once.
+  s.Delete(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+           [this](const httplib::Request& q, httplib::Response& r) {
+             std::string ns = q.matches[1], name = q.matches[2];
+             int64_t grace = -1;
+             if (q.has_param("gracePeriodSeconds") &&
+                 !absl::SimpleAtoi(q.get_param_value("gracePeriodSeconds"), &grace))
+               return Fail(r, 400, "BadRequest", "invalid gracePeriodSeconds");
+             {
+               std::lock_guard<std::mutex> l(mu_);
+               auto it = pods_.find(ns + "/" + name);
+               if (it == pods_.end())
+                 return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+               json& pod = it->second;
+               std::string phase = Field(pod, "status.phase");
+               bool graceful = !Field(pod, "spec.nodeName").empty() && phase != "Succeeded" &&
+                               phase != "Failed" && grace != 0;
+               if (graceful) {
+                 if (grace < 0) {
+                   const json& spec = pod["spec"];
+                   grace = spec.contains("terminationGracePeriodSeconds") &&
+                                   spec["terminationGracePeriodSeconds"].is_number_integer()
+                               ? spec["terminationGracePeriodSeconds"].get<int64_t>()
+                               : 30;
+                 }
+                 if (!pod["metadata"].contains("deletionTimestamp")) {
+                   pod["metadata"]["deletionTimestamp"] = Now();
+                   pod["metadata"]["deletionGracePeriodSeconds"] = grace;
+                   pod = Stamp(pod, "pods");
+                   Record("MODIFIED", "pods", pod);
+                 }
+                 return Reply(r, 200, pod);
+               }
+             }
+             json pod;
+             if (!GetPod(ns, name, &pod) || !DeletePod(ns, name))
+               return Fail(r, 404, "NotFound", absl::StrCat("pods \"", name, "\" not found"));
+             Reply(r, 200, pod);
+           });
   // Binding, both the pods/<name>/binding subresource and the legacy namespaced bindings.
   auto bind = [this, get_pod](const std::string& ns, const std::string& name,
                               const httplib::Request& q, httplib::Response& r) {
@@ -585,8 +659,12 @@ void FakeApiServer::Routes() {
     std::string uid = Field(b, "metadata.uid");
     if (!uid.empty() && uid != Field(*pod, "metadata.uid")) {
       return Fail(r, 409, "Conflict",
-                  absl::StrCat("Precondition failed: UID in precondition: ", uid,
-                               ", UID in object meta: ", Field(*pod, "metadata.uid")));
+                  absl::StrCat("Operation cannot be fulfilled on pods \"", name,
+                               "\": StorageError: invalid object, Code: 4, Key: /registry/pods/",
+                               ns, "/", name,
+                               ", ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID "
+                               "in precondition: ",
+                               uid, ", UID in object meta: ", Field(*pod, "metadata.uid")));
     }
     if (!Field(*pod, "spec.nodeName").empty()) {
       return Fail(
@@ -641,8 +719,8 @@ void FakeApiServer::Routes() {
     std::string ns = q.matches[1];
     if (std::string body_ns = Field(ev, "metadata.namespace"); !body_ns.empty() && body_ns != ns) {
       return Fail(r, 400, "BadRequest",
-                  absl::StrCat("the namespace of the provided object (", body_ns,
-                               ") does not match the namespace sent on the request (", ns, ")"));
+                  "the namespace of the provided object does not match the namespace sent on the "
+                  "request");
     }
     if (Field(ev, "involvedObject.name").empty()) {
       return Fail(r, 422, "Invalid", "Event is invalid: involvedObject.name: Required value");
@@ -666,6 +744,7 @@ void FakeApiServer::Routes() {
     ev = Stamp(std::move(ev), "events");
     events_[key] = ev;
     event_order_.push_back(key);
+    Record("ADDED", "events", ev);
     Reply(r, 201, ev);
   });
   s.Get("/api/v1/events",
@@ -684,7 +763,7 @@ void FakeApiServer::Routes() {
           }
           Reply(r, 200, it->second);
         });
-  ResourceRoutes(modify);
+  ResourceRoutes(modify, list);
   s.set_error_handler([](const httplib::Request& q, httplib::Response& r) {
     if (r.body.empty()) {
       Fail(r, r.status, r.status == 404 ? "NotFound" : "BadRequest",
@@ -735,31 +814,46 @@ bool FakeApiServer::UpdateObject(const std::string& kind, json obj) {
   return true;
 }
 
+std::map<std::string, json>& FakeApiServer::Store(const std::string& kind) {
+  return kind == "pods"     ? pods_
+         : kind == "nodes"  ? nodes_
+         : kind == "events" ? events_
+                            : objects_[kind];
+}
+
 // resource.k8s.io/v1: resourceslices (cluster-scoped) and resourceclaims (namespaced, with
 // /status): list (no watch), get, create, PUT, PATCH, DELETE, as kube-apiserver answers them.
-void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
+// apps/v1 daemonsets (namespaced): the same, and watch (`watch` serves it as for pods).
+void FakeApiServer::ResourceRoutes(const ModifyFn& modify, const ListFn& watch) {
   httplib::Server& s = *server_;
-  const std::string base = "/apis/resource.k8s.io/v1";
   struct Kind {
     std::string plural, singular;
     bool namespaced;
+    std::string base, api_version;
   };
-  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false},
-                        Kind{"resourceclaims", "ResourceClaim", true}}) {
+  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false, "/apis/resource.k8s.io/v1",
+                             "resource.k8s.io/v1"},
+                        Kind{"resourceclaims", "ResourceClaim", true, "/apis/resource.k8s.io/v1",
+                             "resource.k8s.io/v1"},
+                        Kind{"daemonsets", "DaemonSet", true, "/apis/apps/v1", "apps/v1"}}) {
+    const std::string& base = k.base;
     std::string coll =
         k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural : base + "/" + k.plural;
     auto ns_of = [k](const httplib::Request& q) {
       return k.namespaced ? std::string(q.matches[1]) : std::string();
     };
-    auto list = [this, k, ns_of](const httplib::Request& q, httplib::Response& r) {
+    auto list = [this, k, ns_of, watch](const httplib::Request& q, httplib::Response& r) {
       std::vector<Term> fields, labels;
       std::string err;
-      if (!ParseSelector(q.get_param_value("fieldSelector"), false, &fields, &err) ||
-          !ParseSelector(q.get_param_value("labelSelector"), true, &labels, &err))
+      if (!ParseSelector(q.get_param_value("fieldSelector"), k.plural, &fields, &err) ||
+          !ParseSelector(q.get_param_value("labelSelector"), "", &labels, &err))
         return Fail(r, 400, "BadRequest", err);
-      if (q.get_param_value("watch") == "true")
-        return Fail(r, 405, "MethodNotAllowed", "the fake API server does not watch " + k.plural);
       std::string ns = q.matches.size() > 1 && k.namespaced ? ns_of(q) : "";
+      if (q.get_param_value("watch") == "true" || q.get_param_value("watch") == "1") {
+        if (k.plural != "daemonsets")
+          return Fail(r, 405, "MethodNotAllowed", "the fake API server does not watch " + k.plural);
+        return watch(k.plural, ns, q, r);
+      }
       std::lock_guard<std::mutex> l(mu_);
       json items = json::array();
       for (const auto& [key, o] : objects_[k.plural])
@@ -767,7 +861,7 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
           items.push_back(o);
       Reply(r, 200,
             {{"kind", k.singular + "List"},
-             {"apiVersion", "resource.k8s.io/v1"},
+             {"apiVersion", k.api_version},
              {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
              {"items", items}});
     };
@@ -782,14 +876,16 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify) {
         std::lock_guard<std::mutex> l(mu_);
         if (objects_[k.plural].count(ns_of(q) + "/" + Field(obj, "metadata.name")))
           return Fail(r, 409, "AlreadyExists",
-                      absl::StrCat(k.plural, ".resource.k8s.io \"", Field(obj, "metadata.name"),
-                                   "\" already exists"));
+                      absl::StrCat(k.plural, ".", k.api_version.substr(0, k.api_version.find('/')),
+                                   " \"", Field(obj, "metadata.name"), "\" already exists"));
       }
       Reply(r, 201, CreateObject(k.plural, obj));
     });
     std::string one = coll + "/([^/]+)";
     auto not_found = [k](httplib::Response& r, const std::string& name) {
-      Fail(r, 404, "NotFound", absl::StrCat(k.plural, ".resource.k8s.io \"", name, "\" not found"));
+      Fail(r, 404, "NotFound",
+           absl::StrCat(k.plural, ".", k.api_version.substr(0, k.api_version.find('/')), " \"",
+                        name, "\" not found"));
     };
     s.Get(one + "(/status)?",
           [this, k, not_found](const httplib::Request& q, httplib::Response& r) {

@@ -5,17 +5,21 @@
 //   bindings, /api/v1/nodes[/{name}[/status]]: GET (list, get, ?watch=true&resourceVersion=N),
 //   POST (create), PATCH (merge, strategic-merge as merge, JSON patch), PUT, DELETE.
 //   /api/v1/events, /api/v1/namespaces/{ns}/events[/{name}]: POST (create; core/v1 Event kept as
-//   given, metadata.generateName honoured) and GET (list, get); no watch, no history.
+//   given, metadata.generateName honoured) and GET (list, get, watch).
 //   /apis/resource.k8s.io/v1/resourceslices[/{name}] and /apis/resource.k8s.io/v1/namespaces/{ns}/
 //   resourceclaims[/{name}[/status]] (and the all-namespaces list): GET (list without watch, get),
-//   POST, PUT, PATCH, DELETE.
-//   Field selectors (metadata.name, metadata.namespace, spec.nodeName, status.phase,
-//   spec.schedulerName, involvedObject.{name,namespace,kind,uid}, reason, type, spec.driver,
-//   spec.pool.name; =, ==, !=) and
-//   label selectors (=, ==, !=, in, notin, key, !key).
+//   POST, PUT, PATCH, DELETE. /apis/apps/v1/namespaces/{ns}/daemonsets[/{name}]: the same, and
+//   watch.
+//   Field selectors (the labels kube-apiserver supports for each resource, e.g. spec.nodeName on
+//   pods but not on nodes; =, ==, !=) and label selectors (=, ==, !=, in, notin, key, !key).
 //   Every change gets a cluster-wide resourceVersion; watches replay from the given version and
 //   answer 410 Gone (as an ERROR event) when it is older than the retained history. A stale
 //   metadata.resourceVersion in a PATCH/PUT body is a 409 Conflict. Errors are Status objects.
+// What kube-apiserver v1.34 does and the fake copies, checked scenario by scenario on the real one
+// (tests/k8s/api_probe.py, api_probe.expected; docs/cluster.md): the main resource of pods, nodes
+// and resource claims keeps the stored status and /status the stored spec; a pod needs
+// containers; DELETE of a pod bound to a node and not finished only sets deletionTimestamp (see
+// the route); the messages of conflicts, bindings, unsupported selectors and media types.
 // Test hooks: direct object access, and fault injection (the next N requests fail with a code).
 // Thread-safe. Owns its listening thread; the destructor stops it and ends open watches.
 #pragma once
@@ -72,6 +76,7 @@ class FakeApiServer {
   // creationTimestamp; pods default status.phase to Pending.
   json CreatePod(json pod);
   json CreateNode(json node);
+  // Removes the pod at once (a forced delete, or its kubelet confirming a graceful one).
   bool DeletePod(const std::string& ns, const std::string& name);
   bool GetPod(const std::string& ns, const std::string& name, json* out) const;
   bool GetNode(const std::string& name, json* out) const;
@@ -98,13 +103,17 @@ class FakeApiServer {
   struct Event {
     int64_t rv;
     std::string type;
-    std::string kind;  // "pods" | "nodes"
+    std::string kind;  // "pods" | "nodes" | "events" | a kind of ResourceRoutes
     json object;
   };
   using ModifyFn = std::function<void(json&, const std::string&, const httplib::Request&,
                                       httplib::Response&, bool)>;
   void Routes();
-  void ResourceRoutes(const ModifyFn& modify);
+  // Lists or watches a collection: (kind, namespace or "" for all, request, response).
+  using ListFn = std::function<void(const std::string&, const std::string&, const httplib::Request&,
+                                    httplib::Response&)>;
+  void ResourceRoutes(const ModifyFn& modify, const ListFn& watch);
+  std::map<std::string, json>& Store(const std::string& kind);  // REQUIRES: mu_ held
   json Stamp(json obj, const std::string& kind);  // sets rv (and uid, timestamps when new)
   void Record(const std::string& type, const std::string& kind, const json& obj);
 

@@ -314,7 +314,11 @@ nvmlReturn_t Init() {
                                 g_state->root, "; one simulated machine per process");
     return NVML_ERROR_IN_USE;
   }
-  if (!g_state || g_state->machine_arg != machine || g_state->root != root) {
+  // A root wiped since the last init (a test's temp dir reused by the next test) is a new node:
+  // its faults and control-log offset belong to the old one.
+  struct stat node_file;
+  const bool wiped = g_state && ::stat(sim::NodeFilePath(root).c_str(), &node_file) != 0;
+  if (!g_state || wiped || g_state->machine_arg != machine || g_state->root != root) {
     g_state.reset();
     absl::Status st = Load(machine, root);
     if (!st.ok()) {

@@ -170,8 +170,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     // The kubelet's checks and messages (devicemanager plugin/v1beta1 server.go).
     if (req->version() != kSupportedVersion)
       return RegisterFailed(req, absl::StrCat("requested API version \"", req->version(),
-                                              "\" is not supported by kubelet. Supported versions "
-                                              "are [\"",
+                                              "\" is not supported by kubelet. Supported version "
+                                              "is [\"",
                                               kSupportedVersion, "\"]"));
     if (!IsExtendedResourceName(req->resource_name()))
       return RegisterFailed(
@@ -183,7 +183,24 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     auto conn = std::make_shared<PluginConn>();
     conn->resource = req->resource_name();
     conn->socket = (stdfs::path(opt.device_plugin_dir) / req->endpoint()).string();
-    conn->options = req->options();
+    // As the kubelet (plugin/v1beta1 connectClient, ManagerImpl.PluginConnected): before it
+    // answers Register it dials the plugin (10 s) and asks GetDevicePluginOptions, and those
+    // options, not the RegisterRequest's, decide GetPreferredAllocation and PreStartContainer.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+    conn->channel =
+        grpc::CreateCustomChannel("unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
+    conn->stub = v1beta1::DevicePlugin::NewStub(conn->channel);
+    if (!conn->channel->WaitForConnected(std::chrono::system_clock::now() + kDialTimeout))
+      return RegisterFailed(req, "failed to dial device plugin: context deadline exceeded");
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + kDialTimeout);
+      grpc::Status st = conn->stub->GetDevicePluginOptions(&ctx, v1beta1::Empty(), &conn->options);
+      if (!st.ok())
+        return RegisterFailed(req, "failed to get device plugin options: " + GoRpcError(st));
+    }
     std::lock_guard<std::mutex> l(mu);
     if (!running) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "kubelet is stopping");
     ++registrations;
@@ -214,13 +231,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
   }
 
   // Dials the plugin, then consumes ListAndWatch until the stream ends.
+  // The channel Register connected: ListAndWatch until the stream ends.
   void RunConn(std::shared_ptr<PluginConn> conn) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-    conn->channel =
-        grpc::CreateCustomChannel("unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
-    conn->stub = v1beta1::DevicePlugin::NewStub(conn->channel);
     auto deadline = std::chrono::steady_clock::now() + kDialTimeout;
     bool connected = false;
     while (!conn->stop && std::chrono::steady_clock::now() < deadline) {
@@ -338,7 +350,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
         FillPod(p, resp->mutable_pod_resources());
         return grpc::Status::OK;
       }
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+    // The kubelet answers with a plain Go error: gRPC code Unknown, not NotFound.
+    return grpc::Status(grpc::StatusCode::UNKNOWN,
                         absl::StrCat("pod ", req->pod_name(), " in namespace ",
                                      req->pod_namespace(), " not found"));
   }
@@ -630,7 +643,7 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     if (!p || p->phase != PodPhase::kPending) return;  // deleted meanwhile
     if (!error.empty()) {
       SetPhase(*p, PodPhase::kFailed, "UnexpectedAdmissionError",
-               "Allocate failed due to " + error + ", which is unexpected", true);
+               "Pod was rejected: Allocate failed due to " + error + ", which is unexpected", true);
       RecountAll();
       return;
     }

@@ -17,8 +17,8 @@
 // lacks allocatable resources it stays Pending (reason Unschedulable, the scheduler's
 // "0/1 nodes are available: 1 Insufficient <res>." wording) and is retried whenever devices free up
 // or appear. A pod with spec.nodeName (or any pod when Options::scheduler is false) meets the
-// kubelet's own admission and fails with reason UnexpectedAdmissionError ("Allocate failed due to
-// ..., which is unexpected") when devices are short.
+// kubelet's own admission and fails with reason UnexpectedAdmissionError ("Pod was rejected:
+// Allocate failed due to ..., which is unexpected") when devices are short.
 //
 // Thread-safety: every public method may be called from any thread. Start/Stop may be repeated.
 // The emulator owns its gRPC servers, plugin connections and its worker thread.
@@ -64,7 +64,7 @@ struct ResourceState {
   std::string name;
   std::string endpoint;             // plugin socket base name
   bool connected = false;           // ListAndWatch stream open
-  bool pre_start_required = false;  // from RegisterRequest.options
+  bool pre_start_required = false;  // from GetDevicePluginOptions at Register
   bool preferred_allocation = false;
   std::vector<DeviceInfo> devices;  // last ListAndWatch list (sorted by id)
   uint64_t generation = 0;          // number of ListAndWatch responses received (all plugins)

@@ -38,6 +38,16 @@ if [ "$runtime" = containerd2 ]; then
   # CDI: the devices come by name through CRI; the plugin sets the variable to void (as NVIDIA's
   # does) so that no NVIDIA runtime hook injects GPUs a second time.
   check "kubectl exec: NVIDIA_VISIBLE_DEVICES is void under CDI ($visible)" [ "$visible" = void ]
+elif [ "$runtime" = containerd-shim-cdi ]; then
+  # cdi-annotations alone: the plugin sets no variable; the devices are named only by the
+  # cdi.k8s.io/* annotation, which containerd 1.6 copied into the container's OCI spec.
+  check "kubectl exec: NVIDIA_VISIBLE_DEVICES is unset under cdi-annotations ($visible)" [ -z "$visible" ]
+  cid=$(kc get pod gpu-2 -o 'jsonpath={.status.containerStatuses[0].containerID}')
+  ann=$(ctr --address "$D/containerd/containerd.sock" -n k8s.io containers info "${cid#containerd://}" 2>&1 |
+    python3 -c 'import json, sys; a = json.load(sys.stdin)["Spec"].get("annotations", {})
+print(" ".join(sorted(k + "=" + v for k, v in a.items() if k.startswith("cdi.k8s.io/"))))' 2>&1)
+  check "the OCI spec carries the plugin's annotation, naming 2 GPUs ($ann)" \
+    bash -c '[[ "$1" == cdi.k8s.io/gpulet-device-plugin_gpu=* && "$(tr , "\n" <<< "${1#*=}" | grep -c "^nvidia.com/gpu=")" == 2 ]]' _ "$ann"
 else
   check "kubectl exec: NVIDIA_VISIBLE_DEVICES holds the 2 allocated GPU UUIDs ($visible)" \
     [ "$(tr ',' '\n' <<< "$visible" | sort | tr '\n' ' ')" = "$allocated " ]

@@ -1,8 +1,7 @@
 #!/bin/bash
 # gpulet installed the admin's way on the real cluster, then uninstalled:
-# - the image: `make image`'s steps (deploy/image/stage-rootfs.sh, podman build of Containerfile;
-#   `make image` itself would first build every target), plus the test layer Containerfile.sim (the
-#   fake NVML), saved as an OCI archive and imported into the cluster's containerd;
+# - the image: `make image`'s steps plus the test layer Containerfile.sim (the fake NVML), imported
+#   into the cluster's containerd (lib.sh's gpulet_image);
 # - `kubectl apply -k tests/cluster/deploy` (deploy/overlays/containerd with the test cluster's
 #   needs, see its kustomization.yaml): the install init container configures the cluster's
 #   containerd (/etc/containerd/config.toml in the cluster's namespace) and restarts it; the agent
@@ -19,14 +18,10 @@ need_cluster
 command -v podman >/dev/null || { echo "skipped: podman missing (the image is built with podman build)"; exit 77; }
 [ "$(cat "$D/runtime" 2>/dev/null)" = containerd ] || { echo "skipped: the install test runs on containerd 1.6"; exit 77; }
 NS=gpulet-system
-IMG=gpulet.test/gpulet:cluster
-SIM_IMG=gpulet.test/gpulet-sim:cluster
 OVERLAY=$src/tests/cluster/deploy
 CONFIG=$D/fixed/etc/containerd/config.toml
 work=$build/cluster-install-test
 rm -rf "$work" && mkdir -p "$work"
-incluster() { nsenter -t "$(cat "$D/pids/holder")" -m -- "$@"; }
-ctr_k8s() { incluster ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
 cleanup() {
   kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=90s >/dev/null 2>&1
   kc label node "$NODE" feature.node.kubernetes.io/pci-10de.present- gpulet.io/gpu-stack- >/dev/null 2>&1
@@ -35,34 +30,12 @@ cleanup() {
   [ -n "$(cat "$D/pids/kubelet" 2>/dev/null)" ] && kill -0 "$(cat "$D/pids/kubelet")" 2>/dev/null || "$cluster" kubelet-start "$build" >/dev/null 2>&1
   kc delete pod vgpu-a vgpu-b gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
   [ ! -f "$D/kube-scheduler-config.yaml" ] || "$cluster" scheduler "$build" >/dev/null 2>&1
-  podman rmi -f "$SIM_IMG" "$IMG" >/dev/null 2>&1
   restart_plugin
 }
 trap cleanup EXIT
 
-# --- the image -------------------------------------------------------------------------------------
-t0=$(now)
-"$src/deploy/image/stage-rootfs.sh" "$build" "$work" > "$work/stage.log" 2>&1 \
-  || { echo "FAIL: stage-rootfs.sh: $(tail -n 3 "$work/stage.log")"; exit 1; }
-podman build -q -f "$src/Containerfile" -t "$IMG" "$work" > "$work/podman.log" 2>&1 \
-  || { echo "FAIL: podman build of Containerfile: $(tail -n 3 "$work/podman.log")"; exit 1; }
-# The test layer: the fake NVML at <gpulet's dir>/../lib/fake and the libraries it loads that the
-# image lacks (copied at the paths ldd resolves, as stage-rootfs.sh does), the restart helper.
-sim=$work/sim/rootfs
-mkdir -p "$sim/usr/lib/fake" "$sim/usr/bin"
-cp "$build/lib/fake/libnvidia-ml.so.1" "$sim/usr/lib/fake/"
-ldd "$build/lib/fake/libnvidia-ml.so.1" | awk '/=> \//{print $3}' | while read -r lib; do
-  [ -e "$work/rootfs$lib" ] || { mkdir -p "$sim$(dirname "$lib")"; cp -L "$lib" "$sim$lib"; }
-done
-install -m 0755 "$src/tests/cluster/deploy/restart-engine.sh" "$sim/usr/bin/gpulet-test-restart-engine"
-podman build -q -f "$src/tests/cluster/deploy/Containerfile.sim" --build-arg "BASE=$IMG" -t "$SIM_IMG" \
-  "$work/sim" >> "$work/podman.log" 2>&1 \
-  || { echo "FAIL: podman build of Containerfile.sim: $(tail -n 3 "$work/podman.log")"; exit 1; }
-podman save --format oci-archive -o "$work/gpulet.tar" "$SIM_IMG" >> "$work/podman.log" 2>&1 \
-  || { echo "FAIL: podman save: $(tail -n 3 "$work/podman.log")"; exit 1; }
-check "image imported into the cluster's containerd" ctr_k8s images import "$work/gpulet.tar"
-check "containerd lists $SIM_IMG" bash -c '[[ "$1" == *"$2"* ]]' _ "$(ctr_k8s images ls -q)" "$SIM_IMG"
-echo "figure: make image steps + test layer + import: $(elapsed "$t0" "$(now)") s"
+# --- the image (lib.sh) -----------------------------------------------------------------------------
+gpulet_image "$work" || exit 1
 
 # --- install ---------------------------------------------------------------------------------------
 cp "$CONFIG" "$work/config.before"

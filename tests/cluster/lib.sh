@@ -77,3 +77,42 @@ default_sa() { wait_until 30 kc get serviceaccount default >/dev/null 2>&1; }
 delete_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --wait=false >/dev/null 2>&1; }
 # Before a scenario re-creates a pod of the same name: gone for good, not merely terminating.
 clean_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --timeout=60s >/dev/null 2>&1; }
+
+# gpulet's image for pods on this cluster, as an admin builds it (`make image`'s steps:
+# deploy/image/stage-rootfs.sh, podman build of Containerfile; `make image` itself would first
+# build every target), plus the test layer Containerfile.sim (the fake NVML, the engine restart
+# helper), saved as an OCI archive and imported into the cluster's containerd as $SIM_IMG.
+# Imported once per cluster: a later scenario finds it there. Usage: gpulet_image WORKDIR
+GPULET_IMG=gpulet.test/gpulet:cluster
+SIM_IMG=gpulet.test/gpulet-sim:cluster
+ctr_k8s() { nsenter -t "$(cat "$D/pids/holder")" -m -- ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
+gpulet_image() {
+  local work=$1 t0 sim lib
+  if [[ "$(ctr_k8s images ls -q 2>/dev/null)" == *"$SIM_IMG"* ]]; then
+    echo "note: $SIM_IMG already in the cluster's containerd"
+    return 0
+  fi
+  t0=$(now)
+  "$src/deploy/image/stage-rootfs.sh" "$build" "$work" > "$work/stage.log" 2>&1 \
+    || { echo "FAIL: stage-rootfs.sh: $(tail -n 3 "$work/stage.log")"; return 1; }
+  podman build -q -f "$src/Containerfile" -t "$GPULET_IMG" "$work" > "$work/podman.log" 2>&1 \
+    || { echo "FAIL: podman build of Containerfile: $(tail -n 3 "$work/podman.log")"; return 1; }
+  # The test layer: the fake NVML at <gpulet's dir>/../lib/fake and the libraries it loads that the
+  # image lacks (copied at the paths ldd resolves, as stage-rootfs.sh does), the restart helper.
+  sim=$work/sim/rootfs
+  mkdir -p "$sim/usr/lib/fake" "$sim/usr/bin"
+  cp "$build/lib/fake/libnvidia-ml.so.1" "$sim/usr/lib/fake/"
+  ldd "$build/lib/fake/libnvidia-ml.so.1" | awk '/=> \//{print $3}' | while read -r lib; do
+    [ -e "$work/rootfs$lib" ] || { mkdir -p "$sim$(dirname "$lib")"; cp -L "$lib" "$sim$lib"; }
+  done
+  install -m 0755 "$src/tests/cluster/deploy/restart-engine.sh" "$sim/usr/bin/gpulet-test-restart-engine"
+  podman build -q -f "$src/tests/cluster/deploy/Containerfile.sim" --build-arg "BASE=$GPULET_IMG" -t "$SIM_IMG" \
+    "$work/sim" >> "$work/podman.log" 2>&1 \
+    || { echo "FAIL: podman build of Containerfile.sim: $(tail -n 3 "$work/podman.log")"; return 1; }
+  podman save --format oci-archive -o "$work/gpulet.tar" "$SIM_IMG" >> "$work/podman.log" 2>&1 \
+    || { echo "FAIL: podman save: $(tail -n 3 "$work/podman.log")"; return 1; }
+  podman rmi -f "$SIM_IMG" "$GPULET_IMG" >/dev/null 2>&1
+  check "image imported into the cluster's containerd" ctr_k8s images import "$work/gpulet.tar"
+  check "containerd lists $SIM_IMG" bash -c '[[ "$1" == *"$2"* ]]' _ "$(ctr_k8s images ls -q)" "$SIM_IMG"
+  echo "figure: make image steps + test layer + import: $(elapsed "$t0" "$(now)") s"
+}

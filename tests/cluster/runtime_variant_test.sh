@@ -7,6 +7,11 @@
 # - containerd-shim: Debian's containerd 1.6 with gpulet-container-runtime as its default runtime,
 #   configured by `gpulet runtime configure --runtime containerd` on the cluster's config file. The
 #   plugin passes only NVIDIA_VISIBLE_DEVICES (envvar, no device specs); the shim adds the nodes.
+# - containerd-shim-cdi: the same engine and shim, the plugin's cdi-annotations strategy: CRI
+#   container annotations cdi.k8s.io/*, which containerd 1.6 (no CDI in its CRI) copies into the OCI
+#   spec only because the drop-in lists them in container_annotations; the shim is told to trust
+#   nothing else (no NVIDIA_VISIBLE_DEVICES from unprivileged containers), so the 2 device nodes are
+#   the annotations' doing.
 # In both, gpu_pods_test.sh's checks pass (the 2-GPU pod sees exactly its 2 device nodes, which only
 # the runtime's CDI handling can have made) and down leaves nothing.
 # Usage: runtime_variant_test.sh SOURCE_DIR BUILD_DIR RUNTIME   (skips with 77 unless GPULET_E2E_CLUSTER=1)
@@ -35,6 +40,15 @@ if [ "$RUNTIME" = containerd2 ]; then
   check "the Node's runtime is containerd 2.2.9 ($v)" [ "$v" = containerd://2.2.9 ]
   check "the plugin answers with CDI names and no device specs (envvar,cdi-cri)" \
     bash -c '[[ "$1" == *"--device-list-strategy envvar,cdi-cri"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
+elif [ "$RUNTIME" = containerd-shim-cdi ]; then
+  check "gpulet runtime configure made the shim containerd's default runtime" \
+    grep -q "default_runtime_name = 'nvidia'" "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"
+  check "gpulet runtime configure passes cdi.k8s.io/* container annotations to the shim" \
+    grep -qF "container_annotations = [ 'cdi.k8s.io/*' ]" "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"
+  check "the plugin passes CDI annotations only (cdi-annotations, no device specs)" \
+    bash -c '[[ "$1" == *"--device-list-strategy cdi-annotations"* && "$1" != *pass-device-specs* ]]' _ "$(cmdline gpulet-device-plugin)"
+  check "the shim does not take NVIDIA_VISIBLE_DEVICES from unprivileged containers" \
+    grep -q '"accept-nvidia-visible-devices-envvar-when-unprivileged": false' "$D/gpulet-runtime.json"
 else
   check "gpulet runtime configure made the shim containerd's default runtime" \
     grep -q "default_runtime_name = 'nvidia'" "$D/fixed/etc/containerd/conf.d/99-gpulet.toml"

@@ -12,19 +12,22 @@ gives the reason:
                    (nvidia.com/gpu=ID, what `nvidia-ctk cdi generate` and `gpulet cdi generate` write).
   [cdi-key]        cdi-annotations key: NVIDIA's is nvidia-device-plugin_<random uuid> per response;
                    gpulet's is gpulet-device-plugin_<resource> (stable). Only the prefix is compared.
-  [preferred-tie]  GetPreferredAllocation: both answers must be valid (size, must-include, available);
+  [preferred-tie]  GetPreferredAllocation (whole GPUs, replicas): both answers must be valid (size, must-include, available);
                    gpulet's topology score must be >= NVIDIA's (NVIDIA's pair scores: 100 per NVLink,
                    PIX 50, PXB 40, PHB 30, NODE 20, SYS 10). Equal scores are equivalent answers
                    (ties broken differently); a higher one is gpulet's exact optimum.
   [error-code]     a refused request: both must refuse it; the code and message may differ (NVIDIA's
                    failRequestsGreaterThanOne answers UNKNOWN, gpulet INVALID_ARGUMENT naming the ID;
                    the kubelet fails the pod with UnexpectedAdmissionError either way).
-  [id-order]       open (docs/compat.md): the order of the IDs in NVIDIA_VISIBLE_DEVICES may differ.
+  [id-order]       index IDs in NVIDIA_VISIBLE_DEVICES: NVIDIA's order is Go's map order (random per
+                   call); gpulet's must be the same set sorted by (GPU index, MIG index). UUIDs:
+                   both keep the request's order, compared exactly.
   [dup-devices]    passDeviceSpecs with several MIG devices of one GPU: NVIDIA's list carries the
                    parent's /dev/nvidiaN once per MIG device, gpulet's once. Compared as sets.
 """
 import itertools
 import json
+import re
 import sys
 
 import report
@@ -110,15 +113,10 @@ def main():
             sa, sb = score(ra), score(rb)
             if not valid:
                 diffs.append(f"{q}: gpulet's answer {rb} is not a valid allocation")
-            elif sa is not None and sb is not None and sb < sa and any("::" in i for i in ra + rb):
-                # [replica-preferred] (docs/compat.md): this case passed in one run and failed in a
-                # later one with no change to gpulet's replica code; reported, not failed, until
-                # gpulet's replica choice uses the topology score.
-                notes.append(f"{q}: [replica-preferred] gpulet's answer scores {sb} < NVIDIA's {sa} ({rb} vs {ra})")
             elif sa is not None and sb is not None and sb < sa:
                 diffs.append(f"{q}: gpulet's answer scores {sb} < NVIDIA's {sa} ({rb} vs {ra})")
             elif sa is None or sb is None:
-                notes.append(f"{q}: differs, not scored (replicas/MIG: greedy in both) NVIDIA {ra} gpulet {rb}")
+                notes.append(f"{q}: differs, not scored (MIG devices: greedy in both) NVIDIA {ra} gpulet {rb}")
             else:
                 notes.append(f"{q}: [preferred-tie] scores NVIDIA {sa} gpulet {sb}")
         if len(a.get("preferred", [])) != len(b.get("preferred", [])):
@@ -134,8 +132,14 @@ def main():
             na, nb = norm_response(qa["response"]), norm_response(qb["response"])
             ea, eb = na["envs"].get("NVIDIA_VISIBLE_DEVICES"), nb["envs"].get("NVIDIA_VISIBLE_DEVICES")
             if ea and eb and ea != eb and sorted(ea.split(",")) == sorted(eb.split(",")):  # [id-order]
-                notes.append(f"{q}: [id-order] open: NVIDIA_VISIBLE_DEVICES NVIDIA {ea} gpulet {eb}")
-                nb["envs"]["NVIDIA_VISIBLE_DEVICES"] = ea
+                ids = eb.split(",")
+                if all(re.fullmatch(r"\d+(:\d+)?", i) for i in ids):
+                    key = [tuple(int(x) for x in i.split(":")) for i in ids]
+                    if key == sorted(key):
+                        notes.append(f"{q}: [id-order] NVIDIA_VISIBLE_DEVICES NVIDIA {ea} (map order) gpulet {eb} (sorted)")
+                        nb["envs"]["NVIDIA_VISIBLE_DEVICES"] = ea
+                    else:
+                        diffs.append(f"{q}: NVIDIA_VISIBLE_DEVICES: gpulet's index IDs {eb} are not sorted")
             for key in na:
                 if na[key] != nb[key]:
                     diffs.append(f"{q}: {key}: NVIDIA {na[key]} gpulet {nb[key]}")

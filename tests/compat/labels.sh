@@ -44,16 +44,9 @@ a, b, case = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
 # [labels-vgpu]; it does not read the PCI class, so no gpu.mode [labels-mode].
 deliberate = {"nvidia.com/gpu.present": "gpulet only", "nvidia.com/vgpu.present": "GFD only",
               "nvidia.com/gpu.mode": "GFD only"}
-# Open (docs/compat.md, "Labels, open"): under MIG mixed GFD also labels each MIG profile's
-# engines, replicas and sharing strategy, and counts every GPU in gpu.count; gpulet does not yet.
-import re
-open_gap = re.compile(r"nvidia\.com/mig-[^.]+.*\.(engines\.[a-z]+|replicas|sharing-strategy)$")
 diffs, notes = [], []
 for k in sorted(set(a) | set(b)):
     if a.get(k) == b.get(k):
-        continue
-    if (open_gap.match(k) and k not in b) or (k == "nvidia.com/gpu.count" and case.endswith("mixed")):
-        notes.append(f"open: {k}: GFD {a.get(k)} gpulet {b.get(k)}")
         continue
     if k in deliberate and (k not in a or k not in b):
         notes.append(f"{k}: GFD {a.get(k)} gpulet {b.get(k)}")

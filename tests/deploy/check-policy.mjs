@@ -44,7 +44,7 @@ for (const r of role?.rules ?? []) {
 }
 
 // Node agent: its cluster-wide writes are confined by a bound admission policy on the token's
-// node-name claim; only the install init container is privileged.
+// node-name claim.
 const nodeRole = find("ClusterRole", "gpulet-node");
 const writes = (nodeRole?.rules ?? []).filter((r) => r.verbs.some((v) => ["patch", "update", "delete"].includes(v)));
 const vap = find("ValidatingAdmissionPolicy", "gpulet-node-own-node");
@@ -68,7 +68,7 @@ const agent = pod.containers?.find((x) => x.name === "agent");
 check(agent !== undefined, "DaemonSet gpulet-node has an agent container");
 
 // Node agent: only the host paths it needs (docs/security.md, "Node agent privileges"). The
-// install init container alone mounts the host's root; the agent writes only the host directories
+// agent container does not mount the host's root; the agent writes only the host directories
 // it owns and reads the rest through read-only mounts; its own image is read-only.
 const hostPathOf = (mount) => pod.volumes?.find((v) => v.name === mount.name)?.hostPath?.path;
 const clean = (p) => (p ?? "").replace(/\/+$/, "") || "/";
@@ -105,10 +105,16 @@ if (!asc.privileged) {
   check((asc.seccompProfile ?? pod.securityContext?.seccompProfile)?.type === "RuntimeDefault",
         "unprivileged agent uses the RuntimeDefault seccomp profile");
 }
+// The host's root: the install init container, and the uninstall-on-delete container, which only
+// waits for SIGTERM (`gpulet uninstall --on-owner-delete`: no port, no other mount) and then
+// restores the engine configuration if its DaemonSet is being deleted.
+const isUninstallOnDelete = (c) => c.name === "uninstall-on-delete" && pod.containers.includes(c) &&
+  JSON.stringify(c.command) === JSON.stringify(["gpulet", "uninstall"]) &&
+  (c.args ?? [])[0] === "--on-owner-delete" && !(c.ports ?? []).length && (c.volumeMounts ?? []).length === 1;
 for (const c of [...(pod.containers ?? []), ...(pod.initContainers ?? [])]) {
   const hostRoot = (c.volumeMounts ?? []).some((m) => hostPathOf(m) !== undefined && clean(hostPathOf(m)) === "/");
-  check(!hostRoot || (c.name === "install" && pod.initContainers.includes(c)),
-        `only the install init container mounts the host root (not ${c.name})`);
+  check(!hostRoot || (c.name === "install" && pod.initContainers.includes(c)) || isUninstallOnDelete(c),
+        `only the install init container and the idle uninstall-on-delete container mount the host root (not ${c.name})`);
 }
 check(pod.hostPID !== true && pod.hostIPC !== true && pod.hostNetwork !== true,
       "node agent shares no host PID, IPC or network namespace");

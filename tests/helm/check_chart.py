@@ -63,36 +63,54 @@ def container(ds, name):
     raise KeyError(name)
 
 
-def uninstall_hook(o):
-    """pre-delete hooks in order: RBAC, then the DaemonSet that uninstalls on the agent's nodes,
-    then the Job that waits for it; all deleted once they succeeded."""
-    hooks = {x["kind"] + "/" + x["metadata"]["name"]: x["metadata"]["annotations"] for x in o
-             if "helm.sh/hook" in x["metadata"].get("annotations", {})
-             and x["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"}
-    want = {"ServiceAccount/gpulet-uninstall": -10, "Role/gpulet-uninstall": -10,
-            "RoleBinding/gpulet-uninstall": -10, "DaemonSet/gpulet-uninstall": -5,
-            "Job/gpulet-uninstall-wait": 0}
-    if {k: int(v["helm.sh/hook-weight"]) for k, v in hooks.items()} != want:
-        return f"pre-delete hooks {sorted(hooks)} are not {want}"
-    if any("hook-succeeded" not in v["helm.sh/hook-delete-policy"] for v in hooks.values()):
-        return "a hook is not deleted after it succeeded"
-    agent = find(o, "DaemonSet", "gpulet-node")["spec"]["template"]["spec"]
-    un = find(o, "DaemonSet", "gpulet-uninstall")["spec"]["template"]["spec"]
-    for k in ("nodeSelector", "affinity", "tolerations", "priorityClassName"):
-        if agent.get(k) != un.get(k):
-            return f"the uninstall DaemonSet's {k} differs from the agent's"
-    init = un["initContainers"][0]
-    if init["command"] != ["gpulet", "uninstall", "--host-root=/host"] or \
-            init["volumeMounts"] != [{"name": "host-root", "mountPath": "/host"}]:
-        return f"uninstall init container: {init['command']}"
-    job = find(o, "Job", "gpulet-uninstall-wait")["spec"]["template"]["spec"]
-    if job["serviceAccountName"] != "gpulet-uninstall" or job["containers"][0]["command"][-2:] != \
-            ["daemonset/gpulet-uninstall", "--timeout=2m"]:
-        return f"wait Job: {job['containers'][0]['command']}"
-    rules = find(o, "Role", "gpulet-uninstall")["rules"]
+def ds(o):
+    return find(o, "DaemonSet", "gpulet-node")
+
+
+def uninstall_on_delete(o):
+    """The agent pod's uninstall-on-delete container: `gpulet uninstall --on-owner-delete` with the
+    host's root, its pod's name and namespace from the downward API, the extra arguments and
+    environment given; the Role lets the agent's account read only its own DaemonSet; no hooks."""
+    un = container(ds(o), "uninstall-on-delete")
+    if un["command"] != ["gpulet", "uninstall"] or un["args"] != [
+            "--on-owner-delete", "--host-root=/host", "--pod-name=$(POD_NAME)",
+            "--pod-namespace=$(POD_NAMESPACE)", "--restart=none"]:
+        return f"uninstall-on-delete command: {un['command']} {un['args']}"
+    if un["volumeMounts"] != [{"name": "host-root", "mountPath": "/host"}]:
+        return f"uninstall-on-delete mounts: {un['volumeMounts']}"
+    env = {e["name"]: e.get("valueFrom", e.get("value")) for e in un["env"]}
+    if env != {"POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+               "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}, "X": "a"}:
+        return f"uninstall-on-delete env: {env}"
+    rules = find(o, "Role", "gpulet-node")["rules"]
     if rules != [{"apiGroups": ["apps"], "resources": ["daemonsets"],
-                  "resourceNames": ["gpulet-uninstall"], "verbs": ["get", "list", "watch"]}]:
-        return f"the wait Job's Role grants more than reading its DaemonSet: {rules}"
+                  "resourceNames": ["gpulet-node"], "verbs": ["get", "list", "watch"]}]:
+        return f"the agent's Role grants more than reading its DaemonSet: {rules}"
+    binding = find(o, "RoleBinding", "gpulet-node")
+    if binding["subjects"] != [{"kind": "ServiceAccount", "name": "gpulet-node", "namespace": NS}]:
+        return f"RoleBinding gpulet-node: {binding['subjects']}"
+    hooks = [x["kind"] + "/" + x["metadata"]["name"] for x in o
+             if x["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
+    if hooks:
+        return f"pre-delete hooks remain: {hooks}"
+    return None
+
+
+def extra_values(o):
+    """install.args, agent.args, env, extraVolumes/extraVolumeMounts and exporter.port reach the
+    containers they are for."""
+    spec = ds(o)["spec"]["template"]["spec"]
+    inst, agent = container(ds(o), "install"), container(ds(o), "agent")
+    if inst["args"][-1] != "--simulate=x" or agent["args"][-2:] != ["--metrics-address=:19400", "--a=b"]:
+        return f"extra args: install {inst['args']}, agent {agent['args']}"
+    if agent["ports"] != [{"name": "metrics", "containerPort": 19400, "protocol": "TCP"}]:
+        return f"agent ports: {agent['ports']}"
+    for c in (inst, agent, container(ds(o), "uninstall-on-delete")):
+        if {"name": "X", "value": "a"} not in c["env"]:
+            return f"env X not in container {c['name']}"
+    if {"name": "t", "hostPath": {"path": "/t"}} not in spec["volumes"] or \
+            agent["volumeMounts"][-1] != {"name": "t", "mountPath": "/t"}:
+        return "extra volume t not mounted at /t in the agent"
     return None
 
 
@@ -106,9 +124,6 @@ def matrix():
 
     def has_rule(rules, res, verb):
         return any(res in r["resources"] and verb in r["verbs"] for r in rules)
-
-    def ds(o):
-        return find(o, "DaemonSet", "gpulet-node")
 
     return [
         ("defaults", [], lambda o: None if ds(o) and find(o, "Deployment", "gpulet-scheduler")
@@ -184,9 +199,17 @@ def matrix():
          lambda o: None if ds(o)["spec"]["template"]["spec"]["hostNetwork"] is True
          and ds(o)["spec"]["template"]["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
          and find(o, "Pod", "gpulet-test-gpu")["spec"]["hostNetwork"] is True else "hostNetwork not set"),
-        ("uninstall hook", ["nodeSelector.gpu=yes", "uninstall.timeout=2m"], uninstall_hook),
+        ("uninstall on delete", ["uninstall.args={--restart=none}", "env[0].name=X", "env[0].value=a"],
+         uninstall_on_delete),
         ("uninstall off", ["uninstall.enabled=false"],
-         lambda o: None if not find(o, "DaemonSet", "gpulet-uninstall") else "uninstall hook remains"),
+         lambda o: None if not any(c["name"] == "uninstall-on-delete"
+                                   for c in ds(o)["spec"]["template"]["spec"]["containers"])
+         and not find(o, "Role", "gpulet-node") else "uninstall-on-delete container or its Role remains"),
+        ("extra args, env, volumes, port", ["install.args={--simulate=x}", "agent.args={--a=b}",
+                                            "env[0].name=X", "env[0].value=a", "extraVolumes[0].name=t",
+                                            "extraVolumes[0].hostPath.path=/t", "extraVolumeMounts[0].name=t",
+                                            "extraVolumeMounts[0].mountPath=/t", "exporter.port=19400"],
+         extra_values),
     ]
 
 
@@ -237,6 +260,8 @@ BAD = [
     ("image.pullPolicy=Sometimes", ["pullPolicy", "IfNotPresent"]),
     ("config.name=My_Configs", ["config", "name"]),
     ("deviceListStrategy={envvars}", ["deviceListStrategy"]),
+    ("exporter.port=94000", ["exporter", "port"]),
+    ("uninstall.kubectlImage=x", ["kubectlImage", "not allowed"]),
     # cross-value rules, from the templates' fail
     ("config.name=a,config.map.x=y", ["config.name and config.map are exclusive"]),
     ("config.map.a=x,config.default=b", ['config.default "b" is not a key of config.map (a)']),
@@ -276,7 +301,7 @@ def normalise(objs):
     for o in objs:
         md = o.setdefault("metadata", {})
         if "helm.sh/hook" in md.get("annotations", {}):
-            continue  # helm-only (uninstall hooks, tests)
+            continue  # helm-only (the helm test pod)
         labels = md.get("labels", {})
         for k in RELEASE_LABELS:
             labels.pop(k, None)

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "httplib.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::k8s {
 namespace {
@@ -66,8 +67,8 @@ class TlsReloadTest : public ::testing::Test {
     while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // Loads pair a from tls.crt/tls.key and serves with it; the reloader outlives the server.
-  CertReloader* Start(std::chrono::milliseconds interval) {
-    auto r = CertReloader::Load(cert_, key_, interval);
+  CertReloader* Start(std::chrono::milliseconds interval, Clock* clock = RealClock()) {
+    auto r = CertReloader::Load(cert_, key_, interval, clock);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return nullptr;
     reloader_ = *std::move(r);
@@ -125,6 +126,23 @@ TEST_F(TlsReloadTest, RotationKeepsInFlightRequestsAndServesTheNewCertificate) {
   EXPECT_EQ(in_flight, "slow") << "the request in flight during the rotation must finish";
 }
 
+// The files are looked at again only once check_interval has passed on the reloader's clock:
+// while a test clock stands still a rotated pair is not taken, one interval later it is.
+TEST_F(TlsReloadTest, ChecksFilesOnItsClocksInterval) {
+  gpulet::testing::FakeClock clock;
+  auto reloader = Start(std::chrono::hours(1), &clock);
+  ASSERT_NE(reloader, nullptr);
+  Write(key_, b_.key_pem);
+  Write(cert_, b_.cert_pem);
+  auto before = Client("a.crt")->Get("/ok");
+  ASSERT_TRUE(before) << httplib::to_string(before.error());
+  EXPECT_EQ(reloader->reloads(), 0);
+  clock.Advance(std::chrono::hours(1));
+  auto after = Client("b.crt")->Get("/ok");
+  ASSERT_TRUE(after) << httplib::to_string(after.error());
+  EXPECT_EQ(reloader->reloads(), 1);
+}
+
 // Files that do not parse or do not match are refused: the old pair keeps serving, the error names
 // the file, and the next good pair is taken.
 TEST_F(TlsReloadTest, BadFilesAreRefusedAndTheOldPairKeepsServing) {
@@ -177,6 +195,10 @@ TEST(CertificateExpiry, NearExpiryOrUnreadableMeansRenew) {
   EXPECT_FALSE(CertificateExpiresWithin(long_lived->cert_pem, month));
   EXPECT_TRUE(CertificateExpiresWithin("not a certificate", month));
   EXPECT_TRUE(CertificateExpiresWithin("", month));
+  // Measured from the given clock's now: eleven months on, the one-year pair is within a month.
+  gpulet::testing::FakeClock later(Clock::TimePoint{},
+                                   RealClock()->UnixSeconds() + int64_t{24 * 3600} * 340);
+  EXPECT_TRUE(CertificateExpiresWithin(long_lived->cert_pem, month, later));
 }
 
 }  // namespace

@@ -201,10 +201,31 @@ TEST_F(EmulatorTest, NodeNamePodRejectedWithUnexpectedAdmissionError) {
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->reason, "UnexpectedAdmissionError");
   EXPECT_EQ(st->message,
-            "Allocate failed due to requested number of devices unavailable for example.com/gpu. "
+            "Pod was rejected: Allocate failed due to requested number of devices unavailable for "
+            "example.com/gpu. "
             "Requested: 5, Available: 4, which is unexpected");
   // A failed pod holds nothing and is not retried.
   EXPECT_EQ(emu.Resource("example.com/gpu")->allocated, 0);
+}
+
+// The kubelet takes a plugin's options from GetDevicePluginOptions, which it calls while
+// answering Register, not from the RegisterRequest (seen on the real kubelet v1.34:
+// kubelet_probe.expected): a plugin that registers with preferred allocation but answers
+// GetDevicePluginOptions without it is never asked for a preference.
+TEST_F(EmulatorTest, OptionsComeFromGetDevicePluginOptions) {
+  auto& emu = Start();
+  auto& p = Plugin(Four());
+  p.preferred = false;
+  p.register_preferred = true;
+  p.preference = {"d3"};
+  ASSERT_TRUE(p.Register().ok());
+  ASSERT_TRUE(emu.WaitForAllocatable("example.com/gpu", 4, kWait).ok());
+  EXPECT_FALSE(emu.Resource("example.com/gpu")->preferred_allocation);
+  auto st = emu.AddPod(Pod("x", 1));
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->phase, PodPhase::kRunning);
+  EXPECT_TRUE(p.last_preferred_available().empty());  // GetPreferredAllocation never called
+  EXPECT_THAT(p.allocate_calls(), ElementsAre(ElementsAre("d0")));
 }
 
 // With the scheduler off, every pod meets kubelet admission; no healthy devices has its own words.
@@ -217,7 +238,8 @@ TEST_F(EmulatorTest, NoHealthyDevicesWording) {
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->message,
-            "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+            "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
+            "unhealthy devices "
             "example.com/gpu, which is unexpected");
 }
 
@@ -247,7 +269,8 @@ TEST_F(EmulatorTest, AllocateErrorFailsPod) {
   auto st = emu.AddPod(Pod("x", 1));
   EXPECT_EQ(st->phase, PodPhase::kFailed);
   EXPECT_EQ(st->message,
-            "Allocate failed due to rpc error: code = InvalidArgument desc = unknown device d9, "
+            "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "
+            "unknown device d9, "
             "which is unexpected");
 }
 
@@ -314,7 +337,8 @@ TEST_F(EmulatorTest, PodResourcesReportsAllocations) {
     req.set_pod_namespace("default");
     v1::GetPodResourcesResponse resp;
     grpc::Status s = stub->Get(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    // As the real kubelet v1.34 (kubelet_probe.expected): a Go error, so gRPC code Unknown.
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
     EXPECT_EQ(s.error_message(), "pod nope in namespace default not found");
   }
 }

@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ class TestPlugin : public v1beta1::DevicePlugin::Service {
   std::vector<std::string>
       preference;  // returned by GetPreferredAllocation (filtered to available)
   grpc::Status allocate_error = grpc::Status::OK;
+  // When set, Register sends this preferred-allocation option instead of `preferred` (which
+  // GetDevicePluginOptions still answers): a plugin whose two answers disagree.
+  std::optional<bool> register_preferred;
 
   std::string socket() const { return dir_ + "/" + endpoint_; }
 
@@ -60,7 +64,8 @@ class TestPlugin : public v1beta1::DevicePlugin::Service {
     req.set_version(version);
     req.set_endpoint(endpoint_);
     req.set_resource_name(resource.empty() ? resource_ : resource);
-    req.mutable_options()->set_get_preferred_allocation_available(preferred);
+    req.mutable_options()->set_get_preferred_allocation_available(
+        register_preferred.value_or(preferred));
     req.mutable_options()->set_pre_start_required(pre_start);
     v1beta1::Empty e;
     grpc::ClientContext ctx;

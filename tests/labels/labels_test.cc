@@ -58,14 +58,29 @@ TEST(Labels, SharedProduct) {
   EXPECT_EQ(GenerateLabels(*g.GetInventory(), o, 0)["nvidia.com/mps.capable"], "true");
 }
 
-// MIG mixed: full GPUs keep gpu.*, each profile gets nvidia.com/mig-<profile>.* ('+' -> '.').
+// MIG mixed: full GPUs keep gpu.*, each profile gets nvidia.com/mig-<profile>.* ('+' -> '.'),
+// engines, replicas and sharing strategy included; gpu.count counts the MIG-enabled GPU too
+// (as GFD: physical GPUs of the product; issue 16, compat.labels).
 TEST(Labels, MigMixed) {
   FakeGpuLayer g(2, /*mig_on_last=*/true);
   LabelOptions o;
   o.mig_strategy = "mixed";
-  Labels l = GenerateLabels(*g.GetInventory(), o, 0);
+  o.sharing_strategy = "time-slicing";
+  o.replicas = 4;
+  gpu::Inventory inv = *g.GetInventory();
+  for (auto& m : inv.devices[1].mig_devices)
+    if (m.profile == "3g.40gb") m.copy_engines = 3, m.decoders = 2, m.jpeg_engines = 1;
+  Labels l = GenerateLabels(inv, o, 0);
   EXPECT_EQ(l["nvidia.com/mig.strategy"], "mixed");
-  EXPECT_EQ(l["nvidia.com/gpu.count"], "1");
+  EXPECT_EQ(l["nvidia.com/gpu.count"], "2");
+  EXPECT_EQ(l["nvidia.com/gpu.replicas"], "4");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.replicas"], "1");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.sharing-strategy"], "none");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.engines.copy"], "3");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.engines.decoder"], "2");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.engines.encoder"], "0");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.engines.jpeg"], "1");
+  EXPECT_EQ(l["nvidia.com/mig-3g.40gb.engines.ofa"], "0");
   EXPECT_EQ(l["nvidia.com/mig-3g.40gb.count"], "1");
   EXPECT_EQ(l["nvidia.com/mig-3g.40gb.memory"], "40192");
   EXPECT_EQ(l["nvidia.com/mig-3g.40gb.multiprocessors"], "60");
@@ -91,6 +106,7 @@ TEST(Labels, MigSingle) {
   EXPECT_EQ(good["nvidia.com/gpu.count"], "2");
   EXPECT_EQ(good["nvidia.com/gpu.memory"], "40192");
   EXPECT_EQ(good["nvidia.com/gpu.slices.gi"], "3");
+  EXPECT_EQ(good["nvidia.com/gpu.engines.copy"], "0");
 }
 
 // Families by compute capability as GFD's getArchFamily.

@@ -634,6 +634,32 @@ TEST(Server, ServesSnapshotsWithoutWaitingOnNvml) {
   server.Stop();
 }
 
+// /health measures the snapshot's age on the sampler's clock (it subtracted a time point of that
+// clock from the steady clock's now): fresh is 200, older than 3 intervals + 30 s is 503.
+TEST(Server, HealthMeasuresAgeOnTheSamplersClock) {
+  gpulet::testing::FakeClock clock;
+  FakeGpuLayer g(1);
+  SamplerOptions so;
+  Sampler sampler(&g, nullptr, nullptr, nullptr, &clock, so);
+  sampler.SampleOnce();
+  MetricsServer server(&sampler, {"127.0.0.1:0", "127.0.0.1:0", 2});
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client c("127.0.0.1", server.port());
+  auto fresh = c.Get("/health");
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(fresh->status, 200) << fresh->body;
+  clock.Advance(3 * so.interval + std::chrono::seconds(29));
+  auto old = c.Get("/health");
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->status, 200) << old->body;
+  clock.Advance(std::chrono::seconds(2));
+  auto stalled = c.Get("/health");
+  ASSERT_TRUE(stalled);
+  EXPECT_EQ(stalled->status, 503) << stalled->body;
+  EXPECT_THAT(stalled->body, HasSubstr("sampling stalled"));
+  server.Stop();
+}
+
 // Accept-Encoding: gzip and x-gzip unless refused with q=0; anything else is identity.
 TEST(Exposition, AcceptsGzip) {
   EXPECT_TRUE(AcceptsGzip("gzip"));

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace gpulet::placement {
 namespace {
@@ -174,6 +175,78 @@ TEST(Simulate, GpuletAtLeastFgdOnSample) {
     b += Simulate(*c, *t, **gpulet, {.seed = seed}).allocated;
   }
   EXPECT_GE(b, a);
+}
+
+// The library behind `gpulet-sched simulate`: one run_done per (policy, seed) run, counted 1..N
+// one call at a time; the results are the same on one thread and on four; the header says what
+// runs and the table has a row per policy.
+TEST(SimulationRun, ReportsEveryRunAndDoesNotDependOnThreads) {
+  SimulationRequest req{.nodes = SampleDir() + "/sample_nodes.csv",
+                        .pods = SampleDir() + "/sample_pods.csv",
+                        .policies = "best-fit,fgd",
+                        .seeds = 3,
+                        .jobs = 4};
+  auto sim = PrepareSimulation(req);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  ASSERT_EQ(sim->runs(), 6u);
+  std::vector<size_t> done;
+  SimulationReport four = RunSimulation(
+      *sim, [&done](const SimResult&, size_t n) { done.push_back(n); });  // no lock: one at a time
+  EXPECT_THAT(done, ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  sim->request.jobs = 1;
+  SimulationReport one = RunSimulation(*sim);
+  ASSERT_EQ(four.results.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(four.results[i].policy, one.results[i].policy);
+    EXPECT_EQ(four.results[i].seed, one.results[i].seed);
+    EXPECT_EQ(four.results[i].allocated, one.results[i].allocated);
+  }
+  EXPECT_EQ(FormatSimulationHeader(*sim).rfind("# " + req.pods + " x " + req.nodes + ", ", 0), 0u);
+  EXPECT_THAT(FormatSimulationHeader(*sim), HasSubstr(", arrivals 1.30, seeds 42..44\n"));
+  std::string table = FormatSimulationTable(sim->request, one);
+  EXPECT_EQ(table.rfind("policy         alloc%    +-sd     min     max    failed    s/run\n", 0),
+            0u)
+      << table;
+  EXPECT_THAT(table, HasSubstr("\nbest-fit "));
+  EXPECT_THAT(table, HasSubstr("\nfgd "));
+}
+
+// A bad request is refused before any run, naming the flag.
+TEST(SimulationRun, BadRequestNamesTheFlag) {
+  SimulationRequest req{.nodes = SampleDir() + "/sample_nodes.csv",
+                        .pods = SampleDir() + "/sample_pods.csv"};
+  req.seeds = 0;
+  EXPECT_THAT(ErrorOf(PrepareSimulation(req).status()), HasSubstr("--seeds"));
+  req.seeds = 1;
+  req.arrivals = 0;
+  EXPECT_THAT(ErrorOf(PrepareSimulation(req).status()), HasSubstr("--arrivals"));
+  req.arrivals = 1.3;
+  req.policies = "no-such-policy";
+  EXPECT_THAT(ErrorOf(PrepareSimulation(req).status()), HasSubstr("--policy"));
+  req.policies = ",";
+  EXPECT_THAT(ErrorOf(PrepareSimulation(req).status()), HasSubstr("--policy names no policy"));
+}
+
+// Progress: one line per run for logs, or a bar redrawn in place on a terminal.
+TEST(SimulationRun, ProgressLinesOrBar) {
+  SimResult r;
+  r.policy = "fgd";
+  r.seed = 43;
+  r.allocated = 0.5;
+  r.seconds = 1.5;
+  std::ostringstream lines;
+  SimulationProgress log(lines, 2, /*redraw=*/false);
+  log.RunDone(r, 1);
+  log.Finish();
+  EXPECT_EQ(lines.str(), "run 1/2 done: fgd seed 43, 50.00% allocated (1.5 s)\n");
+  std::ostringstream bar;
+  SimulationProgress tty(bar, 2, /*redraw=*/true);
+  tty.RunDone(r, 1);
+  tty.Finish();
+  EXPECT_THAT(bar.str(), HasSubstr("\r[" + std::string(30, ' ') + "] 0/2 runs, "));
+  EXPECT_THAT(bar.str(),
+              HasSubstr("\r[" + std::string(15, '#') + std::string(15, ' ') + "] 1/2 runs, "));
+  EXPECT_EQ(bar.str().back(), '\n');
 }
 
 // The CLI: a bad row stops it with exit code 2 and file:line on stderr, and --out is not

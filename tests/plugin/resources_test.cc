@@ -158,6 +158,33 @@ TEST(ResourcesTest, BadIdsAreInvalidArgumentNamingTheId) {
   EXPECT_FALSE(r->Allocate({}).ok());
 }
 
+// NVIDIA_VISIBLE_DEVICES lists index IDs in index order whatever the request's order (NVIDIA's
+// is Go's map order, random: issue 16 [id-order]); UUIDs keep the request's order, as NVIDIA's.
+TEST(ResourcesTest, IndexIdsAreListedInIndexOrder) {
+  auto inv = MakeInventory(4, {}, "NVIDIA A100-SXM4-40GB");
+  AddMig(inv, 0, std::vector<std::string>(7, "1g.5gb"));
+  AddMig(inv, 1, {"3g.20gb", "2g.10gb", "1g.5gb"});
+  Config cfg;
+  cfg.mig_strategy = MigStrategy::kMixed;
+  cfg.id_strategy = IdStrategy::kIndex;
+  Node n(inv, cfg);
+  auto rs = n.Build();
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  const std::string m12 = inv.devices[1].mig_devices[2].uuid;
+  const std::string m03 = inv.devices[0].mig_devices[3].uuid;
+  auto r = Get(*rs, "nvidia.com/mig-1g.5gb")->Allocate({m12, m03});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->envs().at("NVIDIA_VISIBLE_DEVICES"), "0:3,1:2");
+  const std::string u2 = inv.devices[2].uuid, u3 = inv.devices[3].uuid;
+  auto whole = Get(*rs, "nvidia.com/gpu")->Allocate({u3, u2});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->envs().at("NVIDIA_VISIBLE_DEVICES"), "2,3");
+  n.cfg.id_strategy = IdStrategy::kUuid;
+  auto by_uuid = Get(*n.Build(), "nvidia.com/gpu")->Allocate({u3, u2});
+  ASSERT_TRUE(by_uuid.ok()) << by_uuid.status();
+  EXPECT_EQ(by_uuid->envs().at("NVIDIA_VISIBLE_DEVICES"), u3 + "," + u2);
+}
+
 // MIG none / single / mixed name and count resources as NVIDIA does (a100-mig layout).
 TEST(ResourcesTest, MigStrategies) {
   auto inv = MakeInventory(4, {}, "NVIDIA A100-SXM4-40GB");
@@ -266,6 +293,41 @@ TEST(ResourcesTest, ReplicaPolicies) {
   n.cfg.shared_policy = SharedPolicy::kPacked;
   shared = Get(*n.Build(), "nvidia.com/gpu.shared");
   EXPECT_THAT(*shared->Preferred(avail, {}, 2), ElementsAre(u0 + "::2", u0 + "::3"));
+}
+
+// Distributed replicas: where the policy leaves a choice of GPUs, the topology score makes it
+// (issue 16 [replica-preferred]: NVIDIA's answer scored higher on a DGX-1). Must-include replicas
+// on GPUs 6 and 7 leave six unused GPUs for two more replicas; the first two in ID order (0, 1)
+// have no NVLink to 6 or 7, while 4 and 5 complete their NVLink quad.
+TEST(ResourcesTest, ReplicaTiesGoToTheTopologyScore) {
+  auto cfg = ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n",
+      "r.yaml");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  Node n(MakeInventory(8, Dgx1Links()), *cfg);
+  auto shared = Get(*n.Build(), "nvidia.com/gpu");
+  ASSERT_NE(shared, nullptr);
+  std::vector<std::string> all;
+  for (const auto& d : shared->Devices()) all.push_back(d.id);
+  auto id = [&](int g, int r) { return n.inv.devices[g].uuid + "::" + std::to_string(r); };
+  auto four = shared->Preferred(all, {id(6, 0), id(7, 2)}, 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_THAT(*four, UnorderedElementsAre(id(6, 0), id(7, 2), id(4, 0), id(5, 0)));
+  // The policy still comes first: with GPUs 4 and 5 partly in use, the unused GPUs are taken
+  // (2 and 3: 2-6 and 3-7 are NVLinks, 2-3 a double one), however good 4 and 5 are.
+  std::vector<std::string> avail;
+  for (const auto& a : all)
+    if (a != id(4, 1) && a != id(5, 1)) avail.push_back(a);
+  auto spread = shared->Preferred(avail, {id(6, 0), id(7, 2)}, 4);
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  EXPECT_THAT(*spread, UnorderedElementsAre(id(6, 0), id(7, 2), id(2, 0), id(3, 0)));
+  // A request larger than one level: every GPU gets one before any gets a second, and the
+  // second replicas go to the best-linked GPUs of the rest.
+  auto ten = shared->Preferred(all, {}, 10);
+  ASSERT_TRUE(ten.ok()) << ten.status();
+  std::map<std::string, int> per_gpu;
+  for (const auto& d : *ten) ++per_gpu[d.substr(0, d.find("::"))];
+  EXPECT_EQ(per_gpu.size(), 8u);
 }
 
 // Per-resource renaming by product-name pattern works (NVIDIA parses but ignores it).

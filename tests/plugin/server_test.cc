@@ -4,11 +4,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <sstream>
+#include <string_view>
 
+#include "spdlog/sinks/base_sink.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "testing/common/fake_clock.h"
 #include "testing/kubelet/emulator.h"
 
 namespace gpulet::kubelet {
@@ -159,6 +165,46 @@ TEST_F(ServerTest, ReRegistersAfterKubeletRestart) {
   for (int i = 0; i < 50 && !std::filesystem::exists(dir + "/example-widget.sock"); ++i)
     std::this_thread::sleep_for(20ms);
   EXPECT_TRUE(std::filesystem::exists(dir + "/example-widget.sock"));
+}
+
+// The registration backoff waits on the manager's clock: while a test clock stands still, a
+// kubelet that refuses (here kubelet.sock is no socket) is tried once, not every 100-400 ms of
+// real time; moving the clock past the backoff brings the next try.
+TEST_F(ServerTest, RegistrationBackoffFollowsTheClock) {
+  // Counts the "retrying in" warnings as they are logged (the test reads it while the manager
+  // logs).
+  struct Tries : spdlog::sinks::base_sink<std::mutex> {
+    std::atomic<int> n{0};
+    void sink_it_(const spdlog::details::log_msg& m) override {
+      if (std::string_view(m.payload.data(), m.payload.size()).find("retrying in") !=
+          std::string_view::npos)
+        ++n;
+    }
+    void flush_() override {}
+  };
+  auto sink = std::make_shared<Tries>();
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  struct Restore {
+    std::shared_ptr<spdlog::logger> l;
+    ~Restore() { spdlog::set_default_logger(l); }
+  } restore{previous};
+  auto tries = [&sink] { return sink->n.load(); };
+  { std::ofstream(dir + "/kubelet.sock") << "not a socket"; }
+  gpulet::testing::FakeClock clock;
+  ManagerOptions o = Options();
+  o.clock = &clock;
+  o.poll_interval = absl::Milliseconds(20);
+  o.register_timeout = absl::Milliseconds(200);
+  PluginManager m(o);
+  ASSERT_TRUE(m.SetResources({std::make_shared<TestResource>("example.com/widget", 1)}).ok());
+  for (int i = 0; i < 250 && tries() < 1; ++i) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(800ms);  // real time, four times the 100-400 ms backoff
+  EXPECT_EQ(tries(), 1);
+  clock.Advance(100ms);  // the first backoff
+  for (int i = 0; i < 250 && tries() < 2; ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(tries(), 2);
+  m.Stop();
 }
 
 // A missing directory or a resource offered twice is an error, not a crash.

@@ -92,5 +92,41 @@ TEST(TopologyTest, OptimalAgainstBruteForce) {
   }
 }
 
+// BestAddition (time-slicing replicas): the brute-force optimum of the multiset score, with bases
+// that count some GPUs several times and candidates that are already in the base.
+TEST(TopologyTest, BestAdditionOptimalAgainstBruteForce) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 60; ++round) {
+    const int n = 12;
+    std::vector<std::vector<int>> links(n, std::vector<int>(n, 0));
+    for (int i = 0; i < n; ++i)
+      for (int j = i + 1; j < n; ++j) links[i][j] = links[j][i] = rng() % 3 == 0 ? rng() % 5 : 0;
+    TopologyScorer t(MakeInventory(n, links));
+    std::vector<int> base(n, 0);
+    for (int g = 0; g < n; ++g) base[g] = rng() % 4 == 0 ? 1 + rng() % 3 : 0;
+    uint64_t cand = (rng() & 0xfff) | 0x111;
+    int count = rng() % (std::popcount(cand) + 1);
+    // Score of base + one item per GPU of m: pairs on two different GPUs.
+    auto score = [&](uint64_t m) {
+      std::vector<int64_t> c(base.begin(), base.end());
+      for (int g = 0; g < n; ++g) c[g] += m >> g & 1;
+      int64_t s = 0;
+      for (int a = 0; a < n; ++a)
+        for (int b = a + 1; b < n; ++b) s += c[a] * c[b] * t.PairScore(a, b);
+      return s;
+    };
+    int64_t brute = -1;
+    for (uint64_t m = 0; m < (uint64_t{1} << n); ++m)
+      if ((m & ~cand) == 0 && std::popcount(m) == count) brute = std::max(brute, score(m));
+    auto best = t.BestAddition(cand, base, count);
+    ASSERT_TRUE(best.ok()) << best.status();
+    EXPECT_EQ(std::popcount(*best), count);
+    EXPECT_EQ(*best & ~cand, 0u);
+    EXPECT_EQ(score(*best), brute) << "round " << round;
+  }
+  TopologyScorer t(MakeInventory(4, {}));
+  EXPECT_FALSE(t.BestAddition(Mask({0, 1}), {}, 3).ok());
+}
+
 }  // namespace
 }  // namespace gpulet::plugin

@@ -125,7 +125,8 @@ class ClusterTest : public ::testing::Test {
     }
     *bound_pods = 0;
     for (const json& p : api_.Pods()) {
-      if (p["spec"]["nodeName"] == "") continue;
+      // Unbound pods have no spec.nodeName at all, as on kube-apiserver.
+      if (p["spec"].value("nodeName", "").empty()) continue;
       ++*bound_pods;
       const json& ann = p["metadata"]["annotations"];
       ASSERT_EQ(ann["gpulet.io/vgpu-node"], p["spec"]["nodeName"]);

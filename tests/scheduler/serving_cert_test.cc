@@ -11,6 +11,7 @@
 #include "common/fs.h"
 #include "gtest/gtest.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -141,6 +142,44 @@ TEST(ServingCert, SecretThatCannotBeStoredFailsTheStart) {
   o.secret = "gpulet-system/webhook-tls";
   auto c = ServingCert::Create(o, &client);
   EXPECT_FALSE(c.ok());
+}
+
+// Renewal follows the options' clock: a one-year pair is kept until the clock reaches its
+// 30-day window, then replaced, with no waiting (the expiry check used to read the system time).
+TEST(ServingCert, RenewsWhenTheClockReachesTheWindow) {
+  gpulet::testing::FakeClock clock(gpulet::testing::FakeClock::TimePoint{},
+                                   RealClock()->UnixSeconds());
+  ServingCertOptions o = SelfIssued(std::chrono::hours(24 * 30));
+  o.clock = &clock;
+  auto c = ServingCert::Create(o, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto r = (*c)->RenewOnce();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r);
+  clock.Advance(std::chrono::hours(24 * 330));  // 35 days left: still outside the window
+  r = (*c)->RenewOnce();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(*r);
+  clock.Advance(std::chrono::hours(24 * 10));  // 25 days left
+  r = (*c)->RenewOnce();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(*r);
+}
+
+// The window is not rounded to hours (--tls-renew-before 90m was 1h in the library): 80 minutes
+// before expiry a 90-minute window renews.
+TEST(ServingCert, WindowBelowAnHourIsKeptExactly) {
+  gpulet::testing::FakeClock clock(gpulet::testing::FakeClock::TimePoint{},
+                                   RealClock()->UnixSeconds());
+  ServingCertOptions o = SelfIssued(std::chrono::hours(1));
+  o.renew_before = std::chrono::minutes(90);
+  o.clock = &clock;
+  auto c = ServingCert::Create(o, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  clock.Advance(std::chrono::hours(24 * 365) - std::chrono::minutes(80));
+  auto r = (*c)->RenewOnce();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(*r);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
-// `gpulet install` / `gpulet uninstall`: the node DaemonSet's init step (node/install.h).
+// `gpulet install` / `gpulet uninstall`: the node DaemonSet's init step (node/install.h), and its
+// uninstall-on-delete container (`gpulet uninstall --on-owner-delete`, node/owner_deletion.h).
 #include "node/install.h"
+
+#include <signal.h>
 
 #include <iostream>
 #include <memory>
@@ -7,6 +10,9 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "common/signals.h"
+#include "k8s/client.h"
+#include "node/owner_deletion.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -45,14 +51,67 @@ std::function<int()> SetupInstall(CLI::App& sub) {
   };
 }
 
+struct UninstallFlags {
+  std::string host_root = "/";
+  std::string restart = "auto";
+  bool on_owner_delete = false;
+  std::string pod_name, pod_namespace, kubeconfig;
+};
+
+// --on-owner-delete: wait for SIGTERM, then uninstall only when this pod's DaemonSet is being
+// deleted (node/owner_deletion.h). The pod's name and namespace come from the downward API.
+int UninstallOnOwnerDelete(const UninstallFlags& f) {
+  const char* who = "gpulet uninstall --on-owner-delete";
+  if (f.pod_name.empty() || f.pod_namespace.empty())
+    return Fail(who,
+                "--pod-name and --pod-namespace are required (the downward API's "
+                "metadata.name and metadata.namespace)",
+                kUsageError);
+  const sigset_t stop = BlockStopSignals();
+  auto cfg = k8s::ResolveConfig(f.kubeconfig);
+  if (!cfg.ok()) return Fail(who, cfg.status());
+  // At termination one GET decides: a few quick tries, not the default minutes of retries.
+  cfg->max_attempts = 3;
+  cfg->timeout = std::chrono::seconds(5);
+  k8s::Client client(*cfg);
+  node::OwnerDeletion owner(&client, f.pod_namespace, f.pod_name);
+  owner.Start();
+  std::cout << "waiting; the engine configuration is restored only when this pod's DaemonSet is "
+               "deleted"
+            << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  node::OwnerDeletion::Verdict v = owner.Decide();
+  // The watch is stopped after the work: ending it can wait for the connection to close, and the
+  // kubelet's grace period is better spent on the uninstall.
+  if (!v.deleting) {
+    std::cout << "kept the engine configuration: " << v.reason << std::endl;
+    owner.Stop();
+    return 0;
+  }
+  std::cout << v.reason << ": uninstalling" << std::endl;
+  int rc = Report("uninstall", node::Uninstall(f.host_root, f.restart));
+  owner.Stop();
+  return rc;
+}
+
 std::function<int()> SetupUninstall(CLI::App& sub) {
-  auto host_root = std::make_shared<std::string>("/");
-  auto restart = std::make_shared<std::string>("auto");
-  sub.add_option("--host-root", *host_root, "Where the host's root filesystem is mounted")
+  auto f = std::make_shared<UninstallFlags>();
+  sub.add_option("--host-root", f->host_root, "Where the host's root filesystem is mounted")
       ->capture_default_str();
-  AddRestart(sub, *restart);
-  return
-      [host_root, restart] { return Report("uninstall", node::Uninstall(*host_root, *restart)); };
+  AddRestart(sub, f->restart);
+  sub.add_flag("--on-owner-delete", f->on_owner_delete,
+               "Wait for SIGTERM, then uninstall only if this pod's DaemonSet is being deleted "
+               "(the node agent's uninstall-on-delete container)");
+  sub.add_option("--pod-name", f->pod_name, "This pod's name (with --on-owner-delete)");
+  sub.add_option("--pod-namespace", f->pod_namespace,
+                 "This pod's namespace (with --on-owner-delete)");
+  sub.add_option("--kubeconfig", f->kubeconfig,
+                 "kubeconfig (with --on-owner-delete; default: $KUBECONFIG, in-cluster)");
+  return [f] {
+    if (f->on_owner_delete) return UninstallOnOwnerDelete(*f);
+    return Report("uninstall", node::Uninstall(f->host_root, f->restart));
+  };
 }
 
 }  // namespace

@@ -4,20 +4,17 @@
 #include <malloc.h>
 #include <signal.h>
 
-#include <filesystem>
-#include <iostream>
 #include <memory>
-#include <optional>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
+#include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "common/duration.h"
 #include "common/fs.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "httplib.h"
 #include "k8s/client.h"
@@ -25,6 +22,7 @@
 #include "k8s/tls.h"
 #include "placement/vgpu_policy.h"
 #include "scheduler/extender.h"
+#include "scheduler/serving_cert.h"
 #include "scheduler/webhook.h"
 #include "spdlog/spdlog.h"
 
@@ -69,98 +67,11 @@ bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
   return absl::SimpleAtoi(listen.substr(colon + 1), port) && *port >= 0 && *port < 65536;
 }
 
-// The serving certificate: files, a Secret (created with a self-issued pair when missing), or a
-// self-issued pair of our own. A self-issued `current` pair (from the Secret, or the one being
-// served) is kept until it is within --tls-renew-before of expiry, then replaced (and stored).
-absl::StatusOr<k8s::PemPair> ServingCertificate(const SchedulerFlags& f, k8s::Client* api,
-                                                const k8s::PemPair* current = nullptr) {
-  const auto renew_before = absl::ToChronoSeconds(f.renew_before);
-  if (!f.tls_cert_file.empty() || !f.tls_key_file.empty()) {
-    if (f.tls_cert_file.empty() || f.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together");
-    }
-    k8s::PemPair p;
-    ASSIGN_OR_RETURN(p.cert_pem, ReadFileToString(f.tls_cert_file));
-    ASSIGN_OR_RETURN(p.key_pem, ReadFileToString(f.tls_key_file));
-    return p;
-  }
-  std::vector<std::string> names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
-  if (f.tls_secret.empty()) {
-    if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before)) return *current;
-    return k8s::SelfIssuedCertificate(names);
-  }
-  std::vector<std::string> ns_name = absl::StrSplit(f.tls_secret, '/');
-  if (ns_name.size() != 2 || !api) {
-    return absl::InvalidArgumentError("--tls-secret wants NAMESPACE/NAME and an API server");
-  }
-  if (!scheduler::IsDns1123Label(ns_name[0]) || !scheduler::IsDns1123Subdomain(ns_name[1])) {
-    return absl::InvalidArgumentError("--tls-secret: NAMESPACE/NAME are not Kubernetes names");
-  }
-  std::string path = "/api/v1/namespaces/" + ns_name[0] + "/secrets/" + ns_name[1];
-  auto secret = api->Call("GET", path);
-  k8s::PemPair p;
-  auto data_field = [&secret](const char* key) {
-    std::string out;
-    if (!secret.ok()) return out;
-    auto data = secret->find("data");
-    if (data == secret->end() || !data->is_object()) return out;
-    auto it = data->find(key);
-    if (it != data->end() && it->is_string()) absl::Base64Unescape(it->get<std::string>(), &out);
-    return out;
-  };
-  p.cert_pem = data_field("tls.crt");
-  p.key_pem = data_field("tls.key");
-  p.ca_pem = data_field("ca.crt");
-  // Near expiry (or unreadable, or an older Secret without its CA: a CA:TRUE leaf of earlier
-  // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
-  // and, with --webhook-configuration, into caBundle.
-  if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
-      !k8s::CertificateExpiresWithin(p.cert_pem, renew_before)) {
-    return p;
-  }
-  ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(names));
-  nlohmann::json body = {{"apiVersion", "v1"},
-                         {"kind", "Secret"},
-                         {"type", "kubernetes.io/tls"},
-                         {"metadata", {{"name", ns_name[1]}, {"namespace", ns_name[0]}}},
-                         {"data",
-                          {{"tls.crt", absl::Base64Escape(p.cert_pem)},
-                           {"tls.key", absl::Base64Escape(p.key_pem)},
-                           {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
-  auto created =
-      api->Call(secret.ok() ? "PUT" : "POST",
-                secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
-  if (!created.ok()) return created.status();
-  return p;
-}
-
-// Publishes `ca_pem` (one or more certificates) as the webhook configuration's caBundle so the API
-// server trusts our self-issued certificate.
-void PublishCaBundle(k8s::Client& api, const std::string& configuration,
-                     const std::string& ca_pem) {
-  if (configuration.empty()) return;
-  nlohmann::json patch = nlohmann::json::array({{{"op", "replace"},
-                                                 {"path", "/webhooks/0/clientConfig/caBundle"},
-                                                 {"value", absl::Base64Escape(ca_pem)}}});
-  for (const char* kind : {"validatingwebhookconfigurations", "mutatingwebhookconfigurations"}) {
-    auto r = api.Call(
-        "PATCH", std::string("/apis/admissionregistration.k8s.io/v1/") + kind + "/" + configuration,
-        &patch, "application/json-patch+json");
-    if (!r.ok() && !absl::IsNotFound(r.status())) {
-      spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
-                   r.status().ToString());
-    }
-  }
-}
-
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
 }
 
-int Fail(const std::string& why) {
-  std::cerr << "gpulet scheduler: " << why << "\n";
-  return 2;
-}
+constexpr char kWho[] = "gpulet scheduler";
 
 // The serving side of every listener: one GuardedServer per address; `tls` (owned) or plain.
 struct Listener {
@@ -207,41 +118,47 @@ absl::Status ParseDurationFlags(SchedulerFlags& f) {
 }
 
 int RunScheduler(SchedulerFlags f) {
-  sigset_t stop;
-  sigemptyset(&stop);
-  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stop, sig);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before any thread, so sigwait receives them
+  const sigset_t stop = BlockStopSignals();  // before any thread, so sigwait receives them
 
-  if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(std::string(st.message()));
+  if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(kWho, st, kUsageError);
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
-    return Fail("--policy \"" + f.policy +
-                "\" is not a policy (known: " + absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
+    return Fail(kWho,
+                "--policy \"" + f.policy + "\" is not a policy (known: " +
+                    absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")",
+                kUsageError);
   }
   std::string ext_host, hook_host, health_host;
   int ext_port = 0, hook_port = 0, health_port = 0;
   if (!SplitHostPort(f.extender_listen, &ext_host, &ext_port)) {
-    return Fail("--extender-listen \"" + f.extender_listen + "\" is not HOST:PORT");
+    return Fail(kWho, "--extender-listen \"" + f.extender_listen + "\" is not HOST:PORT",
+                kUsageError);
   }
   if (!f.webhook_listen.empty() && !SplitHostPort(f.webhook_listen, &hook_host, &hook_port)) {
-    return Fail("--webhook-listen \"" + f.webhook_listen + "\" is not HOST:PORT");
+    return Fail(kWho, "--webhook-listen \"" + f.webhook_listen + "\" is not HOST:PORT",
+                kUsageError);
   }
   if (!f.health_listen.empty() && !SplitHostPort(f.health_listen, &health_host, &health_port)) {
-    return Fail("--health-listen \"" + f.health_listen + "\" is not HOST:PORT");
+    return Fail(kWho, "--health-listen \"" + f.health_listen + "\" is not HOST:PORT", kUsageError);
   }
   // The extender binds pods: reachable from the network only with kube-scheduler's certificate.
   if (!IsLoopback(ext_host) && f.extender_client_ca_file.empty() && !f.extender_insecure) {
-    return Fail("--extender-listen " + f.extender_listen +
-                " is not a loopback address: give --extender-client-ca-file (HTTPS with "
-                "kube-scheduler's client certificate) or, knowingly, --extender-insecure");
+    return Fail(kWho,
+                "--extender-listen " + f.extender_listen +
+                    " is not a loopback address: give --extender-client-ca-file (HTTPS with "
+                    "kube-scheduler's client certificate) or, knowingly, --extender-insecure",
+                kUsageError);
   }
   std::string client_ca;
   if (!f.extender_client_ca_file.empty()) {
     auto ca = ReadFileToString(f.extender_client_ca_file);
-    if (!ca.ok()) return Fail("--extender-client-ca-file: " + std::string(ca.status().message()));
+    if (!ca.ok()) {
+      return Fail(kWho, "--extender-client-ca-file: " + std::string(ca.status().message()),
+                  kUsageError);
+    }
     client_ca = *ca;
   }
   auto config = k8s::ResolveConfig(f.kubeconfig);
-  if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (!config.ok()) return Fail(kWho, config.status(), kUsageError);
   k8s::Client api(*config);
   scheduler::ExtenderOptions eo;
   eo.names = f.names;
@@ -253,9 +170,7 @@ int RunScheduler(SchedulerFlags f) {
   eo.debug_endpoints = f.extender_debug_endpoints;
   scheduler::Extender extender(&api, eo);
   if (auto s = extender.Sync(); !s.ok()) {
-    std::cerr << "gpulet scheduler: initial sync with the API server failed: " << s.message()
-              << "\n";
-    return 1;
+    return Fail(kWho, "initial sync with the API server failed: " + std::string(s.message()));
   }
   extender.StartWatching();
 
@@ -270,44 +185,33 @@ int RunScheduler(SchedulerFlags f) {
   // concurrent 2 MiB bodies). Two arenas make freed memory reusable by every thread.
   mallopt(M_ARENA_MAX, 2);
 
-  // The serving certificate (webhook, and the extender when it serves HTTPS).
-  bool need_cert = !f.webhook_listen.empty() || !client_ca.empty();
-  std::optional<k8s::PemPair> pem;
-  // Declared before the servers, so they outlive them (installed as their certificate callback).
-  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;
-  bool self_issued = false;
-  std::string tls_dir, cert_file = f.tls_cert_file, key_file = f.tls_key_file;
-  if (need_cert) {
-    auto p = ServingCertificate(f, &api);
-    if (!p.ok()) {
+  // The serving certificate (webhook, and the extender when it serves HTTPS): files, a Secret, or
+  // self-issued and renewed (scheduler/serving_cert.h). Declared before the reloaders and the
+  // servers, so that its files outlive them.
+  std::unique_ptr<scheduler::ServingCert> cert;
+  if (!f.webhook_listen.empty() || !client_ca.empty()) {
+    scheduler::ServingCertOptions co;
+    co.cert_file = f.tls_cert_file;
+    co.key_file = f.tls_key_file;
+    co.secret = f.tls_secret;
+    co.names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
+    co.renew_before = absl::ToChronoSeconds(f.renew_before);
+    co.webhook_configuration = f.webhook_configuration;
+    auto c = scheduler::ServingCert::Create(std::move(co), &api);
+    if (!c.ok()) {
       extender.StopWatching();
-      std::cerr << "gpulet scheduler: serving certificate: " << p.status().message() << "\n";
-      return 1;
+      return Fail(kWho, "serving certificate: " + std::string(c.status().message()));
     }
-    pem = *std::move(p);
-    // Certificate files (cert-manager, a mounted Secret) are taken again when they change; a
-    // self-issued pair is written to a private directory so that its renewals are served the
-    // same way.
-    self_issued = f.tls_cert_file.empty();
-    if (self_issued) {
-      char dir[] = "/tmp/gpulet-webhook-tls-XXXXXX";
-      if (mkdtemp(dir) != nullptr) tls_dir = dir;
-      cert_file = tls_dir + "/tls.crt";
-      key_file = tls_dir + "/tls.key";
-      if (tls_dir.empty() || !WriteFileAtomic(key_file, pem->key_pem, 0600).ok() ||
-          !WriteFileAtomic(cert_file, pem->cert_pem).ok()) {
-        spdlog::warn("cannot keep the self-issued certificate in {}; it will not be renewed",
-                     tls_dir.empty() ? std::string("/tmp") : tls_dir);
-        self_issued = false;
-        cert_file.clear();
-      }
-    }
+    cert = *std::move(c);
   }
+  // Installed as the servers' certificate callback: declared before them, so they outlive them.
+  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;
   // A TLS listener with the serving pair (reloaded from its files when they change).
   auto make_tls = [&](const std::string& ca) -> absl::StatusOr<SSL_CTX*> {
-    ASSIGN_OR_RETURN(SSL_CTX * ctx, k8s::ServerTlsContext(pem->cert_pem, pem->key_pem, ca));
-    if (!cert_file.empty()) {
-      auto r = k8s::CertReloader::Load(cert_file, key_file);
+    ASSIGN_OR_RETURN(SSL_CTX * ctx,
+                     k8s::ServerTlsContext(cert->pem().cert_pem, cert->pem().key_pem, ca));
+    if (!cert->cert_file().empty()) {
+      auto r = k8s::CertReloader::Load(cert->cert_file(), cert->key_file());
       if (r.ok()) {
         (*r)->Install(ctx);
         reloaders.push_back(*std::move(r));
@@ -332,7 +236,7 @@ int RunScheduler(SchedulerFlags f) {
       auto c = make_tls(client_ca);
       if (!c.ok()) {
         stop_all();
-        return Fail("extender TLS: " + std::string(c.status().message()));
+        return Fail(kWho, "extender TLS: " + std::string(c.status().message()), kUsageError);
       }
       ctx = *c;
       el.client_names = absl::StrSplit(f.extender_client_names, ',', absl::SkipEmpty());
@@ -344,8 +248,7 @@ int RunScheduler(SchedulerFlags f) {
     });
     if (!ext.server->bind_to_port(ext_host, ext_port)) {
       stop_all();
-      std::cerr << "gpulet scheduler: cannot listen on " << f.extender_listen << "\n";
-      return 1;
+      return Fail(kWho, "cannot listen on " + f.extender_listen);
     }
     ext.thread = std::thread([&ext] { ext.server->listen_after_bind(); });
   }
@@ -356,69 +259,37 @@ int RunScheduler(SchedulerFlags f) {
     });
     if (!health.server->bind_to_port(health_host, health_port)) {
       stop_all();
-      std::cerr << "gpulet scheduler: cannot listen on --health-listen " << f.health_listen << "\n";
-      return 1;
+      return Fail(kWho, "cannot listen on --health-listen " + f.health_listen);
     }
     health.thread = std::thread([&health] { health.server->listen_after_bind(); });
   }
 
-  absl::Notification renew_stop;
-  std::thread renew_thread;
   scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
   if (!f.webhook_listen.empty()) {
     auto ctx = make_tls("");
     if (!ctx.ok()) {
       stop_all();
-      std::cerr << "gpulet scheduler: webhook TLS: " << ctx.status().message() << "\n";
-      return 1;
+      return Fail(kWho, "webhook TLS: " + std::string(ctx.status().message()));
     }
     hook.server = std::make_unique<k8s::GuardedServer>(limits, *ctx);
     webhook.Register(*hook.server);
     if (!hook.server->bind_to_port(hook_host, hook_port)) {
       stop_all();
-      std::cerr << "gpulet scheduler: cannot serve HTTPS on --webhook-listen \"" << f.webhook_listen
-                << "\"\n";
-      return 1;
+      return Fail(kWho, "cannot serve HTTPS on --webhook-listen \"" + f.webhook_listen + "\"");
     }
     hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
-    PublishCaBundle(api, f.webhook_configuration,
-                    pem->ca_pem.empty() ? pem->cert_pem : pem->ca_pem);
+    cert->PublishCa();
   }
-  if (self_issued && !reloaders.empty()) {
-    // Renewal: the API server is told to trust the new and the old CA before the new pair is
-    // served, so no handshake in between fails.
-    renew_thread =
-        std::thread([&f, &api, &renew_stop, current = *pem, cert_file, key_file]() mutable {
-          while (!renew_stop.WaitForNotificationWithTimeout(f.renew_check)) {
-            auto next = ServingCertificate(f, &api, &current);
-            if (!next.ok()) {
-              spdlog::warn("webhook certificate renewal: {}", next.status().ToString());
-              continue;
-            }
-            if (next->cert_pem == current.cert_pem) continue;
-            PublishCaBundle(api, f.webhook_configuration, next->ca_pem + current.ca_pem);
-            absl::Status st = WriteFileAtomic(key_file, next->key_pem, 0600);
-            if (st.ok()) st = WriteFileAtomic(cert_file, next->cert_pem);
-            if (!st.ok()) {
-              spdlog::warn("webhook certificate renewal: {}", st.ToString());
-              continue;
-            }
-            current = *std::move(next);
-            spdlog::info("webhook certificate renewed");
-          }
-        });
-  }
+  // Renewed pairs reach the servers through the reloaders' files: without one, no renewal.
+  if (cert && !reloaders.empty()) cert->StartRenewal(absl::ToChronoMilliseconds(f.renew_check));
   spdlog::info("gpulet scheduler: extender on {}{} ({}), webhook on {}", f.extender_listen,
                f.extender_prefix, client_ca.empty() ? "HTTP" : "HTTPS, client certificates",
                f.webhook_listen.empty() ? "(off)" : f.webhook_listen);
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("gpulet scheduler: signal {}, stopping", sig);
-  renew_stop.Notify();
-  if (renew_thread.joinable()) renew_thread.join();
   stop_all();
-  if (!tls_dir.empty()) std::filesystem::remove_all(tls_dir);
-  return 0;
+  return 0;  // `cert` goes last: it stops the renewal and removes the self-issued pair's files
 }
 
 std::function<int()> SetupScheduler(CLI::App& sub) {

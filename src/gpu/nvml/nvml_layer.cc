@@ -1004,6 +1004,11 @@ class NvmlGpuLayer : public GpuLayer {
         mig.ci_slices = a.computeInstanceSliceCount;
         mig.sm_count = a.multiprocessorCount;
         mig.memory_bytes = a.memorySizeMB << 20;
+        mig.copy_engines = a.sharedCopyEngineCount;
+        mig.decoders = a.sharedDecoderCount;
+        mig.encoders = a.sharedEncoderCount;
+        mig.jpeg_engines = a.sharedJpegCount;
+        mig.ofa_engines = a.sharedOfaCount;
         mig.profile = MigProfileName(a.gpuInstanceSliceCount, a.computeInstanceSliceCount,
                                      a.memorySizeMB, dev.memory_bytes);
       } else {

@@ -93,7 +93,11 @@ struct alignas(64) AccountingRegion {
   // in NVML's process list apart from the others (0 = free). A lease: a dead holder's word is
   // taken over, a slow one is waited for at most a few seconds (LockContextProbe).
   alignas(64) std::atomic<uint64_t> context_probe_lock;
-  uint8_t reserved[2048 - 64];  // room for later fields without a version bump
+  // Each slot's pid as NVML lists it (the host's pid namespace), written by the slot's owner once
+  // it has found its NVML entry; 0 = not known (also from interposers before this field). Lets a
+  // process near the limit see what the driver holds for the whole container (ContainerHeld).
+  alignas(64) std::atomic<uint32_t> nvml_pid[kAccountingSlots];
+  uint8_t reserved[2048 - 64 - kAccountingSlots * 4];  // room for later fields, no version bump
 };
 static_assert(sizeof(AccountingRegion) == 256 + kAccountingSlots * 16 + 2048,
               "accounting layout v1 changed: bump kAccountingVersion");
@@ -101,6 +105,7 @@ static_assert(offsetof(AccountingRegion, device_uuid) == 64);
 static_assert(offsetof(AccountingRegion, virtual_time_ns) == 128);
 static_assert(offsetof(AccountingRegion, held) == 256);
 static_assert(offsetof(AccountingRegion, context_probe_lock) == 256 + kAccountingSlots * 16);
+static_assert(offsetof(AccountingRegion, nvml_pid) == 256 + kAccountingSlots * 16 + 64);
 
 // --- process identity -------------------------------------------------------------------------
 
@@ -248,6 +253,7 @@ inline uint64_t ReclaimDead(AccountingRegion& r, uint64_t self_owner) {
     if (r.owner[i].load(std::memory_order_seq_cst) != marked) continue;
     uint64_t fresh = (w & ~kHeldBytesMask) + kHeldGenOne;
     if (r.held[i].compare_exchange_strong(w, fresh)) reclaimed += w & kHeldBytesMask;
+    r.nvml_pid[i].store(0, std::memory_order_seq_cst);
     r.owner[i].compare_exchange_strong(marked, 0);
   }
   return reclaimed;
@@ -259,6 +265,7 @@ inline int ClaimSlot(AccountingRegion& r, uint64_t owner) {
       uint64_t expect = 0;
       if (r.owner[i].load(std::memory_order_relaxed) != 0) continue;
       if (!r.owner[i].compare_exchange_strong(expect, owner)) continue;
+      r.nvml_pid[i].store(0, std::memory_order_seq_cst);  // the previous owner's
       uint32_t hw = r.high_water.load();
       while (hw < static_cast<uint32_t>(i + 1) && !r.high_water.compare_exchange_weak(hw, i + 1)) {
       }
@@ -274,6 +281,7 @@ inline void ReleaseSlot(AccountingRegion& r, int slot, uint64_t owner) {
   uint64_t w = r.held[slot].load();
   while (!r.held[slot].compare_exchange_weak(w, (w & ~kHeldBytesMask) + kHeldGenOne)) {
   }
+  r.nvml_pid[slot].store(0, std::memory_order_seq_cst);
   r.owner[slot].compare_exchange_strong(owner, 0);
 }
 

@@ -459,6 +459,42 @@ bool Core::OwnUsed(uint64_t* used) {
   return true;
 }
 
+// What the driver holds for the whole container on this process's GPUs: each slot's charge, or
+// what NVML lists for its process where that is more (another process's rounding or context that
+// it has not reconciled yet: each process reconciles only itself). False if NVML cannot tell.
+// Caller holds ctx_mu_.
+bool Core::ContainerHeld(uint64_t* total) {
+  if (ctx_mask_ == 0) return false;
+  uint32_t n = region_->high_water.load(std::memory_order_seq_cst);
+  if (n > vgpu::kAccountingSlots) n = vgpu::kAccountingSlots;
+  uint64_t nvml[vgpu::kAccountingSlots] = {};
+  for (int d = 0; d < 64; ++d) {
+    if (((ctx_mask_ >> d) & 1) == 0) continue;
+    unsigned pids[128];
+    uint64_t bytes[128];
+    int k = NvmlProcesses(d, pids, bytes, 128);
+    if (k < 0) return false;
+    for (int i = 0; i < k; ++i) {
+      if (bytes[i] == ~0ull) continue;  // NVML_VALUE_NOT_AVAILABLE: the charge stands
+      for (uint32_t s = 0; s < n; ++s) {
+        // A free or dead slot's process is not this container's any more (a dead one's memory
+        // is being returned by the driver, and the slot may be taken by a new process).
+        uint64_t o = region_->owner[s].load(std::memory_order_relaxed);
+        if (o != 0 && (o & vgpu::kOwnerDead) == 0 &&
+            region_->nvml_pid[s].load(std::memory_order_relaxed) == pids[i])
+          nvml[s] += bytes[i];
+      }
+    }
+  }
+  uint64_t sum = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    uint64_t held = region_->held[s].load(std::memory_order_seq_cst) & vgpu::kHeldBytesMask;
+    sum += held > nvml[s] ? held : nvml[s];
+  }
+  *total = sum;
+  return true;
+}
+
 uint64_t Core::ContextEstimate() const {
   // The file's learned value may only raise the charge (the container can write it).
   uint64_t learned = region_->context_bytes.load(std::memory_order_relaxed);
@@ -522,6 +558,8 @@ CUresult Core::EndContext(CUdevice dev, CUresult created, CUcontext* ctx, bool p
       host_pid_ = static_cast<int>(only);
   }
   if (p->leased) vgpu::UnlockContextProbe(*region_, owner_);
+  if (int s = slot_.load(std::memory_order_relaxed); s >= 0 && host_pid_ > 0)
+    region_->nvml_pid[s].store(static_cast<uint32_t>(host_pid_), std::memory_order_seq_cst);
   uint64_t charged = overhead_ + p->estimate;  // the estimate is now part of the overhead
   overhead_ = charged;
   uint64_t target = charged, used;
@@ -604,9 +642,20 @@ bool Core::Reconcile() {
 static thread_local uint64_t t_pad = 0;
 
 CUresult Core::RecheckAfterReserve(int slot, uint64_t bytes) {
-  budget_.store(budget_reset_, std::memory_order_relaxed);
   Reconcile();
   uint64_t limit = vgpu::EffectiveLimit(*region_, config_.memory_limit);
+  // Until its next check a process's allocations may take up to about twice their charge (the
+  // driver's rounding, which only NVML shows), and a process checks only its own. So the next
+  // check comes sooner as the container nears its limit: every process's unmeasured rounding
+  // together must fit in what is left, whichever process then crosses into the last eighth.
+  int64_t next = budget_reset_;
+  if (limit != 0) {
+    uint64_t used_now = vgpu::UsedBytes(*region_);
+    uint64_t procs = region_->high_water.load(std::memory_order_relaxed);
+    uint64_t share = (used_now < limit ? limit - used_now : 0) / (2 * (procs > 0 ? procs : 1));
+    if (static_cast<int64_t>(share) < next) next = static_cast<int64_t>(share);
+  }
+  budget_.store(next, std::memory_order_relaxed);
   auto refuse = [&] {
     vgpu::Unreserve(*region_, slot, bytes);
     region_->alloc_failures.fetch_add(1, std::memory_order_relaxed);
@@ -616,6 +665,16 @@ CUresult Core::RecheckAfterReserve(int slot, uint64_t bytes) {
   if (limit != 0 && vgpu::UsedBytes(*region_) > limit &&
       (vgpu::ReclaimDead(*region_, owner_) == 0 || vgpu::UsedBytes(*region_) > limit))
     return refuse();
+  // In the last eighth, the whole container as the driver holds it must leave room too.
+  if (limit != 0 && vgpu::UsedBytes(*region_) > near_limit_ &&
+      pthread_mutex_trylock(&ctx_mu_) == 0) {
+    uint64_t real = 0;
+    bool over = ContainerHeld(&real) && real > limit;
+    if (over && vgpu::ReclaimDead(*region_, owner_) != 0)
+      over = ContainerHeld(&real) && real > limit;
+    pthread_mutex_unlock(&ctx_mu_);
+    if (over) return refuse();
+  }
   // Near the limit the allocation must fit as the driver will really place it: rounded up to its
   // 2 MiB granule (a smaller allocation may open a new page), which only NVML shows afterwards.
   // The rounding is reserved too, with the same race-free protocol, until SettlePad has measured

@@ -22,17 +22,19 @@ namespace gpulet::vcuda {
 // Real entry points. Required ones are marked; the rest may be null (e.g. an old driver).
 struct RealDriver {
 // The hooks' own entry points (hooks.h), then the ones the core calls itself.
-#define GPULET_REAL_CUDA(X)                                                                     \
-  GPULET_VCUDA_CUDA_HOOKS(X)                                                                    \
-  X(cuDeviceGetCount)                                                                           \
-  X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuEventCreate) X(cuEventDestroy_v2) \
-      X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize)              \
-          X(cuEventElapsedTime)
-#define GPULET_REAL_NVML(X)                                            \
-  GPULET_VCUDA_NVML_HOOKS(X)                                           \
-  X(nvmlDeviceGetUUID) X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2) \
-      X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByIndex_v2)    \
-          X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)
+// clang-format does not reach a fixed point on these lists.
+// clang-format off
+#define GPULET_REAL_CUDA(X)                                                                   \
+  GPULET_VCUDA_CUDA_HOOKS(X)                                                                  \
+  X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuCtxGetDevice) X(cuCtxGetCurrent)                 \
+  X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventRecord_ptsz)                \
+  X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)
+#define GPULET_REAL_NVML(X)                                                                   \
+  GPULET_VCUDA_NVML_HOOKS(X)                                                                  \
+  X(nvmlDeviceGetUUID) X(nvmlDeviceGetUtilizationRates) X(nvmlInit_v2)                        \
+  X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetHandleByIndex_v2)                               \
+  X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)
+// clang-format on
 // A declarator, which parentheses would break.
 // NOLINTNEXTLINE(bugprone-macro-parentheses)
 #define GPULET_DECLARE_PTR(name) void* name = nullptr;
@@ -263,6 +265,7 @@ class Core {
   // NVML's process list of `ordinal`'s GPU: up to `max` (pid, bytes); -1 if NVML cannot tell.
   int NvmlProcesses(int ordinal, unsigned* pids, uint64_t* bytes, int max);
   bool OwnUsed(uint64_t* used);
+  bool ContainerHeld(uint64_t* total);
   uint64_t ContextEstimate() const;
   void SetOverhead(uint64_t target);
   void ResolveDevices();

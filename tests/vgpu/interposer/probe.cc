@@ -193,8 +193,8 @@ int64_t Now() {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: vcuda_probe fill|churn|info|device|limit|greedy|alloc-loop|launch-loop|ctxfill|"
-            "latency|busy|workcal|work ...\n");
+            "usage: vcuda_probe fill|hold|churn|info|device|limit|greedy|alloc-loop|launch-loop|"
+            "ctxfill|latency|busy|workcal|work ...\n");
     return 2;
   }
   setvbuf(stdout, nullptr, _IONBF, 0);
@@ -230,6 +230,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (Context(0)) return 1;
+  if (mode == "hold") {  // hold COUNT CHUNK: allocate COUNT chunks (fewer if refused), keep them
+    printf("ready\n");
+    char c;
+    if (read(0, &c, 1) != 1) return 1;
+    uint64_t held = 0;
+    for (long long i = 0; i < arg(2); ++i) {
+      CUdeviceptr p;
+      if (cuMemAlloc_v2(&p, static_cast<size_t>(arg(3))) != CUDA_SUCCESS) break;
+      held += static_cast<uint64_t>(arg(3));
+    }
+    printf("held %llu\n", static_cast<unsigned long long>(held));
+    while (read(0, &c, 1) > 0) {
+    }
+    return 0;
+  }
   if (mode == "fill") {
     printf("ready\n");
     char c;
