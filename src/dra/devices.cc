@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "vgpu/rules/rules.h"
 
 namespace gpulet::dra {
 namespace {
@@ -58,6 +59,10 @@ void CommonAttributes(const gpu::Inventory& inv, const gpu::Device& d, json& att
 }
 
 }  // namespace
+
+uint64_t WholeShareBytes(uint64_t memory_bytes) {
+  return memory_bytes / vgpu::kMemoryUnitBytes * vgpu::kMemoryUnitBytes;
+}
 
 std::string SemverOf(const std::string& dotted) {
   std::vector<std::string> parts;
@@ -147,15 +152,23 @@ absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
       cap["memory"] = {{"value", Quantity(d.memory_bytes)}};
       if (opt.consumable_capacity) {
         // A share is at least one vcuda-memory unit (256 MiB) and a multiple of it, and 1..100
-        // percent of the compute; a claim that names no amount takes the whole GPU.
-        cap["memory"]["requestPolicy"] = {{"default", Quantity(d.memory_bytes)},
+        // percent of the compute; a claim that names no amount takes the whole GPU (its memory
+        // on that grid: the API refuses a default off it, and so the whole slice).
+        cap["memory"]["requestPolicy"] = {{"default", Quantity(WholeShareBytes(d.memory_bytes))},
                                           {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
         cap["cores"] = {
             {"value", "100"},
             {"requestPolicy",
              {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
       }
-      if (d.sm_count > 0) cap["multiprocessors"] = {{"value", absl::StrCat(d.sm_count)}};
+      if (d.sm_count > 0) {
+        cap["multiprocessors"] = {{"value", absl::StrCat(d.sm_count)}};
+        // Informational: a capacity without a policy is consumed whole by every claim that
+        // names no amount (the scheduler's rule), which would let only one share on the GPU.
+        // Shares consume none of it; a claim asking for some finds no device.
+        if (opt.consumable_capacity)
+          cap["multiprocessors"]["requestPolicy"] = {{"default", "0"}, {"validValues", {"0"}}};
+      }
       dev.entry = {{"name", dev.name}, {"attributes", attrs}, {"capacity", cap}};
       if (opt.consumable_capacity) dev.entry["allowMultipleAllocations"] = true;
       out.push_back(std::move(dev));

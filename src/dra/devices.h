@@ -45,6 +45,11 @@ struct DeviceOptions {
   std::string host_root = "/";
 };
 
+// Consumable capacity: a GPU's memory rounded down to the request grid (min 256Mi, step 256Mi),
+// the requestPolicy default, which the API requires on that grid (min + k * step): what a claim
+// that names no memory consumes, i.e. the whole GPU (81559Mi -> 81408Mi).
+uint64_t WholeShareBytes(uint64_t memory_bytes);
+
 // The GPUs (positions in inv.devices) that `selection` names.
 absl::StatusOr<std::vector<uint32_t>> SelectGpus(const gpu::Inventory& inv,
                                                  const std::string& selection);

@@ -510,7 +510,8 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
       const auto& cc = r["consumedCapacity"];
       if (cc.contains("memory") && cc["memory"].is_string()) {
         ASSIGN_OR_RETURN(int64_t m, ParseQuantity(cc["memory"].get<std::string>()));
-        if (m < static_cast<int64_t>(d.memory_bytes)) lim.memory_bytes = m;
+        // The whole GPU's share (the default, on the 256Mi grid) is no limit.
+        if (m < static_cast<int64_t>(WholeShareBytes(d.memory_bytes))) lim.memory_bytes = m;
       }
       if (cc.contains("cores") && cc["cores"].is_string()) {
         ASSIGN_OR_RETURN(int64_t k, ParseQuantity(cc["cores"].get<std::string>()));
@@ -560,6 +561,7 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
     if (!request.empty()) pd.requests.push_back(request);
     pd.pool = pool;
     pd.device = device;
+    pd.share_id = r.value("shareID", "");
     pd.cdi_ids.push_back(absl::StrCat(spec.kind, "=", cd.name));
     spec.devices.push_back(std::move(cd));
     out.devices.push_back(std::move(pd));
@@ -610,11 +612,13 @@ std::string Driver::ClaimFile(const std::string& uid) const {
 
 absl::Status Driver::SaveClaim(const PreparedClaim& c) {
   nlohmann::json devs = nlohmann::json::array();
-  for (const auto& d : c.devices)
+  for (const auto& d : c.devices) {
     devs.push_back({{"requests", d.requests},
                     {"pool", d.pool},
                     {"device", d.device},
                     {"cdiDeviceIDs", d.cdi_ids}});
+    if (!d.share_id.empty()) devs.back()["shareID"] = d.share_id;
+  }
   // The spec itself, so a CDI directory on tmpfs (lost at reboot) is rewritten at start.
   nlohmann::json entry = {{"version", kCheckpointVersion},
                           {"uid", c.uid},
@@ -653,6 +657,7 @@ absl::Status Driver::LoadCheckpoint() {
         pd.requests = d.value("requests", std::vector<std::string>{});
         pd.pool = d.at("pool").get<std::string>();
         pd.device = d.at("device").get<std::string>();
+        pd.share_id = d.value("shareID", "");
         pd.cdi_ids = d.value("cdiDeviceIDs", std::vector<std::string>{});
         c.devices.push_back(std::move(pd));
       }
@@ -689,7 +694,8 @@ absl::Status Driver::WriteDeviceStatus(const PreparedClaim& c) {
     bool bad = unhealthy.count(d.device) > 0;
     std::string since = Now();
     for (const auto& o : old)  // keep the transition time while the status does not change
-      if (o.value("driver", "") == options_.driver && o.value("device", "") == d.device)
+      if (o.value("driver", "") == options_.driver && o.value("device", "") == d.device &&
+          o.value("shareID", "") == d.share_id)
         for (const auto& cond : o.value("conditions", nlohmann::json::array()))
           if (cond.value("type", "") == "Ready" &&
               cond.value("status", "") == (bad ? "False" : "True"))
@@ -707,6 +713,7 @@ absl::Status Driver::WriteDeviceStatus(const PreparedClaim& c) {
                             : absl::StrCat("prepared on ", options_.node_name)},
             {"lastTransitionTime", since}}}},
          {"data", {{"uuid", uuid[d.device]}, {"cdiDeviceIDs", d.cdi_ids}}}});
+    if (!d.share_id.empty()) devices.back()["shareID"] = d.share_id;
   }
   claim["status"]["devices"] = devices;
   return api_->Call("PUT", path + "/status", &claim).status();

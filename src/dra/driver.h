@@ -70,6 +70,9 @@ struct DriverOptions {
 struct PreparedDevice {
   std::vector<std::string> requests;
   std::string pool, device;
+  // A share of a device with allowMultipleAllocations (consumable capacity): the API accepts the
+  // claim's status.devices entry only with the allocation's shareID. Empty otherwise.
+  std::string share_id;
   std::vector<std::string> cdi_ids;
 };
 

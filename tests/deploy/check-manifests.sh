@@ -43,17 +43,20 @@ if [[ -x $helm ]]; then
 else
   echo "note: $helm missing (testing/helm/get), the chart's renderings not validated here"
 fi
-# The default install's security properties (docs/security.md).
-if res=$(kubectl kustomize "$src/deploy" | node "$work/check-policy.mjs" 2>&1); then
-  echo "ok   deploy security properties: $res"
-else
-  echo "FAIL deploy security properties:"; echo "$res"; rc=1
-fi
-if [[ -x $helm ]]; then
-  if res=$("$helm" template gpulet "$src/deploy/helm/gpulet" -n gpulet-system | node "$work/check-policy.mjs" 2>&1); then
-    echo "ok   helm chart security properties: $res"
+# The security properties (docs/security.md) of the default install and of the DRA one (whose
+# agent also writes ResourceSlices).
+policy() {  # policy NAME CMD...: CMD prints manifests that must have the properties
+  local name=$1 res; shift
+  if res=$("$@" | node "$work/check-policy.mjs" 2>&1); then
+    echo "ok   $name security properties: $res"
   else
-    echo "FAIL helm chart security properties:"; echo "$res"; rc=1
+    echo "FAIL $name security properties:"; echo "$res"; rc=1
   fi
+}
+policy deploy kubectl kustomize "$src/deploy"
+policy deploy/overlays/dra kubectl kustomize "$src/deploy/overlays/dra"
+if [[ -x $helm ]]; then
+  policy "helm chart" "$helm" template gpulet "$src/deploy/helm/gpulet" -n gpulet-system
+  policy "helm chart (dra.enabled)" "$helm" template gpulet "$src/deploy/helm/gpulet" -n gpulet-system --set dra.enabled=true
 fi
 exit $rc

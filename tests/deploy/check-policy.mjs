@@ -51,6 +51,15 @@ const vap = find("ValidatingAdmissionPolicy", "gpulet-node-own-node");
 const vapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.spec?.policyName === "gpulet-node-own-node");
 check(writes.length === 0 || (vap && vapb), "node agent writes confined by ValidatingAdmissionPolicy");
 check(JSON.stringify(vap ?? {}).includes("authentication.kubernetes.io/node-name"), "policy keys on the node-name claim");
+// DRA (deploy/components/dra): RBAC cannot limit the agent's ResourceSlice writes to its node's
+// slices; a bound policy on the same node-name claim does.
+const sliceWrites = (nodeRole?.rules ?? []).some((r) => (r.resources ?? []).includes("resourceslices") &&
+  r.verbs.some((v) => ["create", "patch", "update", "delete", "deletecollection", "*"].includes(v)));
+const sliceVap = find("ValidatingAdmissionPolicy", "gpulet-node-own-resourceslices");
+const sliceVapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding" &&
+  o.spec?.policyName === "gpulet-node-own-resourceslices");
+check(!sliceWrites || (sliceVapb && JSON.stringify(sliceVap ?? {}).includes("authentication.kubernetes.io/node-name")),
+      "node agent's ResourceSlice writes confined to its own node by ValidatingAdmissionPolicy");
 check(find("ValidatingAdmissionPolicy", "gpulet-trusted-pod-annotations") !== undefined,
       "gpulet-trusted pod annotations guarded on update");
 const ds = find("DaemonSet", "gpulet-node");
@@ -67,6 +76,11 @@ const agentHostMounts = (agent?.volumeMounts ?? []).filter((m) => hostPathOf(m) 
   .map((m) => ({ ...m, host: clean(hostPathOf(m)) }));
 const agentWritable = ["/var/lib/kubelet/device-plugins", "/var/lib/gpulet",
                        "/etc/kubernetes/node-feature-discovery/features.d"];
+// The DRA driver (GPULET_DRA_GPUS set) also writes its registration socket, its own endpoint
+// directory (not the whole plugins/) and the per-claim CDI specs.
+if ((agent?.env ?? []).some((e) => e.name === "GPULET_DRA_GPUS")) {
+  agentWritable.push("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.gpulet.io", "/var/run/cdi");
+}
 for (const m of agentHostMounts) {
   check(m.host !== "/", `agent does not mount the host root (volume ${m.name} at ${m.mountPath})`);
   check(m.readOnly === true || agentWritable.includes(m.host),

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "dra/devices.h"
@@ -42,6 +43,7 @@ gpu::Inventory Inventory() {
   inv.cuda_driver_version = 13000;
   for (auto& d : inv.devices) {
     d.memory_bytes = 81559ull << 20;
+    d.sm_count = 132;
     d.architecture = "Hopper";
     d.brand = "NVIDIA";
     d.cc_major = 9;
@@ -217,6 +219,11 @@ TEST(DraDevicesTest, AttributesCapacityAndNames) {
   ASSERT_TRUE(shared.ok());
   EXPECT_EQ((*shared)[0].entry["allowMultipleAllocations"], true);
   EXPECT_EQ((*shared)[0].entry["capacity"]["cores"]["requestPolicy"]["validRange"]["max"], "100");
+  // The API server refuses a default off the min + k * step grid (81559Mi is; so was the slice).
+  EXPECT_EQ((*shared)[0].entry["capacity"]["memory"]["requestPolicy"]["default"], "81408Mi");
+  EXPECT_EQ(WholeShareBytes(uint64_t{81559} << 20), uint64_t{81408} << 20);
+  // The scheduler consumes all of a capacity without a policy for every claim: one share a GPU.
+  EXPECT_EQ((*shared)[0].entry["capacity"]["multiprocessors"]["requestPolicy"]["default"], "0");
   EXPECT_FALSE((*shared)[3].entry.contains("allowMultipleAllocations"));  // MIG: exclusive
 
   DeviceOptions sel;
@@ -503,6 +510,26 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   EXPECT_THAT(SpecOf(*p2).devices[0].edits.env,
               ::testing::IsSupersetOf(
                   {"GPULET_VGPU_MEMORY_LIMIT=8589934592", "GPULET_VGPU_CORE_LIMIT=25"}));
+  // Its status entry names the share (the API refuses one without the allocation's shareID).
+  json st;
+  for (int i = 0; i < 500; ++i) {
+    api_.GetObject("resourceclaims", "team", "share", &st);
+    if (st["status"].contains("devices")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(st["status"].contains("devices")) << st.dump();
+  EXPECT_EQ(st["status"]["devices"][0].value("shareID", ""), "abc");
+  // A claim that names no amount consumes the defaults, the whole GPU: no limit, no interposer.
+  json c3 = MakeClaim("whole", {{"gpu", "gpu-1"}});
+  c3["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {{"memory", "81408Mi"},
+                                                                             {"cores", "100"}};
+  c3["status"]["allocation"]["devices"]["results"][0]["shareID"] = "def";
+  ASSERT_TRUE(api_.UpdateObject("resourceclaims", c3));
+  auto p3 = driver_->Prepare("team", "whole", c3["metadata"]["uid"]);
+  ASSERT_TRUE(p3.ok()) << p3.status();
+  runtime::CdiSpec whole = SpecOf(*p3);
+  for (const std::string& e : whole.devices[0].edits.env)
+    EXPECT_FALSE(absl::StartsWith(e, "GPULET_VGPU_MEMORY_LIMIT=")) << e;
 }
 
 TEST_F(DraTest, PrepareErrorsNameTheProblem) {

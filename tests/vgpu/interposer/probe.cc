@@ -8,6 +8,9 @@
 //   churn CHUNK N         N rounds (N<0: forever) of allocate, keep at most 8, free; "done OK"
 //   info                  cuMemGetInfo_v2 / cuDeviceTotalMem_v2 / nvmlDeviceGetMemoryInfo lines
 //   device ORDINAL CHUNK  allocate on that ordinal until it fails; "held BYTES"
+//   limit CHUNK           "meminfo FREE TOTAL" before, cuMemAlloc_v2 CHUNK until the first
+//                         failure: "held BYTES", "refused RESULT" (its CUresult, no retry), and
+//                         "meminfo_full FREE TOTAL" after (a container's exact limit, cluster.dra)
 //   greedy SECONDS        1 ms kernels back to back; prints the GPU-time share of each second
 //   alloc-loop N | launch-loop N   N alloc+free pairs / launches (for callgrind)
 // and, written for the real driver as well (machine-readable "key value..." lines):
@@ -190,8 +193,8 @@ int64_t Now() {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: vcuda_probe fill|hold|churn|info|device|greedy|alloc-loop|launch-loop|ctxfill|"
-            "latency|busy|workcal|work ...\n");
+            "usage: vcuda_probe fill|hold|churn|info|device|limit|greedy|alloc-loop|launch-loop|"
+            "ctxfill|latency|busy|workcal|work ...\n");
     return 2;
   }
   setvbuf(stdout, nullptr, _IONBF, 0);
@@ -249,6 +252,18 @@ int main(int argc, char** argv) {
     printf("held %llu\n", static_cast<unsigned long long>(Fill(static_cast<size_t>(arg(2)))));
     while (read(0, &c, 1) > 0) {
     }
+    return 0;
+  }
+  if (mode == "limit") {
+    size_t free_b = 0, total = 0, chunk = static_cast<size_t>(arg(2));
+    cuMemGetInfo_v2(&free_b, &total);
+    printf("meminfo %zu %zu\n", free_b, total);
+    uint64_t held = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (CUdeviceptr p; chunk > 0 && (r = cuMemAlloc_v2(&p, chunk)) == CUDA_SUCCESS;) held += chunk;
+    printf("held %llu\nrefused %d\n", static_cast<unsigned long long>(held), r);
+    cuMemGetInfo_v2(&free_b, &total);
+    printf("meminfo_full %zu %zu\n", free_b, total);
     return 0;
   }
   if (mode == "churn") {
