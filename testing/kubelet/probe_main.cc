@@ -21,9 +21,13 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int s) { g_signal = s; }
 
-ino_t Inode(const std::string& path) {
+// Which file `path` is: inode and change time. A restarted kubelet's new socket may get the freed
+// inode number of the old one, so the inode alone can miss a restart; the change time (ns) cannot.
+std::string Identity(const std::string& path) {
   struct stat st {};
-  return stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+  if (stat(path.c_str(), &st) != 0) return "";
+  return std::to_string(st.st_ino) + "@" + std::to_string(st.st_ctim.tv_sec) + "." +
+         std::to_string(st.st_ctim.tv_nsec);
 }
 }  // namespace
 
@@ -54,15 +58,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   plugin.Register();
-  ino_t kubelet = Inode(dir + "/kubelet.sock");
+  std::string kubelet = Identity(dir + "/kubelet.sock");
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     int s = g_signal;
     g_signal = 0;
     if (s == SIGTERM || s == SIGINT) break;
     if (s == SIGUSR1 || s == SIGUSR2) plugin.SetHealthy(0, s == SIGUSR2);
-    ino_t now = Inode(dir + "/kubelet.sock");
-    if (now != 0 && now != kubelet) {
+    std::string now = Identity(dir + "/kubelet.sock");
+    if (!now.empty() && now != kubelet) {
       kubelet = now;
       struct stat st {};
       bool kept = stat(plugin.socket().c_str(), &st) == 0;
