@@ -218,8 +218,9 @@ TEST_F(E2E, SixteenProcessesNeverExceedTheLimit) {
 // context charge: the defaults must hold. Returns the probes' outputs; *peak = the device's peak.
 class DriverHeld : public E2E {
  protected:
-  std::vector<std::string> Race(int procs, std::map<std::string, std::string> extra, uint64_t* peak,
-                                uint64_t* nvml_sum) {
+  // The container's environment: the 1 GiB limit, no configured context charge, a fake GPU
+  // whose contexts hold 300 MiB and whose allocations round up to 2 MiB; `extra` on top.
+  std::map<std::string, std::string> DriverEnv(const std::map<std::string, std::string>& extra) {
     auto env = env_;
     env.erase("GPULET_VGPU_CONTEXT_BYTES");
     env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(kLimit);
@@ -227,6 +228,11 @@ class DriverHeld : public E2E {
     env["FAKE_CUDA_ALLOC_GRANULE"] = std::to_string(2 * kMiB);
     env["FAKE_CUDA_DEVICE_MEMORY"] = std::to_string(8192 * kMiB);
     for (auto& [k, v] : extra) env[k] = v;
+    return env;
+  }
+  std::vector<std::string> Race(int procs, std::map<std::string, std::string> extra, uint64_t* peak,
+                                uint64_t* nvml_sum) {
+    auto env = DriverEnv(extra);
     std::vector<std::unique_ptr<Child>> kids;
     for (int k = 0; k < procs; ++k)
       kids.push_back(std::make_unique<Child>(
@@ -296,13 +302,8 @@ TEST_F(DriverHeld, EightRacingProcessesInAPidNamespace) {
 // taking 2 MiB) is invisible in the charges. Near the limit the filling process looks at what
 // NVML lists for the whole container, so the device still never holds more than the limit.
 TEST_F(DriverHeld, ANeighboursUnmeasuredRoundingCountsNearTheLimit) {
-  auto env = env_;
-  env.erase("GPULET_VGPU_CONTEXT_BYTES");
-  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(kLimit);
-  env["FAKE_CUDA_CONTEXT_BYTES"] = std::to_string(64 * kMiB);
-  env["FAKE_CUDA_ALLOC_GRANULE"] = std::to_string(2 * kMiB);
-  env["FAKE_CUDA_DEVICE_MEMORY"] = std::to_string(8192 * kMiB);
-  env["FAKE_CUDA_NVML_PID_OFFSET"] = "1000000";
+  auto env = DriverEnv({{"FAKE_CUDA_CONTEXT_BYTES", std::to_string(64 * kMiB)},
+                        {"FAKE_CUDA_NVML_PID_OFFSET", "1000000"}});
   Child neighbour({Bin("vcuda_probe"), "hold", "40", std::to_string(kMiB + 4096)}, env);
   ASSERT_EQ(neighbour.Line(), "ready");
   neighbour.Send('g');
