@@ -45,20 +45,6 @@ absl::StatusOr<bool> CopyIfChanged(const std::string& from, const std::string& t
   return true;
 }
 
-// The installer sees the host under `host_root`; the CDI spec must name paths as the host sees
-// them.
-void SeenFromHost(runtime::ContainerEdits& e, const std::string& host_root) {
-  if (host_root == "/" || host_root.empty()) return;
-  auto strip = [&](std::string& p) {
-    if (absl::StartsWith(p, host_root + "/")) p = p.substr(host_root.size());
-  };
-  for (auto& d : e.device_nodes) {
-    strip(d.host_path);
-    if (d.host_path == d.path) d.host_path.clear();
-  }
-  for (auto& m : e.mounts) strip(m.host_path);
-}
-
 absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) {
   return runtime::ParseEngine(name);
 }
@@ -170,12 +156,10 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o, const OnAction& o
   ASSIGN_OR_RETURN(auto gpus, gpu::OpenGpuLayer(o.gpu));
   ASSIGN_OR_RETURN(gpu::Inventory inv, gpus->GetInventory());
   runtime::CdiGenerateOptions cdi;
-  cdi.driver_root = o.host_root;
+  cdi.host_root = o.host_root;
   cdi.hook_path = o.prefix + "/bin/gpulet-container-hook";
   std::vector<std::string> warnings;
   ASSIGN_OR_RETURN(runtime::CdiSpec spec, runtime::GenerateCdiSpec(inv, cdi, &warnings));
-  SeenFromHost(spec.edits, o.host_root);
-  for (auto& d : spec.devices) SeenFromHost(d.edits, o.host_root);
   // What an earlier install recorded (so a re-run adds to it instead of forgetting files).
   json record = {{"engine", r.engine}, {"files", json::array()}, {"configs", json::array()}};
   if (auto old = ReadFileToString(UnderRoot(o.host_root, kRecord)); old.ok()) {

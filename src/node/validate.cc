@@ -316,7 +316,28 @@ bool Ours(const ValidateOptions& o, const std::string& resource) {
   return false;
 }
 
-StepResult Plugin(const ValidateOptions& o) {
+// The devices in `o.dra_driver`'s ResourceSlices of this node.
+absl::StatusOr<size_t> DraDevices(const ValidateOptions& o) {
+  auto list = o.client->Call(
+      "GET", absl::StrCat("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D",
+                          o.node_name, "%2Cspec.driver%3D", o.dra_driver));
+  if (!list.ok())
+    return absl::UnavailableError(absl::StrCat("cannot list the ResourceSlices of ", o.dra_driver,
+                                               ": ", list.status().message()));
+  size_t n = 0;
+  auto items = list->find("items");
+  if (items == list->end() || !items->is_array()) return n;
+  for (const auto& slice : *items) {
+    if (!slice.is_object() || !slice.contains("spec") || !slice["spec"].is_object()) continue;
+    auto devices = slice["spec"].find("devices");
+    if (devices != slice["spec"].end() && devices->is_array()) n += devices->size();
+  }
+  return n;
+}
+
+}  // namespace
+
+StepResult ValidateDevicePlugin(const ValidateOptions& o) {
   StepResult s{"device-plugin"};
   auto channel =
       grpc::CreateChannel("unix://" + o.pod_resources_socket, grpc::InsecureChannelCredentials());
@@ -334,16 +355,40 @@ StepResult Plugin(const ValidateOptions& o) {
   std::map<std::string, int> allocatable;
   for (const auto& d : resp.devices())
     if (Ours(o, d.resource_name())) allocatable[d.resource_name()] += d.device_ids_size();
+  std::string dra;  // what the DRA driver published, when it serves GPUs
+  if (!o.dra_driver.empty()) {
+    if (o.client == nullptr || o.node_name.empty()) {
+      dra = absl::StrCat(o.dra_driver, " ResourceSlices not checked (no API access)");
+    } else {
+      auto n = DraDevices(o);
+      if (!n.ok()) {
+        s.detail = std::string(n.status().message());
+        return s;
+      }
+      if (*n == 0) {
+        s.detail = absl::StrCat("no ResourceSlice of ", o.dra_driver, " for node ", o.node_name,
+                                " holds a device yet: the DRA driver has not published");
+        return s;
+      }
+      dra = absl::StrCat(*n, " devices in ", o.dra_driver, " ResourceSlices");
+    }
+  }
   if (allocatable.empty()) {
+    if (!dra.empty()) {  // every GPU is DRA's: no device-plugin resources is right
+      s.ok = true;
+      s.detail = absl::StrCat(dra, "; no device-plugin GPU resources (every GPU through DRA)");
+      return s;
+    }
     s.detail = "the kubelet has no allocatable GPU resources: the device plugin is not registered";
     return s;
   }
+  if (!dra.empty()) dra = "; " + dra;
   std::vector<std::string> parts;
   for (const auto& [r, n] : allocatable) parts.push_back(absl::StrCat(r, "=", n));
   s.detail = absl::StrCat("kubelet allocatable ", absl::StrJoin(parts, ", "));
   if (o.client == nullptr || o.node_name.empty()) {
     s.ok = true;
-    s.detail += "; node capacity not checked (no API access)";
+    s.detail += absl::StrCat("; node capacity not checked (no API access)", dra);
     return s;
   }
   auto node = o.client->GetNode(o.node_name);
@@ -360,11 +405,9 @@ StepResult Plugin(const ValidateOptions& o) {
     }
   }
   s.ok = true;
-  s.detail += absl::StrCat("; node ", o.node_name, " capacity shows them");
+  s.detail += absl::StrCat("; node ", o.node_name, " capacity shows them", dra);
   return s;
 }
-
-}  // namespace
 
 ValidationReport ValidateStack(const ValidateOptions& o) {
   ValidationReport r;
@@ -373,7 +416,7 @@ ValidationReport ValidateStack(const ValidateOptions& o) {
   if (!r.steps.back().ok) return r;
   r.steps.push_back(Runtime(o, inv));
   if (!r.steps.back().ok) return r;
-  r.steps.push_back(Plugin(o));
+  r.steps.push_back(ValidateDevicePlugin(o));
   return r;
 }
 

@@ -26,6 +26,10 @@ struct ValidateOptions {
   std::vector<std::string> resource_prefixes = {"nvidia.com/", "tencent.com/vcuda-"};
   std::string node_name;          // with `client`: the node whose capacity is checked
   k8s::Client* client = nullptr;  // not owned; null: the capacity check is skipped (and said so)
+  // The DRA driver that serves some or all GPUs (gpulet.dra.gpus; empty: none): its ResourceSlices
+  // on this node must hold devices, and when every GPU is DRA's the kubelet rightly has no
+  // device-plugin GPU resources.
+  std::string dra_driver;
   // The container probe of the runtime step. Paths are as this process sees them.
   bool container_probe = true;
   std::string probe_busybox = "/bin/busybox";  // static busybox: the probe's whole rootfs
@@ -34,5 +38,9 @@ struct ValidateOptions {
 };
 
 ValidationReport ValidateStack(const ValidateOptions& options);
+
+// ValidateStack's last step alone: the kubelet's device-plugin GPU resources and, with
+// `dra_driver`, the driver's ResourceSlices of the node.
+StepResult ValidateDevicePlugin(const ValidateOptions& options);
 
 }  // namespace gpulet::node

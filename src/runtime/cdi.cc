@@ -344,6 +344,13 @@ absl::StatusOr<CdiSpec> ParseCdiTree(const YAML::Node& root, const std::string& 
       spec.devices.push_back(std::move(dev));
     }
     ASSIGN_OR_RETURN(spec.edits, p.Edits(root["containerEdits"]));
+    // As the CDI library containerd and CRI-O use: a spec that uses a feature newer than the
+    // version it declares is invalid (containerd skips it, and its devices are unresolvable).
+    if (std::string need = MinimumCdiVersion(spec); spec.cdi_version < need)
+      return p.Err(root["cdiVersion"], absl::StrCat("cdiVersion \"", spec.cdi_version,
+                                                    "\" is too old for what the spec "
+                                                    "uses: it must be at least ",
+                                                    need));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ": ", e.msg));
   }
@@ -373,16 +380,27 @@ absl::StatusOr<CdiSpec> ParseCdiSpec(const std::string& text, const std::string&
   return ParseCdiTree(root, source);
 }
 
+// Versions compare as strings: every known version (KnownVersions) has one-digit parts.
 std::string MinimumCdiVersion(const CdiSpec& spec) {
   std::string v = "0.3.0";
+  auto at_least = [&](const char* version) { v = std::max(v, std::string(version)); };
   auto scan = [&](const ContainerEdits& e) {
     for (const auto& m : e.mounts)
-      if (!m.type.empty()) v = std::max(v, std::string("0.4.0"));
+      if (!m.type.empty()) at_least("0.4.0");
     for (const auto& d : e.device_nodes)
-      if (!d.host_path.empty()) v = std::max(v, std::string("0.5.0"));
+      if (!d.host_path.empty()) at_least("0.5.0");
   };
   scan(spec.edits);
-  for (const auto& d : spec.devices) scan(d.edits);
+  for (const auto& d : spec.devices) {
+    scan(d.edits);
+    // 0.5.0 allowed a device name to start with a digit: GPU indexes, a DRA claim's uid.
+    if (!d.name.empty() && absl::ascii_isdigit(static_cast<unsigned char>(d.name[0])))
+      at_least("0.5.0");
+  }
+  // 0.6.0 allowed dots in the class of the kind.
+  if (size_t slash = spec.kind.find('/');
+      slash != std::string::npos && spec.kind.find('.', slash) != std::string::npos)
+    at_least("0.6.0");
   return v;
 }
 
@@ -406,6 +424,23 @@ absl::StatusOr<NameStrategy> ParseNameStrategy(const std::string& s) {
       absl::StrCat("device name strategy \"", s, "\" is not index, uuid or both"));
 }
 
+namespace {
+
+// Host paths read under `host_root` (the host mounted into this process's container), renamed as
+// the host sees them: the engine that applies the spec runs on the host.
+void NameHostPaths(ContainerEdits& e, const std::string& host_root) {
+  auto strip = [&](std::string& p) {
+    if (absl::StartsWith(p, host_root + "/")) p = p.substr(host_root.size());
+  };
+  for (auto& d : e.device_nodes) {
+    strip(d.host_path);
+    if (d.host_path == d.path) d.host_path.clear();
+  }
+  for (auto& m : e.mounts) strip(m.host_path);
+}
+
+}  // namespace
+
 absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGenerateOptions& opt,
                                         std::vector<std::string>* warnings) {
   if (!ValidKind(opt.kind))
@@ -416,19 +451,24 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
       if (absl::StrContains(l.substr(l.rfind('/') + 1), "libcuda.so.")) return true;
     return false;
   };
-  std::string root = opt.driver_root;
+  const bool mounted_host = !opt.host_root.empty() && opt.host_root != "/";
+  auto from_here = [&](const std::string& host_path) {
+    return mounted_host ? InRoot(opt.host_root, host_path) : host_path;
+  };
+  std::string root = from_here(opt.driver_root.empty() ? "/" : opt.driver_root);
   absl::StatusOr<DriverFiles> found = DiscoverDriver(root, inv.driver_version);
-  if ((root == "/" || root.empty()) && !has_libcuda(found) && !opt.driver_container_root.empty()) {
+  if ((opt.driver_root == "/" || opt.driver_root.empty()) && !has_libcuda(found) &&
+      !opt.driver_container_root.empty()) {
     absl::StatusOr<DriverFiles> in_container =
-        DiscoverDriver(opt.driver_container_root, inv.driver_version);
+        DiscoverDriver(from_here(opt.driver_container_root), inv.driver_version);
     if (has_libcuda(in_container)) {
-      root = opt.driver_container_root;
+      root = from_here(opt.driver_container_root);
       found = std::move(in_container);
       if (warnings)
         warnings->push_back(
             absl::StrCat("no NVIDIA driver libraries under /: using the driver "
                          "container's root ",
-                         root, " (--driver-root)"));
+                         opt.driver_container_root, " (--driver-root)"));
     }
   }
   if (!found.ok()) return found.status();
@@ -510,6 +550,10 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
     // (LD_PRELOAD from the image, CVE-2025-23266).
     h.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     spec.edits.hooks.push_back(h);
+  }
+  if (mounted_host) {
+    NameHostPaths(spec.edits, opt.host_root);
+    for (auto& d : spec.devices) NameHostPaths(d.edits, opt.host_root);
   }
   spec.cdi_version = MinimumCdiVersion(spec);
   return spec;

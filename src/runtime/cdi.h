@@ -44,6 +44,10 @@ struct CdiGenerateOptions {
   // as the GPU operator runs it): that root is then used as if it had been given here.
   std::string driver_root = "/";
   std::string driver_container_root = "/run/nvidia/driver";
+  // Where this process sees the host's root filesystem: "/host" in a pod that mounts it there (the
+  // installer, the agent's DRA driver); "/" or empty: its own root. driver_root and
+  // driver_container_root are host paths, read under it, and the spec names host paths.
+  std::string host_root = "/";
   std::string kind = "nvidia.com/gpu";
   NameStrategy names = NameStrategy::kBoth;
   // Where /proc/driver/nvidia-caps/mig-minors is read first (a simulated node's root); empty: the

@@ -21,6 +21,7 @@
 . "$(dirname "$0")/lib.sh"
 STATE=$build/cluster-test-dra
 . "$(dirname "$0")/leftovers.sh"
+. "$(dirname "$0")/dra_lib.sh"
 SIM=$(dirname "$GPULET")/gpulet-sim
 LIB=$(dirname "$GPULET")/../lib/libgpulet-vcuda.so
 PROBE=$build/tests/vcuda_probe
@@ -54,9 +55,6 @@ start_dra() {
     >> "$D/logs/gpulet-dra.log" 2>&1 &
   echo $! > "$D/pids/gpulet-dra"
 }
-slice_devices() { kc get resourceslices -o json | python3 -c 'import json,sys
-print(" ".join(sorted(d["name"] for s in json.load(sys.stdin)["items"] if s["spec"]["driver"] == "gpu.gpulet.io" for d in s["spec"].get("devices", []))))'; }
-slice_count() { [ "$(slice_devices | wc -w)" = "$1" ]; }
 registered() { grep -q "the kubelet registered driver gpu.gpulet.io" "$D/logs/gpulet-dra.log"; }
 
 # --- the agent's identity: deploy/overlays/dra's namespace, RBAC, policies and device classes ------
@@ -143,32 +141,6 @@ check "ResourceSlice with 8 GPUs published, written with the agent's token throu
 stale_gone() { ! kc get resourceslice "$NODE-stale" >/dev/null 2>&1; }
 check "the driver deleted its node's stale slice (allowed by $OWNP)" wait_until 10 stale_gone
 
-# template NAME REQUEST_YAML...: a ResourceClaimTemplate; podc NAME [claim-source] : a pod using it.
-template() {
-  printf 'apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: %s, namespace: default}\nspec:\n  spec:\n    devices:\n%s\n' "$1" "$2"
-}
-podc() {  # podc NAME SOURCE (resourceClaimTemplateName: X | resourceClaimName: Y)
-  cat <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 0
-  restartPolicy: Never
-  resourceClaims: [{name: gpu, $2}]
-  containers:
-  - name: main
-    image: gpulet.test/busybox:1
-    imagePullPolicy: Never
-    command: [sleep, "3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-}
-gpu_nodes() { kc exec "$1" -- sh -c 'ls /dev/ | grep "^nvidia[0-9][0-9]*$" | sort | tr "\n" " "' 2>&1; }
-claim_of() { kc get pod "$1" -o 'jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}'; }
-devices_of() { kc get resourceclaim "$1" -o 'jsonpath={.status.allocation.devices.results[*].device}'; }
 show() { running "$1" || { kc describe pod "$1" | tail -n 8; tail -n 5 "$D/logs/gpulet-dra.log"; }; }
 
 # --- 1 GPU ------------------------------------------------------------------------------------------

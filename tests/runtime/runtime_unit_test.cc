@@ -151,6 +151,39 @@ TEST_F(TempDirTest, DriverLayouts) {
   EXPECT_THAT(absl::StrJoin(warnings, "\n"), HasSubstr("using the driver container's root"));
 }
 
+// A process that sees the host under a mount (the agent's DRA driver at /host, the installer)
+// reads the driver there, the driver container's root included, and the spec names host paths:
+// the engine that applies it runs on the host. Before, the agent read its own image's root.
+TEST_F(TempDirTest, HostRootReadsUnderTheMountAndNamesHostPaths) {
+  std::string why;
+  const std::string host = dir_ + "/host", in_container = dir_ + "/dc-host";
+  if (!MakeDriverRoot(host, 0, &why)) GTEST_SKIP() << why;
+  if (!MakeDriverRoot(in_container + "/run/nvidia/driver", 0, &why)) GTEST_SKIP() << why;
+  CdiGenerateOptions opt;
+  opt.host_root = host;
+  auto spec = GenerateCdiSpec(FakeInventory(1), opt);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_FALSE(spec->edits.mounts.empty());
+  for (const auto& m : spec->edits.mounts) {
+    EXPECT_THAT(m.host_path, ::testing::Not(HasSubstr(host))) << m.host_path;
+    EXPECT_TRUE(std::filesystem::exists(host + m.host_path)) << m.host_path;
+  }
+  for (const auto& d : spec->devices)
+    for (const auto& n : d.edits.device_nodes)
+      EXPECT_THAT(n.host_path, ::testing::Not(HasSubstr(host))) << n.path;
+  EXPECT_EQ(spec->edits.hooks.at(0).args.back(), kLibDir);
+
+  // No driver under the host's /: its driver container's root, under the mount too.
+  opt.host_root = in_container;
+  std::vector<std::string> warnings;
+  spec = GenerateCdiSpec(FakeInventory(1), opt, &warnings);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_FALSE(spec->edits.mounts.empty());
+  for (const auto& m : spec->edits.mounts)
+    EXPECT_THAT(m.host_path, ::testing::StartsWith("/run/nvidia/driver/")) << m.host_path;
+  EXPECT_THAT(absl::StrJoin(warnings, "\n"), HasSubstr("root /run/nvidia/driver"));
+}
+
 // Truncated, foreign or corrupted ld caches are one clear error, never a crash.
 TEST(LdCache, BadInputsAreErrors) {
   EXPECT_THAT(std::string(ParseLdCache("", "c").status().message()),
@@ -265,6 +298,40 @@ TEST(CdiSpec, MalformedSpecsNameFileAndLine) {
     ASSERT_FALSE(s.ok()) << c.text;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.want));
   }
+}
+
+// The version a spec must declare follows what it uses, as the CDI library in containerd and CRI-O
+// checks it: a DRA claim's devices are named by its uid, which starts with a digit 10 times in 16,
+// and a 0.3.0 spec of such a device was skipped by containerd 2 ("unresolvable CDI devices",
+// found on the real cluster when the device nodes needed no host path).
+TEST(CdiSpec, VersionFollowsWhatTheSpecUses) {
+  CdiSpec s;
+  s.kind = "gpu.gpulet.io/claim";
+  s.devices.push_back({"abc-gpu-0", {}});
+  s.devices[0].edits.device_nodes.push_back({"/dev/nvidia0"});
+  EXPECT_EQ(MinimumCdiVersion(s), "0.3.0");
+  s.devices[0].name = "57ba550e-gpu-0";
+  EXPECT_EQ(MinimumCdiVersion(s), "0.5.0") << "a device name starting with a digit";
+  s.kind = "nvidia.com/gpu.shared";
+  EXPECT_EQ(MinimumCdiVersion(s), "0.6.0") << "a dot in the kind's class";
+  s.kind = "nvidia.com/gpu";
+  s.devices[0].name = "a";
+  s.edits.mounts.push_back({"/h", "/c", "bind", {"ro"}});
+  EXPECT_EQ(MinimumCdiVersion(s), "0.4.0") << "a mount type";
+
+  // Read back: a spec that declares less than it uses is refused, naming the version it needs.
+  auto old = ParseCdiSpec(
+      "cdiVersion: 0.3.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
+      "    deviceNodes:\n    - path: /dev/nvidia0\n",
+      "x.yaml");
+  ASSERT_FALSE(old.ok());
+  EXPECT_THAT(std::string(old.status().message()),
+              HasSubstr("x.yaml:1: cdiVersion \"0.3.0\" is too old for what the spec uses: it "
+                        "must be at least 0.5.0"));
+  EXPECT_TRUE(ParseCdiSpec("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n"
+                           "  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n",
+                           "x.yaml")
+                  .ok());
 }
 
 // An unprivileged image's own NVIDIA_VISIBLE_DEVICES grants nothing by default; privileged

@@ -7,6 +7,7 @@
 #include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
+#include "dra/devices.h"
 #include "k8s/client.h"
 #include "metrics/server.h"
 #include "node/readiness.h"
@@ -75,6 +76,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             vo.pod_resources_socket = flags->pod_resources_socket;
             vo.node_name = node->name;
             vo.client = client.get();
+            if (!dp.config().dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
             node::ReadinessOptions ro;
             ro.node_name = node->name;
             readiness = std::make_unique<node::ReadinessController>(
@@ -113,6 +115,8 @@ std::function<int()> SetupAgent(CLI::App& sub) {
                   : "",
               label_flags->output, label_flags->interval);
           if (readiness) readiness->Start();
+          // CDI specs name host paths; the host's driver files are read under --host-root.
+          cdi_flags->host_root = node->host_root;
           auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
           if (!c.ok()) return c.status();
           cdi = *std::move(c);

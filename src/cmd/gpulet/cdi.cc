@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const C
   if (!strategy.ok()) return strategy.status();
   runtime::CdiGenerateOptions o;
   o.driver_root = f.driver_root;
+  o.host_root = f.host_root;
   o.hook_path = f.hook_path;
   o.names = *strategy;
   auto r = std::make_unique<runtime::CdiRefresher>(&gpu, f.spec, o,

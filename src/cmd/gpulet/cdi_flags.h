@@ -16,6 +16,8 @@ struct CdiRefreshFlags {
   std::string spec;  // empty: no refresh
   std::string driver_root = "/", hook_path = "/usr/bin/gpulet-container-hook";
   std::string strategy = "both", interval = "10s";
+  // Where the host's root is mounted (the agent's --host-root): driver_root is read under it.
+  std::string host_root = "/";
 };
 
 void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f);

@@ -33,6 +33,7 @@ inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
   o.cdi_dir = cfg.dra.cdi_dir;
   o.state_dir = cfg.dra.state_dir;
   o.cdi.driver_root = cdi.driver_root;
+  o.cdi.host_root = cdi.host_root;
   o.cdi.hook_path = cdi.hook_path;
   // A simulated node's kernel state (MIG capability minors) is under its sim root.
   if (!flags.gpu.simulate.empty()) o.cdi.proc_root = flags.gpu.sim_root;

@@ -1,0 +1,31 @@
+# DRA helpers shared by dra_test.sh and dra_daemonset_test.sh (sourced after lib.sh).
+# slice_devices: the names of gpu.gpulet.io devices in all ResourceSlices; slice_count N: there are N.
+slice_devices() { kc get resourceslices -o json | python3 -c 'import json,sys
+print(" ".join(sorted(d["name"] for s in json.load(sys.stdin)["items"] if s["spec"]["driver"] == "gpu.gpulet.io" for d in s["spec"].get("devices", []))))'; }
+slice_count() { [ "$(slice_devices | wc -w)" = "$1" ]; }
+# template NAME REQUEST_YAML...: a ResourceClaimTemplate; podc NAME [claim-source] : a pod using it.
+template() {
+  printf 'apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: %s, namespace: default}\nspec:\n  spec:\n    devices:\n%s\n' "$1" "$2"
+}
+podc() {  # podc NAME SOURCE (resourceClaimTemplateName: X | resourceClaimName: Y)
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  restartPolicy: Never
+  resourceClaims: [{name: gpu, $2}]
+  containers:
+  - name: main
+    image: gpulet.test/busybox:1
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    resources: {claims: [{name: gpu}]}
+YAML
+}
+gpu_nodes() { kc exec "$1" -- sh -c 'ls /dev/ | grep "^nvidia[0-9][0-9]*$" | sort | tr "\n" " "' 2>&1; }
+claim_of() { kc get pod "$1" -o 'jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}'; }
+devices_of() { kc get resourceclaim "$1" -o 'jsonpath={.status.allocation.devices.results[*].device}'; }

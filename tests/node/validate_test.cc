@@ -1,0 +1,97 @@
+// The validation's device-plugin step against the kubelet emulator's PodResources API and the
+// fake API server: a node whose GPUs are all DRA's has no device-plugin resources, which is right
+// once the DRA driver's ResourceSlices of the node hold devices (before, the agent's node stayed
+// tainted "the device plugin is not registered", found on the real cluster).
+#include "node/validate.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "k8s/client.h"
+#include "testing/apiserver/fake_apiserver.h"
+#include "testing/kubelet/emulator.h"
+#include "testing/runtime/fixtures.h"
+
+namespace gpulet::node {
+namespace {
+
+using nlohmann::json;
+
+class DevicePluginStep : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = runtime::testing::MakeTempDir("validate");
+    emu::EmulatorOptions eo;
+    eo.device_plugin_dir = dir_ + "/kubelet/device-plugins";
+    eo.pod_resources_socket = dir_ + "/kubelet/pod-resources/kubelet.sock";
+    emu_ = std::make_unique<emu::KubeletEmulator>(eo);
+    ASSERT_TRUE(emu_->Start().ok());
+    ASSERT_TRUE(api_.Start());
+    api_.CreateNode({{"metadata", {{"name", "node-1"}}}});
+    k8s::Config cfg;
+    cfg.server = api_.url();
+    cfg.max_attempts = 2;
+    client_ = std::make_unique<k8s::Client>(cfg);
+    o_.pod_resources_socket = emu_->pod_resources_socket();
+    o_.node_name = "node-1";
+    o_.client = client_.get();
+  }
+  void TearDown() override {
+    if (emu_) emu_->Stop();
+    std::filesystem::remove_all(dir_);
+  }
+  void Slice(const std::string& name, const std::string& node, const std::string& driver,
+             int devices) {
+    json d = json::array();
+    for (int i = 0; i < devices; ++i) d.push_back({{"name", "gpu-" + std::to_string(i)}});
+    api_.CreateObject("resourceslices", {{"metadata", {{"name", name}}},
+                                         {"spec",
+                                          {{"driver", driver},
+                                           {"nodeName", node},
+                                           {"pool", {{"name", node}, {"generation", 1}}},
+                                           {"devices", d}}}});
+  }
+  std::string dir_;
+  std::unique_ptr<emu::KubeletEmulator> emu_;
+  testing::FakeApiServer api_;
+  std::unique_ptr<k8s::Client> client_;
+  ValidateOptions o_;
+};
+
+TEST_F(DevicePluginStep, NoResourcesWithoutDraIsNotReady) {
+  StepResult s = ValidateDevicePlugin(o_);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.detail.find("the device plugin is not registered"), std::string::npos) << s.detail;
+}
+
+TEST_F(DevicePluginStep, EveryGpuThroughDraIsReadyOnceItsSliceHoldsDevices) {
+  o_.dra_driver = "gpu.gpulet.io";
+  Slice("other-node-gpu", "node-2", "gpu.gpulet.io", 8);  // another node's: does not count
+  Slice("node-1-other-driver", "node-1", "example.com", 4);
+  StepResult s = ValidateDevicePlugin(o_);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.detail.find("no ResourceSlice of gpu.gpulet.io for node node-1 holds a device yet"),
+            std::string::npos)
+      << s.detail;
+
+  Slice("node-1-gpu", "node-1", "gpu.gpulet.io", 2);
+  s = ValidateDevicePlugin(o_);
+  EXPECT_TRUE(s.ok) << s.detail;
+  EXPECT_EQ(s.detail,
+            "2 devices in gpu.gpulet.io ResourceSlices; no device-plugin GPU resources (every GPU "
+            "through DRA)");
+}
+
+TEST_F(DevicePluginStep, AnUnreachableApiServerIsNamed) {
+  o_.dra_driver = "gpu.gpulet.io";
+  api_.InjectFailures(100, 500);
+  StepResult s = ValidateDevicePlugin(o_);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.detail.find("cannot list the ResourceSlices of gpu.gpulet.io"), std::string::npos)
+      << s.detail;
+}
+
+}  // namespace
+}  // namespace gpulet::node
