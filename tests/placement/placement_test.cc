@@ -322,6 +322,32 @@ TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
 }
 
+// CPU drained by CPU-only tasks: the two nodes alone have CPU to spare for the GPU tasks (88
+// cores for 8 free GPUs, 11 per GPU against the 2 they ask, above the 1.5x margin), so with
+// only GPU tasks expected the stranding penalty decides (as above). When the workload also
+// expects as many CPU-only tasks of 64 cores each, those take 64 cores per GPU the GPU tasks
+// ask; 0.2 x that on top of the margin is 15.8 cores per free GPU, more than the cluster has:
+// CPU will run out before the GPUs, and gpulet decides like FGD. A few small CPU-only tasks
+// (1 core) leave the gate open.
+TEST(Policies, GpuletScoresLikeFgdWhenCpuOnlyTasksWillDrainCpu) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
+  c.nodes[0].cpu_milli_free = 24000;
+  c.nodes[1].cpu_milli_free = 64000;
+  std::vector<PodRequest> gpu_tasks(5, Whole(1, 1000));
+  for (int i = 0; i < 5; ++i) gpu_tasks.push_back(Whole(1, 3000));
+  std::vector<PodRequest> expected = gpu_tasks;
+  for (int i = 0; i < 10; ++i) expected.push_back(CpuOnly(64000));
+  const Workload w = WorkloadFromPods(expected);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
+  std::vector<PodRequest> few = gpu_tasks;
+  for (int i = 0; i < 10; ++i) few.push_back(CpuOnly(1000));
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(few)).node, 1);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(gpu_tasks)).node, 1);
+}
+
 // The same with memory, which FGD's measure ignores: the expected tasks ask 1024 MiB per GPU.
 // A whole GPU with 3 GiB leaves "tight" 3 free GPUs but 1 GiB: 2000 milli stranded; FGD sees a
 // tie and takes the first node, gpulet the one with memory to spare.
