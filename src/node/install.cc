@@ -65,11 +65,20 @@ absl::StatusOr<runtime::Engine> EngineOf(const std::string& name) {
 
 std::string EngineUnit(const std::string& engine) { return engine == "docker" ? "docker" : engine; }
 
+// Records one action in `r` and shows it through `on_action` at once.
+struct Actions {
+  InstallResult& r;
+  const OnAction& on_action;
+  void operator()(std::string text) const {
+    if (on_action) on_action(text);
+    r.actions.push_back(std::move(text));
+  }
+};
+
 absl::Status Restart(const std::string& command, const std::string& host_root,
-                     const std::string& engine, std::vector<std::string>* actions) {
+                     const std::string& engine, const Actions& add) {
   if (command == "none") {
-    actions->push_back("engine configuration changed; not restarting " + engine +
-                       " (--restart none)");
+    add("engine configuration changed; not restarting " + engine + " (--restart none)");
     return absl::OkStatus();
   }
   std::string cmd = command;
@@ -81,7 +90,7 @@ absl::Status Restart(const std::string& command, const std::string& host_root,
   if (rc != 0)
     return absl::UnavailableError(
         absl::StrCat("restarting ", engine, " with `", cmd, "` failed (status ", rc, ")"));
-  actions->push_back("restarted " + engine + ": " + cmd);
+  add("restarted " + engine + ": " + cmd);
   return absl::OkStatus();
 }
 
@@ -137,8 +146,9 @@ absl::StatusOr<std::string> DetectEngine(const std::string& host_root) {
       " (looked for containerd, CRI-O and Docker configs and sockets); pass --runtime"));
 }
 
-absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
+absl::StatusOr<InstallResult> Install(const InstallOptions& o, const OnAction& on_action) {
   InstallResult r;
+  const Actions add{r, on_action};
   if (o.runtime == "auto") {
     ASSIGN_OR_RETURN(r.engine, DetectEngine(o.host_root));
   } else {
@@ -221,12 +231,12 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
           absl::StrCat("cannot install ", p.to, ": ", p.from, " is missing"));
   for (const auto& p : pieces) {
     if (!IsFile(p.from)) {
-      r.actions.push_back(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
+      add(absl::StrCat("skipped ", p.to, ": ", p.from, " is not built"));
       continue;
     }
     ASSIGN_OR_RETURN(bool changed, CopyIfChanged(p.from, UnderRoot(o.host_root, p.to), p.mode));
     remember_file(p.to);
-    r.actions.push_back(absl::StrCat(changed ? "installed " : "unchanged ", p.to));
+    add(absl::StrCat(changed ? "installed " : "unchanged ", p.to));
   }
 
   // 2. The CDI spec for this node's GPUs.
@@ -238,9 +248,9 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
     RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(o.host_root, cdi_path), cdi_text, 0644));
   }
   remember_file(cdi_path);
-  r.actions.push_back(absl::StrCat(cdi_changed ? "wrote " : "unchanged ", cdi_path, " (",
-                                   spec.devices.size(), " CDI devices)"));
-  for (const auto& w : warnings) r.actions.push_back("warning: " + w);
+  add(absl::StrCat(cdi_changed ? "wrote " : "unchanged ", cdi_path, " (", spec.devices.size(),
+                   " CDI devices)"));
+  for (const auto& w : warnings) add("warning: " + w);
 
   // 3. The engine: keep the pre-install content of every file once, then configure.
   for (const auto& c : changes) {
@@ -266,20 +276,21 @@ absl::StatusOr<InstallResult> Install(const InstallOptions& o) {
   RETURN_IF_ERROR(runtime::ApplyChanges(changes));
   for (const auto& c : changes) {
     r.engine_config_changed |= c.changed();
-    r.actions.push_back(
-        absl::StrCat(c.changed() ? "configured " : "unchanged ", c.path.substr(co.root.size())));
+    add(absl::StrCat(c.changed() ? "configured " : "unchanged ", c.path.substr(co.root.size())));
   }
   if (r.engine_config_changed)
-    RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, &r.actions));
+    RETURN_IF_ERROR(Restart(o.restart_command, o.host_root, r.engine, add));
   return r;
 }
 
 absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
-                                        const std::string& restart_command) {
+                                        const std::string& restart_command,
+                                        const OnAction& on_action) {
   InstallResult r;
+  const Actions add{r, on_action};
   auto text = ReadFileToString(UnderRoot(host_root, kRecord));
   if (!text.ok()) {
-    r.actions.push_back(absl::StrCat("nothing to uninstall: no ", kRecord, " under ", host_root));
+    add(absl::StrCat("nothing to uninstall: no ", kRecord, " under ", host_root));
     return r;
   }
   json record = json::parse(*text, nullptr, false);
@@ -304,22 +315,22 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
       mode_t mode =
           ::stat(UnderRoot(host_root, path).c_str(), &st) == 0 ? st.st_mode & 07777 : 0644;
       RETURN_IF_ERROR(WriteFileAtomic(UnderRoot(host_root, path), before, mode));
-      r.actions.push_back("restored " + path);
+      add("restored " + path);
     } else {
       RETURN_IF_ERROR(remove(path));
-      r.actions.push_back("removed " + path);
+      add("removed " + path);
     }
     r.engine_config_changed = true;
     if (c.contains("backup")) RETURN_IF_ERROR(remove(c.value("backup", "")));
   }
   if (r.engine_config_changed && !r.engine.empty())
-    RETURN_IF_ERROR(Restart(restart_command, host_root, r.engine, &r.actions));
+    RETURN_IF_ERROR(Restart(restart_command, host_root, r.engine, add));
   for (const auto& f : record["files"]) {
     RETURN_IF_ERROR(remove(f.get<std::string>()));
-    r.actions.push_back("removed " + f.get<std::string>());
+    add("removed " + f.get<std::string>());
   }
   RETURN_IF_ERROR(remove(kRecord));
-  r.actions.push_back(absl::StrCat("removed ", kRecord));
+  add(absl::StrCat("removed ", kRecord));
   // The directories install created, deepest first, each only when empty (something else may
   // have put files there since).
   std::vector<std::string> dirs;
@@ -329,7 +340,7 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
   std::sort(dirs.begin(), dirs.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   for (const auto& d : dirs)
-    if (::rmdir(UnderRoot(host_root, d).c_str()) == 0) r.actions.push_back("removed " + d + "/");
+    if (::rmdir(UnderRoot(host_root, d).c_str()) == 0) add("removed " + d + "/");
   return r;
 }
 

@@ -7,6 +7,7 @@
 // placed. Both are idempotent: a second run changes nothing.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,11 +42,18 @@ std::string UnderRoot(const std::string& host_root, const std::string& p);
 // The engine whose configuration exists under `host_root`: containerd, then crio, then docker.
 absl::StatusOr<std::string> DetectEngine(const std::string& host_root);
 
-absl::StatusOr<InstallResult> Install(const InstallOptions& options);
+// Called with each action as it happens. Restarting the engine can cut off the output of the
+// container this runs in (the engine runs it), so callers show actions through this, not after
+// the call returns; a failed call has shown what it did before the failure.
+using OnAction = std::function<void(const std::string&)>;
+
+absl::StatusOr<InstallResult> Install(const InstallOptions& options,
+                                      const OnAction& on_action = {});
 
 // Restores the engine configuration saved by Install and removes the installed files and the
 // record. Without a record (never installed) it changes nothing and says so.
 absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
-                                        const std::string& restart_command = "auto");
+                                        const std::string& restart_command = "auto",
+                                        const OnAction& on_action = {});
 
 }  // namespace gpulet::node

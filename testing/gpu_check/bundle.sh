@@ -24,7 +24,8 @@ for tool in runc busybox; do
 done
 keep='^(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64|linux-vdso|libcuda|libnvidia-ml)\.'
 for b in "${bins[@]}"; do
-  ldd "$b" 2>/dev/null | awk '$3 ~ /^\// { print $1, $3 }'
+  # A static binary (busybox) makes ldd fail; it has nothing to copy.
+  { ldd "$b" 2>/dev/null || true; } | awk '$3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do
   [[ $name =~ $keep ]] || cp -L "$path" "$OUT/lib/deps/$name"
 done

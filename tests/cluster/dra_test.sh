@@ -6,7 +6,9 @@
 # The driver runs as the agent does in deploy/overlays/dra: with a token of the service account
 # gpulet-node bound to a pod on this node, under that overlay's RBAC and admission policies, so
 # gpulet-node-own-resourceslices judges every slice it writes (and refuses, with its message, the
-# slices of another node written with the same token).
+# slices of another node written with the same token), and gpulet-node-own-claim-status every
+# claim status it writes (and refuses another pool's device, another driver's entry, a changed
+# reservedFor, a claim not allocated on its node).
 # Scenarios: 1 GPU; 2 GPUs in one NVLink domain (matchAttribute); a CEL selector on memory; one
 # claim shared by two pods; a fractional claim (interposer environment and accounting file) and a
 # CUDA program in a fractional claim's container (vcuda_probe on the fake driver through the
@@ -105,13 +107,15 @@ rslice() {
     "$1" "$4" "$2" "$3"
 }
 OWNP=gpulet-node-own-resourceslices
-# denied DESCRIPTION MESSAGE KUBECTL-ARGS... (stdin: the object): refused by the policy with MESSAGE.
-denied() {
-  local d=$1 msg=$2; shift 2
+# denied_by POLICY DESCRIPTION MESSAGE KUBECTL-ARGS... (stdin: the object): the agent's request,
+# refused by POLICY with MESSAGE. denied: the same for $OWNP.
+denied_by() {
+  local p=$1 d=$2 msg=$3; shift 3
   local out rc; out=$(ka "$@" 2>&1); rc=$?
-  check "denied by $OWNP: $d ($(head -c 300 <<< "$out"))" \
-    bash -c '[ "$1" != 0 ] && [[ "$2" == *"ValidatingAdmissionPolicy '"'"'$3'"'"'"*"$4"* ]]' _ "$rc" "$out" "$OWNP" "$msg"
+  check "denied by $p: $d ($(head -c 300 <<< "$out"))" \
+    bash -c '[ "$1" != 0 ] && [[ "$2" == *"ValidatingAdmissionPolicy '"'"'$3'"'"'"*"$4"* ]]' _ "$rc" "$out" "$p" "$msg"
 }
+denied() { denied_by "$OWNP" "$@"; }
 # A new policy takes effect once the API server's informer has it: wait for its first refusal.
 foreign_refused() { ! rslice other-node-gpu.gpulet.io other-node other-node gpu.gpulet.io | ka create --dry-run=server -f - >/dev/null 2>&1; }
 check "the policy is in effect (a dry-run slice for other-node refused)" wait_until 30 foreign_refused
@@ -219,6 +223,33 @@ check "claim no device satisfies: Unschedulable, the scheduler says so ($msg)" \
   bash -c '[[ "$1" == *"cannot allocate all claims"* ]]' _ "$msg"
 sleep 1
 check "claim no device satisfies: still Pending" [ "$(phase dra-big)" = Pending ]
+
+# --- the agent's claim-status writes: gpulet-node-own-claim-status -----------------------------------
+# The driver wrote the 1-GPU claim's Ready condition above with the agent's token, through this
+# policy. Each case below PUTs the claim's status as the driver does, edited (python on `c`).
+CSP=gpulet-node-own-claim-status
+edited() { kc get resourceclaim "$1" -o json | python3 -c "import json, sys; c = json.load(sys.stdin); $2; print(json.dumps(c))"; }
+own_ok() {
+  edited "$c1" "c['status']['devices'][0]['conditions'][0]['message'] = 'rewritten by the agent'" |
+    ka replace --subresource=status -f - > "$STATE/own-status.out" 2>&1 || { cat "$STATE/own-status.out"; false; }
+}
+check "allowed by $CSP: the agent rewrites its device's condition in a claim allocated on its node" own_ok
+edited "$c1" "c['status']['devices'][0]['pool'] = 'other-node'" | denied_by "$CSP" \
+  "the agent reports a device of other-node's pool" "may report only the claim's devices of its own node" \
+  replace --subresource=status -f -
+edited "$c1" "c['status']['devices'].append({'driver': 'example.com', 'pool': 'p', 'device': 'd'})" |
+  denied_by "$CSP" "the agent adds another driver's entry" "may not change other drivers' entries" \
+  replace --subresource=status -f -
+edited "$c1" "c['status']['reservedFor'] = []" | denied_by "$CSP" "the agent clears the claim's reservedFor" \
+  "may change only status.devices" replace --subresource=status -f -
+cbig=$(claim_of dra-big)
+edited "$cbig" "c.setdefault('status', {})['devices'] = [{'driver': 'gpu.gpulet.io', 'pool': '$NODE', 'device': 'gpu-0'}]" |
+  denied_by "$CSP" "the agent writes the status of a claim not allocated ($cbig)" \
+  "may write the status only of ResourceClaims allocated to gpu.gpulet.io devices of its own node" \
+  replace --subresource=status -f -
+check "the 1-GPU pod is still Running, its claim still reserved for it" \
+  bash -c '[ "$1" = Running ] && [ "$2" = dra-1 ]' _ "$(phase dra-1)" \
+  "$(kc get resourceclaim "$c1" -o 'jsonpath={.status.reservedFor[*].name}')"
 
 # --- one claim shared by two pods ----------------------------------------------------------------------
 kc apply -f - >/dev/null <<'YAML'

@@ -108,7 +108,11 @@ dbg=$(sed -n 's/.*debugging pod \([^ ]*\).*/\1/p' <<< "$out")
 check "kubectl debug node started the uninstall pod ($dbg)" [ -n "$dbg" ]
 done_pod() { [[ "$(phase "$dbg")" == Succeeded || "$(phase "$dbg")" == Failed ]]; }
 wait_until 90 done_pod
-kc logs "$dbg" > "$work/uninstall.log" 2>&1
+# The pod can read Succeeded before containerd has written its last output to the container's log
+# (CI once read an empty log from a pod whose uninstall had worked), so the log is read until it
+# shows the end of uninstall's report or 20 s pass.
+uninstall_logged() { kc logs "$dbg" > "$work/uninstall.log" 2>&1 && grep -q 'restored /etc/containerd/config.toml' "$work/uninstall.log"; }
+wait_until 20 uninstall_logged
 check "gpulet uninstall succeeded in the debug pod ($(phase "$dbg"))" [ "$(phase "$dbg")" = Succeeded ]
 check "uninstall restored /etc/containerd/config.toml" grep -q 'restored /etc/containerd/config.toml' "$work/uninstall.log"
 kc delete pod "$dbg" --grace-period=0 --ignore-not-found >/dev/null 2>&1

@@ -60,6 +60,14 @@ const sliceVapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding"
   o.spec?.policyName === "gpulet-node-own-resourceslices");
 check(!sliceWrites || (sliceVapb && JSON.stringify(sliceVap ?? {}).includes("authentication.kubernetes.io/node-name")),
       "node agent's ResourceSlice writes confined to its own node by ValidatingAdmissionPolicy");
+// ... and its ResourceClaim status writes to claims allocated on its node.
+const claimStatusWrites = (nodeRole?.rules ?? []).some((r) => (r.resources ?? []).includes("resourceclaims/status") &&
+  r.verbs.some((v) => ["patch", "update", "*"].includes(v)));
+const claimVap = find("ValidatingAdmissionPolicy", "gpulet-node-own-claim-status");
+const claimVapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding" &&
+  o.spec?.policyName === "gpulet-node-own-claim-status");
+check(!claimStatusWrites || (claimVapb && JSON.stringify(claimVap ?? {}).includes("authentication.kubernetes.io/node-name")),
+      "node agent's ResourceClaim status writes confined to its own node's claims by ValidatingAdmissionPolicy");
 check(find("ValidatingAdmissionPolicy", "gpulet-trusted-pod-annotations") !== undefined,
       "gpulet-trusted pod annotations guarded on update");
 const ds = find("DaemonSet", "gpulet-node");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/str_join.h"
 #include "node/validate.h"
 #include "testing/runtime/fixtures.h"
 
@@ -96,6 +97,31 @@ TEST_F(InstallTest, UninstallRestoresAndRemoves) {
   auto again = Uninstall(host_, "none");
   ASSERT_TRUE(again.ok());
   EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
+}
+
+// Each action is shown as it happens, before the engine restart: restarting the engine can end the
+// output of the container uninstall runs in (CI once read an empty log from such a pod). The
+// restart command here copies what was shown so far.
+TEST_F(InstallTest, ActionsAreShownBeforeTheEngineRestarts) {
+  const std::string shown = host_ + "/shown", at_restart = host_ + "/at-restart";
+  auto show = [&](const std::string& a) { rt::WriteFile(shown, rt::ReadFile(shown) + a + "\n"); };
+  const std::string restart = "cp '" + shown + "' '" + at_restart + "'";
+  opts_.restart_command = restart;
+  auto r = Install(opts_, show);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(rt::ReadFile(at_restart).find("configured /etc/containerd/config.toml"),
+            std::string::npos)
+      << rt::ReadFile(at_restart);
+  EXPECT_EQ(rt::ReadFile(shown), absl::StrJoin(r->actions, "\n") + "\n")
+      << "every action is shown once, in order";
+
+  fs::remove(shown);
+  auto u = Uninstall(host_, restart, show);
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_NE(rt::ReadFile(at_restart).find("restored /etc/containerd/config.toml"),
+            std::string::npos)
+      << rt::ReadFile(at_restart);
+  EXPECT_EQ(rt::ReadFile(shown), absl::StrJoin(u->actions, "\n") + "\n");
 }
 
 // Most hosts have /var/run -> /run, an absolute link: seen under --host-root it must lead to the

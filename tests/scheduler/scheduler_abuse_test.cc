@@ -219,7 +219,13 @@ TEST_F(SchedulerAbuse, StaysUpResponsiveAndUnderItsMemoryLimit) {
   int64_t hwm = StatusKb(pid_, "VmHWM");
   std::printf("gpulet scheduler peak RSS under abuse: %lld KiB\n", static_cast<long long>(hwm));
   EXPECT_GT(hwm, 0);
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine and shadow memory roughly triple the peak (738 MiB seen): the bound holds for
+  // the release build, which is what the Deployment runs.
+  std::printf("peak RSS bound (256 MiB) not checked: AddressSanitizer build\n");
+#else
   EXPECT_LT(hwm, 256 * 1024) << "peak RSS above the Deployment's 256 MiB limit";
+#endif
   // A real request still works.
   json args = {{"Pod",
                 {{"metadata", {{"uid", "u1"}}},

@@ -17,10 +17,12 @@
 namespace gpulet::cmd {
 namespace {
 
+// Each action is printed and flushed as it happens: the engine restart can end this container's
+// output when the engine runs it (gpulet uninstall in a `kubectl debug node` pod).
+void Show(const std::string& action) { std::cout << action << std::endl; }
+
 int Report(const char* what, const absl::StatusOr<node::InstallResult>& r) {
-  if (!r.ok()) return Fail(std::string("gpulet ") + what, r.status());
-  for (const auto& a : r->actions) std::cout << a << "\n";
-  return 0;
+  return r.ok() ? 0 : Fail(std::string("gpulet ") + what, r.status());
 }
 
 void AddRestart(CLI::App& sub, std::string& restart) {
@@ -47,7 +49,7 @@ std::function<int()> SetupInstall(CLI::App& sub) {
   AddGpuFlags(sub, o->gpu);
   return [o] {
     if (o->gpu.simulate.empty() && o->host_root != "/") o->gpu.host_root = o->host_root;
-    return Report("install", node::Install(*o));
+    return Report("install", node::Install(*o, Show));
   };
 }
 
@@ -90,7 +92,7 @@ int UninstallOnOwnerDelete(const UninstallFlags& f) {
     return 0;
   }
   std::cout << v.reason << ": uninstalling" << std::endl;
-  int rc = Report("uninstall", node::Uninstall(f.host_root, f.restart));
+  int rc = Report("uninstall", node::Uninstall(f.host_root, f.restart, Show));
   owner.Stop();
   return rc;
 }
@@ -110,7 +112,7 @@ std::function<int()> SetupUninstall(CLI::App& sub) {
                  "kubeconfig (with --on-owner-delete; default: $KUBECONFIG, in-cluster)");
   return [f] {
     if (f->on_owner_delete) return UninstallOnOwnerDelete(*f);
-    return Report("uninstall", node::Uninstall(f->host_root, f->restart));
+    return Report("uninstall", node::Uninstall(f->host_root, f->restart, Show));
   };
 }
 
