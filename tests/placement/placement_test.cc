@@ -268,6 +268,23 @@ TEST(Policies, FgdKeepsNodesUsableAcrossNodes) {
   EXPECT_EQ(Decide("best-fit", c, Whole(1), w).node, 0);
 }
 
+// Two nodes in use with 4 free GPUs each: "tight" has 24 cores free, "roomy" 64.
+Cluster TightAndRoomy() {
+  Cluster c;
+  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
+  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
+  c.nodes[0].cpu_milli_free = 24000;
+  c.nodes[1].cpu_milli_free = 64000;
+  return c;
+}
+
+// Expected GPU tasks at 2 milli-CPU per milli-GPU on average (1000m and 3000m per GPU).
+std::vector<PodRequest> TwoCoresPerGpuTasks() {
+  std::vector<PodRequest> tasks(5, Whole(1, 1000));
+  for (int i = 0; i < 5; ++i) tasks.push_back(Whole(1, 3000));
+  return tasks;
+}
+
 // gpulet weighs the GPUs a placement strands behind the node's CPU: the expected tasks ask 2
 // milli-CPU per milli-GPU on average (1000m and 3000m per GPU). Both nodes are in use and have 4
 // free GPUs; "tight" has 24 cores free, "roomy" 64. A whole GPU with 20 cores leaves "tight"
@@ -276,14 +293,8 @@ TEST(Policies, FgdKeepsNodesUsableAcrossNodes) {
 // sees no difference (a tie: first node, "tight"); gpulet picks "roomy". CPU-only tasks have no
 // tie rule of their own (they follow node order, like FGD).
 TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
-  Cluster c;
-  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
-  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
-  c.nodes[0].cpu_milli_free = 24000;
-  c.nodes[1].cpu_milli_free = 64000;
-  std::vector<PodRequest> expected(5, Whole(1, 1000));
-  for (int i = 0; i < 5; ++i) expected.push_back(Whole(1, 3000));
-  const Workload w = WorkloadFromPods(expected);
+  Cluster c = TightAndRoomy();
+  const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
   EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
   // A task at the workload's ratio strands nothing on either node: a tie for gpulet too.
@@ -296,18 +307,12 @@ TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
 // looks stranded and the penalty would only spread tasks: gpulet decides like FGD. The same
 // nodes scored without the cluster (Score()) still show the penalty.
 TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
-  Cluster c;
-  c.nodes.push_back(MakeNode("tight", 4, "T4", 32000));
-  c.nodes.push_back(MakeNode("roomy", 4, "T4", 72000));
-  c.nodes[0].cpu_milli_free = 24000;
-  c.nodes[1].cpu_milli_free = 64000;
+  Cluster c = TightAndRoomy();
   for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
     c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
     c.nodes.back().cpu_milli_free = 0;
   }
-  std::vector<PodRequest> expected(5, Whole(1, 1000));
-  for (int i = 0; i < 5; ++i) expected.push_back(Whole(1, 3000));
-  const Workload w = WorkloadFromPods(expected);
+  const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
   EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
   auto gpulet = MakePolicy("gpulet");
@@ -320,6 +325,27 @@ TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
   // With the CPU-less nodes gone the cluster has CPU to spare again: the penalty decides.
   c.nodes.resize(2);
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
+}
+
+// CPU drained by CPU-only tasks: the two nodes alone have CPU to spare for the GPU tasks (88
+// cores for 8 free GPUs, 11 per GPU against the 2 they ask, above the 1.5x margin), so with
+// only GPU tasks expected the stranding penalty decides (as above). When the workload also
+// expects as many CPU-only tasks of 64 cores each, those take 64 cores per GPU the GPU tasks
+// ask; 0.2 x that on top of the margin is 15.8 cores per free GPU, more than the cluster has:
+// CPU will run out before the GPUs, and gpulet decides like FGD. A few small CPU-only tasks
+// (1 core) leave the gate open.
+TEST(Policies, GpuletScoresLikeFgdWhenCpuOnlyTasksWillDrainCpu) {
+  Cluster c = TightAndRoomy();
+  const std::vector<PodRequest> gpu_tasks = TwoCoresPerGpuTasks();
+  std::vector<PodRequest> expected = gpu_tasks;
+  for (int i = 0; i < 10; ++i) expected.push_back(CpuOnly(64000));
+  const Workload w = WorkloadFromPods(expected);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
+  std::vector<PodRequest> few = gpu_tasks;
+  for (int i = 0; i < 10; ++i) few.push_back(CpuOnly(1000));
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(few)).node, 1);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(gpu_tasks)).node, 1);
 }
 
 // The same with memory, which FGD's measure ignores: the expected tasks ask 1024 MiB per GPU.
