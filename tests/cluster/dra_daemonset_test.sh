@@ -64,14 +64,7 @@ ready || { logs; grep -i 'valid\|taint\|readiness\|not ready' "$STATE/agent.log"
 template one-gpu '      requests:
       - name: gpu
         exactly: {deviceClassName: gpu.gpulet.io}' | kc apply -f - >/dev/null
-template frac '      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.gpulet.io}
-      config:
-      - requests: [gpu]
-        opaque:
-          driver: gpu.gpulet.io
-          parameters: {apiVersion: gpu.gpulet.io/v1alpha1, kind: VgpuConfig, memory: 4Gi, cores: 30}' | kc apply -f - >/dev/null
+frac_template | kc apply -f - >/dev/null
 show() {  # on failure: the pod's events, the agent's last words, the claim CDI specs, containerd on CDI
   running "$1" && return
   kc describe pod "$1" | tail -n 8; logs; tail -n 5 "$STATE/agent.log"

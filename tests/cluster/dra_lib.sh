@@ -29,3 +29,14 @@ YAML
 gpu_nodes() { kc exec "$1" -- sh -c 'ls /dev/ | grep "^nvidia[0-9][0-9]*$" | sort | tr "\n" " "' 2>&1; }
 claim_of() { kc get pod "$1" -o 'jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}'; }
 devices_of() { kc get resourceclaim "$1" -o 'jsonpath={.status.allocation.devices.results[*].device}'; }
+# The fractional claim of the scenarios: one GPU, 4Gi and 30 % through the interposer.
+frac_template() {
+  template frac '      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.gpulet.io}
+      config:
+      - requests: [gpu]
+        opaque:
+          driver: gpu.gpulet.io
+          parameters: {apiVersion: gpu.gpulet.io/v1alpha1, kind: VgpuConfig, memory: 4Gi, cores: 30}'
+}

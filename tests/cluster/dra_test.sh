@@ -245,14 +245,7 @@ check "shared claim: reserved for 2 pods" \
   [ "$(kc get resourceclaim shared-gpu -o 'jsonpath={.status.reservedFor[*].name}' | wc -w)" = 2 ]
 
 # --- a fractional claim: the interposer's limits through opaque config ---------------------------------
-template frac '      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.gpulet.io}
-      config:
-      - requests: [gpu]
-        opaque:
-          driver: gpu.gpulet.io
-          parameters: {apiVersion: gpu.gpulet.io/v1alpha1, kind: VgpuConfig, memory: 4Gi, cores: 30}' | kc apply -f - >/dev/null
+frac_template | kc apply -f - >/dev/null
 podc dra-frac "resourceClaimTemplateName: frac" | kc apply -f - >/dev/null
 wait_until 60 running dra-frac
 check "fractional claim: pod Running" running dra-frac; show dra-frac
