@@ -574,9 +574,17 @@ absl::Status CdiRegistry::Load(const std::vector<std::string>& dirs) {
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       std::string path = dir + "/" + f;
-      ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-      ASSIGN_OR_RETURN(CdiSpec spec, ParseCdiSpec(text, path));
-      by_file[f] = std::move(spec);
+      absl::StatusOr<std::string> text = ReadFileToString(path);
+      absl::StatusOr<CdiSpec> spec =
+          text.ok() ? ParseCdiSpec(*text, path) : absl::StatusOr<CdiSpec>(text.status());
+      if (!spec.ok()) {
+        // Messages of the reader already name the file (and line); a read error may not.
+        std::string why(spec.status().message());
+        skipped_.push_back(absl::StrContains(why, path) ? why : absl::StrCat(path, ": ", why));
+        by_file.erase(f);  // nor does an older directory's file of that name stand in for it
+        continue;
+      }
+      by_file[f] = *std::move(spec);
     }
   }
   for (auto& [f, spec] : by_file) specs_.push_back(std::move(spec));
@@ -598,7 +606,12 @@ absl::StatusOr<ContainerEdits> CdiRegistry::Resolve(const std::vector<std::strin
       for (const auto& d : s.devices)
         if (d.name == name) found = &d, in = &s;
     }
-    if (!found) return absl::NotFoundError(absl::StrCat("unresolvable CDI device ", q));
+    if (!found)
+      return absl::NotFoundError(absl::StrCat(
+          "unresolvable CDI device ", q,
+          skipped_.empty()
+              ? ""
+              : absl::StrCat(" (specs skipped as invalid: ", absl::StrJoin(skipped_, "; "), ")")));
     out.Merge(found->edits);
     if (used.insert(in).second) shared.Merge(in->edits);
   }

@@ -67,8 +67,11 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inventory,
 // ones for the same file name, as the CDI spec says.
 class CdiRegistry {
  public:
-  // A missing directory is fine; an unreadable or invalid spec is an error naming it.
+  // A missing directory is fine. An unreadable or invalid spec is skipped, as containerd and CRI-O
+  // skip it: one bad file (another vendor's, an older gpulet's) must not take every device with
+  // it. Its error names it in skipped() and in Resolve's answer for a device it would have held.
   absl::Status Load(const std::vector<std::string>& dirs);
+  const std::vector<std::string>& skipped() const { return skipped_; }
   void Add(CdiSpec spec) { specs_.push_back(std::move(spec)); }
 
   // Edits for fully-qualified names ("nvidia.com/gpu=0"): every device's edits plus, once per
@@ -80,6 +83,7 @@ class CdiRegistry {
 
  private:
   std::vector<CdiSpec> specs_;
+  std::vector<std::string> skipped_;  // "path: what is wrong", one per skipped spec
 };
 
 // Splits "vendor/class=name"; false when `s` is not a fully-qualified CDI name.

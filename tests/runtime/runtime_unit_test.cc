@@ -334,6 +334,32 @@ TEST(CdiSpec, VersionFollowsWhatTheSpecUses) {
                   .ok());
 }
 
+// One invalid spec in a CDI directory (another vendor's, an older gpulet's 0.3.0 spec of a claim
+// whose uid starts with a digit) is skipped, as containerd skips it; the other specs' devices still
+// resolve, and asking for a device it would have held names the file and what is wrong.
+TEST_F(TempDirTest, AnInvalidSpecIsSkippedNotFatal) {
+  WriteFile(dir_ + "/cdi/good.yaml",
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n  containerEdits:\n"
+            "    deviceNodes:\n    - path: /dev/nvidia0\n");
+  WriteFile(dir_ + "/cdi/old-claim.json",
+            "{\"cdiVersion\": \"0.3.0\", \"kind\": \"gpu.gpulet.io/claim\", \"devices\": "
+            "[{\"name\": \"5b-gpu-0\", \"containerEdits\": {\"deviceNodes\": [{\"path\": "
+            "\"/dev/nvidia1\"}]}}]}\n");
+  WriteFile(dir_ + "/cdi/broken.yaml", "cdiVersion: [\n");
+  CdiRegistry reg;
+  ASSERT_TRUE(reg.Load({dir_ + "/cdi"}).ok());
+  EXPECT_EQ(reg.skipped().size(), 2u);
+  auto good = reg.Resolve({"nvidia.com/gpu=0"});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->device_nodes.at(0).path, "/dev/nvidia0");
+  auto old = reg.Resolve({"gpu.gpulet.io/claim=5b-gpu-0"});
+  ASSERT_FALSE(old.ok());
+  EXPECT_THAT(std::string(old.status().message()),
+              AllOf(HasSubstr("unresolvable CDI device gpu.gpulet.io/claim=5b-gpu-0"),
+                    HasSubstr(dir_ + "/cdi/old-claim.json:1: cdiVersion \"0.3.0\" is too old"),
+                    HasSubstr(dir_ + "/cdi/broken.yaml")));
+}
+
 // An unprivileged image's own NVIDIA_VISIBLE_DEVICES grants nothing by default; privileged
 // containers, the opt-in setting, volume mounts and CDI annotations do.
 TEST(Request, EnvvarTrustAndSources) {
@@ -618,7 +644,8 @@ TEST_F(BundleTest, ShimAppliesCdiEdits) {
   EXPECT_EQ(ReadFile(Config()), plain);
 }
 
-// Malformed config.json, unknown devices and broken CDI specs fail and leave config.json intact.
+// Malformed config.json and unknown devices fail and leave config.json intact; a broken CDI spec
+// beside the good one is skipped (as containerd skips it) and named when a device is not found.
 TEST_F(BundleTest, ShimFailuresLeaveConfigIntact) {
   for (std::string text : {std::string("{\"ociVersion\": \"1.0.2\", \"process\": "),
                            std::string("[]"), std::string("{\"ociVersion\":\"1\",\"root\":{}}")}) {
@@ -636,12 +663,16 @@ TEST_F(BundleTest, ShimFailuresLeaveConfigIntact) {
               HasSubstr("unresolvable CDI device nvidia.com/gpu=7"));
   EXPECT_EQ(ReadFile(Config()), unknown);
   WriteFile(dir_ + "/cdi/broken.json", "{\"cdiVersion\": \"0.5.0\", \"kind\": 3");
-  std::string ok = MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump();
-  WriteFile(Config(), ok);
+  WriteFile(Config(), unknown);
   r = ModifyBundle(dir_ + "/bundle", cfg_);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("broken.json:1"));
-  EXPECT_EQ(ReadFile(Config()), ok);
+  EXPECT_THAT(std::string(r.status().message()),
+              AllOf(HasSubstr("unresolvable CDI device nvidia.com/gpu=7"),
+                    HasSubstr("specs skipped as invalid"), HasSubstr("broken.json:1")));
+  EXPECT_EQ(ReadFile(Config()), unknown);
+  WriteFile(Config(), MinimalSpec({"NVIDIA_VISIBLE_DEVICES=0"}).dump());
+  r = ModifyBundle(dir_ + "/bundle", cfg_);
+  EXPECT_TRUE(r.ok()) << "one broken spec must not take the good one's devices: " << r.status();
 }
 
 // Legacy mode adds our prestart hook once, with an explicit environment.
