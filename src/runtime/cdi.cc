@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "runtime/driver.h"
@@ -429,8 +430,9 @@ namespace {
 // Host paths read under `host_root` (the host mounted into this process's container), renamed as
 // the host sees them: the engine that applies the spec runs on the host.
 void NameHostPaths(ContainerEdits& e, const std::string& host_root) {
+  const std::string root(absl::StripSuffix(host_root, "/"));  // "/host/" as "/host"
   auto strip = [&](std::string& p) {
-    if (absl::StartsWith(p, host_root + "/")) p = p.substr(host_root.size());
+    if (absl::StartsWith(p, root + "/")) p = p.substr(root.size());
   };
   for (auto& d : e.device_nodes) {
     strip(d.host_path);

@@ -173,6 +173,12 @@ TEST_F(TempDirTest, HostRootReadsUnderTheMountAndNamesHostPaths) {
       EXPECT_THAT(n.host_path, ::testing::Not(HasSubstr(host))) << n.path;
   EXPECT_EQ(spec->edits.hooks.at(0).args.back(), kLibDir);
 
+  // A trailing slash names the same mount.
+  opt.host_root = host + "/";
+  auto slashed = GenerateCdiSpec(FakeInventory(1), opt);
+  ASSERT_TRUE(slashed.ok()) << slashed.status();
+  EXPECT_EQ(CdiSpecToJson(*slashed), CdiSpecToJson(*spec));
+
   // No driver under the host's /: its driver container's root, under the mount too.
   opt.host_root = in_container;
   std::vector<std::string> warnings;
