@@ -52,7 +52,8 @@ agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath=
 logs() { kc -n "$NS" logs "$agent" -c install > "$STATE/install.log" 2>&1; kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1; }
 logs
 check "install configured containerd 2's config.toml" grep -q 'configured /etc/containerd/config.toml' "$STATE/install.log"
-check "the kubelet registered the agent's driver gpu.gpulet.io" grep -q 'registered driver gpu.gpulet.io' "$STATE/agent.log"
+registered() { logs; grep -q 'registered driver gpu.gpulet.io' "$STATE/agent.log"; }
+check "the kubelet registered the agent's driver gpu.gpulet.io" wait_until 30 registered
 check "nvidia.com/gpu is not offered by the device plugin (every GPU is DRA's): allocatable '$(allocatable nvidia.com/gpu)'" \
   bash -c '[ -z "$1" ] || [ "$1" = 0 ]' _ "$(allocatable nvidia.com/gpu)"
 ready() { [ "$(kc get node "$NODE" -o 'jsonpath={.metadata.labels.gpulet\.io/gpu-stack}')" = ready ]; }
