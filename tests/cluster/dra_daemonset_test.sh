@@ -57,8 +57,10 @@ check "the kubelet registered the agent's driver gpu.gpulet.io" wait_until 30 re
 check "nvidia.com/gpu is not offered by the device plugin (every GPU is DRA's): allocatable '$(allocatable nvidia.com/gpu)'" \
   bash -c '[ -z "$1" ] || [ "$1" = 0 ]' _ "$(allocatable nvidia.com/gpu)"
 ready() { [ "$(kc get node "$NODE" -o 'jsonpath={.metadata.labels.gpulet\.io/gpu-stack}')" = ready ]; }
-wait_until 60 ready
-check "the agent validated the node (label gpulet.io/gpu-stack=ready)" ready
+untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
+validated() { ready && untainted; }  # the agent labels first, then lifts the taint
+wait_until 60 validated
+check "the agent validated the node (label gpulet.io/gpu-stack=ready, no gpulet.io/gpu-stack-not-ready taint)" validated
 ready || { logs; grep -i 'valid\|taint\|readiness\|not ready' "$STATE/agent.log" | tail -n 5; }
 
 # --- claims ------------------------------------------------------------------------------------------

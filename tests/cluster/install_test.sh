@@ -76,7 +76,9 @@ check "the drop-in names gpulet's runtime" grep -q '/usr/local/gpulet/bin/gpulet
 check "the shim is on the node (/usr/local/gpulet/bin)" [ -x "$D/fixed/usr/local/gpulet/bin/gpulet-container-runtime" ]
 ready() { [ "$(kc get node "$NODE" -o 'jsonpath={.metadata.labels.gpulet\.io/gpu-stack}')" = ready ]; }
 untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
-wait_until 60 ready
+# The agent labels the node ready, then lifts the taint (readiness.cc: label first): wait for both.
+validated() { ready && untainted; }
+wait_until 60 validated
 check "the agent validated the node: label gpulet.io/gpu-stack=ready" ready
 check "no gpulet.io/gpu-stack-not-ready taint left" untainted
 ready || grep -i 'valid\|taint\|readiness' "$work/agent.log" | tail -n 5
