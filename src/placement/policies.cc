@@ -435,25 +435,25 @@ class FragPolicy final : public PolicyImpl {
   void SetWorkload(const Workload& w) override {
     frag_.Set(w);
     // The workload's average CPU and memory per milli-GPU over its GPU classes, weighted by
-    // frequency: what a node must keep per free GPU for the expected GPU tasks to use it.
-    double cpu = 0, mem = 0, gpu = 0;
+    // frequency: what a node must keep per free GPU for the expected GPU tasks to use it. And
+    // what the expected CPU-only tasks take on top, per milli-GPU the GPU tasks ask: their CPU
+    // and memory come out of the same nodes, so a mix with many of them runs out of CPU sooner.
+    double cpu = 0, mem = 0, gpu = 0, other_cpu = 0, other_mem = 0;
     for (const WorkloadClass& c : w.classes) {
       const double g = static_cast<double>(c.shape.TotalGpuMilli());
-      if (g <= 0) continue;
-      cpu += c.weight * static_cast<double>(c.shape.cpu_milli);
-      mem += c.weight * static_cast<double>(c.shape.memory_mib);
-      gpu += c.weight * g;
+      const double c_cpu = c.weight * static_cast<double>(c.shape.cpu_milli);
+      const double c_mem = c.weight * static_cast<double>(c.shape.memory_mib);
+      if (g > 0) {
+        cpu += c_cpu;
+        mem += c_mem;
+        gpu += c.weight * g;
+      } else {
+        other_cpu += c_cpu;
+        other_mem += c_mem;
+      }
     }
     cpu_per_milli_ = gpu > 0 ? cpu / gpu : 0;
     mem_per_milli_ = gpu > 0 ? mem / gpu : 0;
-    // What the expected CPU-only tasks take on top, per milli-GPU the GPU tasks ask: their CPU
-    // and memory come out of the same nodes, so a mix with many of them runs out of CPU sooner.
-    double other_cpu = 0, other_mem = 0;
-    for (const WorkloadClass& c : w.classes) {
-      if (c.shape.TotalGpuMilli() > 0) continue;
-      other_cpu += c.weight * static_cast<double>(c.shape.cpu_milli);
-      other_mem += c.weight * static_cast<double>(c.shape.memory_mib);
-    }
     cpu_only_cpu_per_milli_ = gpu > 0 ? other_cpu / gpu : 0;
     cpu_only_mem_per_milli_ = gpu > 0 ? other_mem / gpu : 0;
   }
