@@ -88,13 +88,7 @@ claim_ready() { [ "$(kc get resourceclaim "$c1" -o 'jsonpath={.status.devices[0]
 check "1-GPU claim: the agent pod wrote status.devices Ready=True (through gpulet-node-own-claim-status)" wait_until 15 claim_ready
 
 podc ds-frac "resourceClaimTemplateName: frac" | kc apply -f - >/dev/null
-wait_until 90 running ds-frac
-check "fractional claim: pod Running" running ds-frac; show ds-frac
-env_frac=$(kc exec ds-frac -- sh -c 'echo $GPULET_VGPU_MEMORY_LIMIT $GPULET_VGPU_CORE_LIMIT $LD_PRELOAD' 2>&1)
-check "fractional claim: interposer environment 4Gi / 30 % / LD_PRELOAD ($env_frac)" \
-  [ "$env_frac" = "4294967296 30 /usr/lib/gpulet/libgpulet-vcuda.so" ]
-check "fractional claim: the interposer installed by the init container is mounted" \
-  kc exec ds-frac -- sh -c 'test -s /usr/lib/gpulet/libgpulet-vcuda.so && test -f /var/run/gpulet/vgpu/accounting'
+frac_pod_checks ds-frac 90  # the interposer there is the one the init container installed
 kc delete pod ds-1 ds-frac --grace-period=0 --wait=true --timeout=60s >/dev/null 2>&1
 unprepared() { [ -z "$(ls "$D/fixed/var/run/cdi" | grep 'gpu.gpulet.io-claim_')" ]; }
 check "both claims unprepared: their CDI specs are gone" wait_until 30 unprepared

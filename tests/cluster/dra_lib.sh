@@ -40,3 +40,14 @@ frac_template() {
           driver: gpu.gpulet.io
           parameters: {apiVersion: gpu.gpulet.io/v1alpha1, kind: VgpuConfig, memory: 4Gi, cores: 30}'
 }
+# frac_pod_checks POD SECONDS: POD (of frac_template's claim) Running within SECONDS, with the
+# interposer's environment for 4Gi / 30 %, its library and the claim's accounting file mounted.
+frac_pod_checks() {
+  wait_until "$2" running "$1"
+  check "fractional claim: pod Running" running "$1"; show "$1"
+  local env; env=$(kc exec "$1" -- sh -c 'echo $GPULET_VGPU_MEMORY_LIMIT $GPULET_VGPU_CORE_LIMIT $LD_PRELOAD' 2>&1)
+  check "fractional claim: interposer environment 4Gi / 30 % / LD_PRELOAD ($env)" \
+    [ "$env" = "4294967296 30 /usr/lib/gpulet/libgpulet-vcuda.so" ]
+  check "fractional claim: the accounting file and the interposer (not empty) are mounted" \
+    kc exec "$1" -- sh -c 'test -f /var/run/gpulet/vgpu/accounting && test -s /usr/lib/gpulet/libgpulet-vcuda.so'
+}

@@ -247,13 +247,7 @@ check "shared claim: reserved for 2 pods" \
 # --- a fractional claim: the interposer's limits through opaque config ---------------------------------
 frac_template | kc apply -f - >/dev/null
 podc dra-frac "resourceClaimTemplateName: frac" | kc apply -f - >/dev/null
-wait_until 60 running dra-frac
-check "fractional claim: pod Running" running dra-frac; show dra-frac
-env_frac=$(kc exec dra-frac -- sh -c 'echo $GPULET_VGPU_MEMORY_LIMIT $GPULET_VGPU_CORE_LIMIT $LD_PRELOAD' 2>&1)
-check "fractional claim: interposer environment 4Gi / 30 % / LD_PRELOAD ($env_frac)" \
-  [ "$env_frac" = "4294967296 30 /usr/lib/gpulet/libgpulet-vcuda.so" ]
-check "fractional claim: the accounting file and the interposer are mounted" \
-  kc exec dra-frac -- sh -c 'test -f /var/run/gpulet/vgpu/accounting && test -f /usr/lib/gpulet/libgpulet-vcuda.so'
+frac_pod_checks dra-frac 60
 
 # --- a CUDA program in a fractional claim's container: exactly the claimed 4Gi -------------------------
 # The image: busybox, vcuda_probe, the fake CUDA driver (it answers NVML too) in /opt/fake-cuda, and
