@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "dra/slices.h"
 #include "k8s/podresources/v1/api.grpc.pb.h"
 #include "node/install.h"
 #include "runtime/cdi.h"
@@ -318,16 +319,12 @@ bool Ours(const ValidateOptions& o, const std::string& resource) {
 
 // The devices in `o.dra_driver`'s ResourceSlices of this node.
 absl::StatusOr<size_t> DraDevices(const ValidateOptions& o) {
-  auto list = o.client->Call(
-      "GET", absl::StrCat("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D",
-                          o.node_name, "%2Cspec.driver%3D", o.dra_driver));
-  if (!list.ok())
+  auto slices = dra::ListNodeSlices(o.client, o.node_name, o.dra_driver);
+  if (!slices.ok())
     return absl::UnavailableError(absl::StrCat("cannot list the ResourceSlices of ", o.dra_driver,
-                                               ": ", list.status().message()));
+                                               ": ", slices.status().message()));
   size_t n = 0;
-  auto items = list->find("items");
-  if (items == list->end() || !items->is_array()) return n;
-  for (const auto& slice : *items) {
+  for (const auto& slice : *slices) {
     if (!slice.is_object() || !slice.contains("spec") || !slice["spec"].is_object()) continue;
     auto devices = slice["spec"].find("devices");
     if (devices != slice["spec"].end() && devices->is_array()) n += devices->size();

@@ -322,4 +322,11 @@ ContainerEdits CommonEdits(const DriverFiles& driver) {
   return e;
 }
 
+std::vector<std::string> DriverPaths() {
+  std::vector<std::string> paths = {"/etc/ld.so.cache"};
+  paths.insert(paths.end(), std::begin(kLibDirs), std::end(kLibDirs));
+  paths.insert(paths.end(), std::begin(kBinDirs), std::end(kBinDirs));
+  return paths;
+}
+
 }  // namespace gpulet::runtime

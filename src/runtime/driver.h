@@ -64,6 +64,11 @@ struct DriverFiles {
 // file name in the cache. No cache or no version is an error naming the root.
 absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version = "");
 
+// The paths DiscoverDriver reads under a driver root: the ld cache and the library and binary
+// directories. An agent that reads the host under --host-root needs each of them mounted there
+// (the node DaemonSet; tests/node/agent_mounts_test.cc checks it).
+std::vector<std::string> DriverPaths();
+
 // Host path of a driver-root path ("/" root: unchanged).
 std::string InRoot(const std::string& root, const std::string& path);
 
