@@ -2,9 +2,10 @@
 # A new user's first GPU pod, with the product's defaults: `kubectl apply -k` of deploy/overlays/
 # containerd (through tests/cluster/deploy/defaults, which adds only what this loopback cluster
 # lacks, not a device-plugin setting) on a containerd 2 cluster of its own, whose default runtime
-# stays runc (install does not make gpulet's shim the default). The driver is a stand-in driver
-# container's root. A pod asking for 2 nvidia.com/gpu must see exactly its 2 device nodes and the
-# driver's libcuda in its ld cache; `kubectl delete -k` restores containerd's configuration.
+# stays runc (install does not make gpulet's shim the default), which injects no driver into
+# gpulet's own containers either: the driver is a stand-in driver container's root whose
+# libnvidia-ml is the fake NVML, found and loaded by install and the agent. A pod asking for 2
+# nvidia.com/gpu must see exactly its 2 device nodes and the driver's libcuda in its ld cache; `kubectl delete -k` restores containerd's configuration.
 # Usage: defaults_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 STATE=$build/cluster-test-defaults
@@ -30,6 +31,11 @@ default_sa
 ctr_k8s() { nsenter -t "$holder" -m -- env PATH="$build/k8s/containerd2/bin:$PATH" ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
 gpulet_image "$STATE" || exit 1
 driver_container_root "$STATE/driver-root.log" || exit 1
+# The fake NVML as that driver's libnvidia-ml (tests/cluster/deploy/host-nvml): nothing passes
+# --simulate, so install and the agent must find and load the host's NVML as on a real node.
+lib=$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu
+cp "$build/lib/fake/libnvidia-ml.so.1" "$lib/libnvidia-ml.so.$driver_version"
+ldconfig -r "$D/fixed/run/nvidia/driver"
 
 cp "$CONFIG" "$STATE/config.before"
 "$cluster" plugin "$build" none >/dev/null
@@ -44,6 +50,12 @@ check "the agent DaemonSet's pod is Running" agent_up
 gpus() { [ "$(allocatable nvidia.com/gpu)" = 8 ]; }
 wait_until 60 gpus
 check "the agent registered nvidia.com/gpu 8 ($(allocatable nvidia.com/gpu))" gpus
+agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
+kc -n "$NS" logs "$agent" -c install > "$STATE/install.log" 2>&1
+kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1
+nvml="NVML: the host's /host/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.$driver_version"
+check "install loaded the host driver's NVML from under /host (no --simulate)" grep -qF "$nvml" "$STATE/install.log"
+check "the agent loaded the host driver's NVML from under /host (no --simulate)" grep -qF "$nvml" "$STATE/agent.log"
 untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
 wait_until 60 untainted
 check "the agent validated the node (no gpulet.io/gpu-stack-not-ready taint)" untainted
@@ -71,5 +83,5 @@ check "containerd 2's config.toml is byte for byte as before the install" cmp "$
 trap - EXIT
 "$cluster" down "$build" >/dev/null || check "cluster down" false
 no_leftovers "down (defaults)" "$holder"
-[ "$failures" = 0 ] && rm -rf "$STATE"
+[ "$failures" = 0 ] && rm -rf "$STATE" || { echo "--- install log"; cat "$STATE/install.log"; echo "--- agent log (tail)"; tail -n 20 "$STATE/agent.log"; }
 finish

@@ -55,9 +55,6 @@ const HostMount* Covering(const std::vector<HostMount>& mounts, const std::strin
 TEST(AgentMounts, EveryDriverPathOfTheHostIsReadableUnderHost) {
   auto mounts = AgentHostMounts();
   for (const auto& p : runtime::DriverPaths()) {
-    // The host's own ld cache is the DRA component's mount (one file, deploy/components/dra):
-    // the base agent reads the CDI spec install wrote, not the cache.
-    if (p == "/etc/ld.so.cache") continue;
     const HostMount* m = Covering(mounts, p);
     ASSERT_NE(m, nullptr) << p << " is not mounted at /host" << p;
     EXPECT_TRUE(m->read_only) << m->host;
