@@ -78,6 +78,10 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             vo.node_name = node->name;
             vo.client = client.get();
             if (!dp.config().dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
+            const plugin::Config& c = dp.config();
+            vo.delivery = node::GpuDelivery{
+                c.list.cdi_cri, c.list.envvar || c.list.volume_mounts || c.list.cdi_annotations,
+                c.pass_device_specs};
             node::ReadinessOptions ro;
             ro.node_name = node->name;
             readiness = std::make_unique<node::ReadinessController>(
