@@ -13,7 +13,9 @@
 #   libraries; cluster.dra_daemonset checks them in a claim's container);
 # - uninstall as docs/install.md says: `kubectl debug node/... --profile=sysadmin -- gpulet
 #   uninstall --host-root /host`, then `kubectl delete -k`: containerd's config.toml is byte for
-#   byte what it was, nothing of gpulet is left on the node, nvidia.com/gpu is gone.
+#   byte what it was, nothing of gpulet is left on the node, nvidia.com/gpu is gone;
+# - then the product's own device-plugin settings (tests/cluster/deploy/defaults) on this
+#   containerd 1.6: the agent keeps the node tainted, saying GPU pods would get no GPUs.
 # The host-process plugin is restarted at the end for the scenarios after this one.
 # Usage: install_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
@@ -142,5 +144,32 @@ python3 "$src/tests/cluster/rbac_audit.py" "$work/audit.log" "$work/manifests.ya
 cat "$work/rbac.txt"
 check "no request of a gpulet service account was refused (403) in the audit log" [ "$rc" = 0 ]
 check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-node" "$1" && grep -q "^== gpulet-scheduler" "$1" && grep -q "used " "$1"' _ "$work/rbac.txt"
+# --- the shipped device-plugin settings on containerd 1.6 --------------------------------------------
+# tests/cluster/deploy/defaults (the product's own settings, NVML from the host driver: the fake as
+# the driver container's libnvidia-ml) on this cluster's containerd 1.6, whose default runtime is
+# runc and whose CRI has no CDI: GPU pods would start without their GPUs, so the agent must keep
+# the node tainted and say why (docs/install.md, "How a pod gets its GPUs").
+lib=$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu
+cp "$build/lib/fake/libnvidia-ml.so.1" "$lib/libnvidia-ml.so.$driver_version" && ldconfig -r "$D/fixed/run/nvidia/driver"
+DEFAULTS=$src/tests/cluster/deploy/defaults
+# A node gpulet has not validated yet (validation runs once per boot: forget this boot's).
+kc annotate node "$NODE" gpulet.io/validated-boot-id- >/dev/null
+kc label node "$NODE" gpulet.io/gpu-stack- >/dev/null
+check "kubectl apply -k tests/cluster/deploy/defaults on containerd 1.6" \
+  bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig apply -k $DEFAULTS > $work/apply-defaults.log 2>&1"
+said() {
+  local a; a=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}' 2>/dev/null)
+  [ -n "$a" ] && kc -n "$NS" logs "$a" -c agent > "$work/agent-defaults.log" 2>&1 \
+    && grep -q "GPU containers would start without their GPUs: containerd://1.6" "$work/agent-defaults.log"
+}
+wait_until 120 said
+check "the agent says GPU containers would start without their GPUs (no CDI in containerd 1.6's CRI, runc the default)" said
+tainted() { ! untainted; }
+check "the node keeps the gpulet.io/gpu-stack-not-ready taint" tainted
+said || tail -n 5 "$work/agent-defaults.log"
+check "kubectl delete -k tests/cluster/deploy/defaults" \
+  bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $DEFAULTS --wait=true --timeout=90s > $work/delete-defaults.log 2>&1"
+check "containerd's config.toml is byte for byte as before, again" cmp "$work/config.before" "$CONFIG"
+
 [ "$failures" = 0 ] || { echo "--- install log"; cat "$work/install.log"; echo "--- agent log (tail)"; tail -n 20 "$work/agent.log"; echo "--- uninstall log"; cat "$work/uninstall.log"; }
 finish
