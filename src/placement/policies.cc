@@ -425,14 +425,14 @@ class FragModel {
 //  - GPU tasks of at most one GPU: 20 levels per whole GPU newly stranded, and as much gained
 //    per GPU un-stranded. A task whose CPU (memory) per GPU is below the supply ratio thus goes
 //    to the node poorest in CPU (memory) per free GPU, taking GPUs that node could not have
-//    served, and leaves the richer nodes' CPU for the tasks that ask more. The weight makes it
-//    decide before FGD's levels (FGD breaks its ties). Multi-GPU tasks keep FGD's score: with
-//    the term they lost up to 1.1 points on mixes with 15% of them (they need whole nodes, which
-//    FGD's measure keeps for them).
+//    served, and leaves the richer nodes' CPU for the tasks that ask more. At that weight a
+//    fraction of a GPU outweighs most of FGD's level differences; FGD decides among nodes that
+//    strand alike. Multi-GPU tasks keep FGD's score: with the term they lost up to 1.1 points on
+//    a mix with 15% of them (they need whole nodes, which FGD's measure keeps for them).
 //  - CPU-only tasks: 0.5 levels per whole GPU whose memory they take (memory only: FGD's measure
 //    ignores memory, while its classes are gated by node CPU, so it already keeps CPU-only tasks
 //    off CPU that GPU tasks need). They go to nodes whose memory is beyond what their free GPUs
-//    need, nodes with every GPU given out first.
+//    need (a node with every GPU given out needs none).
 // An earlier rule steering CPU-only tasks to the nodes with the fewest free GPUs was dropped: on
 // CPU-heavy mixes it lost 0.3-0.4 points to FGD (it drains the CPU of nodes with a few GPUs
 // left, stranding them); docs/placement.md has the measurements.
