@@ -591,11 +591,12 @@ class FragPolicy final : public PolicyImpl {
   // 6 seeds); 0.5 / 1.0 cost it 0.05 / 0.14 points.
   static constexpr double kCpuOnlyMargin = 0.2;
   // Levels per whole GPU stranded at the cluster's supply ratio while CPU or memory is short
-  // (session 8, TRAIN only, 6 seeds; docs/placement.md). GPU tasks: 4 / 12 / 20 / 30 / 50 /
-  // 200 gave -0.06 / +1.5 / +2.9 / +3.8 / +4.3 / +4.6 points on train-cpu-tasks, but from 50 up
-  // train-mix4 (15% multi-GPU tasks, CPU and memory scaled) fell behind FGD (-0.08 / -1.1 with
-  // multi-GPU tasks scored too); 20 keeps a margin below that. CPU-only tasks: 0.25 / 0.5 / 1
-  // alike, 2 cost 0.8 points on train-cpu-most.
+  // (session 8, TRAIN only; docs/placement.md). GPU tasks of at most one GPU, 6 seeds: 20 / 30 /
+  // 50 gave +2.9 / +3.8 / +4.3 points on train-cpu-tasks, but at 50 train-mix4 (15% multi-GPU
+  // tasks, CPU and memory scaled) fell behind FGD (-0.07; 0 at 20 and 30); with multi-GPU tasks
+  // scored too, 50 / 200 lost 1.1 / 1.5 there and 200 lost 4.5 on train-multi-cpu. 20 keeps a
+  // margin below the loss. CPU-only tasks (4-seed screening): 0.25 / 0.5 / 1 alike, 2 cost 0.8
+  // points on train-cpu-most.
   static constexpr double kScarcePenaltyPerGpu = 20.0;
   static constexpr double kScarceCpuOnlyPenaltyPerGpu = 0.5;
 };
