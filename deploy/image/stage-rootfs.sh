@@ -40,6 +40,14 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$root$lib"
 done
 
+# The C library's parts the NVIDIA driver's libraries load (libnvidia-ml, which the agent and
+# install dlopen from the host under /host: runc injects no driver into their containers), beside
+# the libc the binaries use.
+libdir=$(dirname "$(ldd "$build/bin/gpulet" | awk '/libc\.so\.6 =>/{print $3}')")
+for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
+  [[ -e $root$libdir/$l ]] || { mkdir -p "$root$libdir"; cp -L "$libdir/$l" "$root$libdir/$l"; }
+done
+
 install -m 0755 /bin/busybox "$root/bin/busybox"
 for a in sh chroot timeout ls cat; do ln -sf busybox "$root/bin/$a"; done
 echo "root:x:0:0:root:/:/bin/sh" >"$root/etc/passwd"

@@ -7,6 +7,16 @@ namespace gpulet::dra {
 
 using nlohmann::json;
 
+absl::StatusOr<json> ListNodeSlices(k8s::Client* api, const std::string& node,
+                                    const std::string& driver) {
+  auto list =
+      api->Call("GET", absl::StrCat(kResourceApi, "/resourceslices?fieldSelector=spec.nodeName%3D",
+                                    node, "%2Cspec.driver%3D", driver));
+  if (!list.ok()) return list.status();
+  json items = list->value("items", json::array());
+  return items.is_array() ? items : json::array();
+}
+
 SlicePublisher::SlicePublisher(k8s::Client* api, std::string node, std::string driver)
     : api_(api),
       node_(std::move(node)),
@@ -27,10 +37,9 @@ absl::Status SlicePublisher::PublishOnce(const json& devices) {
   std::string base = absl::StrCat(kResourceApi, "/resourceslices");
   if (!cleaned_) {
     // Slices of ours on this node under another name: an older layout or a renamed pool.
-    auto list = api_->Call("GET", absl::StrCat(base, "?fieldSelector=spec.nodeName%3D", node_,
-                                               "%2Cspec.driver%3D", driver_));
-    if (!list.ok()) return list.status();
-    for (const json& s : list->value("items", json::array())) {
+    auto slices = ListNodeSlices(api_, node_, driver_);
+    if (!slices.ok()) return slices.status();
+    for (const json& s : *slices) {
       std::string n = s["metadata"].value("name", "");
       if (n == name_ || n.empty()) continue;
       auto del = api_->Call("DELETE", absl::StrCat(base, "/", n));
@@ -87,10 +96,9 @@ absl::Status SlicePublisher::PublishOnce(const json& devices) {
 
 absl::Status SlicePublisher::Remove() {
   std::string base = absl::StrCat(kResourceApi, "/resourceslices");
-  auto list = api_->Call("GET", absl::StrCat(base, "?fieldSelector=spec.nodeName%3D", node_,
-                                             "%2Cspec.driver%3D", driver_));
-  if (!list.ok()) return list.status();
-  for (const json& s : list->value("items", json::array())) {
+  auto slices = ListNodeSlices(api_, node_, driver_);
+  if (!slices.ok()) return slices.status();
+  for (const json& s : *slices) {
     auto del = api_->Call("DELETE", absl::StrCat(base, "/", s["metadata"].value("name", "")));
     if (!del.ok() && del.status().code() != absl::StatusCode::kNotFound) return del.status();
   }

@@ -11,11 +11,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "k8s/client.h"
 
 namespace gpulet::dra {
 
 inline constexpr char kResourceApi[] = "/apis/resource.k8s.io/v1";
+
+// The ResourceSlices of `driver` on `node` (the list's "items"; an empty array when it has none).
+absl::StatusOr<nlohmann::json> ListNodeSlices(k8s::Client* api, const std::string& node,
+                                              const std::string& driver);
 
 class SlicePublisher {
  public:

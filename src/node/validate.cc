@@ -14,11 +14,13 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "dra/slices.h"
 #include "k8s/podresources/v1/api.grpc.pb.h"
 #include "node/install.h"
 #include "runtime/cdi.h"
@@ -258,6 +260,23 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
                        " lacks the runtime; run `gpulet install`)");
       return s;
     }
+  if (o.delivery) {
+    // The shim is the default runtime when making it so would change nothing.
+    runtime::ConfigureOptions as_default = co;
+    as_default.set_as_default = true;
+    auto p = runtime::PlanConfigure(as_default);
+    bool shim_default =
+        p.ok() && std::none_of(p->begin(), p->end(), [](const auto& c) { return c.changed(); });
+    std::string version;
+    if (o.client && !o.node_name.empty())
+      if (auto n = o.client->GetNode(o.node_name); n.ok())
+        version =
+            n->value(nlohmann::json::json_pointer("/status/nodeInfo/containerRuntimeVersion"), "");
+    if (absl::Status d = CheckGpuDelivery(*o.delivery, version, shim_default); !d.ok()) {
+      s.detail = std::string(d.message());
+      return s;
+    }
+  }
   // What a container asking for the first GPU gets, from the CDI spec on disk.
   runtime::CdiRegistry cdi;
   if (auto st = cdi.Load({UnderRoot(o.host_root, o.cdi_dir)}); !st.ok()) {
@@ -318,16 +337,12 @@ bool Ours(const ValidateOptions& o, const std::string& resource) {
 
 // The devices in `o.dra_driver`'s ResourceSlices of this node.
 absl::StatusOr<size_t> DraDevices(const ValidateOptions& o) {
-  auto list = o.client->Call(
-      "GET", absl::StrCat("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D",
-                          o.node_name, "%2Cspec.driver%3D", o.dra_driver));
-  if (!list.ok())
+  auto slices = dra::ListNodeSlices(o.client, o.node_name, o.dra_driver);
+  if (!slices.ok())
     return absl::UnavailableError(absl::StrCat("cannot list the ResourceSlices of ", o.dra_driver,
-                                               ": ", list.status().message()));
+                                               ": ", slices.status().message()));
   size_t n = 0;
-  auto items = list->find("items");
-  if (items == list->end() || !items->is_array()) return n;
-  for (const auto& slice : *items) {
+  for (const auto& slice : *slices) {
     if (!slice.is_object() || !slice.contains("spec") || !slice["spec"].is_object()) continue;
     auto devices = slice["spec"].find("devices");
     if (devices != slice["spec"].end() && devices->is_array()) n += devices->size();
@@ -336,6 +351,39 @@ absl::StatusOr<size_t> DraDevices(const ValidateOptions& o) {
 }
 
 }  // namespace
+
+absl::Status CheckGpuDelivery(const GpuDelivery& d, const std::string& runtime_version,
+                              bool shim_is_default) {
+  if (d.device_specs) return absl::OkStatus();
+  if (d.through_shim && shim_is_default) return absl::OkStatus();
+  // CDI device names in the CRI request: containerd since 1.7, CRI-O since 1.28; cri-dockerd never.
+  std::string engine = runtime_version.substr(0, runtime_version.find("://"));
+  std::vector<std::string> v = absl::StrSplit(
+      runtime_version.substr(std::min(runtime_version.size(), engine.size() + 3)), '.');
+  int major = 0, minor = 0;
+  const bool parsed =
+      v.size() >= 2 && absl::SimpleAtoi(v[0], &major) &&
+      absl::SimpleAtoi(absl::string_view(v[1]).substr(0, v[1].find_first_not_of("0123456789")),
+                       &minor);
+  auto at_least = [&](int m, int n) { return major > m || (major == m && minor >= n); };
+  bool cri_cdi = true;  // unknown engines and versions: not refused
+  if (engine == "docker") cri_cdi = false;
+  if (engine == "containerd" && parsed) cri_cdi = at_least(1, 7);
+  if (engine == "cri-o" && parsed) cri_cdi = at_least(1, 28);
+  if (d.cdi_cri && cri_cdi) return absl::OkStatus();
+  std::vector<std::string> why;
+  if (d.cdi_cri) why.push_back(absl::StrCat(runtime_version, " has no CDI in CRI (cdi-cri)"));
+  if (d.through_shim)
+    why.push_back(
+        "gpulet's shim, which alone acts on envvar / volume-mounts / cdi-annotations, "
+        "is not the engine's default runtime");
+  if (why.empty()) why.push_back("the device plugin hands GPUs over in no way at all");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "GPU containers would start without their GPUs: ", absl::StrJoin(why, "; "),
+      ". Make gpulet's shim the default runtime (gpulet install --set-as-default; the chart's "
+      "install.args) or pass device specs (compatWithCPUManager / flags.plugin.passDeviceSpecs: "
+      "device nodes without driver libraries)"));
+}
 
 StepResult ValidateDevicePlugin(const ValidateOptions& o) {
   StepResult s{"device-plugin"};

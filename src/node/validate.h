@@ -6,14 +6,32 @@
 // failed step stops the steps after it (they depend on it).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gpu/open.h"
 #include "k8s/client.h"
 #include "node/validation.h"
 
 namespace gpulet::node {
+
+// How the device plugin hands GPUs to containers (flags.plugin.deviceListStrategy and
+// passDeviceSpecs).
+struct GpuDelivery {
+  bool cdi_cri = false;       // CDI names in the CRI request, which the engine resolves
+  bool through_shim = false;  // envvar, volume-mounts, cdi-annotations: only gpulet's shim acts
+  bool device_specs = false;  // device nodes from the kubelet: any runtime (no driver libraries)
+};
+
+// Whether the containers the kubelet starts on this node get their GPUs: FailedPrecondition naming
+// the engine, what it does not act on and the fix, when nothing of `d` reaches them.
+// `runtime_version` is the Node's status.nodeInfo.containerRuntimeVersion ("containerd://1.6.20";
+// empty: unknown, CDI assumed): CDI in CRI needs containerd >= 1.7 or CRI-O >= 1.28, and Docker
+// (cri-dockerd) has none. `shim_is_default`: gpulet's shim is the engine's default runtime.
+absl::Status CheckGpuDelivery(const GpuDelivery& d, const std::string& runtime_version,
+                              bool shim_is_default);
 
 struct ValidateOptions {
   gpu::GpuOptions gpu;
@@ -30,6 +48,9 @@ struct ValidateOptions {
   // on this node must hold devices, and when every GPU is DRA's the kubelet rightly has no
   // device-plugin GPU resources.
   std::string dra_driver;
+  // The device plugin's delivery: the runtime step checks this node's engine acts on it
+  // (CheckGpuDelivery; the engine's version from the Node, with `client`). Unset: not checked.
+  std::optional<GpuDelivery> delivery;
   // The container probe of the runtime step. Paths are as this process sees them.
   bool container_probe = true;
   std::string probe_busybox = "/bin/busybox";  // static busybox: the probe's whole rootfs

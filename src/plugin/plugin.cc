@@ -164,9 +164,14 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     no.library_host_path = cfg.vgpu.library;
     no.policy = cfg.vgpu.policy;
     no.nominal_memory = cfg.vgpu.nominal_memory;
+    ASSIGN_OR_RETURN(no.deliver,
+                     MakeGpuDelivery(inventory_, cfg, options_.host_root, no.names.core));
     // The same settings keep the assigner (and a container's half-done Allocate pair).
     key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|", cfg.vgpu.state_dir, "|",
-                       cfg.vgpu.library, "|", cfg.vgpu.policy);
+                       cfg.vgpu.library, "|", cfg.vgpu.policy, "|", cfg.list.envvar,
+                       cfg.list.volume_mounts, cfg.list.cdi_annotations, cfg.list.cdi_cri,
+                       cfg.pass_device_specs, "|", cfg.DevRoot(), "|", cfg.cdi_annotation_prefix,
+                       "|", cfg.id_strategy == IdStrategy::kIndex);
     if (vgpu_ && key == vgpu_key_) {
       assigner = vgpu_;
     } else {

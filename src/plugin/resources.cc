@@ -59,6 +59,86 @@ std::string JoinPath(const std::string& root, const std::string& p) {
   return (root.back() == '/' ? root.substr(0, root.size() - 1) : root) + p;
 }
 
+// The device nodes of `units` (and the control nodes, MIG capability nodes) as device specs.
+void DeviceSpecs(const Node& node, const std::vector<Unit>& units,
+                 v1beta1::ContainerAllocateResponse* r) {
+  const std::string root = node.cfg.DevRoot();
+  auto add = [&](const std::string& p) {
+    for (const auto& d : r->devices())
+      if (d.container_path() == p) return;
+    auto* d = r->add_devices();
+    d->set_container_path(p);
+    d->set_host_path(JoinPath(root, p));
+    d->set_permissions("rw");
+  };
+  for (const auto& p : node.control_nodes) add(p);
+  for (const Unit& u : units) {
+    const auto& d = node.inv.devices[u.gpu];
+    add(absl::StrCat("/dev/nvidia", d.minor));
+    if (u.mig < 0) continue;
+    // A MIG device also needs the capability nodes of its GPU and compute instance.
+    const auto& m = d.mig_devices[u.mig];
+    std::string gi = absl::StrCat("gpu", d.minor, "/gi", m.gpu_instance_id);
+    for (const auto& cap :
+         {gi + "/access", absl::StrCat(gi, "/ci", m.compute_instance_id, "/access")}) {
+      auto it = node.mig_minors.find(cap);
+      if (it != node.mig_minors.end())
+        add(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second));
+      else
+        spdlog::warn("no {} in /proc/driver/nvidia-caps/mig-minors", cap);
+    }
+  }
+}
+
+// How `units` reach the container under the node's device-list strategies and passDeviceSpecs
+// (`visible`: their IDs by the ID strategy; `resource`: the resource name, for the annotation key).
+void AddDevices(const Node& node, const std::string& resource, const std::vector<Unit>& units,
+                const std::vector<std::string>& visible, v1beta1::ContainerAllocateResponse* r) {
+  const Config& c = node.cfg;
+  auto& envs = *r->mutable_envs();
+  const std::vector<std::string>& imex = node.imex_channels;
+  if (!c.list.OnlyCdi()) {
+    if (c.list.envvar) {
+      envs["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(visible, ",");
+      if (!imex.empty()) envs["NVIDIA_IMEX_CHANNELS"] = absl::StrJoin(imex, ",");
+    }
+    if (c.list.volume_mounts) {
+      envs["NVIDIA_VISIBLE_DEVICES"] = kMountRoot;
+      for (const auto& v : visible) {
+        auto* m = r->add_mounts();
+        m->set_host_path("/dev/null");
+        m->set_container_path(absl::StrCat(kMountRoot, "/", v));
+      }
+      for (const auto& id : imex) {
+        auto* m = r->add_mounts();
+        m->set_host_path("/dev/null");
+        m->set_container_path(absl::StrCat(kMountRoot, "/imex/", id));
+      }
+    }
+    if (c.pass_device_specs) {
+      DeviceSpecs(node, units, r);
+      for (const auto& id : imex) {
+        auto* d = r->add_devices();
+        d->set_container_path(absl::StrCat(kImexChannels, "/channel", id));
+        d->set_host_path(JoinPath(c.DevRoot(), d->container_path()));
+        d->set_permissions("rw");
+      }
+    }
+  }
+  if (c.list.cdi_annotations || c.list.cdi_cri) {
+    std::vector<std::string> names;
+    for (const auto& v : visible) names.push_back(absl::StrCat(kCdiKind, "=", v));
+    if (c.list.cdi_annotations) {
+      // One key per resource: a container holding GPUs of two resources gets two annotations.
+      std::string key = absl::StrCat(c.cdi_annotation_prefix, "gpulet-device-plugin_",
+                                     resource.substr(resource.find('/') + 1));
+      (*r->mutable_annotations())[key] = absl::StrJoin(names, ",");
+    }
+    if (c.list.cdi_cri)
+      for (const auto& n : names) r->add_cdi_devices()->set_name(n);
+  }
+}
+
 class NvidiaResource final : public kubelet::Resource {
  public:
   struct Entry {
@@ -307,77 +387,8 @@ class NvidiaResource final : public kubelet::Resource {
     if (c.gdrcopy) envs["NVIDIA_GDRCOPY"] = "enabled";
     if (c.gds) envs["NVIDIA_GDS"] = "enabled";
     if (c.mofed) envs["NVIDIA_MOFED"] = "enabled";
-    const std::vector<std::string>& imex = node_->imex_channels;
-    if (!c.list.OnlyCdi()) {
-      if (c.list.envvar) {
-        envs["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(visible, ",");
-        if (!imex.empty()) envs["NVIDIA_IMEX_CHANNELS"] = absl::StrJoin(imex, ",");
-      }
-      if (c.list.volume_mounts) {
-        envs["NVIDIA_VISIBLE_DEVICES"] = kMountRoot;
-        for (const auto& v : visible) {
-          auto* m = r.add_mounts();
-          m->set_host_path("/dev/null");
-          m->set_container_path(absl::StrCat(kMountRoot, "/", v));
-        }
-        for (const auto& id : imex) {
-          auto* m = r.add_mounts();
-          m->set_host_path("/dev/null");
-          m->set_container_path(absl::StrCat(kMountRoot, "/imex/", id));
-        }
-      }
-      if (c.pass_device_specs) {
-        DeviceSpecs(units, &r);
-        for (const auto& id : imex) {
-          auto* d = r.add_devices();
-          d->set_container_path(absl::StrCat(kImexChannels, "/channel", id));
-          d->set_host_path(JoinPath(c.DevRoot(), d->container_path()));
-          d->set_permissions("rw");
-        }
-      }
-    }
-    if (c.list.cdi_annotations || c.list.cdi_cri) {
-      std::vector<std::string> names;
-      for (const auto& v : visible) names.push_back(absl::StrCat(kCdiKind, "=", v));
-      if (c.list.cdi_annotations) {
-        // One key per resource: a container holding GPUs of two resources gets two annotations.
-        std::string key = absl::StrCat(c.cdi_annotation_prefix, "gpulet-device-plugin_",
-                                       name_.substr(name_.find('/') + 1));
-        (*r.mutable_annotations())[key] = absl::StrJoin(names, ",");
-      }
-      if (c.list.cdi_cri)
-        for (const auto& n : names) r.add_cdi_devices()->set_name(n);
-    }
+    AddDevices(*node_, name_, units, visible, &r);
     return r;
-  }
-
-  void DeviceSpecs(const std::vector<Unit>& units, v1beta1::ContainerAllocateResponse* r) const {
-    const std::string root = node_->cfg.DevRoot();
-    auto add = [&](const std::string& p) {
-      for (const auto& d : r->devices())
-        if (d.container_path() == p) return;
-      auto* d = r->add_devices();
-      d->set_container_path(p);
-      d->set_host_path(JoinPath(root, p));
-      d->set_permissions("rw");
-    };
-    for (const auto& p : node_->control_nodes) add(p);
-    for (const Unit& u : units) {
-      const auto& d = node_->inv.devices[u.gpu];
-      add(absl::StrCat("/dev/nvidia", d.minor));
-      if (u.mig < 0) continue;
-      // A MIG device also needs the capability nodes of its GPU and compute instance.
-      const auto& m = d.mig_devices[u.mig];
-      std::string gi = absl::StrCat("gpu", d.minor, "/gi", m.gpu_instance_id);
-      for (const auto& cap :
-           {gi + "/access", absl::StrCat(gi, "/ci", m.compute_instance_id, "/access")}) {
-        auto it = node_->mig_minors.find(cap);
-        if (it != node_->mig_minors.end())
-          add(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second));
-        else
-          spdlog::warn("no {} in /proc/driver/nvidia-caps/mig-minors", cap);
-      }
-    }
   }
 
   const std::string name_;
@@ -393,17 +404,11 @@ bool Glob(const std::string& pattern, const std::string& s) {
   return ::fnmatch(pattern.c_str(), s.c_str(), 0) == 0;
 }
 
-}  // namespace
-
-std::string MigProfileName(const gpu::MigDevice& m) {
-  if (m.ci_slices > 0 && m.ci_slices < m.gi_slices)
-    return absl::StrCat(m.ci_slices, "c.", m.profile);
-  return m.profile;
-}
-
-absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
-    const gpu::Inventory& inv, const Config& cfg, const HealthMonitor* health,
-    const std::string& host_root, std::vector<MpsShare>* mps) {
+// The node state every resource shares: the config, the MIG capability minors and the control and
+// IMEX channel nodes that exist under `host_root`.
+absl::StatusOr<std::shared_ptr<Node>> NewNode(const gpu::Inventory& inv, const Config& cfg,
+                                              const HealthMonitor* health,
+                                              const std::string& host_root) {
   auto node = std::make_shared<Node>();
   node->inv = inv;
   node->cfg = cfg;
@@ -436,6 +441,21 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
       spdlog::warn("imex.channelIDs: {} does not exist; not injected", path);
     }
   }
+  return node;
+}
+
+}  // namespace
+
+std::string MigProfileName(const gpu::MigDevice& m) {
+  if (m.ci_slices > 0 && m.ci_slices < m.gi_slices)
+    return absl::StrCat(m.ci_slices, "c.", m.profile);
+  return m.profile;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
+    const gpu::Inventory& inv, const Config& cfg, const HealthMonitor* health,
+    const std::string& host_root, std::vector<MpsShare>* mps) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NewNode(inv, cfg, health, host_root));
 
   std::vector<NamedPattern> gpus = cfg.gpus, migs = cfg.migs;
   if (gpus.empty()) gpus.push_back({"*", "nvidia.com/gpu"});
@@ -573,6 +593,24 @@ absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     out.push_back(std::make_shared<NvidiaResource>(name, node, std::move(es)));
   }
   return out;
+}
+
+absl::StatusOr<GpuDelivery> MakeGpuDelivery(const gpu::Inventory& inv, const Config& cfg,
+                                            const std::string& host_root,
+                                            const std::string& resource) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Node> node, NewNode(inv, cfg, nullptr, host_root));
+  return [node, resource](const std::vector<std::string>& uuids,
+                          v1beta1::ContainerAllocateResponse* r) {
+    std::vector<Unit> units;
+    std::vector<std::string> visible;
+    for (const auto& uuid : uuids)
+      for (size_t g = 0; g < node->inv.devices.size(); ++g)
+        if (node->inv.devices[g].uuid == uuid) {
+          units.push_back({static_cast<int>(g), -1});
+          visible.push_back(node->Visible(units.back()));
+        }
+    AddDevices(*node, resource, units, visible, r);
+  };
 }
 
 }  // namespace gpulet::plugin

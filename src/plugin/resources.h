@@ -5,6 +5,7 @@
 // distributed / packed for replicas.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,5 +31,14 @@ std::string MigProfileName(const gpu::MigDevice& m);
 absl::StatusOr<std::vector<std::shared_ptr<kubelet::Resource>>> BuildResources(
     const gpu::Inventory& inventory, const Config& config, const HealthMonitor* health,
     const std::string& host_root = "/", std::vector<MpsShare>* mps = nullptr);
+
+// How a grant of whole GPUs (by UUID) reaches a container, as this node's own resources deliver
+// theirs: the device-list strategies and passDeviceSpecs of `config`. For the vGPU resources, whose
+// grants are made elsewhere (src/vgpu/node); `resource` names them in a CDI annotation's key.
+using GpuDelivery = std::function<void(const std::vector<std::string>& uuids,
+                                       v1beta1::ContainerAllocateResponse* response)>;
+absl::StatusOr<GpuDelivery> MakeGpuDelivery(const gpu::Inventory& inventory, const Config& config,
+                                            const std::string& host_root,
+                                            const std::string& resource);
 
 }  // namespace gpulet::plugin

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/fs.h"
@@ -320,6 +321,31 @@ ContainerEdits CommonEdits(const DriverFiles& driver) {
     e.mounts.push_back(
         Mount{InRoot(driver.root, from), at, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   return e;
+}
+
+std::vector<std::string> DriverPaths() {
+  std::vector<std::string> paths = {"/etc/ld.so.cache"};
+  paths.insert(paths.end(), std::begin(kLibDirs), std::end(kLibDirs));
+  paths.insert(paths.end(), std::begin(kBinDirs), std::end(kBinDirs));
+  return paths;
+}
+
+absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
+                                            const std::string& driver_container_root) {
+  std::vector<std::string> why;
+  for (const std::string& root : {host_root, InRoot(host_root, driver_container_root)}) {
+    absl::StatusOr<DriverFiles> d = DiscoverDriver(root);
+    if (!d.ok()) {
+      why.push_back(std::string(d.status().message()));
+      continue;
+    }
+    for (const auto& l : d->libraries)
+      if (absl::StartsWith(l.substr(l.rfind('/') + 1), "libnvidia-ml.so.")) return InRoot(root, l);
+    why.push_back(absl::StrCat(root, ": the driver has no libnvidia-ml.so"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no NVML library under ", host_root, " or the driver container's root ",
+                   InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
 }
 
 }  // namespace gpulet::runtime

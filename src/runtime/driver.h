@@ -64,6 +64,19 @@ struct DriverFiles {
 // file name in the cache. No cache or no version is an error naming the root.
 absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version = "");
 
+// The driver's NVML library (libnvidia-ml.so.<version>) as this process can dlopen it, for a
+// process in a container that reads the host under `host_root` (the node DaemonSet's agent and
+// install): the runtime that started it (runc) injected no driver and the image has none. The
+// host's own driver first, else a driver container's root (`driver_container_root`, a host path).
+// NotFound names both roots.
+absl::StatusOr<std::string> FindNvmlLibrary(
+    const std::string& host_root, const std::string& driver_container_root = "/run/nvidia/driver");
+
+// The paths DiscoverDriver reads under a driver root: the ld cache and the library and binary
+// directories. An agent that reads the host under --host-root needs each of them mounted there
+// (the node DaemonSet; tests/node/agent_mounts_test.cc checks it).
+std::vector<std::string> DriverPaths();
+
 // Host path of a driver-root path ("/" root: unchanged).
 std::string InRoot(const std::string& root, const std::string& path);
 

@@ -5,8 +5,11 @@
 # configures containerd 2, it registers gpu.gpulet.io with the real kubelet from its own mounts,
 # publishes the node's ResourceSlice and writes claim status with its own projected token (through
 # the admission policies gpulet-node-own-resourceslices and gpulet-node-own-claim-status), and
-# writes each claim's CDI spec where containerd reads it. A 1-GPU claim and a fractional claim run;
-# `kubectl delete -k` then restores containerd's configuration byte for byte.
+# writes each claim's CDI spec where containerd reads it. The driver is a driver container's root
+# (/run/nvidia/driver, as on GPU Operator hosts; this host has no NVIDIA driver of its own): install
+# and the DRA driver find it there, the agent's validation probe container mounts its files, and
+# a claim's container gets its libraries and an ld cache the hook made. A 1-GPU claim and a
+# fractional claim run; `kubectl delete -k` then restores containerd's configuration byte for byte.
 # Usage: dra_daemonset_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 STATE=$build/cluster-test-dra-daemonset
@@ -35,6 +38,7 @@ ctr_k8s() { nsenter -t "$holder" -m -- env PATH="$build/k8s/containerd2/bin:$PAT
 gpulet_image "$STATE" || exit 1
 
 # --- install ---------------------------------------------------------------------------------------
+driver_container_root "$STATE/driver-root.log" || exit 1
 cp "$CONFIG" "$STATE/config.before"
 "$cluster" plugin "$build" none >/dev/null
 check "host-process device plugin stopped" bash -c '! kill -0 "$(cat "$1")" 2>/dev/null' _ "$D/pids/gpulet-device-plugin"
@@ -52,6 +56,8 @@ agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath=
 logs() { kc -n "$NS" logs "$agent" -c install > "$STATE/install.log" 2>&1; kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1; }
 logs
 check "install configured containerd 2's config.toml" grep -q 'configured /etc/containerd/config.toml' "$STATE/install.log"
+check "install found the driver in the driver container's root /run/nvidia/driver" \
+  grep -q "driver container's root /run/nvidia/driver" "$STATE/install.log"
 registered() { logs; grep -q 'registered driver gpu.gpulet.io' "$STATE/agent.log"; }
 check "the kubelet registered the agent's driver gpu.gpulet.io" wait_until 30 registered
 check "nvidia.com/gpu is not offered by the device plugin (every GPU is DRA's): allocatable '$(allocatable nvidia.com/gpu)'" \
@@ -84,6 +90,8 @@ c1=$(claim_of ds-1); d1=$(devices_of "$c1")
 check "1-GPU claim: the container sees exactly /dev/nvidia${d1#gpu-} ($(gpu_nodes ds-1))" [ "$(gpu_nodes ds-1)" = "nvidia${d1#gpu-} " ]
 uid1=$(kc get resourceclaim "$c1" -o 'jsonpath={.metadata.uid}')
 check "1-GPU claim: its CDI spec is in the node's /var/run/cdi" [ -f "$D/fixed/var/run/cdi/gpu.gpulet.io-claim_$uid1.json" ]
+check "1-GPU claim: the driver container's libcuda.so.$driver_version is mounted and in the container's ld cache (the hook)" \
+  driver_in_pod ds-1
 claim_ready() { [ "$(kc get resourceclaim "$c1" -o 'jsonpath={.status.devices[0].conditions[0].status}')" = True ]; }
 check "1-GPU claim: the agent pod wrote status.devices Ready=True (through gpulet-node-own-claim-status)" wait_until 15 claim_ready
 

@@ -7,7 +7,10 @@
 #   containerd (/etc/containerd/config.toml in the cluster's namespace) and restarts it; the agent
 #   runs as a pod on the real kubelet, registers nvidia.com/gpu (8, the host-process plugin having
 #   been stopped), validates the node (label gpulet.io/gpu-stack=ready, no taint left); the
-#   scheduler Deployment runs; a 2-GPU pod runs and sees its 2 device nodes;
+#   scheduler Deployment runs; a 2-GPU pod runs and sees its 2 device nodes. The driver is a
+#   stand-in driver container's root (/run/nvidia/driver): install finds it there and the agent's
+#   validation probe mounts its files (this overlay's pods get device specs, not the shim: no
+#   libraries; cluster.dra_daemonset checks them in a claim's container);
 # - uninstall as docs/install.md says: `kubectl debug node/... --profile=sysadmin -- gpulet
 #   uninstall --host-root /host`, then `kubectl delete -k`: containerd's config.toml is byte for
 #   byte what it was, nothing of gpulet is left on the node, nvidia.com/gpu is gone.
@@ -31,6 +34,7 @@ cleanup() {
   kc delete pod vgpu-a vgpu-b gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
   [ ! -f "$D/kube-scheduler-config.yaml" ] || "$cluster" scheduler "$build" >/dev/null 2>&1
   restart_plugin
+  rm -rf "$D/fixed/run/nvidia/driver"
 }
 trap cleanup EXIT
 
@@ -38,6 +42,7 @@ trap cleanup EXIT
 gpulet_image "$work" || exit 1
 
 # --- install ---------------------------------------------------------------------------------------
+driver_container_root "$work/driver-root.log" || exit 1  # removed by cleanup, for the scenarios after
 cp "$CONFIG" "$work/config.before"
 # The audit log from here to the uninstall is what gpulet's accounts did while installed (earlier
 # scenarios use gpulet-node tokens to be refused on purpose; kubectl delete -k removes the RBAC
@@ -65,6 +70,8 @@ gpus8 && echo "figure: kubectl apply -k -> nvidia.com/gpu allocatable from the a
 agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
 kc -n "$NS" logs "$agent" -c install > "$work/install.log" 2>&1
 kc -n "$NS" logs "$agent" -c agent > "$work/agent.log" 2>&1
+check "install found the driver in the driver container's root /run/nvidia/driver" \
+  grep -q "driver container's root /run/nvidia/driver" "$work/install.log"
 check "install configured /etc/containerd/config.toml ($(grep -c . "$work/install.log") lines of output)" \
   grep -q 'configured /etc/containerd/config.toml' "$work/install.log"
 check "install restarted containerd through --restart" grep -q 'restarted containerd' "$work/install.log"

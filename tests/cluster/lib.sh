@@ -72,6 +72,20 @@ YAML
 }
 phase() { kc get pod "$1" -o 'jsonpath={.status.phase}' 2>/dev/null; }
 running() { [ "$(phase "$1")" = Running ]; }
+# driver_container_root LOG: a stand-in NVIDIA driver container's root at /run/nvidia/driver in the
+# cluster's namespace ($D/fixed/run/nvidia/driver, tests/compat/make-driver-root), for the fake
+# dgx-h100's driver version, as GPU Operator hosts have one (the host here has no NVIDIA driver of
+# its own, so install uses it). Sets $driver_version. driver_in_pod POD: the pod's container has the
+# driver's libcuda mounted and listed in its ld cache (the hook's ldconfig).
+driver_container_root() {
+  driver_version=$("$build/bin/gpulet" info --simulate dgx-h100 --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["driverVersion"])')
+  "$src/tests/compat/make-driver-root" "$D/fixed/run/nvidia/driver" "$driver_version" 8 > "$1" 2>&1 \
+    || { echo "FAIL: make-driver-root"; tail -n 5 "$1"; return 1; }
+}
+driver_in_pod() {
+  kc exec "$1" -- sh -c "test -s /usr/lib/x86_64-linux-gnu/libcuda.so.$driver_version && grep -q libcuda.so.1 /etc/ld.so.cache"
+}
 # Pods need the namespace's default ServiceAccount (made by the controller-manager).
 default_sa() { wait_until 30 kc get serviceaccount default >/dev/null 2>&1; }
 delete_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --wait=false >/dev/null 2>&1; }

@@ -68,6 +68,14 @@ check "limits in the container: GPULET_VGPU_CORE_LIMIT=30" grep -qx 'GPULET_VGPU
 check "the interposer: LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so" grep -qx 'LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so' <<< "$env_a"
 check "the interposer library is mounted in the container" kc exec vgpu-a -- ls /usr/lib/gpulet/libgpulet-vcuda.so
 check "NVIDIA_VISIBLE_DEVICES names the granted GPU" grep -qx "NVIDIA_VISIBLE_DEVICES=$gpus_a" <<< "$env_a"
+# The granted GPU's device node, delivered as the overlay's device plugin settings deliver GPUs
+# (passDeviceSpecs here): NVIDIA_VISIBLE_DEVICES alone reaches nothing through runc.
+# The fake dgx-h100's minors are its indexes (no minor in testing/profiles/dgx-h100.yaml).
+index_a=$("$build/bin/gpulet" info --simulate dgx-h100 --json | python3 -c 'import json,sys
+print(next((str(g["index"]) for g in json.load(sys.stdin)["gpus"] if g["uuid"] == sys.argv[1]), "?"))' "$gpus_a")
+nodes_a=$(kc exec vgpu-a -- sh -c 'ls /dev | grep -E "^nvidia[0-9]+$" | tr "\n" " "' 2>&1)
+check "the vcuda pod sees exactly its granted GPU's /dev/nvidia$index_a ($nodes_a)" [ "$nodes_a" = "nvidia$index_a " ]
+check "the vcuda pod sees /dev/nvidiactl" kc exec vgpu-a -- sh -c 'test -c /dev/nvidiactl'
 
 # The agent restarted mid-way (its pod deleted; the DaemonSet makes another).
 uid_a=$(kc get pod vgpu-a -o 'jsonpath={.metadata.uid}')

@@ -4,6 +4,7 @@
 // tainted "the device plugin is not registered", found on the real cluster).
 #include "node/validate.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -91,6 +92,42 @@ TEST_F(DevicePluginStep, AnUnreachableApiServerIsNamed) {
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.detail.find("cannot list the ResourceSlices of gpu.gpulet.io"), std::string::npos)
       << s.detail;
+}
+
+}  // namespace
+}  // namespace gpulet::node
+
+namespace gpulet::node {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Which device-plugin deliveries reach containers on which engines: CDI names need CDI in the
+// engine's CRI (containerd >= 1.7, CRI-O >= 1.28; not cri-dockerd), the shim's strategies need the
+// shim as default runtime, device specs work anywhere. A miss names the engine and both fixes.
+TEST(GpuDelivery, WhatReachesContainersOnWhichEngine) {
+  const GpuDelivery shipped{/*cdi_cri=*/true, /*through_shim=*/true, /*device_specs=*/false};
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "containerd://2.2.9", false).ok());
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "containerd://1.7.24", false).ok());
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "cri-o://1.30.2", false).ok());
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "", false).ok()) << "unknown version: not refused";
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "containerd://1.6.20", true).ok()) << "the shim acts";
+
+  absl::Status old = CheckGpuDelivery(shipped, "containerd://1.6.20~ds1", false);
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(old.message(), HasSubstr("containerd://1.6.20~ds1 has no CDI in CRI"));
+  EXPECT_THAT(old.message(), HasSubstr("not the engine's default runtime"));
+  EXPECT_THAT(old.message(), HasSubstr("--set-as-default"));
+  EXPECT_THAT(old.message(), HasSubstr("passDeviceSpecs"));
+  EXPECT_FALSE(CheckGpuDelivery(shipped, "docker://27.3.1", false).ok());
+  EXPECT_FALSE(CheckGpuDelivery(shipped, "cri-o://1.27.0", false).ok());
+
+  const GpuDelivery cdi_only{true, false, false};
+  EXPECT_FALSE(CheckGpuDelivery(cdi_only, "containerd://1.6.20", true).ok())
+      << "the shim as default does not act on CDI names the engine drops";
+  const GpuDelivery specs{false, true, true};
+  EXPECT_TRUE(CheckGpuDelivery(specs, "containerd://1.6.20", false).ok());
+  EXPECT_THAT(CheckGpuDelivery({}, "containerd://2.0.0", true).message(), HasSubstr("in no way"));
 }
 
 }  // namespace

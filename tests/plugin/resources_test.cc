@@ -98,6 +98,41 @@ TEST(ResourcesTest, AllocateEditsPerStrategy) {
   }
 }
 
+// The vGPU resources' grants (whole GPUs by UUID, made elsewhere) reach the container as this
+// node's own resources deliver GPUs: each strategy's edits, device specs with passDeviceSpecs.
+TEST(ResourcesTest, GpuDeliveryOfAGrantFollowsTheStrategies) {
+  auto root = std::filesystem::temp_directory_path() / ("dp-deliver-" + std::to_string(getpid()));
+  std::filesystem::create_directories(root / "dev");
+  std::ofstream(root / "dev/nvidiactl") << "";
+  auto inv = MakeInventory(4, {});
+  const std::string u2 = inv.devices[2].uuid;
+  Config cfg;
+  cfg.list = {false, true, false, true};  // volume-mounts, cdi-cri
+  cfg.pass_device_specs = true;
+  auto deliver = MakeGpuDelivery(inv, cfg, root.string(), "tencent.com/vcuda-core");
+  ASSERT_TRUE(deliver.ok()) << deliver.status();
+  v1beta1::ContainerAllocateResponse r;
+  (*deliver)({u2, "GPU-not-on-this-node"}, &r);
+  ASSERT_EQ(r.cdi_devices_size(), 1);
+  EXPECT_EQ(r.cdi_devices(0).name(), "nvidia.com/gpu=" + u2);
+  ASSERT_EQ(r.mounts_size(), 1);
+  EXPECT_EQ(r.mounts(0).container_path(), "/var/run/nvidia-container-devices/" + u2);
+  std::vector<std::string> nodes;
+  for (const auto& d : r.devices()) nodes.push_back(d.container_path());
+  EXPECT_THAT(nodes, UnorderedElementsAre("/dev/nvidiactl",
+                                          "/dev/nvidia" + std::to_string(inv.devices[2].minor)));
+  cfg.list = {false, false, true, false};  // cdi-annotations: the key names the vGPU resource
+  cfg.pass_device_specs = false;
+  deliver = MakeGpuDelivery(inv, cfg, root.string(), "tencent.com/vcuda-core");
+  ASSERT_TRUE(deliver.ok());
+  v1beta1::ContainerAllocateResponse a;
+  (*deliver)({u2}, &a);
+  EXPECT_EQ(a.annotations().at("cdi.k8s.io/gpulet-device-plugin_vcuda-core"),
+            "nvidia.com/gpu=" + u2);
+  EXPECT_EQ(a.devices_size(), 0);
+  std::filesystem::remove_all(root);
+}
+
 // passDeviceSpecs lists the control nodes present under the dev root and /dev/nvidia<minor>;
 // a MIG device adds its GI and CI capability nodes from mig-minors.
 TEST(ResourcesTest, DeviceSpecsIncludingMigCaps) {

@@ -151,6 +151,29 @@ TEST_F(TempDirTest, DriverLayouts) {
   EXPECT_THAT(absl::StrJoin(warnings, "\n"), HasSubstr("using the driver container's root"));
 }
 
+// An agent in a container (runc injected no driver) loads the host's NVML under --host-root: the
+// host's own driver first, else a driver container's root; neither is an error naming both.
+TEST_F(TempDirTest, FindNvmlLibraryOnTheHostThenInADriverContainer) {
+  std::string why;
+  const std::string lib = std::string(kLibDir) + "/libnvidia-ml.so." + kDriverVersion;
+  std::string host = dir_ + "/host";
+  if (!MakeDriverRoot(host, 0, &why)) GTEST_SKIP() << why;
+  auto found = FindNvmlLibrary(host);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, host + lib);
+
+  std::string bare = dir_ + "/bare";  // no driver of its own: the driver container's
+  ASSERT_TRUE(MakeDriverRoot(bare + "/run/nvidia/driver", 0, &why)) << why;
+  found = FindNvmlLibrary(bare);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, bare + "/run/nvidia/driver" + lib);
+
+  found = FindNvmlLibrary(dir_ + "/nothing");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(found.status().message(), HasSubstr(dir_ + "/nothing/run/nvidia/driver"));
+}
+
 // A process that sees the host under a mount (the agent's DRA driver at /host, the installer)
 // reads the driver there, the driver container's root included, and the spec names host paths:
 // the engine that applies it runs on the host. Before, the agent read its own image's root.

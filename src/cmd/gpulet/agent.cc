@@ -50,6 +50,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
+    UseHostNvml(flags->gpu, node->host_root);
     RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
@@ -77,6 +78,10 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             vo.node_name = node->name;
             vo.client = client.get();
             if (!dp.config().dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
+            const plugin::Config& c = dp.config();
+            vo.delivery = node::GpuDelivery{
+                c.list.cdi_cri, c.list.envvar || c.list.volume_mounts || c.list.cdi_annotations,
+                c.pass_device_specs};
             node::ReadinessOptions ro;
             ro.node_name = node->name;
             readiness = std::make_unique<node::ReadinessController>(

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gpu/open.h"
+#include "runtime/driver.h"
+#include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
 
@@ -71,6 +73,25 @@ inline void AddGpuFlags(CLI::App& sub, gpu::GpuOptions& opts) {
     if (absl::Status s = CheckSimRoot(opts); !s.ok())
       throw CLI::ValidationError(std::string(s.message()));
   });
+}
+
+// Commands that read the host under --host-root run in the node DaemonSet's containers, started
+// by the engine's default runtime (runc), which injects no driver, from an image that has none.
+// Unless --nvml-library names a library, they load the host's NVML (runtime::FindNvmlLibrary:
+// the host's driver, else a driver container's root). Found nowhere: the name stays, and loading
+// it fails naming the library.
+inline void UseHostNvml(gpu::GpuOptions& o, const std::string& host_root) {
+  if (!o.simulate.empty() || host_root.empty() || host_root == "/" ||
+      o.nvml_library != gpu::GpuOptions().nvml_library)
+    return;
+  absl::StatusOr<std::string> lib = runtime::FindNvmlLibrary(host_root);
+  if (lib.ok()) {
+    spdlog::info("NVML: the host's {}", *lib);
+    o.nvml_library = *lib;
+  } else {
+    spdlog::warn("{}; trying {} on this container's loader path", lib.status().ToString(),
+                 o.nvml_library);
+  }
 }
 
 }  // namespace gpulet::cmd

@@ -591,7 +591,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
 
 v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const {
   v1beta1::ContainerAllocateResponse r;
+  if (options_.deliver) options_.deliver(g.gpus, &r);
   auto& env = *r.mutable_envs();
+  // The GPU by UUID whatever the delivery put here: the interposer finds its device by it.
   env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
   // Only when the pod is known: a grant made without an API server learns it later from
   // PodResources, and "//c" would name nothing.

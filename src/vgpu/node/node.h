@@ -53,6 +53,11 @@ struct NodeOptions {
   // Memory units of a GPU: from the memory NVML reports (default: floor(total / 256 MiB), 318 on
   // an H100 80GB) or from the nominal size (total rounded up to a whole GiB: 320).
   bool nominal_memory = false;
+  // How the granted GPUs (UUIDs) reach the container: device nodes, CDI names, the shim's volume
+  // mounts, as the device plugin's own resources deliver them (plugin::MakeGpuDelivery). Unset:
+  // only NVIDIA_VISIBLE_DEVICES, which only an NVIDIA-aware runtime acts on.
+  std::function<void(const std::vector<std::string>& uuids, v1beta1::ContainerAllocateResponse*)>
+      deliver;
 };
 
 // The container paths of the contract with the interposer.

@@ -18,6 +18,7 @@ namespace gpulet::vgpu {
 namespace {
 
 using nlohmann::json;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int64_t kUnits = 318;
@@ -117,6 +118,27 @@ TEST_F(NodeTest, SeedPodContract) {
   auto size = std::filesystem::file_size(r.mounts(0).host_path());
   EXPECT_EQ(size, sizeof(AccountingRegion));
   EXPECT_EQ(pod["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
+}
+
+// The granted GPU reaches the container as the device plugin's delivery puts it (device nodes,
+// CDI names): NVIDIA_VISIBLE_DEVICES alone reaches nothing unless gpulet's shim is the runtime.
+// The UUID stays in NVIDIA_VISIBLE_DEVICES whatever the delivery wrote there (the interposer's).
+TEST_F(NodeTest, TheGrantedGpuIsDeliveredAsTheDevicePluginDeliversGpus) {
+  std::vector<std::string> delivered;
+  opts_.deliver = [&](const std::vector<std::string>& uuids,
+                      v1beta1::ContainerAllocateResponse* r) {
+    delivered = uuids;
+    for (const auto& u : uuids) r->add_cdi_devices()->set_name("nvidia.com/gpu=" + u);
+    (*r->mutable_envs())["NVIDIA_VISIBLE_DEVICES"] = "/var/run/nvidia-container-devices";
+  };
+  assigner_ = Make();
+  api_.CreatePod(PodObj("seed", 30, 20, 1, "GPU-1"));
+  auto r = AllocPair(*assigner_, "GPU-0", 30, 20);
+  EXPECT_THAT(delivered, ElementsAre("GPU-1"));
+  ASSERT_EQ(r.cdi_devices_size(), 1);
+  EXPECT_EQ(r.cdi_devices(0).name(), "nvidia.com/gpu=GPU-1");
+  EXPECT_EQ(r.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_LIMIT"), "30");
 }
 
 // Two identical pods arriving together get one grant each, in bind order, on different records;

@@ -1,0 +1,87 @@
+#!/bin/bash
+# A new user's first GPU pod, with the product's defaults: `kubectl apply -k` of deploy/overlays/
+# containerd (through tests/cluster/deploy/defaults, which adds only what this loopback cluster
+# lacks, not a device-plugin setting) on a containerd 2 cluster of its own, whose default runtime
+# stays runc (install does not make gpulet's shim the default), which injects no driver into
+# gpulet's own containers either: the driver is a stand-in driver container's root whose
+# libnvidia-ml is the fake NVML, found and loaded by install and the agent. A pod asking for 2
+# nvidia.com/gpu must see exactly its 2 device nodes and the driver's libcuda in its ld cache; `kubectl delete -k` restores containerd's configuration.
+# Usage: defaults_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
+. "$(dirname "$0")/lib.sh"
+STATE=$build/cluster-test-defaults
+. "$(dirname "$0")/leftovers.sh"
+command -v podman >/dev/null || { echo "skipped: podman missing (the image is built with podman build)"; exit 77; }
+if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
+  echo "skipped: a cluster is running in $D (make cluster-down first; this test needs its own)"; exit 77
+fi
+rm -rf "$STATE"; mkdir -p "$STATE"
+links > "$STATE/links.before"
+kube_rules > "$STATE/kube-rules.before"
+GPULET_CLUSTER_RUNTIME=containerd2 "$cluster" up "$build" >/dev/null || { echo "FAIL: cluster up (containerd2)"; exit 1; }
+holder=$(cat "$D/pids/holder")
+NS=gpulet-system
+OVERLAY=$src/tests/cluster/deploy/defaults
+CONFIG=$D/fixed/etc/containerd/config.toml
+cleanup() {
+  kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
+  "$cluster" down "$build" >/dev/null 2>&1
+}
+trap cleanup EXIT
+default_sa
+ctr_k8s() { nsenter -t "$holder" -m -- env PATH="$build/k8s/containerd2/bin:$PATH" ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
+gpulet_image "$STATE" || exit 1
+driver_container_root "$STATE/driver-root.log" || exit 1
+# The fake NVML as that driver's libnvidia-ml (tests/cluster/deploy/host-nvml): nothing passes
+# --simulate, so install and the agent must find and load the host's NVML as on a real node.
+lib=$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu
+cp "$build/lib/fake/libnvidia-ml.so.1" "$lib/libnvidia-ml.so.$driver_version"
+ldconfig -r "$D/fixed/run/nvidia/driver"
+
+cp "$CONFIG" "$STATE/config.before"
+"$cluster" plugin "$build" none >/dev/null
+# The host-process plugin's CDI spec (the same kind and device names, a stand-in driver of its own)
+# goes with it: a node has only the spec install writes.
+rm -f "$D/cdi/nvidia.yaml"
+kc label node "$NODE" feature.node.kubernetes.io/pci-10de.present=true --overwrite >/dev/null
+check "kubectl apply -k tests/cluster/deploy/defaults" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig apply -k $OVERLAY > $STATE/apply.log 2>&1"
+agent_up() { [ "$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[*].status.phase}')" = Running ]; }
+wait_until 120 agent_up
+check "the agent DaemonSet's pod is Running" agent_up
+gpus() { [ "$(allocatable nvidia.com/gpu)" = 8 ]; }
+wait_until 60 gpus
+check "the agent registered nvidia.com/gpu 8 ($(allocatable nvidia.com/gpu))" gpus
+agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
+kc -n "$NS" logs "$agent" -c install > "$STATE/install.log" 2>&1
+kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1
+nvml="NVML: the host's /host/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.$driver_version"
+check "install loaded the host driver's NVML from under /host (no --simulate)" grep -qF "$nvml" "$STATE/install.log"
+check "the agent loaded the host driver's NVML from under /host (no --simulate)" grep -qF "$nvml" "$STATE/agent.log"
+untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
+wait_until 60 untainted
+check "the agent validated the node (no gpulet.io/gpu-stack-not-ready taint)" untainted
+check "containerd's default runtime is still runc (install did not take it over)" \
+  bash -c '! grep -rq "default_runtime_name = .nvidia." "$1"/fixed/etc/containerd' _ "$D"
+
+t0=$(now)
+pod first-gpu nvidia.com/gpu 2 | kc apply -f - >/dev/null
+wait_until 60 running first-gpu
+t1=$(now)
+check "a pod asking for 2 nvidia.com/gpu is Running" running first-gpu
+running first-gpu && echo "figure: kubectl apply -> pod Running (2 GPUs, product defaults, containerd 2): $(elapsed "$t0" "$t1") s"
+nodes=$(kc exec first-gpu -- sh -c 'ls /dev | grep -E "^nvidia[0-9]+$" | tr "\n" " "' 2>&1)
+check "the pod sees exactly 2 /dev/nvidiaN ($nodes)" bash -c '[ "$(wc -w <<< "$1")" = 2 ]' _ "$nodes"
+check "the pod has the driver's libcuda.so.$driver_version mounted and in its ld cache" driver_in_pod first-gpu
+check "the pod sees /dev/nvidiactl" kc exec first-gpu -- sh -c 'test -c /dev/nvidiactl'
+driver_in_pod first-gpu || {  # what the pod got, and the spec install wrote
+  kc exec first-gpu -- sh -c 'ls -la /usr/lib/x86_64-linux-gnu/ /etc/ld.so.cache 2>&1 | head -n 20'
+  grep -n -A3 'libcuda\|hooks' "$D"/fixed/var/run/cdi/gpulet-nvidia.yaml | head -n 30
+}
+kc delete pod first-gpu --grace-period=0 --wait=true --timeout=60s >/dev/null 2>&1
+
+check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $STATE/delete.log 2>&1"
+check "containerd 2's config.toml is byte for byte as before the install" cmp "$STATE/config.before" "$CONFIG"
+trap - EXIT
+"$cluster" down "$build" >/dev/null || check "cluster down" false
+no_leftovers "down (defaults)" "$holder"
+[ "$failures" = 0 ] && rm -rf "$STATE" || { echo "--- install log"; cat "$STATE/install.log"; echo "--- agent log (tail)"; tail -n 20 "$STATE/agent.log"; }
+finish
