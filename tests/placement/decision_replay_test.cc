@@ -73,8 +73,10 @@ Scenario VgpuScenario() {
 }
 
 // An openb-like cluster: CPU and memory tracked, mixed models and GPU counts, CPU-only tasks,
-// model-constrained tasks, shares and multi-GPU tasks (the simulator's path).
-Scenario TraceScenario() {
+// model-constrained tasks, shares and multi-GPU tasks (the simulator's path). `memory_scale`
+// multiplies every task's memory (drawn as before): at 4 memory runs out before the GPUs, and
+// gpulet measures stranding at the cluster's supply ratio (its other rule).
+Scenario TraceScenario(int memory_scale = 1) {
   Rng r{11};
   Scenario sc;
   const char* models[] = {"T4", "V100M16", "V100M32", "A100"};
@@ -92,7 +94,7 @@ Scenario TraceScenario() {
   auto shape = [&](int i) {
     PodRequest p{.name = absl::StrCat("task-", i),
                  .cpu_milli = r.In(1, 16) * 1000,
-                 .memory_mib = r.In(1, 32) * 1024};
+                 .memory_mib = r.In(1, 32) * 1024 * memory_scale};
     const int kind = static_cast<int>(r.In(0, 9));
     if (kind < 2) {
       // CPU only
@@ -171,6 +173,9 @@ TEST(DecisionReplay, GpuletOnTraceCluster) {
 }
 TEST(DecisionReplay, FgdOnTraceCluster) {
   Check("decisions-trace-fgd.txt", Replay(TraceScenario(), "fgd"));
+}
+TEST(DecisionReplay, GpuletOnTraceClusterShortOfMemory) {
+  Check("decisions-trace-memory-short-gpulet.txt", Replay(TraceScenario(4), "gpulet"));
 }
 
 }  // namespace

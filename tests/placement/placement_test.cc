@@ -304,9 +304,12 @@ TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
 
 // When CPU is short cluster-wide (two nodes hold 32 free GPUs and no CPU: 88 cores for 40 free
 // GPUs, 2.2 per GPU against the 2 the expected tasks ask, under the 1.5x margin), every node
-// looks stranded and the penalty would only spread tasks: gpulet decides like FGD. The same
-// nodes scored without the cluster (Score()) still show the penalty.
-TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
+// would look stranded at the workload's ratio; gpulet then measures stranding at the cluster's
+// own supply ratio, 2.2 cores per GPU. A whole GPU with 20 cores leaves "tight" 3 free GPUs and
+// 4 cores, 1.8 GPUs' worth: 1182 milli stranded; "roomy" keeps 44 cores for 3 GPUs. FGD sees
+// a tie (first node); gpulet picks "roomy". The same nodes scored without the cluster
+// (Score()) show the workload-ratio penalty.
+TEST(Policies, GpuletMeasuresStrandingAtTheClustersSupplyWhenCpuIsShortEverywhere) {
   Cluster c = TightAndRoomy();
   for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
     c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
@@ -314,7 +317,7 @@ TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
   }
   const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
   EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
-  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
   auto gpulet = MakePolicy("gpulet");
   ASSERT_TRUE(gpulet.ok());
   (*gpulet)->SetWorkload(w);
@@ -322,30 +325,77 @@ TEST(Policies, GpuletScoresLikeFgdWhenCpuIsShortEverywhere) {
   auto roomy = (*gpulet)->Score(c.nodes[1], Whole(1, 20000));
   ASSERT_TRUE(tight && roomy);
   EXPECT_LT(tight->score, roomy->score);
-  // With the CPU-less nodes gone the cluster has CPU to spare again: the penalty decides.
-  c.nodes.resize(2);
-  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
 }
 
-// CPU drained by CPU-only tasks: the two nodes alone have CPU to spare for the GPU tasks (88
-// cores for 8 free GPUs, 11 per GPU against the 2 they ask, above the 1.5x margin), so with
-// only GPU tasks expected the stranding penalty decides (as above). When the workload also
-// expects as many CPU-only tasks of 64 cores each, those take 64 cores per GPU the GPU tasks
-// ask; 0.2 x that on top of the margin is 15.8 cores per free GPU, more than the cluster has:
-// CPU will run out before the GPUs, and gpulet decides like FGD. A few small CPU-only tasks
-// (1 core) leave the gate open.
-TEST(Policies, GpuletScoresLikeFgdWhenCpuOnlyTasksWillDrainCpu) {
-  Cluster c = TightAndRoomy();
-  const std::vector<PodRequest> gpu_tasks = TwoCoresPerGpuTasks();
-  std::vector<PodRequest> expected = gpu_tasks;
-  for (int i = 0; i < 10; ++i) expected.push_back(CpuOnly(64000));
-  const Workload w = WorkloadFromPods(expected);
-  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
-  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 0);
-  std::vector<PodRequest> few = gpu_tasks;
-  for (int i = 0; i < 10; ++i) few.push_back(CpuOnly(1000));
-  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(few)).node, 1);
-  EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), WorkloadFromPods(gpu_tasks)).node, 1);
+// CPU short: 68 cores for 40 free GPUs (1.7 per GPU), "rich" has 64 of them for its 4 GPUs,
+// "poor" 4 (1647 milli of its GPUs stranded at 1.7 per GPU). A whole GPU with 1 core on "poor"
+// leaves 3 GPUs and 3 cores: 1235 stranded, 412 fewer; on "rich" nothing changes. Every class
+// still fits both nodes, so FGD sees a tie (first node, "rich"); gpulet takes the GPU "poor"
+// could hardly serve and keeps "rich"'s cores for the tasks that ask more. A task asking 3
+// cores per GPU, more than the cluster supplies, would strand more on "poor": "rich" for both.
+// Multi-GPU tasks keep FGD's score (they need whole nodes, which FGD's measure keeps for them).
+TEST(Policies, GpuletGivesTasksAskingLittleCpuToCpuPoorNodesWhenCpuIsShort) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("rich", 4, "T4", 72000));
+  c.nodes.push_back(MakeNode("poor", 4, "T4", 32000));
+  c.nodes[0].cpu_milli_free = 64000;
+  c.nodes[1].cpu_milli_free = 4000;
+  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
+    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
+    c.nodes.back().cpu_milli_free = 0;
+  }
+  const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 1000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 1000), w).node, 1);
+  EXPECT_EQ(Decide("gpulet", c, Whole(1, 3000), w).node, 0);
+  EXPECT_EQ(Decide("fgd", c, Whole(2, 1000), w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, Whole(2, 1000), w).node, 0);
+}
+
+// Memory short: the expected tasks ask 4 GiB per GPU; only "gpus-free" has GPUs free, with 8 GiB
+// (2 GiB per GPU, under the 1.5x margin). A CPU-only task with 4 GiB there would leave 2 GiB for
+// its 4 GPUs (2000 milli stranded at the supply ratio); "gpus-taken" has every GPU given out. FGD's
+// measure ignores memory and sees a tie (first node); gpulet puts the task where the memory
+// serves no GPU. With memory to spare, CPU-only tasks follow FGD (node order).
+TEST(Policies, GpuletKeepsCpuOnlyTasksOffMemoryFreeGpusNeedWhenMemoryIsShort) {
+  Cluster c;
+  c.nodes.push_back(MakeNode("gpus-free", 4, "T4", 32000, 8192));
+  c.nodes.push_back(MakeNode("gpus-taken", 4, "T4", 32000, 65536));
+  for (Gpu& g : c.nodes[1].gpus) g.free_milli = 0;
+  PodRequest gpu_task = Whole(1);
+  gpu_task.memory_mib = 4096;
+  const Workload w = WorkloadFromPods(std::vector<PodRequest>(10, gpu_task));
+  PodRequest cpu_task = CpuOnly(1000);
+  cpu_task.memory_mib = 4096;
+  EXPECT_EQ(Decide("fgd", c, cpu_task, w).node, 0);
+  EXPECT_EQ(Decide("gpulet", c, cpu_task, w).node, 1);
+  c.nodes[0].memory_mib_total = c.nodes[0].memory_mib_free = 131072;
+  EXPECT_EQ(Decide("gpulet", c, cpu_task, w).node, 0);
+}
+
+// Which rule applies is decided as before (session 5's gate): with many big CPU-only tasks
+// expected (64 cores each, as many as GPU tasks) CPU will run out, and stranding is measured at
+// the cluster's supply (88 cores for 8 GPUs: 11 per GPU; "tight" already strands 1818 milli, a
+// whole GPU with 20 cores 818 more: 20 levels per GPU, 16.4); with a few small ones (1 core) CPU
+// is to spare, and the workload's ratio (2 per GPU) decides: 1000 milli newly stranded on
+// "tight", 2 levels, beside the in-use bonus that both nodes get.
+TEST(Policies, GpuletMeasuresStrandingAtTheSupplyRatioWhenCpuOnlyTasksWillDrainCpu) {
+  const Cluster c = TightAndRoomy();
+  const ClusterFree free = FreeOf(c);
+  auto gap = [&](const std::vector<PodRequest>& cpu_tasks) {
+    std::vector<PodRequest> expected = TwoCoresPerGpuTasks();
+    expected.insert(expected.end(), cpu_tasks.begin(), cpu_tasks.end());
+    auto gpulet = MakePolicy("gpulet");
+    EXPECT_TRUE(gpulet.ok());
+    (*gpulet)->SetWorkload(WorkloadFromPods(expected));
+    auto tight = (*gpulet)->ScoreValue(c.nodes[0], Whole(1, 20000), &free);
+    auto roomy = (*gpulet)->ScoreValue(c.nodes[1], Whole(1, 20000), &free);
+    EXPECT_TRUE(tight && roomy);
+    return tight && roomy ? *roomy - *tight : 0.0;
+  };
+  EXPECT_NEAR(gap(std::vector<PodRequest>(10, CpuOnly(64000))), 20.0 * 9.0 / 11.0, 1e-9);
+  EXPECT_NEAR(gap(std::vector<PodRequest>(10, CpuOnly(1000))), 2.0, 1e-9);
+  EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), WorkloadFromPods(TwoCoresPerGpuTasks())).node, 0);
 }
 
 // The same with memory, which FGD's measure ignores: the expected tasks ask 1024 MiB per GPU.
