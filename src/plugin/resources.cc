@@ -91,10 +91,12 @@ void DeviceSpecs(const Node& node, const std::vector<Unit>& units,
 }
 
 // How `units` reach the container under the node's device-list strategies and passDeviceSpecs
-// (`visible`: their IDs by the ID strategy; `resource`: the resource name, for the annotation key).
+// (`resource`: the resource name, for the annotation key).
 void AddDevices(const Node& node, const std::string& resource, const std::vector<Unit>& units,
-                const std::vector<std::string>& visible, v1beta1::ContainerAllocateResponse* r) {
+                v1beta1::ContainerAllocateResponse* r) {
   const Config& c = node.cfg;
+  std::vector<std::string> visible;  // by the ID strategy
+  for (const Unit& u : units) visible.push_back(node.Visible(u));
   auto& envs = *r->mutable_envs();
   const std::vector<std::string>& imex = node.imex_channels;
   if (!c.list.OnlyCdi()) {
@@ -369,8 +371,6 @@ class NvidiaResource final : public kubelet::Resource {
   v1beta1::ContainerAllocateResponse Edits(const std::vector<Unit>& units) const {
     const Config& c = node_->cfg;
     v1beta1::ContainerAllocateResponse r;
-    std::vector<std::string> visible;
-    for (const Unit& u : units) visible.push_back(node_->Visible(u));
     if (mps_) {
       // As NVIDIA's: the daemon's pipe directory and the shared /dev/shm, whatever the strategy.
       const std::string pipe = MpsPipeDir(kMpsContainerRoot, name_);
@@ -387,7 +387,7 @@ class NvidiaResource final : public kubelet::Resource {
     if (c.gdrcopy) envs["NVIDIA_GDRCOPY"] = "enabled";
     if (c.gds) envs["NVIDIA_GDS"] = "enabled";
     if (c.mofed) envs["NVIDIA_MOFED"] = "enabled";
-    AddDevices(*node_, name_, units, visible, &r);
+    AddDevices(*node_, name_, units, &r);
     return r;
   }
 
@@ -602,14 +602,10 @@ absl::StatusOr<GpuDelivery> MakeGpuDelivery(const gpu::Inventory& inv, const Con
   return [node, resource](const std::vector<std::string>& uuids,
                           v1beta1::ContainerAllocateResponse* r) {
     std::vector<Unit> units;
-    std::vector<std::string> visible;
     for (const auto& uuid : uuids)
       for (size_t g = 0; g < node->inv.devices.size(); ++g)
-        if (node->inv.devices[g].uuid == uuid) {
-          units.push_back({static_cast<int>(g), -1});
-          visible.push_back(node->Visible(units.back()));
-        }
-    AddDevices(*node, resource, units, visible, r);
+        if (node->inv.devices[g].uuid == uuid) units.push_back({static_cast<int>(g), -1});
+    AddDevices(*node, resource, units, r);
   };
 }
 
