@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
 #include "dra/slices.h"
@@ -358,8 +359,10 @@ absl::Status CheckGpuDelivery(const GpuDelivery& d, const std::string& runtime_v
   if (d.through_shim && shim_is_default) return absl::OkStatus();
   // CDI device names in the CRI request: containerd since 1.7, CRI-O since 1.28; cri-dockerd never.
   std::string engine = runtime_version.substr(0, runtime_version.find("://"));
-  std::vector<std::string> v = absl::StrSplit(
-      runtime_version.substr(std::min(runtime_version.size(), engine.size() + 3)), '.');
+  absl::string_view number(runtime_version);
+  number.remove_prefix(std::min(number.size(), engine.size() + 3));
+  absl::ConsumePrefix(&number, "v");  // some builds report "containerd://v1.6.8"
+  std::vector<std::string> v = absl::StrSplit(number, '.');
   int major = 0, minor = 0;
   const bool parsed =
       v.size() >= 2 && absl::SimpleAtoi(v[0], &major) &&

@@ -119,6 +119,8 @@ TEST(GpuDelivery, WhatReachesContainersOnWhichEngine) {
   EXPECT_THAT(old.message(), HasSubstr("not the engine's default runtime"));
   EXPECT_THAT(old.message(), HasSubstr("--set-as-default"));
   EXPECT_THAT(old.message(), HasSubstr("passDeviceSpecs"));
+  EXPECT_FALSE(CheckGpuDelivery(shipped, "containerd://v1.6.8", false).ok());
+  EXPECT_TRUE(CheckGpuDelivery(shipped, "containerd://1.7.11-k3s2", false).ok());
   EXPECT_FALSE(CheckGpuDelivery(shipped, "docker://27.3.1", false).ok());
   EXPECT_FALSE(CheckGpuDelivery(shipped, "cri-o://1.27.0", false).ok());
 
