@@ -123,6 +123,11 @@ class DraAgent : public ::testing::Test {
   std::string Socket(const std::string& rel) { return dir_ + "/kubelet/" + rel; }
 
   drav1::NodePrepareResourceResponse Prepare(const json& claim) {
+    // The driver publishes its slice before it serves (a slice the API refuses must not keep it
+    // from serving), so a published slice does not mean the kubelet's sockets are up yet.
+    EXPECT_TRUE(Eventually([&] {
+      return access(Socket("plugins_registry/gpu.gpulet.io-reg.sock").c_str(), F_OK) == 0;
+    })) << Log();
     pluginregistration::PluginInfo info;
     auto reg = pluginregistration::Registration::NewStub(
         grpc::CreateChannel("unix:" + Socket("plugins_registry/gpu.gpulet.io-reg.sock"),
@@ -141,7 +146,12 @@ class DraAgent : public ::testing::Test {
     grpc::ClientContext c2;
     c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     EXPECT_TRUE(stub->NodePrepareResources(&c2, req, &resp).ok());
-    return resp.claims().at(claim["metadata"]["uid"].get<std::string>());
+    auto it = resp.claims().find(claim["metadata"]["uid"].get<std::string>());
+    if (it == resp.claims().end()) {
+      ADD_FAILURE() << "no answer for the claim" << Log();
+      return {};
+    }
+    return it->second;
   }
 
   std::string dir_;
@@ -196,9 +206,6 @@ TEST_F(DraAgent, SplitsGpusFollowsXidAndKeepsClaimsOverRestart) {
   StopAgent();
   EXPECT_TRUE(stdfs::exists(spec));
   StartAgent();
-  ASSERT_TRUE(Eventually([&] {
-    return access(Socket("plugins_registry/gpu.gpulet.io-reg.sock").c_str(), F_OK) == 0;
-  })) << Log();
   auto again = Prepare(claim);
   ASSERT_EQ(again.error(), "") << Log();
   EXPECT_EQ(again.devices(0).cdi_device_ids(0), cdi_id);
