@@ -134,6 +134,7 @@ class DraAgent : public ::testing::Test {
                             grpc::InsecureChannelCredentials()));
     grpc::ClientContext c1;
     c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    c1.set_wait_for_ready(true);  // a socket bound a moment before it listens is not a failure
     EXPECT_TRUE(reg->GetInfo(&c1, pluginregistration::InfoRequest(), &info).ok());
     auto stub = drav1::DRAPlugin::NewStub(
         grpc::CreateChannel("unix:" + info.endpoint(), grpc::InsecureChannelCredentials()));
@@ -145,6 +146,7 @@ class DraAgent : public ::testing::Test {
     drav1::NodePrepareResourcesResponse resp;
     grpc::ClientContext c2;
     c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    c2.set_wait_for_ready(true);
     EXPECT_TRUE(stub->NodePrepareResources(&c2, req, &resp).ok());
     auto it = resp.claims().find(claim["metadata"]["uid"].get<std::string>());
     if (it == resp.claims().end()) {
