@@ -15,27 +15,7 @@
 STATE=$build/cluster-test-dra-daemonset
 . "$(dirname "$0")/leftovers.sh"
 . "$(dirname "$0")/dra_lib.sh"
-command -v podman >/dev/null || { echo "skipped: podman missing (the image is built with podman build)"; exit 77; }
-if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
-  echo "skipped: a cluster is running in $D (make cluster-down first; this test needs its own)"; exit 77
-fi
-rm -rf "$STATE"; mkdir -p "$STATE"
-links > "$STATE/links.before"
-kube_rules > "$STATE/kube-rules.before"
-GPULET_CLUSTER_RUNTIME=containerd2 "$cluster" up "$build" >/dev/null || { echo "FAIL: cluster up (containerd2)"; exit 1; }
-holder=$(cat "$D/pids/holder")
-NS=gpulet-system
-OVERLAY=$src/tests/cluster/deploy/dra
-CONFIG=$D/fixed/etc/containerd/config.toml
-cleanup() {
-  kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1
-  "$cluster" down "$build" >/dev/null 2>&1
-}
-trap cleanup EXIT
-default_sa
-# lib.sh's image import, through containerd 2's own ctr.
-ctr_k8s() { nsenter -t "$holder" -m -- env PATH="$build/k8s/containerd2/bin:$PATH" ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
-gpulet_image "$STATE" || exit 1
+own_containerd2_cluster "$src/tests/cluster/deploy/dra"
 
 # --- install ---------------------------------------------------------------------------------------
 driver_container_root "$STATE/driver-root.log" || exit 1

@@ -17,3 +17,27 @@ no_leftovers() {
   check "$what: no kubepods cgroup left" bash -c '! ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods 2>/dev/null | grep -q .'
   check "$what: $D removed" [ ! -e "$D" ]
 }
+
+# own_containerd2_cluster OVERLAY: a containerd 2 cluster of this test's own, for a test that applies
+# OVERLAY as an admin would: skips (77) without podman or while another cluster runs; records what
+# no_leftovers compares with; sets $holder, $NS, $OVERLAY and $CONFIG (the cluster's config.toml);
+# imports gpulet's image through containerd 2's own ctr; on exit deletes the overlay and stops the
+# cluster. Its own cluster because the shared one runs containerd 1.6.
+own_containerd2_cluster() {
+  command -v podman >/dev/null || { echo "skipped: podman missing (the image is built with podman build)"; exit 77; }
+  if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
+    echo "skipped: a cluster is running in $D (make cluster-down first; this test needs its own)"; exit 77
+  fi
+  rm -rf "$STATE"; mkdir -p "$STATE"
+  links > "$STATE/links.before"
+  kube_rules > "$STATE/kube-rules.before"
+  GPULET_CLUSTER_RUNTIME=containerd2 "$cluster" up "$build" >/dev/null || { echo "FAIL: cluster up (containerd2)"; exit 1; }
+  holder=$(cat "$D/pids/holder")
+  NS=gpulet-system
+  OVERLAY=$1
+  CONFIG=$D/fixed/etc/containerd/config.toml
+  trap 'kc delete -k "$OVERLAY" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1; "$cluster" down "$build" >/dev/null 2>&1' EXIT
+  default_sa
+  ctr_k8s() { nsenter -t "$holder" -m -- env PATH="$build/k8s/containerd2/bin:$PATH" ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
+  gpulet_image "$STATE" || exit 1
+}
