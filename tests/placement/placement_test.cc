@@ -302,6 +302,14 @@ TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
   EXPECT_EQ(Decide("gpulet", c, CpuOnly(2000), w).node, 0);
 }
 
+// Two nodes with 16 free GPUs each and no free CPU: the cluster's CPU per free GPU drops.
+void AddCpuLessNodes(Cluster& c) {
+  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
+    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
+    c.nodes.back().cpu_milli_free = 0;
+  }
+}
+
 // When CPU is short cluster-wide (two nodes hold 32 free GPUs and no CPU: 88 cores for 40 free
 // GPUs, 2.2 per GPU against the 2 the expected tasks ask, under the 1.5x margin), every node
 // would look stranded at the workload's ratio; gpulet then measures stranding at the cluster's
@@ -311,10 +319,7 @@ TEST(Policies, GpuletAvoidsStrandingGpusBehindCpu) {
 // (Score()) show the workload-ratio penalty.
 TEST(Policies, GpuletMeasuresStrandingAtTheClustersSupplyWhenCpuIsShortEverywhere) {
   Cluster c = TightAndRoomy();
-  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
-    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
-    c.nodes.back().cpu_milli_free = 0;
-  }
+  AddCpuLessNodes(c);
   const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
   EXPECT_EQ(Decide("fgd", c, Whole(1, 20000), w).node, 0);
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 20000), w).node, 1);
@@ -340,10 +345,7 @@ TEST(Policies, GpuletGivesTasksAskingLittleCpuToCpuPoorNodesWhenCpuIsShort) {
   c.nodes.push_back(MakeNode("poor", 4, "T4", 32000));
   c.nodes[0].cpu_milli_free = 64000;
   c.nodes[1].cpu_milli_free = 4000;
-  for (const char* name : {"no-cpu-a", "no-cpu-b"}) {
-    c.nodes.push_back(MakeNode(name, 16, "T4", 32000));
-    c.nodes.back().cpu_milli_free = 0;
-  }
+  AddCpuLessNodes(c);
   const Workload w = WorkloadFromPods(TwoCoresPerGpuTasks());
   EXPECT_EQ(Decide("fgd", c, Whole(1, 1000), w).node, 0);
   EXPECT_EQ(Decide("gpulet", c, Whole(1, 1000), w).node, 1);
