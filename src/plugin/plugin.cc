@@ -164,9 +164,8 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     no.library_host_path = cfg.vgpu.library;
     no.policy = cfg.vgpu.policy;
     no.nominal_memory = cfg.vgpu.nominal_memory;
-    ASSIGN_OR_RETURN(no.deliver,
-                     MakeGpuDelivery(inventory_, cfg, options_.host_root, no.names.core));
-    // The same settings keep the assigner (and a container's half-done Allocate pair).
+    // The same settings keep the assigner (and a container's half-done Allocate pair); the
+    // delivery settings are among them, so a kept assigner's delivery is still right.
     key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|", cfg.vgpu.state_dir, "|",
                        cfg.vgpu.library, "|", cfg.vgpu.policy, "|", cfg.list.envvar,
                        cfg.list.volume_mounts, cfg.list.cdi_annotations, cfg.list.cdi_cri,
@@ -175,6 +174,8 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     if (vgpu_ && key == vgpu_key_) {
       assigner = vgpu_;
     } else {
+      ASSIGN_OR_RETURN(no.deliver,
+                       MakeGpuDelivery(inventory_, cfg, options_.host_root, no.names.core));
       assigner = std::make_shared<vgpu::NodeAssigner>(no, *pool, options_.api);
       RETURN_IF_ERROR(assigner->Load());
       if (!options_.api)
