@@ -12,11 +12,7 @@ STATE=$build/cluster-test-defaults
 . "$(dirname "$0")/leftovers.sh"
 own_containerd2_cluster "$src/tests/cluster/deploy/defaults"
 driver_container_root "$STATE/driver-root.log" || exit 1
-# The fake NVML as that driver's libnvidia-ml (tests/cluster/deploy/host-nvml): nothing passes
-# --simulate, so install and the agent must find and load the host's NVML as on a real node.
-lib=$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu
-cp "$build/lib/fake/libnvidia-ml.so.1" "$lib/libnvidia-ml.so.$driver_version"
-ldconfig -r "$D/fixed/run/nvidia/driver"
+driver_nvml_is_the_fake || exit 1
 
 cp "$CONFIG" "$STATE/config.before"
 "$cluster" plugin "$build" none >/dev/null

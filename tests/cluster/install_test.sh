@@ -149,8 +149,7 @@ check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-n
 # the driver container's libnvidia-ml) on this cluster's containerd 1.6, whose default runtime is
 # runc and whose CRI has no CDI: GPU pods would start without their GPUs, so the agent must keep
 # the node tainted and say why (docs/install.md, "How a pod gets its GPUs").
-lib=$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu
-cp "$build/lib/fake/libnvidia-ml.so.1" "$lib/libnvidia-ml.so.$driver_version" && ldconfig -r "$D/fixed/run/nvidia/driver"
+driver_nvml_is_the_fake
 DEFAULTS=$src/tests/cluster/deploy/defaults
 # A node gpulet has not validated yet (validation runs once per boot: forget this boot's).
 kc annotate node "$NODE" gpulet.io/validated-boot-id- >/dev/null

@@ -83,6 +83,14 @@ driver_container_root() {
   "$src/tests/compat/make-driver-root" "$D/fixed/run/nvidia/driver" "$driver_version" 8 > "$1" 2>&1 \
     || { echo "FAIL: make-driver-root"; tail -n 5 "$1"; return 1; }
 }
+# driver_nvml_is_the_fake: that driver's libnvidia-ml becomes the fake NVML (for
+# tests/cluster/deploy/host-nvml, where nothing passes --simulate and install and the agent must
+# find and load the host's NVML as on a real node).
+driver_nvml_is_the_fake() {
+  cp "$build/lib/fake/libnvidia-ml.so.1" \
+    "$D/fixed/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.$driver_version" &&
+    ldconfig -r "$D/fixed/run/nvidia/driver"
+}
 driver_in_pod() {
   kc exec "$1" -- sh -c "test -s /usr/lib/x86_64-linux-gnu/libcuda.so.$driver_version && grep -q libcuda.so.1 /etc/ld.so.cache"
 }
