@@ -166,6 +166,22 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   bool labelled = StringField(node, {"metadata", "labels", options_.ready_label}) == "ready";
 
   if (validated == boot_id && !boot_id.empty() && labelled) {
+    if (options_.settings_check && recheck_settings_.exchange(false)) {
+      if (absl::Status st = options_.settings_check(); !st.ok()) {
+        // Back to "not validated": the next passes validate the whole stack, as after a boot.
+        last_report_ = ValidationReport{{{"settings", false, std::string(st.message())}}};
+        spdlog::warn(
+            "node {}: the GPU stack no longer validates with the current settings ({}); "
+            "tainted until it does",
+            options_.node_name, last_report_.FirstFailure());
+        last_failure_logged_ = last_report_.FirstFailure();
+        absl::Status taint = SetTaint(true);
+        if (taint.ok()) taint = ClearReadyLabel();
+        if (!taint.ok()) recheck_settings_ = true;  // not done: the next pass tries again
+        RETURN_IF_ERROR(taint);
+        return NodeStackState::kNotReady;
+      }
+    }
     RETURN_IF_ERROR(SetTaint(false));  // e.g. a previous run died between label and untaint
     if (remediated_boot_ != boot_id) StartRemediation(boot_id);
     if (clock_->Now() < remediate_until_) RETURN_IF_ERROR(RemediateRejectedPods());
@@ -175,6 +191,7 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   // This boot is not validated yet: keep new GPU pods off the node first.
   RETURN_IF_ERROR(SetTaint(true));
   if (labelled) RETURN_IF_ERROR(ClearReadyLabel());
+  recheck_settings_ = false;  // the whole stack is validated with the settings of now
   last_report_ = validate_();
   if (!last_report_.ok()) {
     std::string failure = last_report_.FirstFailure();
@@ -202,9 +219,19 @@ void ReadinessController::Start() {
       auto r = ReconcileOnce();
       if (!r.ok()) spdlog::warn("gpu-stack readiness: {}", r.status().ToString());
       lock.lock();
-      cv_.wait_for(lock, options_.interval, [this] { return stop_; });
+      cv_.wait_for(lock, options_.interval, [this] { return stop_ || wake_; });
+      wake_ = false;
     }
   });
+}
+
+void ReadinessController::SettingsChanged() {
+  recheck_settings_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
 }
 
 void ReadinessController::Stop() {

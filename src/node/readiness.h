@@ -41,6 +41,12 @@ struct ReadinessOptions {
   // can be after the agent's first pass (tests/cluster/reboot_checks.sh); once per boot missed
   // them. Afterwards no more passes: no delete/recreate storm, no list every interval forever.
   std::chrono::milliseconds remediate_window{120000};
+  // The checks that depend on the agent's settings (which runtime acts on the device plugin's
+  // delivery). A boot is validated once, but the settings can change within it: a new agent
+  // process (rollout, helm upgrade) or a reloaded config. So on a validated boot this runs on the
+  // first pass of each process and after each SettingsChanged(); failing, the node goes back to
+  // not validated (taint, no ready label) until the whole stack validates again. Unset: never.
+  std::function<absl::Status()> settings_check;
 };
 
 enum class NodeStackState { kNotReady, kReady };
@@ -58,6 +64,9 @@ class ReadinessController {
 
   void Start();  // reconciles every `interval` on a background thread
   void Stop();
+  // The agent's settings changed: the next pass reruns `settings_check` (at once when Start()ed).
+  // Any thread.
+  void SettingsChanged();
 
   int64_t deleted_pods() const { return deleted_pods_.load(); }
   int64_t reported_bare_pods() const { return reported_bare_pods_.load(); }
@@ -82,10 +91,12 @@ class ReadinessController {
   std::set<std::string> reported_bare_;  // namespace/name of bare pods reported for this boot
   std::atomic<int64_t> deleted_pods_{0};
   std::atomic<int64_t> reported_bare_pods_{0};
+  std::atomic<bool> recheck_settings_{true};  // a new process checks its settings once
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool wake_ = false;  // SettingsChanged() cuts the wait short
   std::thread thread_;
 };
 

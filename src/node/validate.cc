@@ -222,33 +222,57 @@ absl::StatusOr<std::vector<std::string>> ProbeContainer(const ValidateOptions& o
   return nodes;
 }
 
-StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
-  StepResult s{"runtime"};
+// The engine `o` names (or the one found under the host root), and how `runtime configure` would
+// edit it for the installed shim.
+struct EngineToCheck {
+  std::string name;
+  runtime::ConfigureOptions configure;
+};
+absl::StatusOr<EngineToCheck> EngineOptions(const ValidateOptions& o) {
   std::string engine = o.runtime;
   if (engine == "auto") {
-    auto e = DetectEngine(o.host_root);
-    if (!e.ok()) {
-      s.detail = std::string(e.status().message());
-      return s;
-    }
-    engine = *e;
+    ASSIGN_OR_RETURN(engine, DetectEngine(o.host_root));
   }
-  auto parsed = runtime::ParseEngine(engine);
-  if (!parsed.ok()) {
-    s.detail = std::string(parsed.status().message());
+  runtime::ConfigureOptions co;
+  ASSIGN_OR_RETURN(co.engine, runtime::ParseEngine(engine));
+  co.root = o.host_root == "/" ? "" : o.host_root;
+  co.runtime_path = o.prefix + "/bin/gpulet-container-runtime";
+  co.enable_cdi = true;
+  return EngineToCheck{engine, co};
+}
+
+// Whether what the device plugin hands out (o.delivery) reaches containers on the engine `co`.
+absl::Status DeliveryReaches(const ValidateOptions& o, const runtime::ConfigureOptions& co) {
+  if (!o.delivery) return absl::OkStatus();
+  // The shim is the default runtime when making it so would change nothing.
+  runtime::ConfigureOptions as_default = co;
+  as_default.set_as_default = true;
+  auto p = runtime::PlanConfigure(as_default);
+  bool shim_default =
+      p.ok() && std::none_of(p->begin(), p->end(), [](const auto& c) { return c.changed(); });
+  std::string version;
+  if (o.client && !o.node_name.empty())
+    if (auto n = o.client->GetNode(o.node_name); n.ok())
+      version =
+          n->value(nlohmann::json::json_pointer("/status/nodeInfo/containerRuntimeVersion"), "");
+  return CheckGpuDelivery(*o.delivery, version, shim_default);
+}
+
+StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
+  StepResult s{"runtime"};
+  auto e = EngineOptions(o);
+  if (!e.ok()) {
+    s.detail = std::string(e.status().message());
     return s;
   }
-  std::string shim = o.prefix + "/bin/gpulet-container-runtime";
+  const std::string& engine = e->name;
+  const runtime::ConfigureOptions& co = e->configure;
+  const std::string& shim = co.runtime_path;
   if (::access(UnderRoot(o.host_root, shim).c_str(), X_OK) != 0) {
     s.detail = absl::StrCat(shim, " is not installed (run `gpulet install`)");
     return s;
   }
   // Configured means: configuring again would change nothing.
-  runtime::ConfigureOptions co;
-  co.engine = *parsed;
-  co.root = o.host_root == "/" ? "" : o.host_root;
-  co.runtime_path = shim;
-  co.enable_cdi = true;
   auto plan = runtime::PlanConfigure(co);
   if (!plan.ok()) {
     s.detail = absl::StrCat(engine, " configuration: ", plan.status().message());
@@ -261,22 +285,9 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
                        " lacks the runtime; run `gpulet install`)");
       return s;
     }
-  if (o.delivery) {
-    // The shim is the default runtime when making it so would change nothing.
-    runtime::ConfigureOptions as_default = co;
-    as_default.set_as_default = true;
-    auto p = runtime::PlanConfigure(as_default);
-    bool shim_default =
-        p.ok() && std::none_of(p->begin(), p->end(), [](const auto& c) { return c.changed(); });
-    std::string version;
-    if (o.client && !o.node_name.empty())
-      if (auto n = o.client->GetNode(o.node_name); n.ok())
-        version =
-            n->value(nlohmann::json::json_pointer("/status/nodeInfo/containerRuntimeVersion"), "");
-    if (absl::Status d = CheckGpuDelivery(*o.delivery, version, shim_default); !d.ok()) {
-      s.detail = std::string(d.message());
-      return s;
-    }
+  if (absl::Status d = DeliveryReaches(o, co); !d.ok()) {
+    s.detail = std::string(d.message());
+    return s;
   }
   // What a container asking for the first GPU gets, from the CDI spec on disk.
   runtime::CdiRegistry cdi;
@@ -458,6 +469,12 @@ StepResult ValidateDevicePlugin(const ValidateOptions& o) {
   s.ok = true;
   s.detail += absl::StrCat("; node ", o.node_name, " capacity shows them", dra);
   return s;
+}
+
+absl::Status ValidateGpuDelivery(const ValidateOptions& o) {
+  if (!o.delivery) return absl::OkStatus();
+  ASSIGN_OR_RETURN(EngineToCheck e, EngineOptions(o));
+  return DeliveryReaches(o, e.configure);
 }
 
 ValidationReport ValidateStack(const ValidateOptions& o) {

@@ -60,6 +60,10 @@ struct ValidateOptions {
 
 ValidationReport ValidateStack(const ValidateOptions& options);
 
+// The runtime step's delivery check alone (CheckGpuDelivery for this node's engine): OK when
+// `delivery` is unset. What the readiness controller reruns when the agent's settings change.
+absl::Status ValidateGpuDelivery(const ValidateOptions& options);
+
 // ValidateStack's last step alone: the kubelet's device-plugin GPU resources and, with
 // `dra_driver`, the driver's ResourceSlices of the node.
 StepResult ValidateDevicePlugin(const ValidateOptions& options);

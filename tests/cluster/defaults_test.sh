@@ -5,7 +5,9 @@
 # stays runc (install does not make gpulet's shim the default), which injects no driver into
 # gpulet's own containers either: the driver is a stand-in driver container's root whose
 # libnvidia-ml is the fake NVML, found and loaded by install and the agent. A pod asking for 2
-# nvidia.com/gpu must see exactly its 2 device nodes and the driver's libcuda in its ld cache; `kubectl delete -k` restores containerd's configuration.
+# nvidia.com/gpu must see exactly its 2 device nodes and the driver's libcuda in its ld cache. A
+# ConfigMap edit to settings that reach no container taints the validated node until it is undone.
+# `kubectl delete -k` restores containerd's configuration.
 # Usage: defaults_test.sh SOURCE_DIR BUILD_DIR   (skips with 77 unless GPULET_E2E_CLUSTER=1)
 . "$(dirname "$0")/lib.sh"
 STATE=$build/cluster-test-defaults
@@ -54,6 +56,27 @@ driver_in_pod first-gpu || {  # what the pod got, and the spec install wrote
   grep -n -A3 'libcuda\|hooks' "$D"/fixed/var/run/cdi/gpulet-nvidia.yaml | head -n 30
 }
 kc delete pod first-gpu --grace-period=0 --wait=true --timeout=60s >/dev/null 2>&1
+
+# A settings change within the validated boot (a ConfigMap edit; a helm upgrade restarts the agent,
+# which checks its settings on start) is checked against this engine: volume-mounts alone reach no
+# container while runc is the default runtime, so the node is tainted until the settings are fixed.
+strategy() {  # strategy FROM TO: edits the shipped ConfigMap's deviceListStrategy
+  kc -n "$NS" get configmap gpulet-config -o yaml | sed "s/deviceListStrategy: \[$1\]/deviceListStrategy: [$2]/" |
+    kc replace -f - >/dev/null
+}
+tainted() { kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
+strategy "volume-mounts, cdi-cri" "volume-mounts"
+check "deviceListStrategy [volume-mounts] in the ConfigMap" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig -n $NS get configmap gpulet-config -o yaml | grep -qF 'deviceListStrategy: [volume-mounts]'"
+t0=$(now)
+wait_until 120 tainted
+t1=$(now)
+check "settings that reach no container taint the validated node" tainted
+tainted && echo "figure: ConfigMap edit -> node tainted: $(elapsed "$t0" "$t1") s"
+kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1
+check "the agent says why (the shim is not the default runtime)" grep -q "no longer validates with the current settings.*not the engine's default runtime" "$STATE/agent.log"
+strategy "volume-mounts" "volume-mounts, cdi-cri"
+wait_until 120 untainted
+check "the shipped settings again: the node validates and is untainted" untainted
 
 check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $STATE/delete.log 2>&1"
 check "containerd 2's config.toml is byte for byte as before the install" cmp "$STATE/config.before" "$CONFIG"

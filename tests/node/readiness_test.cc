@@ -217,3 +217,82 @@ TEST_F(ReadinessTest, UnknownNode) {
 
 }  // namespace
 }  // namespace gpulet::node
+
+namespace gpulet::node {
+namespace {
+
+// The settings can change within a validated boot (a new agent process after a rollout or helm
+// upgrade, a reloaded config): each process checks them once on a validated boot and again after
+// SettingsChanged(). Passing, the node is left as it is; failing, it is tainted and unlabelled
+// until the whole stack validates again with the settings of then.
+TEST_F(ReadinessTest, ChangedSettingsAreCheckedOnAValidatedBoot) {
+  {
+    ReadinessController first(
+        client_.get(), [] { return Report(true); }, Options());
+    ASSERT_EQ(*first.ReconcileOnce(), NodeStackState::kReady);
+  }
+  int checks = 0;
+  absl::Status settings = absl::OkStatus();
+  bool stack_ok = true;
+  ReadinessOptions o = Options();
+  o.settings_check = [&] {
+    ++checks;
+    return settings;
+  };
+  ReadinessController c(
+      client_.get(), [&] { return Report(stack_ok); }, o);
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(checks, 1) << "a new process checks its settings on a validated boot";
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(checks, 1) << "once, not on every pass";
+  EXPECT_FALSE(HasTaint(Node(), "gpulet.io/gpu-stack-not-ready"));
+
+  settings = absl::FailedPreconditionError("GPU containers would start without their GPUs");
+  stack_ok = false;  // the whole stack fails too while the bad settings hold
+  c.SettingsChanged();
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kNotReady);
+  EXPECT_EQ(checks, 2);
+  json n = Node();
+  EXPECT_TRUE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
+  EXPECT_TRUE(HasTaint(n, "other"));
+  EXPECT_FALSE(n["metadata"]["labels"].contains("gpulet.io/gpu-stack"));
+  EXPECT_EQ(c.last_report().FirstFailure(),
+            "settings: GPU containers would start without their GPUs");
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kNotReady);
+  EXPECT_TRUE(HasTaint(Node(), "gpulet.io/gpu-stack-not-ready"));
+
+  // Fixed settings: the whole stack validates again on the same boot.
+  settings = absl::OkStatus();
+  stack_ok = true;
+  c.SettingsChanged();
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  n = Node();
+  EXPECT_FALSE(HasTaint(n, "gpulet.io/gpu-stack-not-ready"));
+  EXPECT_EQ(n["metadata"]["labels"]["gpulet.io/gpu-stack"], "ready");
+  EXPECT_EQ(checks, 2) << "validating the whole stack covers the settings";
+}
+
+// A settings failure whose taint cannot be written is retried on the next pass, not forgotten.
+TEST_F(ReadinessTest, AFailedSettingsCheckIsActedOnAfterApiErrors) {
+  {
+    ReadinessController first(
+        client_.get(), [] { return Report(true); }, Options());
+    ASSERT_EQ(*first.ReconcileOnce(), NodeStackState::kReady);
+  }
+  ReadinessOptions o = Options();
+  int checks = 0;
+  o.settings_check = [&] {
+    if (++checks == 1) server_.InjectFailures(10, 500);  // the API fails after the GET
+    return absl::FailedPreconditionError("no route");
+  };
+  ReadinessController c(
+      client_.get(), [] { return Report(false); }, o);
+  EXPECT_FALSE(c.ReconcileOnce().ok());
+  server_.InjectFailures(0, 500);
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kNotReady);
+  EXPECT_EQ(checks, 2);
+  EXPECT_TRUE(HasTaint(Node(), "gpulet.io/gpu-stack-not-ready"));
+}
+
+}  // namespace
+}  // namespace gpulet::node

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "k8s/client.h"
+#include "runtime/engine_config.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/kubelet/emulator.h"
 #include "testing/runtime/fixtures.h"
@@ -130,6 +132,55 @@ TEST(GpuDelivery, WhatReachesContainersOnWhichEngine) {
   const GpuDelivery specs{false, true, true};
   EXPECT_TRUE(CheckGpuDelivery(specs, "containerd://1.6.20", false).ok());
   EXPECT_THAT(CheckGpuDelivery({}, "containerd://2.0.0", true).message(), HasSubstr("in no way"));
+}
+
+}  // namespace
+}  // namespace gpulet::node
+
+namespace gpulet::node {
+namespace {
+
+using ::testing::HasSubstr;
+
+// ValidateGpuDelivery, what the agent reruns when its settings change, reads the engine under the
+// host root and the engine's version from the Node: the shipped delivery reaches containers on
+// containerd 2, not on containerd 1.6 until the shim is its default runtime; no delivery to check
+// is OK, and an engine that cannot be found is named.
+TEST_F(DevicePluginStep, DeliveryFollowsTheNodesEngineAndItsDefaultRuntime) {
+  std::string root = dir_ + "/host";
+  std::filesystem::create_directories(root + "/etc/containerd");
+  { std::ofstream(root + "/etc/containerd/config.toml") << "version = 2\n"; }
+  o_.host_root = root;
+  EXPECT_TRUE(ValidateGpuDelivery(o_).ok()) << "no delivery set: nothing to check";
+  o_.delivery = GpuDelivery{/*cdi_cri=*/true, /*through_shim=*/true, /*device_specs=*/false};
+  auto version = [&](const std::string& v) {
+    ASSERT_TRUE(
+        client_
+            ->PatchNodeStatus("node-1", k8s::PatchType::kMerge,
+                              {{"status", {{"nodeInfo", {{"containerRuntimeVersion", v}}}}}})
+            .ok());
+  };
+  version("containerd://2.1.4");
+  EXPECT_TRUE(ValidateGpuDelivery(o_).ok());
+  version("containerd://1.6.20");
+  absl::Status old = ValidateGpuDelivery(o_);
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition) << old;
+  EXPECT_THAT(old.message(), HasSubstr("containerd://1.6.20"));
+
+  runtime::ConfigureOptions co;
+  co.root = root;
+  co.runtime_path = o_.prefix + "/bin/gpulet-container-runtime";
+  co.enable_cdi = true;
+  co.set_as_default = true;
+  auto plan = runtime::PlanConfigure(co);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(runtime::ApplyChanges(*plan).ok());
+  EXPECT_TRUE(ValidateGpuDelivery(o_).ok()) << "the shim is the default runtime";
+
+  o_.host_root = dir_ + "/no-engine";
+  absl::Status none = ValidateGpuDelivery(o_);
+  EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
+  EXPECT_THAT(none.message(), HasSubstr("no container engine found"));
 }
 
 }  // namespace

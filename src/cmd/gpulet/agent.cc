@@ -26,6 +26,16 @@ labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Con
   return o;
 }
 
+// The validation settings that come from the device plugin's config: how it hands GPUs to
+// containers, and whether a DRA driver serves GPUs.
+node::ValidateOptions WithSettings(node::ValidateOptions vo, const plugin::Config& c) {
+  if (!c.dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
+  vo.delivery = node::GpuDelivery{c.list.cdi_cri,
+                                  c.list.envvar || c.list.volume_mounts || c.list.cdi_annotations,
+                                  c.pass_device_specs};
+  return vo;
+}
+
 struct NodeFlags {
   std::string name, kubeconfig, host_root = "/";
 };
@@ -77,15 +87,13 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             vo.pod_resources_socket = flags->pod_resources_socket;
             vo.node_name = node->name;
             vo.client = client.get();
-            if (!dp.config().dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
-            const plugin::Config& c = dp.config();
-            vo.delivery = node::GpuDelivery{
-                c.list.cdi_cri, c.list.envvar || c.list.volume_mounts || c.list.cdi_annotations,
-                c.pass_device_specs};
+            // What depends on the settings is read when validating: they can be reloaded.
+            auto now = [vo, &dp] { return WithSettings(vo, dp.config()); };
             node::ReadinessOptions ro;
             ro.node_name = node->name;
+            ro.settings_check = [now] { return node::ValidateGpuDelivery(now()); };
             readiness = std::make_unique<node::ReadinessController>(
-                client.get(), [vo] { return node::ValidateStack(vo); }, ro);
+                client.get(), [now] { return node::ValidateStack(now()); }, ro);
           }
           metrics_flags->pod_resources_socket = flags->pod_resources_socket;
           metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
@@ -102,11 +110,14 @@ std::function<int()> SetupAgent(CLI::App& sub) {
           if (!interval.ok()) return interval.status();
           labeler = std::make_unique<labels::LabelRefresher>(
               &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
-          // A reloaded config (file, ConfigMap, node label) relabels at once.
-          dp.OnConfigApplied([l = labeler.get(), base = *lo](const plugin::Config& c) {
-            l->SetOptions(SharingFromConfig(base, c));
-            if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
-          });
+          // A reloaded config (file, ConfigMap, node label) relabels at once and is checked against
+          // this node's engine.
+          dp.OnConfigApplied(
+              [l = labeler.get(), base = *lo, r = readiness.get()](const plugin::Config& c) {
+                l->SetOptions(SharingFromConfig(base, c));
+                if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+                if (r) r->SettingsChanged();
+              });
           // An unwritable feature file must not stop the device plugin; retried every interval.
           if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
           labeler->Start();
