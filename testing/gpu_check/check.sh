@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make gpu-check: what gpulet does on a real NVIDIA GPU host, measured against the host's own
 # nvidia-smi, printed as one table (check | result | detail). Rows:
-#   inventory, labels, CDI spec, agent + kubelet emulator Allocate, exporter values under load,
+#   inventory, the host's NVML found under --host-root, labels, CDI spec, agent + kubelet emulator Allocate, exporter values under load,
 #   NVML-only RSS beside the exporter's, interposer memory limit through the driver API (one process
 #   and 8 racing ones, with nvidia-smi's per-process view), PyTorch under a limit, compute share for
 #   large and small kernels, and a container started through gpulet-container-runtime and runc with
@@ -73,6 +73,18 @@ if timeout 60 "$G" info >"$T/info" 2>&1; then
   fi
 else
   row inventory FAIL "gpulet info: $(tail -c 300 "$T/info" | tr '\n' ' ')"
+fi
+
+# 1b. NVML as the agent's image finds it: in its container the loader has no driver, so
+#     `--host-root` makes agent, install and validate look for the host's libnvidia-ml (its ld cache,
+#     the library directories, a driver container's root) and dlopen that path. "/." is this host's
+#     root under another name (a root of "/" skips the lookup). The runtime step may fail here.
+timeout 60 "$G" validate --host-root /. --no-probe >"$T/hostnvml" 2>&1
+lib=$(sed -n "s/.*NVML: the host's //p" "$T/hostnvml" | head -1)
+if [[ -n $lib ]] && grep -q '^ok *driver:' "$T/hostnvml"; then
+  row "host NVML lookup (--host-root)" PASS "found and loaded $lib"
+else
+  row "host NVML lookup (--host-root)" FAIL "$(grep -m2 -iE "nvml|driver" "$T/hostnvml" | tr '\n' ' ' | head -c 300)"
 fi
 
 # 2. Labels.

@@ -78,6 +78,23 @@ strategy "volume-mounts" "volume-mounts, cdi-cri"
 wait_until 120 untainted
 check "the shipped settings again: the node validates and is untainted" untainted
 
+# vGPU turned on as an admin does (gpulet.vgpu.gpus in the ConfigMap): a vcuda pod's granted GPU
+# reaches it the way whole GPUs do here, through CDI in CRI, with the driver's libraries.
+kc -n "$NS" get configmap gpulet-config -o json | python3 -c '
+import json, sys
+cm = json.load(sys.stdin)
+cm["data"]["config.yaml"] += "gpulet:\n  vgpu:\n    gpus: \"4,5,6,7\"\n"
+json.dump(cm, sys.stdout)' | kc replace -f - >/dev/null
+vgpu_up() { [ "$(allocatable nvidia.com/gpu)" = 4 ] && [ "$(allocatable tencent.com/vcuda-core)" = 400 ]; }
+wait_until 120 vgpu_up
+check "GPUs 4-7 as vGPU after the ConfigMap edit (nvidia.com/gpu $(allocatable nvidia.com/gpu), vcuda-core $(allocatable tencent.com/vcuda-core))" vgpu_up
+check "the node is still validated (no gpulet.io/gpu-stack-not-ready taint)" untainted
+work=$STATE
+. "$src/tests/cluster/vgpu_checks.sh"
+check "the vcuda pod has the driver's libcuda.so.$driver_version mounted and in its ld cache" driver_in_pod vgpu-a
+clean_pods vgpu-a
+"$cluster" scheduler "$build" >/dev/null 2>&1 || check "kube-scheduler back to its flags" false
+
 check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $STATE/delete.log 2>&1"
 check "containerd 2's config.toml is byte for byte as before the install" cmp "$STATE/config.before" "$CONFIG"
 trap - EXIT

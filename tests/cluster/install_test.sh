@@ -106,6 +106,7 @@ clean_pods gpu-installed
 
 # --- vGPU: the real API server calls the webhook, the real kube-scheduler the extender ------------
 . "$src/tests/cluster/vgpu_checks.sh"
+. "$src/tests/cluster/vgpu_restart_checks.sh"
 
 # --- the reboot order: kubelet first, then the agent -------------------------------------------------
 . "$src/tests/cluster/reboot_checks.sh"

@@ -136,9 +136,11 @@ Config ParseConfig(const char* (*get)(const char*)) {
   }
   // The container's GPU, by UUID: the process-local ordinal follows from it whatever
   // CUDA_VISIBLE_DEVICES reorders or hides. Several GPUs or an index: limit every device.
-  if (const char* v = get("NVIDIA_VISIBLE_DEVICES")) {
-    if (strchr(v, ',') == nullptr) c.has_uuid = ParseUuid(v, c.uuid);
-  }
+  // GPULET_VGPU_UUID first: NVIDIA_VISIBLE_DEVICES belongs to the runtime, and a container that
+  // gets its GPU through CDI has it set to "void" by the spec (the shim's volume mounts: a path).
+  const char* v = get("GPULET_VGPU_UUID");
+  if (v == nullptr) v = get("NVIDIA_VISIBLE_DEVICES");
+  if (v != nullptr && strchr(v, ',') == nullptr) c.has_uuid = ParseUuid(v, c.uuid);
   return c;
 }
 

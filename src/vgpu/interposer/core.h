@@ -68,7 +68,8 @@ struct Config {
   char error[256] = {};  // set when invalid
 };
 
-// Parses the contract's environment (GPULET_VGPU_* and NVIDIA_VISIBLE_DEVICES) through `get`
+// Parses the contract's environment (GPULET_VGPU_*; the GPU from GPULET_VGPU_UUID, else
+// NVIDIA_VISIBLE_DEVICES) through `get`
 // (getenv in production). Never fails: a bad value sets config.invalid and config.error.
 Config ParseConfig(const char* (*get)(const char*));
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes.

@@ -305,6 +305,17 @@ TEST(Config, GoodValues) {
   EXPECT_EQ(c.uuid[15], 1);
   EXPECT_TRUE(Parse({{"GPULET_VGPU_DISABLE", "1"}, {"GPULET_VGPU_MEMORY_LIMIT", "x"}}).disabled);
   EXPECT_FALSE(Parse({{"NVIDIA_VISIBLE_DEVICES", "0,1"}}).has_uuid);
+  // Through CDI the container's NVIDIA_VISIBLE_DEVICES is the spec's "void": the agent's own
+  // variable names the GPU, and wins over whatever NVIDIA_VISIBLE_DEVICES holds.
+  vcuda::Config cdi = Parse({{"NVIDIA_VISIBLE_DEVICES", "void"},
+                             {"GPULET_VGPU_UUID", "GPU-face0000-0000-0000-0000-000000000002"}});
+  ASSERT_TRUE(cdi.has_uuid);
+  EXPECT_EQ(cdi.uuid[15], 2);
+  EXPECT_EQ(Parse({{"NVIDIA_VISIBLE_DEVICES", "GPU-face0000-0000-0000-0000-000000000001"},
+                   {"GPULET_VGPU_UUID", "GPU-face0000-0000-0000-0000-000000000002"}})
+                .uuid[15],
+            2);
+  EXPECT_FALSE(Parse({{"NVIDIA_VISIBLE_DEVICES", "void"}}).has_uuid) << "no GPU named: all limited";
   EXPECT_FALSE(Parse({{"NVIDIA_VISIBLE_DEVICES", "all"}}).has_uuid);
   char u[16];
   EXPECT_FALSE(vcuda::ParseUuid("GPU-1234", u));

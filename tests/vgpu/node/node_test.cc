@@ -122,7 +122,8 @@ TEST_F(NodeTest, SeedPodContract) {
 
 // The granted GPU reaches the container as the device plugin's delivery puts it (device nodes,
 // CDI names): NVIDIA_VISIBLE_DEVICES alone reaches nothing unless gpulet's shim is the runtime.
-// The UUID stays in NVIDIA_VISIBLE_DEVICES whatever the delivery wrote there (the interposer's).
+// The UUID stays in NVIDIA_VISIBLE_DEVICES whatever the delivery wrote there (for the shim), and is
+// in GPULET_VGPU_UUID, which the interposer reads (a CDI spec sets NVIDIA_VISIBLE_DEVICES=void).
 TEST_F(NodeTest, TheGrantedGpuIsDeliveredAsTheDevicePluginDeliversGpus) {
   std::vector<std::string> delivered;
   opts_.deliver = [&](const std::vector<std::string>& uuids,
@@ -138,6 +139,7 @@ TEST_F(NodeTest, TheGrantedGpuIsDeliveredAsTheDevicePluginDeliversGpus) {
   ASSERT_EQ(r.cdi_devices_size(), 1);
   EXPECT_EQ(r.cdi_devices(0).name(), "nvidia.com/gpu=GPU-1");
   EXPECT_EQ(r.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  EXPECT_EQ(r.envs().at("GPULET_VGPU_UUID"), "GPU-1");
   EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_LIMIT"), "30");
 }
 
