@@ -38,6 +38,15 @@ check "the agent loaded the host driver's NVML from under /host (no --simulate)"
 untainted() { ! kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
 wait_until 60 untainted
 check "the agent validated the node (no gpulet.io/gpu-stack-not-ready taint)" untainted
+# What docs/install.md tells an admin to run: the same verdict as the agent's.
+validate_in_pod() {  # validate_in_pod OUT: rc of gpulet validate in the agent's container
+  kc -n "$NS" exec ds/gpulet-node -c agent -- gpulet validate --host-root /host \
+    --config-file /etc/gpulet/config.yaml > "$1" 2>&1
+}
+validate_in_pod "$STATE/validate.out"; rc=$?
+check "kubectl exec ... gpulet validate --config-file: rc 0, driver, runtime and device-plugin ok (rc $rc)" \
+  bash -c '[ "$1" = 0 ] && [ "$(grep -c "^ok " "$2")" = 3 ]' _ "$rc" "$STATE/validate.out"
+[ "$rc" = 0 ] || cat "$STATE/validate.out"
 check "containerd's default runtime is still runc (install did not take it over)" \
   bash -c '! grep -rq "default_runtime_name = .nvidia." "$1"/fixed/etc/containerd' _ "$D"
 
@@ -74,6 +83,9 @@ check "settings that reach no container taint the validated node" tainted
 tainted && echo "figure: ConfigMap edit -> node tainted: $(elapsed "$t0" "$t1") s"
 kc -n "$NS" logs "$agent" -c agent > "$STATE/agent.log" 2>&1
 check "the agent says why (the shim is not the default runtime)" grep -q "no longer validates with the current settings.*not the engine's default runtime" "$STATE/agent.log"
+validate_in_pod "$STATE/validate-bad.out"; rc=$?
+check "gpulet validate --config-file in the pod agrees: rc 1, the runtime step names the fix (rc $rc)" \
+  bash -c '[ "$1" = 1 ] && grep -q "^FAIL runtime: GPU containers would start without their GPUs.*set-as-default" "$2"' _ "$rc" "$STATE/validate-bad.out"
 strategy "volume-mounts" "volume-mounts, cdi-cri"
 wait_until 120 untainted
 check "the shipped settings again: the node validates and is untainted" untainted

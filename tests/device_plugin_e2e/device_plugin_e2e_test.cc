@@ -17,6 +17,7 @@
 #include "gpu/open.h"
 #include "k8s/deviceplugin/v1beta1/api.grpc.pb.h"
 #include "plugin/plugin.h"
+#include "runtime/engine_config.h"
 #include "testing/kubelet/emulator.h"
 
 namespace gpulet {
@@ -24,6 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class E2E : public ::testing::Test {
  protected:
@@ -337,6 +339,55 @@ TEST_F(E2E, GpuletDevicePluginBinary) {
   int rc = pclose(p);
   EXPECT_EQ(WEXITSTATUS(rc), 2);
   EXPECT_THAT(out, HasSubstr(file + ":3: flags.migStrategy: \"sometimes\""));
+}
+
+// `gpulet validate --config-file`, as docs/install.md has an admin run it in the agent's pod: the
+// runtime step checks that the engine acts on how the config hands GPUs over, as the agent does
+// (volume-mounts alone need gpulet's shim as the default runtime); a bad config file is one message
+// with file:line and exit code 2.
+TEST_F(E2E, GpuletValidateChecksTheConfigsDelivery) {
+  const std::string bin = std::string(GPULET_BINARY_DIR) + "/bin/gpulet";
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built";
+  const std::string host = root_ + "/host";
+  std::filesystem::create_directories(host + "/etc/containerd");
+  std::filesystem::create_directories(host + "/usr/local/gpulet/bin");
+  std::ofstream(host + "/etc/containerd/config.toml") << "version = 2\n";
+  const std::string shim = "/usr/local/gpulet/bin/gpulet-container-runtime";
+  { std::ofstream(host + shim) << "#!/bin/sh\n"; }
+  std::filesystem::permissions(host + shim, std::filesystem::perms::owner_all);
+  runtime::ConfigureOptions co;
+  co.root = host;
+  co.runtime_path = shim;
+  co.enable_cdi = true;
+  auto plan = runtime::PlanConfigure(co);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(runtime::ApplyChanges(*plan).ok());
+  auto run = [&](const std::string& args, std::string* out) {
+    std::string cmd = "env -u NODE_NAME " + bin + " validate --simulate dgx-h100 --sim-root " +
+                      sim() + " --host-root " + host + " --no-probe " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) *out += buf;
+    return WEXITSTATUS(pclose(p));
+  };
+  const std::string mounts = root_ + "/volume-mounts.yaml";
+  std::ofstream(mounts)
+      << "version: v1\nflags:\n  plugin:\n    deviceListStrategy: volume-mounts\n";
+  std::string out;
+  EXPECT_EQ(run("--config-file " + mounts, &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("FAIL runtime: GPU containers would start without their GPUs"));
+  EXPECT_THAT(out, HasSubstr("not the engine's default runtime"));
+
+  out.clear();
+  run("", &out);  // no config: the delivery is not checked (the CDI spec is missing instead)
+  EXPECT_THAT(out, Not(HasSubstr("would start without their GPUs"))) << out;
+  EXPECT_THAT(out, HasSubstr("ok   driver:"));
+
+  const std::string bad = root_ + "/bad.yaml";
+  std::ofstream(bad) << "version: v1\nflags:\n  migStrategy: sometimes\n";
+  out.clear();
+  EXPECT_EQ(run("--config-file " + bad, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr(bad + ":3: flags.migStrategy: \"sometimes\""));
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
-#include "dra/devices.h"
+#include "cmd/gpulet/stack_settings.h"
 #include "k8s/client.h"
 #include "metrics/server.h"
 #include "node/readiness.h"
@@ -24,16 +24,6 @@ labels::LabelOptions SharingFromConfig(labels::LabelOptions o, const plugin::Con
   o.replicas = l.replicas;
   o.sharing_strategy = l.sharing_strategy;
   return o;
-}
-
-// The validation settings that come from the device plugin's config: how it hands GPUs to
-// containers, and whether a DRA driver serves GPUs.
-node::ValidateOptions WithSettings(node::ValidateOptions vo, const plugin::Config& c) {
-  if (!c.dra.gpus.empty()) vo.dra_driver = dra::kDriverName;
-  vo.delivery = node::GpuDelivery{c.list.cdi_cri,
-                                  c.list.envvar || c.list.volume_mounts || c.list.cdi_annotations,
-                                  c.pass_device_specs};
-  return vo;
 }
 
 struct NodeFlags {
@@ -88,7 +78,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             vo.node_name = node->name;
             vo.client = client.get();
             // What depends on the settings is read when validating: they can be reloaded.
-            auto now = [vo, &dp] { return WithSettings(vo, dp.config()); };
+            auto now = [vo, &dp] { return WithPluginSettings(vo, dp.config()); };
             node::ReadinessOptions ro;
             ro.node_name = node->name;
             ro.settings_check = [now] { return node::ValidateGpuDelivery(now()); };

@@ -7,6 +7,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/stack_settings.h"
 #include "k8s/client.h"
 
 namespace gpulet::cmd {
@@ -15,10 +16,18 @@ namespace {
 struct ValidateFlags {
   node::ValidateOptions o;
   std::string kubeconfig;
+  std::string config_file;
   bool label = false;
 };
 
 int Run(ValidateFlags& f) {
+  if (!f.config_file.empty()) {
+    plugin::ConfigSources sources;
+    sources.file = f.config_file;
+    auto config = plugin::LoadConfig(sources);
+    if (!config.ok()) return Fail("gpulet validate", config.status(), kUsageError);
+    f.o = WithPluginSettings(f.o, *config);
+  }
   std::unique_ptr<k8s::Client> client;
   if (!f.o.node_name.empty()) {
     auto cfg = k8s::ResolveConfig(f.kubeconfig);
@@ -61,7 +70,14 @@ std::function<int()> SetupValidate(CLI::App& sub) {
                  "The kubelet's PodResources socket")
       ->capture_default_str();
   sub.add_option("--node-name", f->o.node_name,
-                 "Also check this node's capacity through the API server");
+                 "Also check this node's capacity through the API server (and, with "
+                 "--config-file, its engine's version)")
+      ->envname("NODE_NAME");
+  sub.add_option(
+         "--config-file", f->config_file,
+         "The device plugin's config: also check that this node's engine acts on how it "
+         "hands GPUs to containers (deviceListStrategy, passDeviceSpecs), as the agent does")
+      ->type_name("FILE");
   sub.add_option("--kubeconfig", f->kubeconfig, "kubeconfig (default: $KUBECONFIG, in-cluster)");
   sub.add_flag("--probe,!--no-probe", f->o.container_probe,
                "Start the probe container of the runtime step (--no-probe skips it)")
