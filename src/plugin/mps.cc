@@ -215,9 +215,9 @@ MpsDaemon::~MpsDaemon() { Stop(); }
 
 absl::StatusOr<std::string> MpsDaemon::Command(const std::string& command) const {
   ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
-  std::map<std::string, std::string> env = {
-      {"CUDA_MPS_PIPE_DIRECTORY", MpsPipeDir(options_.root, share_.resource)},
-      {"CUDA_MPS_LOG_DIRECTORY", MpsLogDir(options_.root, share_.resource)}};
+  std::map<std::string, std::string> env = options_.env;
+  env["CUDA_MPS_PIPE_DIRECTORY"] = MpsPipeDir(options_.root, share_.resource);
+  env["CUDA_MPS_LOG_DIRECTORY"] = MpsLogDir(options_.root, share_.resource);
   ASSIGN_OR_RETURN(RunResult r,
                    Run({bin}, env, command + "\n", options_.command_timeout, /*detach=*/false));
   if (r.status != 0)
@@ -230,7 +230,7 @@ absl::StatusOr<std::string> MpsDaemon::Command(const std::string& command) const
 absl::Status MpsDaemon::SetComputeMode(const std::string& mode) const {
   ASSIGN_OR_RETURN(std::string smi, Which(options_.bin_dir, kSmi));
   for (const MpsGpu& g : share_.gpus) {
-    ASSIGN_OR_RETURN(RunResult r, Run({smi, "-i", g.uuid, "-c", mode}, {}, "",
+    ASSIGN_OR_RETURN(RunResult r, Run({smi, "-i", g.uuid, "-c", mode}, options_.env, "",
                                       options_.command_timeout, /*detach=*/false));
     if (r.status != 0)
       return absl::UnavailableError(absl::StrCat("nvidia-smi -i ", g.uuid, " -c ", mode,
@@ -258,10 +258,11 @@ absl::Status MpsDaemon::Launch() {
   ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
   // Clients get <root>/shm as /dev/shm; the daemon must see the same directory there.
   const bool bind = !SameDir(shm, "/dev/shm");
-  ASSIGN_OR_RETURN(
-      RunResult r,
-      Run({bin, "-d"}, {{"CUDA_MPS_PIPE_DIRECTORY", pipe}, {"CUDA_MPS_LOG_DIRECTORY", log}}, "",
-          options_.command_timeout, /*detach=*/true, bind ? shm : ""));
+  std::map<std::string, std::string> env = options_.env;
+  env["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
+  env["CUDA_MPS_LOG_DIRECTORY"] = log;
+  ASSIGN_OR_RETURN(RunResult r, Run({bin, "-d"}, env, "", options_.command_timeout,
+                                    /*detach=*/true, bind ? shm : ""));
   if (r.bind_errno != 0)
     spdlog::warn(
         "MPS {}: cannot bind {} on the daemon's /dev/shm ({}); clients reach it only if "

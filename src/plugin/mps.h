@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +70,9 @@ std::vector<std::string> MpsLimitCommands(const MpsShare& share);
 struct MpsOptions {
   std::string root = "/run/nvidia/mps";
   std::string bin_dir;  // where nvidia-cuda-mps-control and nvidia-smi are; "": $PATH
+  // Set for those programs besides the pipe and log directories (the host driver's programs run
+  // from the agent's container: LD_LIBRARY_PATH and PATH of runtime::LinkDriverTools).
+  std::map<std::string, std::string> env;
   absl::Duration probe_interval = absl::Seconds(2);
   absl::Duration command_timeout = absl::Seconds(10);
   absl::Duration max_backoff = absl::Seconds(30);

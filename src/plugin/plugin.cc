@@ -211,6 +211,10 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     MpsOptions mo;
     mo.root = cfg.mps_root;
     mo.bin_dir = cfg.mps_bin_dir;
+    if (mo.bin_dir.empty()) {
+      mo.bin_dir = options_.mps_bin_dir;
+      mo.env = options_.mps_env;
+    }
     mo.probe_interval = options_.mps_probe_interval;
     HealthMonitor* health = health_.get();
     mo.on_health_change = [health] { health->NotifyChanged(); };

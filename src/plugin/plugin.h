@@ -53,6 +53,10 @@ class DevicePlugin {
     bool watch_file = true;
     // sharing.mps: how often each control daemon is probed (and restarted when it does not answer).
     absl::Duration mps_probe_interval = absl::Seconds(2);
+    // sharing.mps without gpulet.mps.binDir: where the driver's programs are and the environment
+    // they need (the agent in its container: runtime::LinkDriverTools). Empty: $PATH.
+    std::string mps_bin_dir;
+    std::map<std::string, std::string> mps_env;
   };
 
   DevicePlugin(gpu::GpuLayer* gpu, Options options, Config config);

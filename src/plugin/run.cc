@@ -54,6 +54,8 @@ absl::Status RunDevicePlugin(
   options.host_root = o.gpu.simulate.empty() ? o.gpu.host_root : o.gpu.sim_root;
   options.api = o.api;
   options.node_name = o.node_name;
+  options.mps_bin_dir = o.mps_bin_dir;
+  options.mps_env = o.mps_env;
   kubelet::PodResourcesOptions pr;
   pr.socket = o.pod_resources_socket;
   pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};

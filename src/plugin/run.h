@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,9 @@ struct RunOptions {
   // on every return after `on_serving` ran (the per-node config watcher's start and stop).
   std::function<void(DevicePlugin&)> on_serving;
   std::function<void()> on_stop;
+  // DevicePlugin::Options::mps_bin_dir and mps_env.
+  std::string mps_bin_dir;
+  std::map<std::string, std::string> mps_env;
 };
 
 // Runs until SIGINT/SIGTERM/SIGQUIT: OK then. `with_plugin`, when set, runs once the plugin serves

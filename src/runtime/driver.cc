@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -346,6 +349,54 @@ absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
   return absl::NotFoundError(
       absl::StrCat("no NVML library under ", host_root, " or the driver container's root ",
                    InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
+}
+
+absl::StatusOr<DriverTools> LinkDriverTools(const std::string& host_root, const std::string& dir,
+                                            const std::string& driver_container_root) {
+  std::vector<std::string> why;
+  for (const std::string& root : {host_root, InRoot(host_root, driver_container_root)}) {
+    absl::StatusOr<DriverFiles> d = DiscoverDriver(root);
+    if (!d.ok()) {
+      why.push_back(std::string(d.status().message()));
+      continue;
+    }
+    if (d->binaries.empty()) {
+      why.push_back(absl::StrCat(root, ": the driver has no programs"));
+      continue;
+    }
+    // name in lib/ -> the library file it stands for: every file by its own name, and by each
+    // ld cache name (the soname the loader asks for) that leads to it.
+    std::map<std::string, std::string> libs;
+    for (const auto& l : d->libraries) libs[l.substr(l.rfind('/') + 1)] = l;
+    const std::string cache_path = InRoot(root, "/etc/ld.so.cache");
+    ASSIGN_OR_RETURN(std::string cache, ReadFileToString(cache_path));
+    ASSIGN_OR_RETURN(std::vector<LdCacheEntry> entries, ParseLdCache(cache, cache_path));
+    const std::set<std::string> files(d->libraries.begin(), d->libraries.end());
+    for (const auto& e : entries)
+      if (e.flags == kLdCacheX8664 && e.name.find('/') == std::string::npos)
+        if (std::string real = ResolveInRoot(root, e.path); files.count(real))
+          libs.emplace(e.name, real);
+    DriverTools t{root, dir + "/bin", dir + "/lib"};
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    for (const std::string& sub : {t.bin_dir, t.lib_dir})
+      if (std::filesystem::create_directories(sub, ec); ec)
+        return absl::PermissionDeniedError(absl::StrCat("cannot create ", sub, ": ", ec.message()));
+    auto link = [&](const std::string& target, const std::string& at) -> absl::Status {
+      if (::symlink(target.c_str(), at.c_str()) != 0)
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot link ", at, " to ", target, ": ", std::strerror(errno)));
+      return absl::OkStatus();
+    };
+    for (const auto& b : d->binaries)
+      RETURN_IF_ERROR(link(InRoot(root, b), t.bin_dir + b.substr(b.rfind('/'))));
+    for (const auto& [name, file] : libs)
+      RETURN_IF_ERROR(link(InRoot(root, file), t.lib_dir + "/" + name));
+    return t;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no NVIDIA driver programs under ", host_root, " or the driver container's root ",
+      InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
 }
 
 }  // namespace gpulet::runtime

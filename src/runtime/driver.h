@@ -72,6 +72,21 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
 absl::StatusOr<std::string> FindNvmlLibrary(
     const std::string& host_root, const std::string& driver_container_root = "/run/nvidia/driver");
 
+// The driver's programs (nvidia-cuda-mps-control, nvidia-smi, ...) for a process in such a
+// container, which has no driver of its own: `dir` (replaced when it exists) gets `bin/`, links to
+// the driver's binaries (the ELF behind a wrapper script), and `lib/`, links to its libraries by
+// soname and by file name. The programs then run on this container's C library with
+// LD_LIBRARY_PATH=lib/ (the host's whole library directory would also bring the host's C
+// library, which must match this container's loader) and PATH starting with bin/. Which driver:
+// as FindNvmlLibrary. NotFound names both roots.
+struct DriverTools {
+  std::string root;     // the driver root the links point into (under host_root)
+  std::string bin_dir;  // <dir>/bin
+  std::string lib_dir;  // <dir>/lib
+};
+absl::StatusOr<DriverTools> LinkDriverTools(
+    const std::string& host_root, const std::string& dir,
+    const std::string& driver_container_root = "/run/nvidia/driver");
 // The paths DiscoverDriver reads under a driver root: the ld cache and the library and binary
 // directories. An agent that reads the host under --host-root needs each of them mounted there
 // (the node DaemonSet; tests/node/agent_mounts_test.cc checks it).

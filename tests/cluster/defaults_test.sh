@@ -107,6 +107,34 @@ check "the vcuda pod has the driver's libcuda.so.$driver_version mounted and in 
 clean_pods vgpu-a
 "$cluster" scheduler "$build" >/dev/null 2>&1 || check "kube-scheduler back to its flags" false
 
+# MPS as an admin turns it on: deploy/overlays/mps (its MPS root on the host) and sharing.mps in the
+# ConfigMap. The agent's container has no driver (runc injects none), so it must run the host
+# driver's nvidia-cuda-mps-control (here the fake one, at the driver root's /usr/bin) itself.
+cp "$build/testing/gpulet-fake-mps-control" "$D/fixed/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
+OVERLAY=$src/tests/cluster/deploy/defaults-mps
+check "kubectl apply -k tests/cluster/deploy/defaults-mps" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig apply -k $OVERLAY > $STATE/apply-mps.log 2>&1"
+kc -n "$NS" get configmap gpulet-config -o json | python3 -c '
+import json, sys
+cm = json.load(sys.stdin)
+cm["data"]["config.yaml"] += "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
+json.dump(cm, sys.stdout)' | kc replace -f - >/dev/null
+mps_up() { [ "$(allocatable nvidia.com/gpu)" = 16 ]; }
+wait_until 120 mps_up
+check "sharing.mps: nvidia.com/gpu 16 (8 GPUs x 2 replicas; $(allocatable nvidia.com/gpu))" mps_up
+agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
+kc -n "$NS" logs "$agent" -c agent > "$STATE/agent-mps.log" 2>&1
+mps_up || grep -i mps "$STATE/agent-mps.log" | tail -n 5
+check "the agent runs the host driver's programs (no driver in its container)" \
+  grep -q "driver programs for sharing.mps: the host's, from /host/run/nvidia/driver" "$STATE/agent-mps.log"
+check "the host driver's MPS control daemon runs (its pid file on the host)" \
+  test -s "$D/fixed/run/nvidia/mps/nvidia.com/gpu/pipe/nvidia-cuda-mps-control.pid"
+pod mps-gpu nvidia.com/gpu 1 | kc apply -f - >/dev/null
+wait_until 60 running mps-gpu
+check "an MPS client pod is Running" running mps-gpu
+check "the pod reaches the daemon: CUDA_MPS_PIPE_DIRECTORY and its control socket" \
+  kc exec mps-gpu -- sh -c 'test -S "$CUDA_MPS_PIPE_DIRECTORY/control"'
+clean_pods mps-gpu
+
 check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $STATE/delete.log 2>&1"
 check "containerd 2's config.toml is byte for byte as before the install" cmp "$STATE/config.before" "$CONFIG"
 trap - EXIT

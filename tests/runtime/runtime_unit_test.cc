@@ -174,6 +174,55 @@ TEST_F(TempDirTest, FindNvmlLibraryOnTheHostThenInADriverContainer) {
   EXPECT_THAT(found.status().message(), HasSubstr(dir_ + "/nothing/run/nvidia/driver"));
 }
 
+// sharing.mps from the agent's container (no driver of its own): the host driver's programs are
+// linked with their libraries by soname, so a program run with LD_LIBRARY_PATH=lib/ loads the
+// driver's libnvidia-ml.so.1; on a GKE-style host the link is to the ELF, not the wrapper script;
+// a driver container's root when the host has none; neither is NotFound naming both roots.
+TEST_F(TempDirTest, LinkDriverToolsOnTheHostThenInADriverContainer) {
+  std::string why;
+  const std::string host = dir_ + "/gke", links = dir_ + "/links";
+  if (!MakeDriverRoot(host, 0, &why,
+                      {"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", "/usr/bin", "/lib"}))
+    GTEST_SKIP() << why;
+  auto t = LinkDriverTools(host, links);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->root, host);
+  EXPECT_EQ(fs::read_symlink(t->bin_dir + "/nvidia-smi"),
+            host + "/usr/local/nvidia/bin/nvidia-smi");
+  const std::string v = kDriverVersion;
+  for (const std::string& name :
+       {std::string("libnvidia-ml.so.1"), std::string("libcuda.so.1"), "libcuda.so." + v})
+    EXPECT_THAT(fs::read_symlink(t->lib_dir + "/" + name).string(),
+                ::testing::StartsWith(host + "/usr/local/nvidia/lib64/"))
+        << name;
+  EXPECT_FALSE(fs::exists(t->lib_dir + "/libc.so.6")) << "the host's C library stays out";
+
+  // What the MPS daemon does: dlopen the driver's libraries by soname.
+  const std::string prog = dir_ + "/dlopen-nvml";
+  WriteFile(prog + ".c",
+            "#include <dlfcn.h>\nint main(void) { return dlopen(\"libnvidia-ml.so.1\", "
+            "RTLD_NOW) ? 0 : 1; }\n");
+  std::string out;
+  ASSERT_EQ(Sh("cc -o '" + prog + "' '" + prog + ".c' -ldl", &out), 0) << out;
+  EXPECT_EQ(Sh("LD_LIBRARY_PATH='" + t->lib_dir + "' '" + prog + "'", &out), 0) << out;
+
+  // Again (an agent restart in the same pod): the old links are replaced.
+  t = LinkDriverTools(host, links);
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  const std::string bare = dir_ + "/bare";  // no driver of its own: the driver container's
+  ASSERT_TRUE(MakeDriverRoot(bare + "/run/nvidia/driver", 0, &why)) << why;
+  t = LinkDriverTools(bare, links);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(fs::read_symlink(t->bin_dir + "/nvidia-smi"),
+            bare + "/run/nvidia/driver/usr/bin/nvidia-smi");
+
+  t = LinkDriverTools(dir_ + "/nothing", links);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(t.status().message(), HasSubstr(dir_ + "/nothing/run/nvidia/driver"));
+}
+
 // A process that sees the host under a mount (the agent's DRA driver at /host, the installer)
 // reads the driver there, the driver container's root included, and the spec names host paths:
 // the engine that applies it runs on the host. Before, the agent read its own image's root.

@@ -51,6 +51,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
       ->capture_default_str();
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
     UseHostNvml(flags->gpu, node->host_root);
+    UseHostDriverPrograms(*flags, node->host_root);
     RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;

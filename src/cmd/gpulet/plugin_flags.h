@@ -21,6 +21,8 @@
 #include "plugin/node_config.h"
 #include "plugin/plugin.h"
 #include "plugin/run.h"
+#include "runtime/driver.h"
+#include "spdlog/spdlog.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::k8s {
@@ -131,6 +133,25 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
            std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; }, help)
         ->type_name("VALUE");
   }
+}
+
+// sharing.mps from a container that has no driver (the agent reading the host under `host_root`;
+// runc injects nothing): the host driver's nvidia-cuda-mps-control and nvidia-smi, linked into
+// `dir` with the libraries they load (runtime::LinkDriverTools). Skipped as UseHostNvml is;
+// gpulet.mps.binDir, when set, still wins.
+inline void UseHostDriverPrograms(PluginFlags& f, const std::string& host_root,
+                                  const std::string& dir = "/tmp/gpulet-driver-programs") {
+  if (!f.gpu.simulate.empty() || host_root.empty() || host_root == "/") return;
+  absl::StatusOr<runtime::DriverTools> t = runtime::LinkDriverTools(host_root, dir);
+  if (!t.ok()) {
+    spdlog::info("{}; sharing.mps looks for them on $PATH", std::string(t.status().message()));
+    return;
+  }
+  spdlog::info("driver programs for sharing.mps: the host's, from {}", t->root);
+  f.mps_bin_dir = t->bin_dir;
+  const char* path = std::getenv("PATH");
+  f.mps_env = {{"LD_LIBRARY_PATH", t->lib_dir},
+               {"PATH", t->bin_dir + ":" + (path ? path : "/usr/bin:/bin")}};
 }
 
 // `gpulet <cmd>`'s device-plugin life (plugin::RunDevicePlugin) from its flags: the exit code.
