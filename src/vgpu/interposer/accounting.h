@@ -159,13 +159,15 @@ inline AccountingRegion* MapAccounting(const char* path, bool writable, const ch
     *error = "cannot open accounting file";
     return nullptr;
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
+  // The size by lseek, not fstat: fstat is a libc symbol only since glibc 2.33, and the
+  // interposer must load on older ones (glibc_floor.h).
+  off_t size = lseek(fd, 0, SEEK_END);
+  if (size < 0) {
     close(fd);
-    *error = "cannot stat accounting file";
+    *error = "cannot size up accounting file";
     return nullptr;
   }
-  if (static_cast<size_t>(st.st_size) < sizeof(AccountingRegion)) {
+  if (static_cast<size_t>(size) < sizeof(AccountingRegion)) {
     // Growing a file with ftruncate is atomic and zero-fills; racing growers agree on the size.
     if (!writable || ftruncate(fd, sizeof(AccountingRegion)) != 0) {
       close(fd);

@@ -1,3 +1,4 @@
+#include "vgpu/interposer/glibc_floor.h"  // first: binds libc references to old versions
 #include "vgpu/interposer/core.h"
 
 #include <errno.h>

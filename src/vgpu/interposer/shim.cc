@@ -11,6 +11,7 @@
 // Initialisation is lazy (first hooked call, never from dlsym), single, and lock-free; all
 // globals are constant-initialised and trivially destructible, so calls arriving during exit or
 // from destructors of other libraries still find a valid Core.
+#include "vgpu/interposer/glibc_floor.h"  // first: binds libc references to old versions
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
