@@ -547,6 +547,9 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
       int64_t mem = lim.memory_bytes ? lim.memory_bytes : static_cast<int64_t>(d.memory_bytes);
       int64_t cores = lim.cores ? lim.cores : 100;
       auto& env = cd.edits.env;
+      // The interposer's GPU by UUID, as the device plugin's vGPU grant names it
+      // (NVIDIA_VISIBLE_DEVICES is "void" in a CDI container).
+      env.push_back(absl::StrCat("GPULET_VGPU_UUID=", d.uuid));
       env.push_back(absl::StrCat("GPULET_VGPU_MEMORY_LIMIT=", mem));
       env.push_back(absl::StrCat("GPULET_VGPU_CORE_LIMIT=", cores));
       env.push_back(absl::StrCat("GPULET_VGPU_CORE_CEILING=", cores));

@@ -486,10 +486,10 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
   runtime::CdiSpec spec = SpecOf(*p);
   ASSERT_EQ(spec.devices.size(), 1u);
   const auto& e = spec.devices[0].edits;
-  EXPECT_THAT(e.env,
-              ::testing::IsSupersetOf(
-                  {"GPULET_VGPU_MEMORY_LIMIT=4294967296", "GPULET_VGPU_CORE_LIMIT=30",
-                   "LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so", "GPULET_VGPU_DISABLE=0"}));
+  EXPECT_THAT(e.env, ::testing::IsSupersetOf(std::vector<std::string>{
+                         "GPULET_VGPU_MEMORY_LIMIT=4294967296", "GPULET_VGPU_CORE_LIMIT=30",
+                         "LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so", "GPULET_VGPU_DISABLE=0",
+                         "GPULET_VGPU_UUID=" + Inventory().devices[2].uuid}));
   ASSERT_EQ(e.mounts.size(), 2u);
   EXPECT_EQ(e.mounts[0].host_path, p->accounting_dir + "/accounting");
   EXPECT_EQ(e.mounts[0].container_path, "/var/run/gpulet/vgpu/accounting");
