@@ -1,4 +1,3 @@
-#include "vgpu/interposer/glibc_floor.h"  // first: binds libc references to old versions
 #include "vgpu/interposer/core.h"
 
 #include <errno.h>
@@ -8,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "vgpu/interposer/glibc_floor.h"  // binds our glibc references to old versions
 
 namespace gpulet::vcuda {
 namespace {

@@ -6,9 +6,10 @@
 // the container's programs do not start (Debian 11's libc6 2.31: "version `GLIBC_2.34' not found
 // (required by libgpulet-vcuda.so)"). So every reference below binds to the oldest version, which
 // glibc 2.17 to 2.33 define in libdl.so.2 and libpthread.so.0 (the library names both as NEEDED:
-// CMakeLists.txt) and newer glibc in libc.so.6. Include first in every file of the library;
-// tests/vgpu/interposer/glibc_floor_test.sh checks that nothing newer than GLIBC_2.17 is needed and
-// that the library loads into a program of Debian 11's glibc.
+// CMakeLists.txt) and newer glibc in libc.so.6. Included by every file of the library that calls
+// them (anywhere in the file: .symver acts on the object file). tests/vgpu/interposer/
+// glibc_floor_test.sh checks that nothing newer than GLIBC_2.17 is needed and that the library
+// works in programs of Debian 11's glibc.
 #pragma once
 
 #if defined(__x86_64__)

@@ -11,7 +11,6 @@
 // Initialisation is lazy (first hooked call, never from dlsym), single, and lock-free; all
 // globals are constant-initialised and trivially destructible, so calls arriving during exit or
 // from destructors of other libraries still find a valid Core.
-#include "vgpu/interposer/glibc_floor.h"  // first: binds libc references to old versions
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -23,6 +22,7 @@
 #include <type_traits>
 
 #include "vgpu/interposer/core.h"
+#include "vgpu/interposer/glibc_floor.h"  // binds our glibc references to old versions
 
 using namespace gpulet;
 using vcuda::Kind;

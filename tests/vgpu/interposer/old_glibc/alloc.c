@@ -6,7 +6,10 @@
 typedef unsigned long long CUdeviceptr;
 int main(void) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) { printf("no libcuda: %s\n", dlerror()); return 3; }
+  if (!h) {
+    printf("no libcuda: %s\n", dlerror());
+    return 3;
+  }
   int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
   int (*alloc)(CUdeviceptr*, size_t) = (int (*)(CUdeviceptr*, size_t))dlsym(h, "cuMemAlloc_v2");
   size_t fr = 0, tot = 0;
