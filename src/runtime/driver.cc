@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
@@ -333,8 +334,14 @@ std::vector<std::string> DriverPaths() {
   return paths;
 }
 
-absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
-                                            const std::string& driver_container_root) {
+namespace {
+
+// The driver a process in a container reads under `host_root`: the host's own, else a driver
+// container's root, the first that `lacks` finds nothing missing in (it returns what is missing,
+// or ""). NotFound names `what`, both roots and why each was passed over.
+absl::StatusOr<DriverFiles> FindHostDriver(
+    const std::string& host_root, const std::string& driver_container_root, const std::string& what,
+    const std::function<std::string(const DriverFiles&)>& lacks) {
   std::vector<std::string> why;
   for (const std::string& root : {host_root, InRoot(host_root, driver_container_root)}) {
     absl::StatusOr<DriverFiles> d = DiscoverDriver(root);
@@ -342,61 +349,67 @@ absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
       why.push_back(std::string(d.status().message()));
       continue;
     }
-    for (const auto& l : d->libraries)
-      if (absl::StartsWith(l.substr(l.rfind('/') + 1), "libnvidia-ml.so.")) return InRoot(root, l);
-    why.push_back(absl::StrCat(root, ": the driver has no libnvidia-ml.so"));
+    std::string missing = lacks(*d);
+    if (missing.empty()) return d;
+    why.push_back(absl::StrCat(root, ": the driver has no ", missing));
   }
   return absl::NotFoundError(
-      absl::StrCat("no NVML library under ", host_root, " or the driver container's root ",
+      absl::StrCat("no ", what, " under ", host_root, " or the driver container's root ",
                    InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
+}
+
+bool IsNvml(const std::string& path) {
+  return absl::StartsWith(path.substr(path.rfind('/') + 1), "libnvidia-ml.so.");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
+                                            const std::string& driver_container_root) {
+  ASSIGN_OR_RETURN(
+      DriverFiles d,
+      FindHostDriver(host_root, driver_container_root, "NVML library", [](const DriverFiles& f) {
+        return std::any_of(f.libraries.begin(), f.libraries.end(), IsNvml) ? "" : "libnvidia-ml.so";
+      }));
+  return InRoot(d.root, *std::find_if(d.libraries.begin(), d.libraries.end(), IsNvml));
 }
 
 absl::StatusOr<DriverTools> LinkDriverTools(const std::string& host_root, const std::string& dir,
                                             const std::string& driver_container_root) {
-  std::vector<std::string> why;
-  for (const std::string& root : {host_root, InRoot(host_root, driver_container_root)}) {
-    absl::StatusOr<DriverFiles> d = DiscoverDriver(root);
-    if (!d.ok()) {
-      why.push_back(std::string(d.status().message()));
-      continue;
-    }
-    if (d->binaries.empty()) {
-      why.push_back(absl::StrCat(root, ": the driver has no programs"));
-      continue;
-    }
-    // name in lib/ -> the library file it stands for: every file by its own name, and by each
-    // ld cache name (the soname the loader asks for) that leads to it.
-    std::map<std::string, std::string> libs;
-    for (const auto& l : d->libraries) libs[l.substr(l.rfind('/') + 1)] = l;
-    const std::string cache_path = InRoot(root, "/etc/ld.so.cache");
-    ASSIGN_OR_RETURN(std::string cache, ReadFileToString(cache_path));
-    ASSIGN_OR_RETURN(std::vector<LdCacheEntry> entries, ParseLdCache(cache, cache_path));
-    const std::set<std::string> files(d->libraries.begin(), d->libraries.end());
-    for (const auto& e : entries)
-      if (e.flags == kLdCacheX8664 && e.name.find('/') == std::string::npos)
-        if (std::string real = ResolveInRoot(root, e.path); files.count(real))
-          libs.emplace(e.name, real);
-    DriverTools t{root, dir + "/bin", dir + "/lib"};
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    for (const std::string& sub : {t.bin_dir, t.lib_dir})
-      if (std::filesystem::create_directories(sub, ec); ec)
-        return absl::PermissionDeniedError(absl::StrCat("cannot create ", sub, ": ", ec.message()));
-    auto link = [&](const std::string& target, const std::string& at) -> absl::Status {
-      if (::symlink(target.c_str(), at.c_str()) != 0)
-        return absl::PermissionDeniedError(
-            absl::StrCat("cannot link ", at, " to ", target, ": ", std::strerror(errno)));
-      return absl::OkStatus();
-    };
-    for (const auto& b : d->binaries)
-      RETURN_IF_ERROR(link(InRoot(root, b), t.bin_dir + b.substr(b.rfind('/'))));
-    for (const auto& [name, file] : libs)
-      RETURN_IF_ERROR(link(InRoot(root, file), t.lib_dir + "/" + name));
-    return t;
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no NVIDIA driver programs under ", host_root, " or the driver container's root ",
-      InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
+  ASSIGN_OR_RETURN(
+      DriverFiles d,
+      FindHostDriver(host_root, driver_container_root, "NVIDIA driver programs",
+                     [](const DriverFiles& f) { return f.binaries.empty() ? "programs" : ""; }));
+  const std::string& root = d.root;
+  // name in lib/ -> the library file it stands for: every file by its own name, and by each
+  // ld cache name (the soname the loader asks for) that leads to it.
+  std::map<std::string, std::string> libs;
+  for (const auto& l : d.libraries) libs[l.substr(l.rfind('/') + 1)] = l;
+  const std::string cache_path = InRoot(root, "/etc/ld.so.cache");
+  ASSIGN_OR_RETURN(std::string cache, ReadFileToString(cache_path));
+  ASSIGN_OR_RETURN(std::vector<LdCacheEntry> entries, ParseLdCache(cache, cache_path));
+  const std::set<std::string> files(d.libraries.begin(), d.libraries.end());
+  for (const auto& e : entries)
+    if (e.flags == kLdCacheX8664 && e.name.find('/') == std::string::npos)
+      if (std::string real = ResolveInRoot(root, e.path); files.count(real))
+        libs.emplace(e.name, real);
+  DriverTools t{root, dir + "/bin", dir + "/lib"};
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  for (const std::string& sub : {t.bin_dir, t.lib_dir})
+    if (std::filesystem::create_directories(sub, ec); ec)
+      return absl::PermissionDeniedError(absl::StrCat("cannot create ", sub, ": ", ec.message()));
+  auto link = [&](const std::string& target, const std::string& at) -> absl::Status {
+    if (::symlink(target.c_str(), at.c_str()) != 0)
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot link ", at, " to ", target, ": ", std::strerror(errno)));
+    return absl::OkStatus();
+  };
+  for (const auto& b : d.binaries)
+    RETURN_IF_ERROR(link(InRoot(root, b), t.bin_dir + b.substr(b.rfind('/'))));
+  for (const auto& [name, file] : libs)
+    RETURN_IF_ERROR(link(InRoot(root, file), t.lib_dir + "/" + name));
+  return t;
 }
 
 }  // namespace gpulet::runtime
