@@ -1,6 +1,7 @@
 #include "scheduler/webhook.h"
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "httplib.h"
@@ -62,8 +63,10 @@ std::string TrustedAnnotationIn(const json& annotations) {
   return "";
 }
 
-// Where `pod` asks to switch the vGPU limits off: the annotation, or the env variable on a
-// fractional container (any value and any valueFrom: the webhook cannot see what it resolves to).
+// Where `pod` asks to switch the vGPU limits off: the annotation, or on a fractional container an
+// env variable of the interposer's contract (any value and any valueFrom: the webhook cannot see
+// what it resolves to). The kubelet puts the pod's env after the device plugin's, so the pod's
+// GPULET_VGPU_MEMORY_LIMIT, GPULET_VGPU_UUID, ... or LD_PRELOAD would replace what the agent set.
 std::string DisableRequestIn(const json& pod, const vgpu::PodUnits& req) {
   const json& annotations = Member(Member(pod, "metadata"), "annotations");
   if (!Member(annotations, kAnnotationVgpuDisable).is_null()) {
@@ -78,8 +81,9 @@ std::string DisableRequestIn(const json& pod, const vgpu::PodUnits& req) {
     const json& env = Member(containers[c.index], "env");
     if (!env.is_array()) continue;
     for (const json& e : env) {
-      if (StringMember(e, "name") == kEnvVgpuDisable) {
-        return absl::StrCat("env ", kEnvVgpuDisable, " of container \"", c.name, "\"");
+      const std::string name = StringMember(e, "name");
+      if (absl::StartsWith(name, kEnvVgpuPrefix) || name == "LD_PRELOAD") {
+        return absl::StrCat("env ", name, " of container \"", c.name, "\"");
       }
     }
   }

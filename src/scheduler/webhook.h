@@ -28,6 +28,8 @@ using nlohmann::json;
 // administrator allows it for pods that share a GPU.
 inline constexpr char kAnnotationVgpuDisable[] = "gpulet.io/vgpu-disable";
 inline constexpr char kEnvVgpuDisable[] = "GPULET_VGPU_DISABLE";
+// The interposer's contract variables (GPULET_VGPU_DISABLE among them), set by the agent.
+inline constexpr char kEnvVgpuPrefix[] = "GPULET_VGPU_";
 inline constexpr char kLabelAllowVgpuDisable[] = "gpulet.io/vgpu-disable-allowed";
 
 struct WebhookOptions {

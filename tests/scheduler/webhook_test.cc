@@ -287,6 +287,23 @@ TEST(WebhookOptOut, FractionalPodsNeedTheNamespaceLabel) {
   EXPECT_TRUE(judge(annotated, "lab")["allowed"].get<bool>());
   EXPECT_TRUE(judge(env, "lab")["allowed"].get<bool>());
   EXPECT_TRUE(judge(whole, "team-a")["allowed"].get<bool>());
+  // The limits themselves, the interposer's GPU and the preload: the pod's env would replace the
+  // agent's (the kubelet appends it), so each is the same opt-out. Other variables are the pod's.
+  for (const char* name :
+       {"GPULET_VGPU_MEMORY_LIMIT", "GPULET_VGPU_CORE_LIMIT", "GPULET_VGPU_UUID", "LD_PRELOAD"}) {
+    json set = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+    set["request"]["object"]["spec"]["containers"][0]["env"] = {
+        {{"name", "HOME"}, {"value", "/root"}}, {{"name", name}, {"value", "0"}}};
+    r = judge(set, "team-a");
+    EXPECT_FALSE(r["allowed"].get<bool>()) << name;
+    EXPECT_THAT(r["status"]["message"].get<std::string>(),
+                HasSubstr(std::string("env ") + name + " of container \"cuda\" would switch off"));
+    EXPECT_TRUE(judge(set, "lab")["allowed"].get<bool>()) << name;
+  }
+  json other = Review({{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}});
+  other["request"]["object"]["spec"]["containers"][0]["env"] = {
+      {{"name", "GPULET_VGPU"}, {"value", "x"}}, {{"name", "PRELOAD"}, {"value", "x"}}};
+  EXPECT_TRUE(judge(other, "team-a")["allowed"].get<bool>());
   fake.stop();
   t.join();
 }
