@@ -27,6 +27,15 @@ check "kubectl apply of vcuda-core 150 fails (rc $rc)" [ "$rc" != 0 ]
 check "... with gpulet's message through the API server ($(head -c 300 <<< "$out"))" \
   bash -c '[[ "$1" == *"admission webhook \"vgpu.gpulet.io\" denied"*"not a multiple of 100"* ]]' _ "$out"
 check "the refused pod does not exist" bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig get pod vgpu-bad >/dev/null 2>&1"
+# The pod's own env comes after the device plugin's: setting a limit would replace it.
+out=$(vpod vgpu-env 30 20 | python3 -c '
+import sys, yaml
+p = yaml.safe_load(sys.stdin)
+p["spec"]["containers"][0]["env"] = [{"name": "GPULET_VGPU_MEMORY_LIMIT", "value": "0"}]
+print(yaml.safe_dump(p))' | kc apply -f - 2>&1); rc=$?
+check "kubectl apply of a vcuda pod setting GPULET_VGPU_MEMORY_LIMIT in its env fails (rc $rc)" [ "$rc" != 0 ]
+check "... with gpulet's message ($(head -c 200 <<< "$out"))" \
+  bash -c '[[ "$1" == *"env GPULET_VGPU_MEMORY_LIMIT of container"*"would switch off the vGPU limits"* ]]' _ "$out"
 
 # kube-scheduler with the shipped configuration: the extender at the gpulet scheduler pod's address
 # (hostNetwork, 127.0.0.1; the Service name is still the TLS server name), this cluster's scheduler
