@@ -4,7 +4,11 @@
 #   OUT/bin     gpulet, the runtime shim and hook, gpulet-kubelet-check, nvml_rss, runc, busybox
 #   OUT/lib     libgpulet-vcuda.so;  OUT/lib/deps  the shared libraries those binaries load, except
 #               the C and C++ runtimes (every host has newer compatible ones)
-#   OUT/tests   the interposer's probe programs, the GPU layer's conformance suite on the real NVML
+#   OUT/tests   the interposer's probe programs, the GPU layer's conformance suite on the real NVML,
+#               and alloc-glibc2.31, a driver-API program built against Debian 11's glibc 2.31
+#               (tests/vgpu/interposer/old_glibc/alloc.c), whose loader and C libraries are in
+#               OUT/lib/glibc-2.31 (an Ubuntu 20.04-era image's userland; skipped when
+#               testing/glibc/get cannot fetch it)
 # The fake libcuda / libnvidia-ml are never copied: on the GPU host the real driver must answer.
 # usage: testing/gpu_check/bundle.sh BUILD_DIR OUT_DIR
 set -euo pipefail
@@ -29,5 +33,16 @@ for b in "${bins[@]}"; do
 done | sort -u | while read -r name path; do
   [[ $name =~ $keep ]] || cp -L "$path" "$OUT/lib/deps/$name"
 done
+src=$(cd "$(dirname "$0")/../.." && pwd)
+if old=$("$src/testing/glibc/get" "$B" 2>/dev/null); then
+  mkdir -p "$OUT/lib/glibc-2.31"
+  for l in ld-linux-x86-64.so.2 libc.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libm.so.6; do
+    cp -L "$old/lib/x86_64-linux-gnu/$l" "$OUT/lib/glibc-2.31/"
+  done
+  cc --sysroot="$old" -B"$old/usr/lib/x86_64-linux-gnu/" -o "$OUT/tests/alloc-glibc2.31" \
+    "$src/tests/vgpu/interposer/old_glibc/alloc.c" -ldl
+else
+  echo "bundle: no glibc 2.31 (testing/glibc/get failed): the old-glibc row will be skipped" >&2
+fi
 strip --strip-unneeded "$OUT"/bin/gpulet* "$OUT"/lib/deps/*.so* 2>/dev/null || true
 du -sh "$OUT" | awk '{ print "bundle: " $1 " in " $2 }'

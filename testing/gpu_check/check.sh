@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # make gpu-check: what gpulet does on a real NVIDIA GPU host, measured against the host's own
 # nvidia-smi, printed as one table (check | result | detail). Rows:
-#   inventory, the host's NVML found under --host-root, labels, CDI spec, agent + kubelet emulator Allocate, exporter values under load,
-#   NVML-only RSS beside the exporter's, interposer memory limit through the driver API (one process
-#   and 8 racing ones, with nvidia-smi's per-process view), PyTorch under a limit, compute share for
-#   large and small kernels, and a container started through gpulet-container-runtime and runc with
+#   inventory, the host's NVML found under --host-root, labels, CDI spec, agent + kubelet emulator
+#   Allocate, exporter values under load, NVML-only RSS beside the exporter's, interposer memory
+#   limit through the driver API (one process and 8 racing ones, with nvidia-smi's per-process
+#   view; one program built against glibc 2.31), PyTorch under a limit, compute share for large and
+#   small kernels, and a container started through gpulet-container-runtime and runc with
 #   nvidia-smi inside (GPU named by a CDI annotation, as the device plugin does).
 # Without a GPU it prints "skipped: no NVIDIA GPU" and exits 0, so CI (no GPU) can call it.
 #
@@ -245,6 +246,24 @@ if [[ -f $VC && -x $PROBE ]]; then
   fill_group 8
   res=PASS; ((smi_total > 1024 || held_total > LIMIT)) && res=FAIL
   row "driver API, 1 GiB, 8 processes" $res "allocations held $((held_total >> 20)) MiB together; nvidia-smi shows $smi_total MiB for them"
+  # The same limit in an Ubuntu 20.04-era userland: a program built against glibc 2.31, run by that
+  # glibc's loader with the host driver's libcuda, the interposer preloaded (it binds only
+  # GLIBC_2.17-era symbols: src/vgpu/interposer/glibc_floor.h).
+  OLD=$B/lib/glibc-2.31
+  if [[ -x $B/tests/alloc-glibc2.31 && -x $OLD/ld-linux-x86-64.so.2 ]]; then
+    drv=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
+    env LD_PRELOAD="$VC" GPULET_VGPU_MEMORY_LIMIT=$LIMIT GPULET_VGPU_ACCOUNTING="$T/acct.old" \
+      GPULET_VGPU_UUID="$UUID" "$OLD/ld-linux-x86-64.so.2" --library-path "$OLD:$(dirname "${drv:-/x}")" \
+      "$B/tests/alloc-glibc2.31" 64 64 3 >"$T/old" 2>&1 &
+    opid=$!; pids+=("$opid")
+    for _ in $(seq 300); do grep -q '^held' "$T/old" && break; sleep 0.1; done
+    sleep 0.5; m=$(smi_pid_mib "$opid"); wait "$opid" 2>/dev/null
+    read -r _ h _ r _ t < <(grep '^held' "$T/old")
+    res=PASS; [[ $r == 2 && $m =~ ^[0-9]+$ ]] && ((m <= 1024)) || res=FAIL
+    row "1 GiB, glibc 2.31 program" $res "held ${h:-?} MiB, then ${r:-no} refusal (2 = out of memory), total shown ${t:-?} MiB; nvidia-smi shows ${m:-?} MiB $(grep -v '^held' "$T/old" | head -c 200 | tr '\n' ' ')"
+  else
+    row "1 GiB, glibc 2.31 program" SKIP "no tests/alloc-glibc2.31 in $B (bundle.sh builds it)"
+  fi
   # Launch-bound work under a 50 % share must not be slowed below its share (issue 24.4).
   "$PROBE" latency 20000 >"$T/lat0" 2>&1
   env LD_PRELOAD="$VC" GPULET_VGPU_CORE_LIMIT=50 GPULET_VGPU_ACCOUNTING="$T/acct.lat" \

@@ -32,12 +32,12 @@ if old=$("$src/testing/glibc/get" "$build" 2>"$build/glibc-get.log"); then
   if cc_old -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$t/libcuda.so.1" "$src/tests/vgpu/interposer/old_glibc/cuda_stub.c" &&
      cc_old -o "$t/alloc" "$src/tests/vgpu/interposer/old_glibc/alloc.c" -ldl; then
     run_old=("$ld" --library-path "$old/lib/x86_64-linux-gnu:$t" "$t/alloc")
-    out=$("${run_old[@]}" 2>&1)
-    check "without the interposer both 48 MiB allocations succeed ($out)" grep -q "first 0 second 0" <<< "$out"
+    out=$("${run_old[@]}" 48 2 2>&1)
+    check "without the interposer both 48 MiB allocations succeed ($out)" grep -qx "held 96 refused - total 81920" <<< "$out"
     out=$(env LD_PRELOAD="$lib" GPULET_VGPU_MEMORY_LIMIT=67108864 GPULET_VGPU_CONTEXT_BYTES=0 \
-          GPULET_VGPU_ACCOUNTING="$t/accounting" "${run_old[@]}" 2>&1)
-    check "with it, under 64 MiB on glibc 2.31: the second is refused, 64 MiB in all ($out)" \
-      grep -q "first 0 second 2 total 64 MiB" <<< "$out"
+          GPULET_VGPU_ACCOUNTING="$t/accounting" "${run_old[@]}" 48 2 2>&1)
+    check "with it, under 64 MiB on glibc 2.31: the second is refused (2, out of memory), 64 MiB in all ($out)" \
+      grep -qx "held 48 refused 2 total 64" <<< "$out"
   else
     echo "FAIL: cannot build the glibc 2.31 programs with cc --sysroot=$old"; fail=1
   fi
