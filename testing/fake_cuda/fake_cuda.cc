@@ -25,8 +25,13 @@
 // getpid() + this, as in a container's pid namespace), FAKE_CUDA_NO_PROCESS_INFO (NVML cannot list
 // processes), FAKE_CUDA_NS_PER_BLOCK (1000), FAKE_CUDA_GRAPH_NS (1000000), FAKE_CUDA_TIMESLICE_NS
 // (2000000), FAKE_CUDA_STATE, FAKE_CUDA_PROC_LOG (append one "symbol:version:flags" line per
-// cuGetProcAddress call), CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes, applied at cuInit
-// like the real driver). Test-only entry points (fakecuda_*) set a virtual clock and read the
+// cuGetProcAddress call), FAKE_CUDA_UUIDS (the devices' UUIDs by physical index, comma-separated,
+// and so their count; default GPU-face0000-0000-0000-0000-<index>: a test gives the fake the GPUs
+// of a simulated machine, whose NVML reports the same UUIDs, as a real driver's CUDA and NVML do),
+// FAKE_CUDA_DEVICE_NODES (a directory: physical device i exists only if <dir>/nvidia<i> does, as
+// the real driver sees only the GPUs whose device nodes a container was given),
+// CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes among those, applied at cuInit like the real
+// driver). Test-only entry points (fakecuda_*) set a virtual clock and read the
 // timeline. Thread-safety: every entry point may be called from any thread (one mutex; it is a
 // fake).
 #include <dlfcn.h>
@@ -234,6 +239,7 @@ struct Driver {
   int foreign_channel[kMaxDevices];  // -1 until a neighbour's work arrives
   int proc_slot[kMaxDevices];        // this process's entry in shared->procs[dev], -1 none
   std::vector<int> visible;          // ordinal -> physical index
+  std::vector<std::string> uuids;    // FAKE_CUDA_UUIDS by physical index (empty: GPU-face...)
   SharedState local{};
   SharedState* shared = &local;
   std::map<uint64_t, Alloc> allocs;  // device pointers, arrays, mipmaps, VMM handles
@@ -249,6 +255,16 @@ struct Driver {
   Driver() {
     physical_count =
         std::clamp<int>(static_cast<int>(EnvU64("FAKE_CUDA_DEVICE_COUNT", 1)), 1, kMaxDevices);
+    if (const char* list = getenv("FAKE_CUDA_UUIDS"); list && *list) {
+      std::string rest = list;
+      for (size_t pos = 0; pos <= rest.size() && uuids.size() < kMaxDevices;) {
+        size_t comma = rest.find(',', pos);
+        uuids.push_back(rest.substr(pos, comma == std::string::npos ? comma : comma - pos));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+      physical_count = static_cast<int>(uuids.size());
+    }
     memory = EnvU64("FAKE_CUDA_DEVICE_MEMORY", memory);
     context_bytes = EnvU64("FAKE_CUDA_CONTEXT_BYTES", 0);
     ns_per_block = EnvU64("FAKE_CUDA_NS_PER_BLOCK", ns_per_block);
@@ -282,23 +298,35 @@ struct Driver {
   }
   static Driver* instance;
 
-  static void Uuid(int physical, char out[16]) {
-    memset(out, 0, 16);
-    out[0] = static_cast<char>(0xfa);
-    out[1] = static_cast<char>(0xce);
-    out[15] = static_cast<char>(physical);
-  }
   static std::string UuidText(int physical) {
+    if (instance && physical >= 0 && physical < static_cast<int>(instance->uuids.size()))
+      return instance->uuids[physical];
     char b[64];
     snprintf(b, sizeof b, "GPU-face0000-0000-0000-0000-%012x", physical);
     return b;
   }
+  static void Uuid(int physical, char out[16]) {
+    memset(out, 0, 16);
+    int n = 0;
+    for (char c : UuidText(physical).substr(4)) {
+      int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (v < 0 || n >= 32) continue;
+      out[n / 2] = static_cast<char>(n % 2 ? out[n / 2] | v : v << 4);
+      ++n;
+    }
+  }
 
   void ApplyVisible() {
     visible.clear();
+    std::vector<int> present;  // what the container's device nodes give it
+    const char* nodes = getenv("FAKE_CUDA_DEVICE_NODES");
+    for (int i = 0; i < physical_count; ++i)
+      if (nodes == nullptr ||
+          access((std::string(nodes) + "/nvidia" + std::to_string(i)).c_str(), F_OK) == 0)
+        present.push_back(i);
     const char* env = getenv("CUDA_VISIBLE_DEVICES");
     if (env == nullptr) {
-      for (int i = 0; i < physical_count; ++i) visible.push_back(i);
+      visible = present;
       return;
     }
     std::string s = env;
@@ -308,11 +336,11 @@ struct Driver {
       std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
       int found = -1;
       if (tok.rfind("GPU-", 0) == 0) {
-        for (int i = 0; i < physical_count; ++i)
+        for (int i : present)
           if (UuidText(i).rfind(tok, 0) == 0) found = i;
       } else if (!tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos) {
-        int i = atoi(tok.c_str());
-        if (i < physical_count) found = i;
+        size_t i = strtoul(tok.c_str(), nullptr, 10);
+        if (i < present.size()) found = present[i];
       }
       if (found < 0 || std::find(visible.begin(), visible.end(), found) != visible.end()) break;
       visible.push_back(found);

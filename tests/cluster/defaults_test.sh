@@ -121,6 +121,8 @@ json.dump(cm, sys.stdout)' | kc replace -f - >/dev/null
 mps_up() { [ "$(allocatable nvidia.com/gpu)" = 16 ]; }
 wait_until 120 mps_up
 check "sharing.mps: nvidia.com/gpu 16 (8 GPUs x 2 replicas; $(allocatable nvidia.com/gpu))" mps_up
+# The overlay rolled the DaemonSet: the log to read is the new pod's, once the old one is gone.
+kc -n "$NS" rollout status ds/gpulet-node --timeout=120s >/dev/null 2>&1
 agent=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')
 kc -n "$NS" logs "$agent" -c agent > "$STATE/agent-mps.log" 2>&1
 mps_up || grep -i mps "$STATE/agent-mps.log" | tail -n 5

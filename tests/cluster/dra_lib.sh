@@ -47,7 +47,7 @@ frac_pod_checks() {
   check "fractional claim: pod Running" running "$1"; show "$1"
   local env; env=$(kc exec "$1" -- sh -c 'echo $GPULET_VGPU_MEMORY_LIMIT $GPULET_VGPU_CORE_LIMIT $LD_PRELOAD $GPULET_VGPU_UUID' 2>&1)
   check "fractional claim: interposer environment 4Gi / 30 % / LD_PRELOAD / its GPU's UUID ($env)" \
-    [[ "$env" =~ ^"4294967296 30 /usr/lib/gpulet/libgpulet-vcuda.so GPU-" ]]
+    bash -c '[[ "$1" == "4294967296 30 /usr/lib/gpulet/libgpulet-vcuda.so GPU-"* ]]' _ "$env"
   check "fractional claim: the accounting file and the interposer (not empty) are mounted" \
     kc exec "$1" -- sh -c 'test -f /var/run/gpulet/vgpu/accounting && test -s /usr/lib/gpulet/libgpulet-vcuda.so'
 }

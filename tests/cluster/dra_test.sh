@@ -22,10 +22,18 @@
 STATE=$build/cluster-test-dra
 . "$(dirname "$0")/leftovers.sh"
 . "$(dirname "$0")/dra_lib.sh"
+# Checks at the end of a pipeline (`... | denied ...`) run in this shell, so their failures count
+# (without it they printed FAIL and the test still passed).
+shopt -s lastpipe
 SIM=$(dirname "$GPULET")/gpulet-sim
 LIB=$(dirname "$GPULET")/../lib/libgpulet-vcuda.so
 PROBE=$build/tests/vcuda_probe
 FAKECUDA=$build/lib/fake_cuda/libcuda.so.1
+# The fake CUDA driver in the probe's pods has the simulated machine's GPUs, by their NVML UUIDs,
+# and sees only those whose device nodes the claim's CDI device gave the container, as the real
+# driver does: the interposer finds its GPU by GPULET_VGPU_UUID among them.
+MACHINE_UUIDS=$("$GPULET" info --simulate dgx-h100 --json | python3 -c 'import json, sys
+print(",".join(g["uuid"] for g in sorted(json.load(sys.stdin)["gpus"], key=lambda g: g["index"])))')
 for f in "$SIM" "$LIB" "$PROBE" "$FAKECUDA"; do [ -e "$f" ] || { echo "FAIL: $f not built"; exit 1; }; done
 if [ -f "$D/admin.kubeconfig" ] && kc get --raw /readyz >/dev/null 2>&1; then
   echo "skipped: a cluster is running in $D (make cluster-down first; this test needs its own)"; exit 77
@@ -114,6 +122,16 @@ denied_by() {
     bash -c '[ "$1" != 0 ] && [[ "$2" == *"ValidatingAdmissionPolicy '"'"'$3'"'"'"*"$4"* ]]' _ "$rc" "$out" "$p" "$msg"
 }
 denied() { denied_by "$OWNP" "$@"; }
+# The agent's claim-status write refused: by POLICY, or before it by the API server's own
+# validation, which (Kubernetes 1.34) refuses a status.devices entry that is not a device of the
+# claim's allocation before any admission policy is consulted; either way the write does not land.
+refused_status() {
+  local p=$1 d=$2; shift 2
+  local out rc; out=$(ka "$@" 2>&1); rc=$?
+  check "refused (by $p or the API server's validation): $d ($(head -c 300 <<< "$out"))" \
+    bash -c '[ "$1" != 0 ] && [[ "$2" == *"ValidatingAdmissionPolicy '"'"'$3'"'"'"* ||
+                               "$2" == *"must be an allocated device in the claim"* ]]' _ "$rc" "$out" "$p"
+}
 # A new policy takes effect once the API server's informer has it: wait for its first refusal.
 foreign_refused() { ! rslice other-node-gpu.gpulet.io other-node other-node gpu.gpulet.io | ka create --dry-run=server -f - >/dev/null 2>&1; }
 check "the policy is in effect (a dry-run slice for other-node refused)" wait_until 30 foreign_refused
@@ -206,18 +224,15 @@ own_ok() {
     ka replace --subresource=status -f - > "$STATE/own-status.out" 2>&1 || { cat "$STATE/own-status.out"; false; }
 }
 check "allowed by $CSP: the agent rewrites its device's condition in a claim allocated on its node" own_ok
-edited "$c1" "c['status']['devices'][0]['pool'] = 'other-node'" | denied_by "$CSP" \
-  "the agent reports a device of other-node's pool" "may report only the claim's devices of its own node" \
-  replace --subresource=status -f -
+edited "$c1" "c['status']['devices'][0]['pool'] = 'other-node'" | refused_status "$CSP" \
+  "the agent reports a device of other-node's pool" replace --subresource=status -f -
 edited "$c1" "c['status']['devices'].append({'driver': 'example.com', 'pool': 'p', 'device': 'd'})" |
-  denied_by "$CSP" "the agent adds another driver's entry" "may not change other drivers' entries" \
-  replace --subresource=status -f -
+  refused_status "$CSP" "the agent adds another driver's entry" replace --subresource=status -f -
 edited "$c1" "c['status']['reservedFor'] = []" | denied_by "$CSP" "the agent clears the claim's reservedFor" \
   "may change only status.devices" replace --subresource=status -f -
 cbig=$(claim_of dra-big)
 edited "$cbig" "c.setdefault('status', {})['devices'] = [{'driver': 'gpu.gpulet.io', 'pool': '$NODE', 'device': 'gpu-0'}]" |
-  denied_by "$CSP" "the agent writes the status of a claim not allocated ($cbig)" \
-  "may write the status only of ResourceClaims allocated to gpu.gpulet.io devices of its own node" \
+  refused_status "$CSP" "the agent writes the status of a claim not allocated ($cbig)" \
   replace --subresource=status -f -
 check "the 1-GPU pod is still Running, its claim still reserved for it" \
   bash -c '[ "$1" = Running ] && [ "$2" = dra-1 ]' _ "$(phase dra-1)" \
@@ -272,7 +287,7 @@ cuda_image() {
     ctr images import --all-platforms "$STATE/cuda.tar" > "$STATE/import.log" 2>&1 || { cat "$STATE/import.log"; false; }
 }
 check "image gpulet.test/cuda-probe:1 (vcuda_probe on the fake CUDA driver) imported" cuda_image
-kc apply -f - >/dev/null <<'YAML'
+kc apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: dra-cuda, namespace: default}
@@ -291,6 +306,8 @@ spec:
     - {name: LD_LIBRARY_PATH, value: /opt/fake-cuda}
     - {name: FAKE_CUDA_DEVICE_MEMORY, value: "85899345920"}
     - {name: FAKE_CUDA_CONTEXT_BYTES, value: "536870912"}
+    - {name: FAKE_CUDA_UUIDS, value: "$MACHINE_UUIDS"}
+    - {name: FAKE_CUDA_DEVICE_NODES, value: /dev}
     resources: {claims: [{name: gpu}]}
 YAML
 wait_until 60 running dra-cuda
@@ -363,7 +380,7 @@ captemplate() {  # captemplate NAME MEMORY CORES
 }
 cudapod() {  # cudapod NAME TEMPLATE: the CUDA probe image with a claim from TEMPLATE
   podc "$1" "resourceClaimTemplateName: $2" | sed 's|image: gpulet.test/busybox:1|image: gpulet.test/cuda-probe:1\
-    env: [{name: LD_LIBRARY_PATH, value: /opt/fake-cuda}, {name: FAKE_CUDA_DEVICE_MEMORY, value: "85899345920"}, {name: FAKE_CUDA_CONTEXT_BYTES, value: "536870912"}]|'
+    env: [{name: LD_LIBRARY_PATH, value: /opt/fake-cuda}, {name: FAKE_CUDA_DEVICE_MEMORY, value: "85899345920"}, {name: FAKE_CUDA_CONTEXT_BYTES, value: "536870912"}, {name: FAKE_CUDA_UUIDS, value: "'"$MACHINE_UUIDS"'"}, {name: FAKE_CUDA_DEVICE_NODES, value: /dev}]|'
 }
 captemplate cap-48 48Gi 25 | kc apply -f - >/dev/null
 captemplate cap-24 24Gi 50 | kc apply -f - >/dev/null

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -459,6 +460,36 @@ TEST_F(E2E, VisibleDevicesReorderAndHide) {
   std::string info = Run({Bin("vcuda_probe"), "info"}, two);
   EXPECT_EQ(Field(info, "meminfo", 1), limit_);
   EXPECT_EQ(Field(info, "nvml", 0), 1024 * kMiB);
+}
+
+// A container that got its GPU through CDI: the CDI spec set NVIDIA_VISIBLE_DEVICES=void, the
+// driver sees only the GPU whose device node the container has (here the third of a machine's
+// four, with the machine's own UUIDs), and the agent named it in GPULET_VGPU_UUID. The limit holds
+// on that GPU, CUDA's ordinal 0; naming a GPU the container does not have limits nothing.
+TEST_F(E2E, CdiContainerTheGrantedGpuByItsOwnUuid) {
+  const std::string nodes = accounting_ + ".dev";
+  std::filesystem::create_directories(nodes);
+  std::ofstream(nodes + "/nvidia2").put('\0');
+  const std::string a = "GPU-6bf20cbf-aee1-fd80-cc0e-b2560aa1134f",
+                    b = "GPU-0d1ba1a1-5c3e-4f6a-8b1e-2f0c9e6d7a10",
+                    c = "GPU-c9662dca-f95e-4782-58b5-b1966bfa79c6",
+                    d = "GPU-9a0b1c2d-3e4f-5a6b-7c8d-9e0f1a2b3c4d";
+  std::map<std::string, std::string> cdi = {{"FAKE_CUDA_UUIDS", a + "," + b + "," + c + "," + d},
+                                            {"FAKE_CUDA_DEVICE_NODES", nodes},
+                                            {"NVIDIA_VISIBLE_DEVICES", "void"},
+                                            {"GPULET_VGPU_UUID", c}};
+  uint64_t chunk = 16 * kMiB;
+  cdi["FAKE_CUDA_STATE"] = state_ + ".cdi";
+  std::string info = Run({Bin("vcuda_probe"), "info"}, cdi);
+  EXPECT_EQ(Field(info, "meminfo", 1), limit_) << info;
+  uint64_t held =
+      Field(Run({Bin("vcuda_probe"), "device", "0", std::to_string(chunk)}, cdi), "held");
+  EXPECT_LE(held, limit_);
+  EXPECT_GT(held + kMiB + chunk, limit_);
+  cdi["GPULET_VGPU_UUID"] = a;  // a GPU of the machine this container was not given
+  cdi["FAKE_CUDA_STATE"] = state_ + ".other";
+  EXPECT_GT(Field(Run({Bin("vcuda_probe"), "device", "0", std::to_string(chunk)}, cdi), "held"),
+            limit_);
 }
 
 // GPULET_VGPU_DISABLE=1 turns the library into a pass-through.
