@@ -69,11 +69,15 @@ absl::Status RunDevicePlugin(
       if (f) f();
     }
   } on_stop{o.on_stop};
+  // Parts started by `with_plugin` share the GPU layer and the plugin: they stop before those go
+  // away, also when a later part failed to start.
   if (with_plugin) {
-    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) return s;
+    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
+      if (before_teardown) before_teardown();
+      return s;
+    }
   }
   int rc = dp.Run();
-  // Parts started by `with_plugin` share the GPU layer: they stop before it goes away.
   if (before_teardown) before_teardown();
   if (rc != 0) return absl::InternalError(absl::StrCat("device plugin stopped with status ", rc));
   return absl::OkStatus();

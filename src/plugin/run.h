@@ -37,7 +37,8 @@ struct RunOptions {
 
 // Runs until SIGINT/SIGTERM/SIGQUIT: OK then. `with_plugin`, when set, runs once the plugin serves
 // (the agent starts its other parts there) and may fail the start; `before_teardown` stops them
-// again before the GPU layer is destroyed. While the driver cannot be opened and
+// again before the plugin and the GPU layer are destroyed, also after `with_plugin` failed (it
+// must then stop what was started). While the driver cannot be opened and
 // config.fail_on_init_error is false, "<who>: <why>" goes to stderr every 5 s.
 // REQUIRES: BlockSignals() was called before any thread was started.
 absl::Status RunDevicePlugin(

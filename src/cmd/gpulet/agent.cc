@@ -59,6 +59,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     std::unique_ptr<node::ReadinessController> readiness;
     std::unique_ptr<runtime::CdiRefresher> cdi;
     std::unique_ptr<dra::Driver> dra_driver;
+    plugin::DevicePlugin* plugin = nullptr;  // for the teardown: no config callbacks after it
     if (!node->name.empty()) {
       // Before the device plugin starts: its vGPU Allocate looks pods up through this client.
       auto cfg = k8s::ResolveConfig(node->kubeconfig);
@@ -70,6 +71,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     int rc = RunDevicePlugin(
         "agent", *flags,
         [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
+          plugin = &dp;
           // Other node parts start here, sharing `gpu`.
           if (client) {  // created before the exporter, which reports its bare-pod count
             node::ValidateOptions vo;
@@ -133,6 +135,8 @@ std::function<int()> SetupAgent(CLI::App& sub) {
           return absl::OkStatus();
         },
         [&] {
+          // A reload (the per-node config watcher still runs) must not reach what goes below.
+          if (plugin) plugin->OnConfigApplied({});
           dra_driver.reset();
           cdi.reset();
           labeler.reset();
