@@ -213,13 +213,17 @@ MpsDaemon::MpsDaemon(MpsShare share, MpsOptions options)
 
 MpsDaemon::~MpsDaemon() { Stop(); }
 
-absl::StatusOr<std::string> MpsDaemon::Command(const std::string& command) const {
-  ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
+std::map<std::string, std::string> MpsDaemon::DaemonEnv() const {
   std::map<std::string, std::string> env = options_.env;
   env["CUDA_MPS_PIPE_DIRECTORY"] = MpsPipeDir(options_.root, share_.resource);
   env["CUDA_MPS_LOG_DIRECTORY"] = MpsLogDir(options_.root, share_.resource);
-  ASSIGN_OR_RETURN(RunResult r,
-                   Run({bin}, env, command + "\n", options_.command_timeout, /*detach=*/false));
+  return env;
+}
+
+absl::StatusOr<std::string> MpsDaemon::Command(const std::string& command) const {
+  ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
+  ASSIGN_OR_RETURN(RunResult r, Run({bin}, DaemonEnv(), command + "\n", options_.command_timeout,
+                                    /*detach=*/false));
   if (r.status != 0)
     return absl::UnavailableError(absl::StrCat("MPS control of ", share_.resource, ": \"", command,
                                                "\" failed (exit ", r.status,
@@ -258,10 +262,7 @@ absl::Status MpsDaemon::Launch() {
   ASSIGN_OR_RETURN(std::string bin, Which(options_.bin_dir, kControl));
   // Clients get <root>/shm as /dev/shm; the daemon must see the same directory there.
   const bool bind = !SameDir(shm, "/dev/shm");
-  std::map<std::string, std::string> env = options_.env;
-  env["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
-  env["CUDA_MPS_LOG_DIRECTORY"] = log;
-  ASSIGN_OR_RETURN(RunResult r, Run({bin, "-d"}, env, "", options_.command_timeout,
+  ASSIGN_OR_RETURN(RunResult r, Run({bin, "-d"}, DaemonEnv(), "", options_.command_timeout,
                                     /*detach=*/true, bind ? shm : ""));
   if (r.bind_errno != 0)
     spdlog::warn(

@@ -105,6 +105,8 @@ class MpsDaemon {
   absl::StatusOr<std::string> Command(const std::string& command) const;
 
  private:
+  // The control programs' environment: the options' plus this daemon's pipe and log directories.
+  std::map<std::string, std::string> DaemonEnv() const;
   absl::Status Launch();  // -d, then the limits
   absl::Status SetLimits();
   absl::Status SetComputeMode(const std::string& mode) const;

@@ -57,6 +57,7 @@ fetch() {  # curl where there is one, else python's urllib
   if command -v curl >/dev/null; then curl -s "$1"
   else "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1"; fi
 }
+host_lib() { ldconfig -p 2>/dev/null | awk -v l="$1" '$1 == l && /x86-64/ { print $NF; exit }'; }  # by soname
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
 
 NAME=$(smi name); UUID=$(smi uuid); MEM=$(smi memory.total); DRV=$(smi driver_version)
@@ -251,7 +252,7 @@ if [[ -f $VC && -x $PROBE ]]; then
   # GLIBC_2.17-era symbols: src/vgpu/interposer/glibc_floor.h).
   OLD=$B/lib/glibc-2.31
   if [[ -x $B/tests/alloc-glibc2.31 && -x $OLD/ld-linux-x86-64.so.2 ]]; then
-    drv=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
+    drv=$(host_lib libcuda.so.1)
     env LD_PRELOAD="$VC" GPULET_VGPU_MEMORY_LIMIT=$LIMIT GPULET_VGPU_ACCOUNTING="$T/acct.old" \
       GPULET_VGPU_UUID="$UUID" "$OLD/ld-linux-x86-64.so.2" --library-path "$OLD:$(dirname "${drv:-/x}")" \
       "$B/tests/alloc-glibc2.31" 64 64 3 >"$T/old" 2>&1 &
@@ -355,7 +356,7 @@ else
   mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/proc" "$r/sys" "$r/dev" "$r/lib64" "$r/lib/x86_64-linux-gnu"
   cp "$BUSYBOX" "$r/bin/busybox"; ln -s busybox "$r/bin/sh"
   for l in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1; do
-    f=$(ldconfig -p 2>/dev/null | awk -v l="$l" '$1 == l && /x86-64/ { print $NF; exit }')
+    f=$(host_lib "$l")
     [[ -n $f ]] && cp -L "$f" "$r/lib/x86_64-linux-gnu/$l"
   done
   cp -L /lib64/ld-linux-x86-64.so.2 "$r/lib64/"

@@ -73,6 +73,13 @@ strategy() {  # strategy FROM TO: edits the shipped ConfigMap's deviceListStrate
   kc -n "$NS" get configmap gpulet-config -o yaml | sed "s/deviceListStrategy: \[$1\]/deviceListStrategy: [$2]/" |
     kc replace -f - >/dev/null
 }
+append_config() {  # append_config YAML: added to the end of the ConfigMap's config.yaml
+  kc -n "$NS" get configmap gpulet-config -o json | python3 -c '
+import json, sys
+cm = json.load(sys.stdin)
+cm["data"]["config.yaml"] += sys.argv[1]
+json.dump(cm, sys.stdout)' "$1" | kc replace -f - >/dev/null
+}
 tainted() { kc get node "$NODE" -o 'jsonpath={.spec.taints[*].key}' | grep -q gpulet.io/gpu-stack-not-ready; }
 strategy "volume-mounts, cdi-cri" "volume-mounts"
 check "deviceListStrategy [volume-mounts] in the ConfigMap" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig -n $NS get configmap gpulet-config -o yaml | grep -qF 'deviceListStrategy: [volume-mounts]'"
@@ -92,11 +99,10 @@ check "the shipped settings again: the node validates and is untainted" untainte
 
 # vGPU turned on as an admin does (gpulet.vgpu.gpus in the ConfigMap): a vcuda pod's granted GPU
 # reaches it the way whole GPUs do here, through CDI in CRI, with the driver's libraries.
-kc -n "$NS" get configmap gpulet-config -o json | python3 -c '
-import json, sys
-cm = json.load(sys.stdin)
-cm["data"]["config.yaml"] += "gpulet:\n  vgpu:\n    gpus: \"4,5,6,7\"\n"
-json.dump(cm, sys.stdout)' | kc replace -f - >/dev/null
+append_config 'gpulet:
+  vgpu:
+    gpus: "4,5,6,7"
+'
 vgpu_up() { [ "$(allocatable nvidia.com/gpu)" = 4 ] && [ "$(allocatable tencent.com/vcuda-core)" = 400 ]; }
 wait_until 120 vgpu_up
 check "GPUs 4-7 as vGPU after the ConfigMap edit (nvidia.com/gpu $(allocatable nvidia.com/gpu), vcuda-core $(allocatable tencent.com/vcuda-core))" vgpu_up
@@ -113,11 +119,12 @@ clean_pods vgpu-a
 cp "$build/testing/gpulet-fake-mps-control" "$D/fixed/run/nvidia/driver/usr/bin/nvidia-cuda-mps-control"
 OVERLAY=$src/tests/cluster/deploy/defaults-mps
 check "kubectl apply -k tests/cluster/deploy/defaults-mps" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig apply -k $OVERLAY > $STATE/apply-mps.log 2>&1"
-kc -n "$NS" get configmap gpulet-config -o json | python3 -c '
-import json, sys
-cm = json.load(sys.stdin)
-cm["data"]["config.yaml"] += "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
-json.dump(cm, sys.stdout)' | kc replace -f - >/dev/null
+append_config 'sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 2
+'
 mps_up() { [ "$(allocatable nvidia.com/gpu)" = 16 ]; }
 wait_until 120 mps_up
 check "sharing.mps: nvidia.com/gpu 16 (8 GPUs x 2 replicas; $(allocatable nvidia.com/gpu))" mps_up

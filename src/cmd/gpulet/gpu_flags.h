@@ -75,15 +75,19 @@ inline void AddGpuFlags(CLI::App& sub, gpu::GpuOptions& opts) {
   });
 }
 
+// Whether this process reads the host's driver under `host_root` (a container with the host
+// mounted, not simulating): where NVML and the driver's programs are looked for.
+inline bool ReadsHostDriver(const gpu::GpuOptions& o, const std::string& host_root) {
+  return o.simulate.empty() && !host_root.empty() && host_root != "/";
+}
+
 // Commands that read the host under --host-root run in the node DaemonSet's containers, started
 // by the engine's default runtime (runc), which injects no driver, from an image that has none.
 // Unless --nvml-library names a library, they load the host's NVML (runtime::FindNvmlLibrary:
 // the host's driver, else a driver container's root). Found nowhere: the name stays, and loading
 // it fails naming the library.
 inline void UseHostNvml(gpu::GpuOptions& o, const std::string& host_root) {
-  if (!o.simulate.empty() || host_root.empty() || host_root == "/" ||
-      o.nvml_library != gpu::GpuOptions().nvml_library)
-    return;
+  if (!ReadsHostDriver(o, host_root) || o.nvml_library != gpu::GpuOptions().nvml_library) return;
   absl::StatusOr<std::string> lib = runtime::FindNvmlLibrary(host_root);
   if (lib.ok()) {
     spdlog::info("NVML: the host's {}", *lib);

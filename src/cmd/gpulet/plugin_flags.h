@@ -141,7 +141,7 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
 // gpulet.mps.binDir, when set, still wins.
 inline void UseHostDriverPrograms(PluginFlags& f, const std::string& host_root,
                                   const std::string& dir = "/tmp/gpulet-driver-programs") {
-  if (!f.gpu.simulate.empty() || host_root.empty() || host_root == "/") return;
+  if (!ReadsHostDriver(f.gpu, host_root)) return;
   absl::StatusOr<runtime::DriverTools> t = runtime::LinkDriverTools(host_root, dir);
   if (!t.ok()) {
     spdlog::info("{}; sharing.mps looks for them on $PATH", std::string(t.status().message()));

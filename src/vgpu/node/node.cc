@@ -594,7 +594,8 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   if (options_.deliver) options_.deliver(g.gpus, &r);
   auto& env = *r.mutable_envs();
   // The GPU by UUID whatever the delivery put here, for a runtime that reads it (the shim).
-  env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(g.gpus, ",");
+  const std::string uuids = absl::StrJoin(g.gpus, ",");
+  env["NVIDIA_VISIBLE_DEVICES"] = uuids;
   // Only when the pod is known: a grant made without an API server learns it later from
   // PodResources, and "//c" would name nothing.
   if (!g.pod.empty())
@@ -603,7 +604,7 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
   // The interposer's own name for its GPU: a CDI spec sets NVIDIA_VISIBLE_DEVICES to "void" in
   // the container, so the UUID above does not reach it where GPUs come through CDI.
-  env["GPULET_VGPU_UUID"] = absl::StrJoin(g.gpus, ",");
+  env["GPULET_VGPU_UUID"] = uuids;
   env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(MemoryUnitsToBytes(g.memory_units));
   env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
   env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
