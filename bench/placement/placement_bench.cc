@@ -1,8 +1,8 @@
 // One placement decision (Schedule() over the whole cluster) on the openb cluster: 1213 nodes,
 // 6212 GPUs, loaded to a realistic mid-run state.
 //
-// Method: load the openb node and pod lists (GPULET_OPENB_DIR, default ../shared/data/openb next
-// to the source tree; if absent, the 1/10 sample in tests/placement/data with its nodes repeated
+// Method: load the openb node and pod lists (GPULET_OPENB_DIR, default data/openb of the source
+// tree; if absent, the 1/10 sample in tests/placement/data with its nodes repeated
 // 10x), replay the seed-42 arrival stream with FGD until `state`% of the GPU capacity has been
 // asked, then time Schedule() for the next 256 tasks of the stream in turn (scoring only; the
 // cluster is not changed). Reported time is per decision.
@@ -28,7 +28,7 @@ const Fixture& Data() {
   static const Fixture f = [] {
     Fixture f;
     const char* env = std::getenv("GPULET_OPENB_DIR");
-    const std::string dir = env ? env : std::string(GPULET_SOURCE_DIR) + "/../shared/data/openb";
+    const std::string dir = env ? env : std::string(GPULET_SOURCE_DIR) + "/data/openb";
     auto c = pl::LoadOpenbNodes(dir + "/openb_node_list_gpu_node.csv");
     auto t = pl::LoadOpenbPods(dir + "/openb_pod_list_default.csv");
     if (c.ok() && t.ok()) {

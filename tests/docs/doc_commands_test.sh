@@ -4,7 +4,7 @@
 #   <!-- tour -->            every command in it must exit 0
 #   <!-- tour exit=N -->     its last command must exit N, the others 0
 # Each block runs in a fresh temporary directory laid out like the source tree (build/, examples/
-# and ../shared linked in), with /tmp/ in the commands pointing into that directory, so a test run
+# and data/ linked in), with /tmp/ in the commands pointing into that directory, so a test run
 # touches nothing outside it. Background jobs a block leaves running are killed.
 # usage: doc_commands_test.sh SOURCE_DIR BUILD_DIR [FILE...]
 set -u
@@ -36,7 +36,7 @@ for f in "${files[@]}"; do
     mkdir -p "$work/repo" "$work/tmp"
     ln -s "$build" "$work/repo/build"
     ln -s "$src/examples" "$work/repo/examples"
-    [ -e "$src/../shared" ] && ln -s "$src/../shared" "$work/shared"
+    ln -s "$src/data" "$work/repo/data"
     script=${block//\/tmp\//$work/tmp/}
     # Each command's status is checked (ERR trap); the last one's is compared with exit=N.
     {

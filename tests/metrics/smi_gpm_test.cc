@@ -180,9 +180,9 @@ TEST_F(SmiGpmFakeNvml, HopperNodeServesProfilingAndTheSmiSet) {
   EXPECT_EQ(testing_metrics::ReadShapes(t)["DCGM_FI_PROF_SM_ACTIVE"].samples, 8);
   std::set<std::string> ours = Families(t, "nvidia_smi_");
   EXPECT_GE(ours.size(), 100u);
-  std::string ref =
-      testing_metrics::ReadFileOrEmpty("/work/shared/reference/samples/nvgpu_h100.prom");
-  if (ref.empty()) return;
+  const std::string path = std::string(GPULET_SOURCE_DIR) + "/tests/metrics/data/nvgpu_h100.prom";
+  std::string ref = testing_metrics::ReadFileOrEmpty(path);
+  ASSERT_FALSE(ref.empty()) << "the reference fixture is part of the tree: " << path;
   // Every fixture family we serve keeps its type; the ones we lack are those NVML (or the fake)
   // does not answer, listed here so that a regression shows up as a new name.
   const std::set<std::string> not_served = {
