@@ -156,6 +156,9 @@ using cuMemAllocFromPoolAsync_t = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPoo
 using cuMemCreate_t = CUresult (*)(CUmemGenericAllocationHandle*, size_t,
                                    const CUmemAllocationProp*, unsigned long long);
 using cuMemRelease_t = CUresult (*)(CUmemGenericAllocationHandle);
+using cuMemMap_t = CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                unsigned long long);
+using cuMemUnmap_t = CUresult (*)(CUdeviceptr, size_t);
 using cuArrayCreate_t = CUresult (*)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 using cuArray3DCreate_t = CUresult (*)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
 using cuArrayCreate_v1_t = CUresult (*)(CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*);
@@ -183,6 +186,9 @@ using cuLaunchCooperativeKernel_t = CUresult (*)(CUfunction, unsigned, unsigned,
                                                  unsigned, unsigned, unsigned, CUstream, void**);
 using cuLaunchKernelEx_t = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using cuGraphLaunch_t = CUresult (*)(CUgraphExec, CUstream);
+using cuLaunch_t = CUresult (*)(CUfunction);
+using cuLaunchGrid_t = CUresult (*)(CUfunction, int, int);
+using cuLaunchGridAsync_t = CUresult (*)(CUfunction, int, int, CUstream);
 // Helpers the core calls on the real driver (never hooked).
 using cuDeviceGetCount_t = CUresult (*)(int*);
 using cuDeviceGet_t = CUresult (*)(CUdevice*, int);

@@ -31,9 +31,10 @@
 // FAKE_CUDA_DEVICE_NODES (a directory: physical device i exists only if <dir>/nvidia<i> does, as
 // the real driver sees only the GPUs whose device nodes a container was given),
 // CUDA_VISIBLE_DEVICES (indexes or GPU-UUID prefixes among those, applied at cuInit like the real
-// driver). Test-only entry points (fakecuda_*) set a virtual clock and read the
-// timeline. Thread-safety: every entry point may be called from any thread (one mutex; it is a
-// fake).
+// driver). VMM memory (cuMemCreate) stays allocated while mapped (cuMemMap), released or not, and
+// is freed when both released and unmapped, as the real driver does. Test-only entry points
+// (fakecuda_*) set a virtual clock and read the timeline. Thread-safety: every entry point may be
+// called from any thread (one mutex; it is a fake).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -243,6 +244,12 @@ struct Driver {
   SharedState local{};
   SharedState* shared = &local;
   std::map<uint64_t, Alloc> allocs;  // device pointers, arrays, mipmaps, VMM handles
+  // VMM: live mappings per physical handle, and the handles released while still mapped (their
+  // memory stays on the device until the last mapping goes, as with the real driver).
+  std::map<uint64_t, int> vmm_maps;
+  std::map<uint64_t, bool> vmm_released;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;  // address -> (size, handle)
+  uint64_t next_va = 0x600000000000ull;                        // cuMemAddressReserve
   uint64_t next_ptr = 0x7f0000000000ull;
   uint64_t next_ptr32 = 0x10000000ull;  // the 32-bit (v1) entry points get addresses below 4 GiB
   std::map<int, int> primary_refs;      // physical device -> retain count
@@ -890,7 +897,43 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes, const CUmemA
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   LOCK;
+  // Still mapped: the memory stays allocated until the last cuMemUnmap (the driver's rule).
+  if (auto it = D().vmm_maps.find(h); it != D().vmm_maps.end() && it->second > 0) {
+    D().vmm_released[h] = true;
+    return CUDA_SUCCESS;
+  }
   D().Free(h);  // host handles are unknown here and release fine
+  return CUDA_SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t, CUdeviceptr, unsigned long long) {
+  LOCK;
+  if (!p || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  *p = D().next_va;
+  D().next_va += (size + 0xfffff) & ~0xfffffull;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemAddressFree(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                  unsigned long long) {
+  LOCK;
+  if (p == 0 || size == 0 || offset != 0 || D().mappings.count(p)) return CUDA_ERROR_INVALID_VALUE;
+  D().mappings[p] = {size, h};
+  ++D().vmm_maps[h];
+  return CUDA_SUCCESS;
+}
+// Unmaps every mapping that starts in [p, p + size); a handle both released and no longer mapped
+// anywhere is freed.
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+  LOCK;
+  auto it = D().mappings.lower_bound(p);
+  if (it == D().mappings.end() || it->first != p) return CUDA_ERROR_INVALID_VALUE;
+  while (it != D().mappings.end() && it->first < p + size) {
+    uint64_t h = it->second.second;
+    it = D().mappings.erase(it);
+    if (--D().vmm_maps[h] > 0) continue;
+    D().vmm_maps.erase(h);
+    if (D().vmm_released.erase(h)) D().Free(h);
+  }
   return CUDA_SUCCESS;
 }
 CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
@@ -1062,6 +1105,23 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, 
                                         CUstream s, void** p) {
   return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
+// The legacy launches (block shape set beforehand with cuFuncSetBlockShape; grid blocks as given).
+CUresult cuFuncSetBlockShape(CUfunction f, int, int, int) {
+  return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuLaunch(CUfunction f) {
+  return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+}
+CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+  if (w <= 0 || h <= 0) return CUDA_ERROR_INVALID_VALUE;
+  return cuLaunchKernel(f, static_cast<unsigned>(w), static_cast<unsigned>(h), 1, 1, 1, 1, 0,
+                        nullptr, nullptr, nullptr);
+}
+CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+  if (w <= 0 || h <= 0) return CUDA_ERROR_INVALID_VALUE;
+  return cuLaunchKernel(f, static_cast<unsigned>(w), static_cast<unsigned>(h), 1, 1, 1, 1, 0, s,
+                        nullptr, nullptr);
+}
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** p, void** e) {
   if (!c) return CUDA_ERROR_INVALID_VALUE;
   return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
@@ -1133,6 +1193,10 @@ static const Entry kEntries[] = {
     E(cuMemFreeAsync_ptsz),
     E(cuMemCreate),
     E(cuMemRelease),
+    E(cuMemAddressReserve),
+    E(cuMemAddressFree),
+    E(cuMemMap),
+    E(cuMemUnmap),
     E(cuArrayCreate),
     E(cuArrayCreate_v2),
     E(cuArray3DCreate),
@@ -1160,6 +1224,10 @@ static const Entry kEntries[] = {
     E(cuLaunchKernel_ptsz),
     E(cuLaunchCooperativeKernel),
     E(cuLaunchCooperativeKernel_ptsz),
+    E(cuFuncSetBlockShape),
+    E(cuLaunch),
+    E(cuLaunchGrid),
+    E(cuLaunchGridAsync),
     E(cuLaunchKernelEx),
     E(cuLaunchKernelEx_ptsz),
     E(cuGraphCreate),
