@@ -15,8 +15,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -98,7 +101,14 @@ void AddressOf(int fd, bool peer, std::string& ip, int& port) {
 // cpp-httplib's own request processing over a Stream that reads from that buffer.
 class GuardedServer final : public httplib::Server {
  public:
-  explicit GuardedServer(const ServerOptions& o) : opt_(o) {
+  // The liveness probe's answer: status and body, computed on the poller thread (it must be cheap
+  // and never block). Null: /health goes to the workers like any other path.
+  using Probe = std::function<std::pair<int, std::string>()>;
+  // Response bytes held for clients that do not read, all connections together (a /metrics
+  // response of a large node is a few hundred KiB; 32 such clients hold ~8 MiB).
+  static constexpr size_t kMaxHeldResponseBytes = 16 << 20;
+
+  GuardedServer(const ServerOptions& o, Probe probe) : opt_(o), probe_(std::move(probe)) {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     // The accept loop's own pool only parks sockets.
     new_task_queue = [] { return new httplib::ThreadPool(1); };
@@ -161,11 +171,18 @@ class GuardedServer final : public httplib::Server {
  private:
   struct Conn {
     int fd = -1;
-    std::string buf;  // bytes received and not yet consumed, from `off`
+    std::string peer;  // the client's IP address (max_connections_per_peer)
+    std::string buf;   // bytes received and not yet consumed, from `off`
     size_t off = 0;
     Clk::time_point since;       // parked at (idle timeout)
     Clk::time_point first_byte;  // of the pending request head (head deadline)
     size_t requests = 0;         // served on this connection
+    // Response bytes the socket did not take at once, sent by the poller from `out_off` as the
+    // client reads; counted in held_. Nothing more is read from the connection meanwhile.
+    std::string out;
+    size_t out_off = 0;
+    Clk::time_point write_since;  // `out` started (write deadline)
+    bool close_after = false;     // close once `out` is sent
   };
   static constexpr size_t kMaxRequestsPerConnection = 1000;
 
@@ -173,15 +190,13 @@ class GuardedServer final : public httplib::Server {
   // never read: it is refused before routing), writes go out within the response deadline.
   class ConnStream final : public httplib::Stream {
    public:
-    ConnStream(Conn& c, const ServerOptions& o)
-        : c_(c),
-          o_(o),
-          read_deadline_(Clk::now() + o.head_deadline),
-          write_deadline_(Clk::now() + o.write_deadline) {}
+    ConnStream(Conn& c, const ServerOptions& o, std::atomic<size_t>& held)
+        : c_(c), o_(o), held_(held), read_deadline_(Clk::now() + o.head_deadline) {}
     bool is_readable() const override {
       return c_.off < c_.buf.size() || WaitFd(c_.fd, POLLIN, read_deadline_);
     }
-    bool is_writable() const override { return WaitFd(c_.fd, POLLOUT, write_deadline_); }
+    // Always: what the socket does not take is held for the poller (write()).
+    bool is_writable() const override { return c_.fd >= 0; }
     ssize_t read(char* ptr, size_t size) override {
       if (c_.off >= c_.buf.size()) {
         // Past the buffered head: bounded by the same size and deadline as a head.
@@ -200,17 +215,31 @@ class GuardedServer final : public httplib::Server {
       c_.off += k;
       return static_cast<ssize_t>(k);
     }
+    // Sends what the socket takes now; the rest (and everything after it, to keep the order) is
+    // held in the connection for the poller, so a client that does not read never holds this
+    // worker. Fails when the held bytes of all connections would pass their cap.
     ssize_t write(const char* ptr, size_t size) override {
       size_t done = 0;
-      while (done < size) {
+      while (c_.out.empty() && done < size) {
         ssize_t n = send(c_.fd, ptr + done, size - done, MSG_NOSIGNAL);
         if (n > 0) {
           done += static_cast<size_t>(n);
-        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-          return -1;
-        } else if (!WaitFd(c_.fd, POLLOUT, write_deadline_)) {
+        } else if (n < 0 && errno == EINTR) {
+          continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          break;
+        } else {
           return -1;
         }
+      }
+      size_t rest = size - done;
+      if (rest > 0) {
+        if (held_.fetch_add(rest) + rest > kMaxHeldResponseBytes) {
+          held_.fetch_sub(rest);
+          return -1;
+        }
+        if (c_.out.empty()) c_.write_since = Clk::now();
+        c_.out.append(ptr + done, rest);
       }
       return static_cast<ssize_t>(size);
     }
@@ -225,7 +254,8 @@ class GuardedServer final : public httplib::Server {
    private:
     Conn& c_;
     const ServerOptions& o_;
-    Clk::time_point read_deadline_, write_deadline_;
+    std::atomic<size_t>& held_;
+    Clk::time_point read_deadline_;
     size_t socket_bytes_ = 0;
   };
 
@@ -236,6 +266,8 @@ class GuardedServer final : public httplib::Server {
     setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
     auto c = std::make_unique<Conn>();
     c->fd = sock;
+    int port = 0;
+    AddressOf(sock, true, c->peer, port);
     Park(std::move(c));
     return true;
   }
@@ -264,6 +296,67 @@ class GuardedServer final : public httplib::Server {
       close(c.fd);
     }
     c.fd = -1;
+    held_ -= c.out.size();
+    c.out.clear();
+  }
+
+  // Sends held response bytes; false on a dead connection. When all are sent, `out` is empty.
+  bool Flush(Conn& c) {
+    while (c.out_off < c.out.size()) {
+      ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_off += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      }
+    }
+    held_ -= c.out.size();
+    c.out.clear();
+    c.out_off = 0;
+    return true;
+  }
+
+  // Whether the complete head at `off` is GET or HEAD of /health (with or without a query).
+  bool IsProbe(const Conn& c, bool* head) const {
+    if (!probe_) return false;
+    std::string_view line(c.buf.data() + c.off, c.buf.size() - c.off);
+    line = line.substr(0, line.find("\r\n"));
+    for (std::string_view m : {"GET /health", "HEAD /health"}) {
+      if (line.substr(0, m.size()) != m || line.size() == m.size()) continue;
+      char next = line[m.size()];
+      if (next != ' ' && next != '?') continue;
+      *head = m[0] == 'H';
+      return true;
+    }
+    return false;
+  }
+
+  // A complete request head: the liveness probe is answered here, on the poller, with
+  // `Connection: close`; everything else goes to the workers. Leaves `c` null when it is gone.
+  void Route(std::unique_ptr<Conn>& c) {
+    bool head = false;
+    if (!IsProbe(*c, &head)) {
+      Dispatch(std::move(c));
+      return;
+    }
+    c->off = c->buf.find("\r\n\r\n", c->off) + 4;
+    auto [status, body] = probe_();
+    std::string r =
+        absl::StrCat("HTTP/1.1 ", status, status == 200 ? " OK" : " Service Unavailable",
+                     "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ", body.size(),
+                     "\r\nConnection: close\r\n\r\n");
+    if (!head) r += body;
+    held_ += r.size();
+    c->out = std::move(r);
+    c->out_off = 0;
+    c->write_since = Clk::now();
+    c->close_after = true;
+    if (!Flush(*c) || c->out.empty()) {
+      Close(*c);
+      c = nullptr;
+    }
   }
 
   void Wake() {
@@ -300,6 +393,7 @@ class GuardedServer final : public httplib::Server {
   void Poll() {
     std::vector<std::unique_ptr<Conn>> parked;
     std::vector<pollfd> fds;
+    std::unordered_map<std::string, int> per_peer;
     for (;;) {
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -308,29 +402,42 @@ class GuardedServer final : public httplib::Server {
         incoming_.clear();
       }
       Clk::time_point now = Clk::now();
-      // Pipelined requests already buffered go straight back to the workers.
+      // Pipelined requests already buffered go straight on (once the previous response is out).
       for (auto& c : parked)
-        if (HeadComplete(*c)) Dispatch(std::move(c));
+        if (c->out.empty() && HeadComplete(*c)) Route(c);
       std::erase(parked, nullptr);
-      // Deadlines: a started head must complete in time, an idle connection closes.
+      // Deadlines: held bytes must be read in time, a started head must complete in time, an idle
+      // connection closes.
       for (auto& c : parked) {
         bool started = c->off < c->buf.size();
-        if (now >= (started ? c->first_byte + opt_.head_deadline : c->since + opt_.idle_timeout)) {
+        Clk::time_point due = !c->out.empty() ? c->write_since + opt_.write_deadline
+                              : started       ? c->first_byte + opt_.head_deadline
+                                              : c->since + opt_.idle_timeout;
+        if (now >= due) {
           Close(*c);
           c = nullptr;
         }
       }
       std::erase(parked, nullptr);
-      // Too many waiting: the oldest go first (a flood of idle connections must not starve the
-      // kubelet's probe, which always arrives on a new connection).
+      // Too many waiting, from one address or in all: the oldest go first (a flood of idle
+      // connections must not starve the kubelet's probe, which always arrives on a new connection,
+      // possibly from the attacker's address: a host-network pod shares the node's).
+      std::sort(parked.begin(), parked.end(),
+                [](const auto& a, const auto& b) { return a->since > b->since; });
+      per_peer.clear();
+      for (auto& c : parked) {
+        if (++per_peer[c->peer] > std::max(1, opt_.max_connections_per_peer)) {
+          Close(*c);
+          c = nullptr;
+        }
+      }
+      std::erase(parked, nullptr);
       if (parked.size() > static_cast<size_t>(std::max(1, opt_.max_connections))) {
-        std::sort(parked.begin(), parked.end(),
-                  [](const auto& a, const auto& b) { return a->since > b->since; });
         for (size_t i = opt_.max_connections; i < parked.size(); ++i) Close(*parked[i]);
         parked.resize(opt_.max_connections);
       }
       fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
-      for (auto& c : parked) fds.push_back({c->fd, POLLIN, 0});
+      for (auto& c : parked) fds.push_back({c->fd, c->out.empty() ? POLLIN : POLLOUT, 0});
       int r = poll(fds.data(), fds.size(), 100);
       if (r <= 0) continue;
       if (fds[0].revents) {
@@ -340,11 +447,18 @@ class GuardedServer final : public httplib::Server {
       for (size_t i = 1; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
         auto& c = parked[i - 1];
-        if (!ReadHead(*c)) {
+        if (!c->out.empty()) {
+          if (!Flush(*c) || (c->out.empty() && c->close_after)) {
+            Close(*c);
+            c = nullptr;
+          } else if (c->out.empty() && HeadComplete(*c)) {
+            Route(c);
+          }
+        } else if (!ReadHead(*c)) {
           Close(*c);
           c = nullptr;
         } else if (HeadComplete(*c)) {
-          Dispatch(std::move(c));
+          Route(c);
         }
       }
       std::erase(parked, nullptr);
@@ -373,15 +487,17 @@ class GuardedServer final : public httplib::Server {
       t_close_after = false;
       bool closed = false, ok = false;
       {
-        ConnStream strm(*c, opt_);
+        ConnStream strm(*c, opt_, held_);
         bool last = ++c->requests >= kMaxRequestsPerConnection;
         ok = process_request(strm, last, closed, nullptr);
         closed = closed || last;
       }
-      if (!ok || closed || t_close_after) {
+      if (!ok || ((closed || t_close_after) && c->out.empty())) {
         Close(*c);
         continue;
       }
+      // The rest of the response goes out from the poller; then the connection closes, or reads on.
+      c->close_after = closed || t_close_after;
       c->buf.erase(0, c->off);
       c->off = 0;
       Park(std::move(c));
@@ -389,6 +505,8 @@ class GuardedServer final : public httplib::Server {
   }
 
   const ServerOptions opt_;
+  const Probe probe_;
+  std::atomic<size_t> held_{0};  // bytes in every connection's `out`
   int wake_fd_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -448,9 +566,10 @@ std::string Tail(Format format, double last_scrape_seconds) {
   return out;
 }
 
-std::unique_ptr<GuardedServer> NewServer(ServerOptions o, int threads) {
+std::unique_ptr<GuardedServer> NewServer(ServerOptions o, int threads,
+                                         GuardedServer::Probe probe = nullptr) {
   o.threads = threads;
-  auto s = std::make_unique<GuardedServer>(o);
+  auto s = std::make_unique<GuardedServer>(o, std::move(probe));
   // httplib's default also sets SO_REUSEPORT, which lets a second exporter bind the same port and
   // silently take half the scrapes; keep only SO_REUSEADDR so a busy port is an error.
   s->set_socket_options([](socket_t sock) {
@@ -493,8 +612,23 @@ MetricsServer::MetricsServer(Sampler* sampler, ServerOptions options)
 
 MetricsServer::~MetricsServer() { Stop(); }
 
+// /health, answered on the poller thread (GuardedServer::Probe): a snapshot pointer and a few
+// fields, no lock held, no I/O.
+std::pair<int, std::string> MetricsServer::Health() const {
+  std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
+  // Unhealthy only when sampling itself is stuck; a missing NVML or kubelet is reported by the
+  // *_up gauges, and restarting the exporter would not bring them back.
+  // On the sampler's clock: `taken` is a time point of that clock, not of the steady clock.
+  auto age = sampler_->clock()->Now() - snap->taken;
+  auto limit = 3 * sampler_->options().interval + std::chrono::seconds(30);
+  bool ok = snap->self.cycles > 0 && age < limit;
+  return {ok ? 200 : 503,
+          absl::StrCat(ok ? "ok" : "sampling stalled", "\nnvml_up ", snap->self.nvml_up,
+                       "\nkubelet_up ", snap->self.kubelet_up, "\n")};
+}
+
 absl::Status MetricsServer::Start() {
-  http_ = NewServer(options_, options_.threads);
+  http_ = NewServer(options_, options_.threads, [this] { return Health(); });
   http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     Clk::time_point start = Clk::now();
     std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
@@ -520,19 +654,6 @@ absl::Status MetricsServer::Start() {
     }
     ServeSnapshot(res, std::move(body), std::move(tail),
                   om ? kOpenMetricsContentType : kTextContentType, &last_scrape_seconds_, start);
-  });
-  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
-    // Unhealthy only when sampling itself is stuck; a missing NVML or kubelet is reported by the
-    // *_up gauges, and restarting the exporter would not bring them back.
-    // On the sampler's clock: `taken` is a time point of that clock, not of the steady clock.
-    auto age = sampler_->clock()->Now() - snap->taken;
-    auto limit = 3 * sampler_->options().interval + std::chrono::seconds(30);
-    bool ok = snap->self.cycles > 0 && age < limit;
-    res.status = ok ? 200 : 503;
-    res.set_content(absl::StrCat(ok ? "ok" : "sampling stalled", "\nnvml_up ", snap->self.nvml_up,
-                                 "\nkubelet_up ", snap->self.kubelet_up, "\n"),
-                    "text/plain; charset=utf-8");
   });
   http_->Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("gpulet exporter: /metrics /health\n", "text/plain; charset=utf-8");

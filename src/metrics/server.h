@@ -15,9 +15,17 @@
 //  - methods other than GET/HEAD get 405 and any request body (Content-Length > 0, or
 //    Transfer-Encoding) gets 413, both before a byte of the body is read, then the connection is
 //    closed;
-//  - a response must be written within `write_deadline`; at most `max_connections` are open per
-//    listener (beyond that the oldest waiting connections are closed).
-// Memory is therefore bounded by about max_connections x max_request_head_bytes.
+//  - no worker ever waits on a client that does not read: a response the socket cannot take at
+//    once is handed to the poller, which sends the rest as the client reads (and reads nothing
+//    more from it meanwhile), within `write_deadline`; responses held that way are at most
+//    kMaxHeldResponseBytes in all (past that the connection is closed);
+//  - GET/HEAD /health is answered by the poller itself, never queued behind the scrape workers, so
+//    clients that keep every worker busy cannot fail the kubelet's liveness probe (the agent is
+//    also the device plugin: a failed probe restarts it);
+//  - at most `max_connections` are open per listener, and `max_connections_per_peer` from one
+//    address (beyond either, the oldest waiting connections are closed, so a new probe gets in).
+// Memory is therefore bounded by about max_connections x max_request_head_bytes plus the held
+// responses' cap.
 //
 // Thread-safe. Owns its listener threads; the sampler must outlive it.
 #pragma once
@@ -47,6 +55,7 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{5000};     // keep-alive connection without a request
   std::chrono::milliseconds write_deadline{10000};  // one whole response
   int max_connections = 128;                        // open connections per listener
+  int max_connections_per_peer = 16;                // of those, from one IP address
 };
 
 // "host:port", ":port" or "[v6]:port" -> (host, port). InvalidArgument naming the flag value.
@@ -65,6 +74,7 @@ class MetricsServer {
   int gpu_manager_port() const { return gpu_manager_port_; }
 
  private:
+  std::pair<int, std::string> Health() const;  // /health's status and body
   Sampler* sampler_;
   ServerOptions options_;
   std::unique_ptr<GuardedServer> http_, gpu_manager_http_;

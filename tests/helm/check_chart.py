@@ -166,7 +166,15 @@ def matrix():
          ["gpulet"]["vgpu"]["gpus"] == "4,5" and "--policy=spread" in
          container(find(o, "Deployment", "gpulet-scheduler"), "scheduler")["args"] else "vgpu.gpus/policy"),
         ("exporter off", ["exporter.enabled=false"],
-         lambda o: None if not find(o, "Service", "gpulet-metrics") else "metrics Service remains"),
+         lambda o: None if not find(o, "Service", "gpulet-metrics")
+         and not find(o, "NetworkPolicy", "gpulet-metrics") else "metrics Service or policy remains"),
+        ("exporter policy by default", [],
+         lambda o: None if (find(o, "NetworkPolicy", "gpulet-metrics") or {}).get("spec", {}).get("ingress")
+         == [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+              "ports": [{"port": "metrics", "protocol": "TCP"}]}] else "no NetworkPolicy for :9400 by default"),
+        ("exporter policy off", ["exporter.networkPolicy.enabled=false"],
+         lambda o: None if not find(o, "NetworkPolicy", "gpulet-metrics") else "policy remains"),
         ("monitoring", ["exporter.serviceMonitor.enabled=true", "exporter.prometheusRule.enabled=true",
                         "exporter.serviceMonitor.interval=30s",
                         "exporter.serviceMonitor.additionalLabels.release=prom"],

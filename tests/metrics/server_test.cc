@@ -4,6 +4,7 @@
 // nothing to report ends its response.
 #include "metrics/server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -241,6 +242,114 @@ TEST_F(HttpAbuseTest, ConnectionFloodKeepsNewestServed) {
   char b;
   EXPECT_EQ(recv(fds.front(), &b, 1, 0), 0) << "the oldest idle connection was not closed";
   for (int fd : fds) close(fd);
+}
+
+// Clients that pipeline /metrics (more responses than the kernel's send buffer holds) and never
+// read (tiny receive windows), four times as many as there are workers: the workers hand what the
+// sockets do not take to the poller instead of waiting on them, and the poller answers /health
+// itself, so every one-second probe succeeds and a normal scrape still gets its whole body.
+// (Before: every worker blocked up to its write deadline on one such client, and 20 of 20 probes
+// failed.)
+TEST_F(HttpAbuseTest, ClientsThatNeverReadDoNotStarveProbes) {
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.threads = 2;
+  o.write_deadline = std::chrono::milliseconds(8000);
+  o.max_connections_per_peer = 1000;  // this test is about the workers, not the per-peer cap
+  MetricsServer server(&sampler_, o);
+  ASSERT_TRUE(server.Start().ok());
+  std::string pipeline;
+  for (int i = 0; i < 400; ++i) pipeline += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<int> stuck;
+  for (int i = 0; i < 8; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 1024;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(server.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{0, 200000};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    SendAll(fd, pipeline);
+    stuck.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int failed = 0;
+  for (int i = 0; i < 12; ++i) {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_connection_timeout(1, 0);
+    c.set_read_timeout(1, 0);
+    auto r = c.Get("/health");
+    if (!r || r->status != 200 || !absl::StartsWith(r->body, "ok")) ++failed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(failed, 0) << "of 12 probes of /health";
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(3, 0);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m) << "a scrape beside the stuck clients";
+  EXPECT_EQ(m->status, 200);
+  EXPECT_THAT(m->body, ::testing::HasSubstr("gpulet_exporter_scrape_duration_seconds"));
+  EXPECT_EQ(std::to_string(m->body.size()), m->get_header_value("Content-Length"));
+  // HEAD /health: the status and length, no body; a probe of another method is no probe.
+  int fd = Connect(server.port());
+  SendAll(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string head = ReadUntilClose(fd);
+  close(fd);
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
+  EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << head;
+  fd = Connect(server.port());
+  SendAll(fd, "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_THAT(ReadUntilClose(fd), ::testing::StartsWith("HTTP/1.1 405"));
+  close(fd);
+  for (int s : stuck) close(s);
+  server.Stop();
+}
+
+// At most max_connections_per_peer connections from one address: past it that address's oldest
+// are closed, while another address's connection stays open and is served.
+TEST_F(HttpAbuseTest, ConnectionsPerPeerAreCapped) {
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.threads = 2;
+  o.max_connections_per_peer = 4;
+  o.idle_timeout = std::chrono::milliseconds(5000);
+  MetricsServer server(&sampler_, o);
+  ASSERT_TRUE(server.Start().ok());
+  auto from = [&](const char* ip) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in me{};
+    me.sin_family = AF_INET;
+    inet_pton(AF_INET, ip, &me.sin_addr);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me), 0) << ip;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(server.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  };
+  int other = from("127.0.0.2");
+  std::vector<int> mine;
+  for (int i = 0; i < 10; ++i) {
+    mine.push_back(from("127.0.0.3"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  char b;
+  int closed = 0;
+  for (int i = 0; i < 6; ++i) closed += recv(mine[i], &b, 1, MSG_DONTWAIT) == 0;
+  EXPECT_EQ(closed, 6) << "the 6 oldest of 10 connections from one address";
+  EXPECT_EQ(recv(mine.back(), &b, 1, MSG_DONTWAIT), -1) << "the newest is open";
+  SendAll(other, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(ReadUntilClose(other), ::testing::StartsWith("HTTP/1.1 200 OK"));
+  close(other);
+  for (int fd : mine) close(fd);
+  server.Stop();
 }
 
 }  // namespace
