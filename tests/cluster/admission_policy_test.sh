@@ -208,7 +208,7 @@ denied "the agent changes the image of a pod bound to its node" "$OWN" \
 
 # --- gpulet-trusted-pod-annotations ---------------------------------------------------------------------
 apod vap-tenant-pod default "$OTHER" | kc apply -f - >/dev/null
-MSG="gpulet.io/vgpu-node, -gpus-<i>, -bind-time, -assigned and tencent.com/vcuda-core-limit are written by gpulet only"
+MSG="gpulet.io/vgpu-node, -gpus-<i>, -bind-time, -assigned and tencent.com/vcuda-core-limit are written by gpulet only, and gpulet.io/vgpu-disable is set only at creation (where the webhook checks the namespace)"
 denied "a tenant changes gpulet.io/vgpu-assigned" "$TRUST" "$MSG" \
   "$tenant_token" annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=true
 denied "a tenant removes gpulet.io/vgpu-node" "$TRUST" "$MSG" \
@@ -217,6 +217,10 @@ denied "a tenant adds gpulet.io/vgpu-gpus-0" "$TRUST" "$MSG" \
   "$tenant_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-gpus-0=GPU-0
 denied "a tenant adds tencent.com/vcuda-core-limit" "$TRUST" "$MSG" \
   "$tenant_token" annotate pod -n default vap-tenant-pod tencent.com/vcuda-core-limit=100
+# The vGPU opt-out added after creation (the pod waiting behind a scheduling gate, say): the webhook
+# sees CREATE only, so the policy must refuse it, for a tenant and for the cluster admin alike.
+denied "a tenant adds the vGPU opt-out gpulet.io/vgpu-disable after creation" "$TRUST" "$MSG" \
+  "$tenant_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-disable=true
 allowed "a tenant changes an annotation of its own (team=b)" \
   "$tenant_token" annotate pod -n default vap-tenant-pod --overwrite team=b
 allowed "the gpulet-scheduler service account changes gpulet.io/vgpu-assigned" \
