@@ -11,8 +11,10 @@ trap 'podman --root "$tmp/storage" --runroot "$tmp/run" rmi -af >/dev/null 2>&1;
 # The sandbox this may run in refuses podman's default RLIMIT_NOFILE; none is needed.
 printf '[containers]\ndefault_ulimits = []\n' >"$tmp/containers.conf"
 p=(env CONTAINERS_CONF="$tmp/containers.conf" podman --root "$tmp/storage" --runroot "$tmp/run")
-"$src/deploy/image/stage-rootfs.sh" "$build" "$tmp/ctx" || exit 1
-"${p[@]}" build -q -f "$src/Containerfile" -t gpulet-test:latest "$tmp/ctx" >/dev/null || exit 1
+"$src/deploy/image/stage-rootfs.sh" "$build" "$tmp/ctx" ||
+  { echo "FAIL: deploy/image/stage-rootfs.sh $build could not stage the image's rootfs (its message is above)"; exit 1; }
+"${p[@]}" build -q -f "$src/Containerfile" -t gpulet-test:latest "$tmp/ctx" >/dev/null ||
+  { echo "FAIL: podman build of the Containerfile failed (its message is above)"; exit 1; }
 # Read-only image with a /tmp of its own, as the DaemonSet's agent runs it: the validation probe's
 # bundle (`runc spec`) goes to /tmp, nothing else needs a writable image.
 out=$("${p[@]}" run --rm --network none --read-only --read-only-tmpfs=false --tmpfs /tmp \

@@ -66,5 +66,5 @@ TAIL
   done < <(extract "$f")
 done
 echo "$blocks blocks, $failed failed"
-[ "$blocks" -gt 0 ] || { echo "no <!-- tour --> block found"; exit 1; }
+[ "$blocks" -gt 0 ] || { echo "FAIL: no <!-- tour --> block found"; exit 1; }
 [ "$failed" -eq 0 ]

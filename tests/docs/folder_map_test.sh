@@ -10,7 +10,7 @@
 # usage: folder_map_test.sh [SOURCE_DIR]
 set -u
 src=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
-cd "$src" || exit 1
+cd "$src" || { echo "FAIL: cannot enter the source tree $src"; exit 1; }
 failed=0
 fail() {
   echo "FAIL: $*"
