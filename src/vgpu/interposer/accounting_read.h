@@ -59,6 +59,18 @@ inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& 
   constexpr size_t kSize = sizeof(AccountingRegion);
   alignas(64) unsigned char region[kSize];
   ssize_t n = pread(fd, region, kSize, 0);
+  // The slots' owners alive or gone by their locks on the file, as the interposer decides (never
+  // by /proc: the agent's pids are not the container's). Asked on this descriptor (F_OFD_GETLK
+  // needs no write access), before it is closed.
+  bool gone[kAccountingSlots] = {};
+  if (n == static_cast<ssize_t>(kSize)) {
+    for (int i = 0; i < kAccountingSlots; ++i) {
+      uint64_t o = At<uint64_t>(region, offsetof(AccountingRegion, owner) + i * sizeof(uint64_t));
+      uint32_t tag =
+          At<uint32_t>(region, offsetof(AccountingRegion, lock_tag) + i * sizeof(uint32_t));
+      gone[i] = o != 0 && SlotAlive(fd, i, o, tag) == 0;
+    }
+  }
   close(fd);
   if (static_cast<size_t>(st.st_size) > kSize) {
     // Cut back what the container appended; the region itself stays as it is.
@@ -92,6 +104,7 @@ inline absl::StatusOr<AccountingSnapshot> ReadAccountingFile(const std::string& 
   uint32_t slots = std::min<uint32_t>(At<uint32_t>(region, offsetof(AccountingRegion, high_water)),
                                       kAccountingSlots);
   for (uint32_t i = 0; i < slots; ++i) {
+    if (gone[i]) continue;  // reclaimed by the interposer as soon as it needs the memory
     size_t held = offsetof(AccountingRegion, held) + i * sizeof(uint64_t);
     size_t owner = offsetof(AccountingRegion, owner) + i * sizeof(uint64_t);
     out.memory_used += At<uint64_t>(region, held) & kHeldBytesMask;

@@ -201,9 +201,13 @@ bool Core::EnsureSlot() {
 }
 
 void Core::AfterFork() {
+  // A descriptor of the accounting file of its own (the parent's carries the parent's slot
+  // locks, which must die with the parent), then a slot of its own on first use.
+  vgpu::AccountingAfterFork();
   slot_.store(-1, std::memory_order_release);
   // The child has no CUDA context (they do not survive fork) and a pid of its own to find.
   ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
+  vmm_mu_ = PTHREAD_MUTEX_INITIALIZER;
   measured_.store(false, std::memory_order_relaxed);
   host_pid_ = 0;
   nvml_state_ = 0;
@@ -319,6 +323,71 @@ uint64_t Core::TableErase(uint64_t key) {
   int r = find(hot_, kHotSize - 1, kHotProbes, h, &bytes);
   if (r == 0) r = find(table_, kTableSize - 1, kTableSize, h, &bytes);
   return r == 1 ? bytes : 0;
+}
+
+uint64_t Core::TableFind(uint64_t key) {
+  const uint64_t h = Mix(key);
+  auto find = [key, h](Entry* t, int mask, int probes, uint64_t* bytes) {
+    for (int probe = 0; probe < probes; ++probe) {
+      Entry& e = t[(h + probe) & mask];
+      uint64_t k = e.key.load(std::memory_order_acquire);
+      if (k == 0) return false;
+      if (k != key) continue;
+      *bytes = e.bytes.load(std::memory_order_acquire);
+      return true;
+    }
+    return false;
+  };
+  uint64_t bytes = 0;
+  if (!find(hot_, kHotSize - 1, kHotProbes, &bytes))
+    find(table_, kTableSize - 1, kTableSize, &bytes);
+  return bytes;
+}
+
+// --- VMM: the charge of a physical allocation stays while it is mapped (see Release) ----------
+// Every mapping is recorded (address -> handle and size) and every handle's count of mappings,
+// whether its memory is counted or not (a handle of another GPU, or host memory, is only counted
+// in kVmmMaps and never charged). Caller holds vmm_mu_.
+
+void Core::NoteMapped(uint64_t ptr, uint64_t size, uint64_t handle) {
+  if (!TableInsert(Key(Kind::kMapping, ptr), handle) ||
+      !TableInsert(Key(Kind::kMapSize, ptr), size)) {
+    table_overflow_.fetch_add(1, std::memory_order_relaxed);  // untracked: a release keeps it
+  }
+  uint64_t maps = TableErase(Key(Kind::kVmmMaps, handle));
+  if (!TableInsert(Key(Kind::kVmmMaps, handle), maps + 1))
+    table_overflow_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// cuMemUnmap takes the whole mapped range, which may span several adjacent mappings.
+void Core::NoteUnmapped(uint64_t ptr, uint64_t size) {
+  for (uint64_t p = ptr; p < ptr + size;) {
+    uint64_t handle = TableErase(Key(Kind::kMapping, p));
+    uint64_t len = TableErase(Key(Kind::kMapSize, p));
+    if (handle == 0) return;
+    uint64_t maps = TableErase(Key(Kind::kVmmMaps, handle));
+    if (maps > 1) {
+      TableInsert(Key(Kind::kVmmMaps, handle), maps - 1);
+    } else if (uint64_t bytes = TableErase(Key(Kind::kVmmReleased, handle)); bytes != 0) {
+      // Released earlier and now unmapped everywhere: the driver frees it.
+      vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+    }
+    if (len == 0) return;
+    p += len;
+  }
+}
+
+void Core::NoteReleased(uint64_t handle, uint64_t bytes, CUresult released) {
+  if (released != CUDA_SUCCESS) {
+    TableInsert(Key(Kind::kVmm, handle), bytes);  // still allocated: keep it on the books
+  } else if (TableFind(Key(Kind::kVmmMaps, handle)) != 0) {
+    // Still mapped: the driver keeps the memory until the last cuMemUnmap. A full table keeps
+    // the charge for good (the safe side).
+    if (!TableInsert(Key(Kind::kVmmReleased, handle), bytes))
+      table_overflow_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    vgpu::Unreserve(*region_, slot_.load(std::memory_order_relaxed), bytes);
+  }
 }
 
 CUresult Core::AllocPitch(CUdeviceptr* p, size_t* pitch, size_t width, size_t height,

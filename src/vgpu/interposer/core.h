@@ -76,7 +76,19 @@ Config ParseConfig(const char* (*get)(const char*));
 bool ParseUuid(const char* text, char out[16]);
 
 // What a memory handle is, so that equal values of different handle types never collide.
-enum class Kind : uint64_t { kPointer = 1, kArray = 2, kMipmap = 3, kVmm = 4, kContext = 5 };
+// kMapping: a VMM mapping's address -> its handle, kMapSize: -> its size; kVmmMaps: a VMM handle
+// -> its live mappings; kVmmReleased: a handle released while mapped -> its charge (see Release).
+enum class Kind : uint64_t {
+  kPointer = 1,
+  kArray = 2,
+  kMipmap = 3,
+  kVmm = 4,
+  kContext = 5,
+  kMapping = 6,
+  kMapSize = 7,
+  kVmmMaps = 8,
+  kVmmReleased = 9,
+};
 
 class Core {
  public:
@@ -157,6 +169,40 @@ class Core {
     uint64_t bytes = Take(kind, handle);
     CUresult r = free_fn();
     Settle(kind, handle, bytes, r);
+    return r;
+  }
+
+  // VMM: a physical allocation (cuMemCreate) stays on the device while it is mapped, released or
+  // not (NVIDIA's VMM samples and Paddle's allocator release the handle right after cuMemMap), so
+  // its charge goes when it is both released and unmapped: at cuMemRelease if it is not mapped,
+  // else at the cuMemUnmap of its last mapping. Process-local bookkeeping under vmm_mu_ (VMM calls
+  // are rare and slow in the driver); a full table keeps the charge (the safe side).
+  template <class F>
+  CUresult Map(uint64_t ptr, uint64_t size, uint64_t handle, F&& map) {
+    if (config_.disabled) return map();
+    pthread_mutex_lock(&vmm_mu_);
+    CUresult r = map();
+    if (r == CUDA_SUCCESS) NoteMapped(ptr, size, handle);
+    pthread_mutex_unlock(&vmm_mu_);
+    return r;
+  }
+  template <class F>
+  CUresult Unmap(uint64_t ptr, uint64_t size, F&& unmap) {
+    if (config_.disabled) return unmap();
+    pthread_mutex_lock(&vmm_mu_);
+    CUresult r = unmap();
+    if (r == CUDA_SUCCESS) NoteUnmapped(ptr, size);
+    pthread_mutex_unlock(&vmm_mu_);
+    return r;
+  }
+  template <class F>
+  CUresult Release(uint64_t handle, F&& release) {
+    if (config_.disabled) return release();
+    pthread_mutex_lock(&vmm_mu_);
+    uint64_t bytes = Take(Kind::kVmm, handle);
+    CUresult r = release();
+    if (bytes != 0) NoteReleased(handle, bytes, r);
+    pthread_mutex_unlock(&vmm_mu_);
     return r;
   }
 
@@ -276,6 +322,10 @@ class Core {
   void Charge(int64_t busy_ns, int64_t since);
   bool TableInsert(uint64_t key, uint64_t bytes);
   uint64_t TableErase(uint64_t key);
+  uint64_t TableFind(uint64_t key);  // the value, or 0; the entry stays
+  void NoteMapped(uint64_t ptr, uint64_t size, uint64_t handle);
+  void NoteUnmapped(uint64_t ptr, uint64_t size);
+  void NoteReleased(uint64_t handle, uint64_t bytes, CUresult released);
 
   RealDriver real_;
   Config config_;
@@ -294,6 +344,7 @@ class Core {
   // --- memory the driver holds beyond counted allocations (guarded by ctx_mu_) ---
   bool track_memory_ = false;  // a memory limit is set (and not disabled)
   pthread_mutex_t ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_t vmm_mu_ = PTHREAD_MUTEX_INITIALIZER;  // VMM map/unmap/release bookkeeping
   std::atomic<bool> measured_{false};  // NVML reports this process (host_pid_ known)
   int host_pid_ = 0;                   // this process's pid in NVML's (host) namespace
   int nvml_state_ = 0;                 // 0 untried, 1 ready, -1 unavailable

@@ -22,6 +22,8 @@
   X(cuMemAllocFromPoolAsync_ptsz) \
   X(cuMemCreate) \
   X(cuMemRelease) \
+  X(cuMemMap) \
+  X(cuMemUnmap) \
   X(cuArrayCreate) \
   X(cuArrayCreate_v2) \
   X(cuArray3DCreate) \
@@ -53,7 +55,10 @@
   X(cuLaunchCooperativeKernel) \
   X(cuLaunchCooperativeKernel_ptsz) \
   X(cuGraphLaunch) \
-  X(cuGraphLaunch_ptsz)
+  X(cuGraphLaunch_ptsz) \
+  X(cuLaunch) \
+  X(cuLaunchGrid) \
+  X(cuLaunchGridAsync)
 
 #define GPULET_VCUDA_NVML_HOOKS(X) \
   X(nvmlDeviceGetMemoryInfo) \

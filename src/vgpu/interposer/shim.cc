@@ -278,8 +278,17 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
   return C().Freed(Kind::kPointer, p, [&] { return FORWARD_OR_FAIL(cuMemFreeAsync_ptsz, p, s); });
 }
+// The charge of VMM memory stays while it is mapped, released or not (Core::Release).
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-  return C().Freed(Kind::kVmm, h, [&] { return FORWARD_OR_FAIL(cuMemRelease, h); });
+  return C().Release(h, [&] { return FORWARD_OR_FAIL(cuMemRelease, h); });
+}
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle h, unsigned long long flags) {
+  return C().Map(ptr, size, h,
+                 [&] { return FORWARD_OR_FAIL(cuMemMap, ptr, size, offset, h, flags); });
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return C().Unmap(ptr, size, [&] { return FORWARD_OR_FAIL(cuMemUnmap, ptr, size); });
 }
 EXPORT CUresult cuArrayDestroy(CUarray a) {
   return C().Freed(Kind::kArray, reinterpret_cast<uint64_t>(a),
@@ -417,6 +426,15 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* cfg, CUfunction f, v
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { LAUNCH(cuGraphLaunch, s, false, g, s); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
   LAUNCH(cuGraphLaunch_ptsz, s, true, g, s);
+}
+// The legacy launches (block shape from cuFuncSetBlockShape): onto the legacy default stream,
+// except cuLaunchGridAsync's own.
+EXPORT CUresult cuLaunch(CUfunction f) { LAUNCH(cuLaunch, nullptr, false, f); }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+  LAUNCH(cuLaunchGrid, nullptr, false, f, w, h);
+}
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+  LAUNCH(cuLaunchGridAsync, s, false, f, w, h, s);
 }
 
 // --- lookup paths -------------------------------------------------------------------------------

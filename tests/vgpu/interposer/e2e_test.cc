@@ -392,6 +392,95 @@ TEST_F(E2E, SigkillMidAllocation) {
   EXPECT_EQ(after.Wait(), 0);
 }
 
+// Two pods that share one DRA claim share its accounting file, but not a pid namespace: neither
+// sees the other in its /proc. Each asks for 3 x 256 MiB under a 1 GiB limit: the second gets
+// none while the first holds its 768 MiB (before: it found no /proc/<pid> for the first, judged
+// it dead, zeroed its reservation and got 3/3, 1538 MiB on the device under 1024). Once the first
+// is killed, its memory comes back to a third. Each program is pid 1 of a user and pid namespace
+// of its own with its own /proc (unshare -Urpf --mount-proc), as in a container.
+TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
+  if (system("unshare -Urpf --mount-proc true >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "cannot create user and pid namespaces here ('unshare -Urpf --mount-proc "
+                    "true' failed): the cross-namespace limit is not tested";
+  const uint64_t limit = 1024 * kMiB, chunk = 256 * kMiB;
+  auto env = env_;
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(limit);
+  env["FAKE_CUDA_DEVICE_MEMORY"] = std::to_string(8 * limit);
+  // Every program is pid 1 in its namespace, which NVML's per-process list (keyed by the fake's
+  // getpid()) cannot tell apart: the 1 MiB context estimate is charged instead.
+  env["FAKE_CUDA_NO_PROCESS_INFO"] = "1";
+  auto in_namespaces = [&] {
+    // --kill-child: SIGKILL to the program when unshare dies (the test kills unshare).
+    return std::vector<std::string>{"/usr/bin/unshare",
+                                    "-Urpf",
+                                    "--mount-proc",
+                                    "--kill-child=SIGKILL",
+                                    Bin("vcuda_probe"),
+                                    "hold",
+                                    "3",
+                                    std::to_string(chunk)};
+  };
+  Child first(in_namespaces(), env);
+  ASSERT_EQ(first.Line(), "ready");
+  first.Send('g');
+  EXPECT_EQ(Field(first.Line(), "held"), 3 * chunk);
+  usleep(30000);  // a later start time (both are pid 1): not mistaken for the same process
+  Child second(in_namespaces(), env);
+  ASSERT_EQ(second.Line(), "ready");
+  second.Send('g');
+  EXPECT_EQ(Field(second.Line(), "held"), 0u) << "the first program's reservation was reclaimed";
+  EXPECT_LE(DevicePeak(), limit) << "the device held more than the limit";
+  kill(first.pid, SIGKILL);
+  first.All();  // EOF: the program (pid 1 of its namespace) is gone too
+  first.Wait();
+  Child third(in_namespaces(), env);
+  ASSERT_EQ(third.Line(), "ready");
+  third.Send('g');
+  EXPECT_EQ(Field(third.Line(), "held"), 3 * chunk) << "the killed program's memory is lost";
+  EXPECT_EQ(second.Wait(), 0);
+  EXPECT_EQ(third.Wait(), 0);
+}
+
+// A program that touched CUDA and then exec()s (a launcher: checks the GPU, then execs the job)
+// gets its memory back in the new image: the old image's slot lock went with its descriptor,
+// closed at exec, so its 600 MiB and context charge are reclaimed. Before, the old slot had the
+// same owner word (pid and start time) as the new image, which never reclaims its own, and the
+// new image's 600 MiB under 1 GiB were refused. (The fake GPU keeps the old image's memory; the
+// real driver's descriptors are closed at exec too, and its memory freed.)
+TEST_F(E2E, ExecGetsThePreviousImagesMemoryBack) {
+  const uint64_t limit = 1024 * kMiB, chunk = 600 * kMiB;
+  auto env = env_;
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(limit);
+  env["FAKE_CUDA_DEVICE_MEMORY"] = std::to_string(8 * limit);
+  Child c({Bin("vcuda_probe"), "exec", std::to_string(chunk)}, env);
+  EXPECT_EQ(Field(c.Line(), "pre"), 0u);
+  ASSERT_EQ(c.Line(), "ready");
+  c.Send('g');
+  EXPECT_EQ(Field(c.Line(), "held"), chunk) << "the image before exec still holds its charge";
+  EXPECT_EQ(c.Wait(), 0);
+}
+
+// The legacy launches are paced like cuLaunchKernel: greedy 1 ms launches of each held to 30 %
+// (the cap strict per second, as PacingOnTheRealClock). Before: unpaced, ~100 %.
+TEST_F(E2E, LegacyLaunchesArePaced) {
+  for (const char* kind : {"launch", "grid", "async"}) {
+    std::string out =
+        Run({Bin("vcuda_probe"), "legacy", "2", kind},
+            {{"GPULET_VGPU_CORE_LIMIT", "30"}, {"FAKE_CUDA_NS_PER_BLOCK", "1000000"}});
+    std::istringstream in(out);
+    int windows = 0;
+    double sum = 0;
+    for (std::string l; std::getline(in, l);) {
+      if (l.rfind("share ", 0) != 0) continue;
+      ++windows;
+      sum += std::stod(l.substr(6));
+      EXPECT_LE(std::stod(l.substr(6)), 35.0) << kind << ":\n" << out;
+    }
+    EXPECT_EQ(windows, 2) << kind << ":\n" << out;
+    EXPECT_GE(sum / 2, 10.0) << kind << ":\n" << out;  // greedy, but on a loaded 2-core VM
+  }
+}
+
 // The libcudart-style program: every entry point of the CUDA 13.0 list through
 // cuGetProcAddress_v2, forwarded to the driver in the same order with the same versions; the
 // allocation entry point it got is ours and fails with CUDA_ERROR_OUT_OF_MEMORY at the limit.
@@ -399,8 +488,8 @@ TEST_F(E2E, RuntimeStyleProgramThroughGetProcAddress) {
   std::string list =
       std::string(GPULET_SOURCE_DIR) + "/tests/vgpu/interposer/data/cudart-13.0-getprocaddress.txt";
   if (const char* l = getenv("GPULET_CUDART_PROC_LIST")) list = l;
-  ASSERT_EQ(access(list.c_str(), R_OK), 0) << "the cudart entry-point list is part of the tree: "
-                                           << list;
+  ASSERT_EQ(access(list.c_str(), R_OK), 0)
+      << "the cudart entry-point list is part of the tree: " << list;
   std::string log = accounting_ + ".proclog";
   unlink(log.c_str());
   std::string out =
@@ -575,7 +664,7 @@ TEST(Library, ExportsOnlyHooksAndLinksOnlyGlibc) {
 #define GPULET_HOOK_NAME(n) #n,
   const std::set<std::string> hooks = {GPULET_VCUDA_HOOKS(GPULET_HOOK_NAME) "dlsym"};
 #undef GPULET_HOOK_NAME
-  EXPECT_EQ(hooks.size(), 48u);  // 47 driver hooks + dlsym: a hook dropped by accident shows here
+  EXPECT_EQ(hooks.size(), 53u);  // 52 driver hooks + dlsym: a hook dropped by accident shows here
   EXPECT_EQ(exported, hooks);
   std::set<std::string> needed =
       lines("readelf -d " + ShimPath() + " | sed -n 's/.*(NEEDED).*\\[\\(.*\\)\\]/\\1/p'");

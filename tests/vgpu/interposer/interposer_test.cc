@@ -2,10 +2,12 @@
 // configuration parsing, every allocation path and report through the real shim library loaded
 // into this process over the fake driver, cuGetProcAddress/dlsym mapping, and the compute pacer on
 // a virtual clock shared with the fake driver's GPU timeline.
+#include <errno.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -205,6 +207,123 @@ TEST(Accounting, SigkillMidAllocationReturnsMemory) {
   ASSERT_GE(slot, 0);
   EXPECT_TRUE(vgpu::Reserve(*r, slot, SelfOwner(), limit)) << "killed processes' memory lost";
   EXPECT_LE(r->peak_used.load(), limit);
+}
+
+// An owner word naming a pid that this pid namespace does not have: how a process of another
+// pid namespace sharing the file (another pod of the same DRA claim, or a tenant's own user
+// namespace) looks from here.
+uint64_t InvisibleOwner(int k) {
+  int pid = 4194000 + k;  // above any pid this machine hands out (checked)
+  while (kill(pid, 0) == 0 || errno != ESRCH) ++pid;
+  return vgpu::OwnerWord(pid, 1000 + static_cast<uint64_t>(k));
+}
+
+// A shared page for a test's processes: flags and pids.
+std::atomic<uint64_t>* SharedPage() {
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<std::atomic<uint64_t>*>(p);
+}
+void WaitFor(std::atomic<uint64_t>& flag, uint64_t value) {
+  for (int i = 0; i < 20000 && flag.load() < value; ++i) usleep(500);
+}
+
+// A live process whose pid this process cannot see keeps its memory: the limit holds across pid
+// namespaces. Liveness is the slot's lock on the file (the kernel's, across namespaces), not
+// /proc/<pid>: before, the survivor over the limit judged the invisible owner dead, zeroed its
+// 768 MiB and reserved 512 MiB more (1280 MiB committed under 1 GiB). Once that process is
+// killed, its lock is gone and its memory comes back.
+TEST(Accounting, LiveOwnerInAnotherPidNamespaceKeepsItsMemory) {
+  std::string path = TempFile("pidns");
+  const uint64_t limit = 1024 * kMiB;
+  AccountingRegion* r = MapFresh(path, limit);
+  ASSERT_NE(r, nullptr);
+  std::atomic<uint64_t>* shared = SharedPage();
+  ASSERT_NE(shared, nullptr);
+  pid_t other = fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    const char* e = nullptr;
+    AccountingRegion* mine = vgpu::MapAccounting(path.c_str(), true, &e);
+    uint64_t owner = InvisibleOwner(0);
+    int slot = mine ? vgpu::ClaimSlot(*mine, owner) : -1;
+    if (slot < 0 || !vgpu::Reserve(*mine, slot, owner, 768 * kMiB, limit)) _exit(2);
+    shared[0].store(1);
+    pause();  // holds 768 MiB until killed
+    _exit(0);
+  }
+  WaitFor(shared[0], 1);
+  ASSERT_EQ(shared[0].load(), 1u) << "the other process did not reserve";
+  int slot = vgpu::ClaimSlot(*r, SelfOwner());
+  ASSERT_GE(slot, 0);
+  EXPECT_FALSE(vgpu::Reserve(*r, slot, SelfOwner(), 512 * kMiB, limit))
+      << "the live owner's reservation was reclaimed: " << vgpu::UsedBytes(*r) / kMiB << " MiB";
+  EXPECT_EQ(vgpu::UsedBytes(*r), 768 * kMiB);
+  EXPECT_LE(r->peak_used.load(), limit);
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
+  EXPECT_TRUE(vgpu::Reserve(*r, slot, SelfOwner(), 512 * kMiB, limit))
+      << "the killed process's reservation did not come back";
+  EXPECT_EQ(vgpu::UsedBytes(*r), 512 * kMiB);
+  vgpu::ReleaseSlot(*r, slot, SelfOwner());
+  munmap(shared, 4096);
+}
+
+// A fork child that inherits its parent's descriptor of the file (and its mapping) still gets a
+// slot and a lock of its own: when the parent dies its memory comes back even while the child
+// lives, and the child's memory stays counted. Both pids are invisible here (another pid
+// namespace), so /proc cannot tell: before, the survivor reclaimed the live child's 200 MiB too.
+TEST(Accounting, ForkChildHoldsItsOwnSlot) {
+  std::string path = TempFile("forkns");
+  const uint64_t limit = 1024 * kMiB;
+  AccountingRegion* r = MapFresh(path, limit);
+  ASSERT_NE(r, nullptr);
+  std::atomic<uint64_t>* shared = SharedPage();
+  ASSERT_NE(shared, nullptr);
+  // The child is orphaned when its parent is killed: it comes back to us, to be reaped.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  pid_t parent = fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    const char* e = nullptr;
+    AccountingRegion* mine = vgpu::MapAccounting(path.c_str(), true, &e);
+    uint64_t owner = InvisibleOwner(1);
+    int slot = mine ? vgpu::ClaimSlot(*mine, owner) : -1;
+    if (slot < 0 || !vgpu::Reserve(*mine, slot, owner, 300 * kMiB, limit)) _exit(2);
+    pid_t child = fork();
+    if (child == 0) {  // the same mapping and descriptor as its parent
+      uint64_t own = InvisibleOwner(2);
+      int s = vgpu::ClaimSlot(*mine, own);
+      if (s < 0 || s == slot || !vgpu::Reserve(*mine, s, own, 200 * kMiB, limit)) _exit(2);
+      shared[0].store(1);
+      pause();
+      _exit(0);
+    }
+    shared[1].store(static_cast<uint64_t>(child));
+    WaitFor(shared[0], 1);
+    shared[2].store(1);
+    pause();
+    _exit(0);
+  }
+  WaitFor(shared[2], 1);
+  ASSERT_EQ(shared[2].load(), 1u) << "parent and child did not reserve";
+  auto child = static_cast<pid_t>(shared[1].load());
+  EXPECT_EQ(vgpu::UsedBytes(*r), 500 * kMiB);
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+  int slot = vgpu::ClaimSlot(*r, SelfOwner());
+  ASSERT_GE(slot, 0);
+  EXPECT_TRUE(vgpu::Reserve(*r, slot, SelfOwner(), limit - 200 * kMiB, limit))
+      << "the dead parent's 300 MiB did not come back (its child kept its lock?): "
+      << vgpu::UsedBytes(*r) / kMiB << " MiB committed";
+  EXPECT_FALSE(vgpu::Reserve(*r, slot, SelfOwner(), 1, limit))
+      << "the live child's 200 MiB was reclaimed";
+  EXPECT_LE(r->peak_used.load(), limit);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  EXPECT_TRUE(vgpu::Reserve(*r, slot, SelfOwner(), 200 * kMiB, limit)) << "the child's memory";
+  vgpu::ReleaseSlot(*r, slot, SelfOwner());
+  munmap(shared, 4096);
 }
 
 // Foreign or incompatible files are refused with a message, never used.
@@ -654,6 +773,87 @@ TEST_F(Shim, HostVmmIsNotCharged) {
   ASSERT_EQ(Hook<cuda::cuMemCreate_t>("cuMemCreate")(&h, kLimit * 2, &prop, 0), CUDA_SUCCESS);
   EXPECT_EQ(Used(), base);
   EXPECT_EQ(Hook<cuda::cuMemRelease_t>("cuMemRelease")(h), CUDA_SUCCESS);
+}
+
+// What a program that dlopens libcuda.so.1 gets for an entry point (the interposer's dlsym on
+// the driver's handle): our hook where we wrap it, else the driver's own.
+template <class T>
+T Resolved(Shim* s, const char* name) {
+  return reinterpret_cast<T>(s->Hook<void* (*)(void*, const char*)>("dlsym")(FakeCuda(), name));
+}
+
+// With the VMM API the memory stays allocated while it is mapped: NVIDIA's VMM samples and
+// Paddle's allocator call cuMemRelease right after cuMemMap. The charge is held until the
+// handle is both released and unmapped everywhere (here: mapped twice), as the driver holds the
+// memory (before: refunded at cuMemRelease, while the device still held it).
+TEST_F(Shim, VmmChargeHeldWhileMapped) {
+  auto create = Resolved<cuda::cuMemCreate_t>(this, "cuMemCreate");
+  auto release = Resolved<cuda::cuMemRelease_t>(this, "cuMemRelease");
+  auto map = Resolved<cuda::cuMemMap_t>(this, "cuMemMap");
+  auto unmap = Resolved<cuda::cuMemUnmap_t>(this, "cuMemUnmap");
+  using AddressReserve =
+      CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  auto va_reserve = FakeSym<AddressReserve>("cuMemAddressReserve");
+  ASSERT_TRUE(create && release && map && unmap && va_reserve);
+  const uint64_t base = Used(), fake_base = FakeAllocated(), size = 16 * kMiB;
+  CUmemAllocationProp prop{};
+  prop.type = 1;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  ASSERT_EQ(create(&h, size, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(va_reserve(&va, 2 * size, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(map(va, size, 0, h, 0), CUDA_SUCCESS);
+  ASSERT_EQ(map(va + size, size, 0, h, 0), CUDA_SUCCESS);
+  ASSERT_EQ(release(h), CUDA_SUCCESS);  // the samples' idiom: released at once, used while mapped
+  EXPECT_EQ(FakeAllocated(), fake_base + size) << "the driver frees it only when unmapped";
+  EXPECT_EQ(Used(), base + size) << "refunded while the device still holds it";
+  CUdeviceptr p;  // and the charge counts against the limit
+  CUresult r = Hook<cuda::cuMemAlloc_t>("cuMemAlloc_v2")(&p, kLimit - base - size / 2);
+  if (r == CUDA_SUCCESS) Hook<cuda::cuMemFree_t>("cuMemFree_v2")(p);
+  EXPECT_EQ(r, CUDA_ERROR_OUT_OF_MEMORY) << "the mapped memory did not count against the limit";
+  ASSERT_EQ(unmap(va, size), CUDA_SUCCESS);
+  EXPECT_EQ(Used(), base + size) << "still mapped once";
+  ASSERT_EQ(unmap(va + size, size), CUDA_SUCCESS);
+  EXPECT_EQ(Used(), base);
+  EXPECT_EQ(FakeAllocated(), fake_base);
+  // Unmapped first, released after: the charge goes at the release. One cuMemUnmap over two
+  // adjacent mappings unmaps both.
+  ASSERT_EQ(create(&h, size, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(map(va, size, 0, h, 0), CUDA_SUCCESS);
+  ASSERT_EQ(map(va + size, size, 0, h, 0), CUDA_SUCCESS);
+  ASSERT_EQ(unmap(va, 2 * size), CUDA_SUCCESS);
+  EXPECT_EQ(Used(), base + size) << "unmapped but not released: still allocated";
+  ASSERT_EQ(release(h), CUDA_SUCCESS);
+  EXPECT_EQ(Used(), base);
+  EXPECT_EQ(FakeAllocated(), fake_base);
+}
+
+// The legacy launches (cuLaunch, cuLaunchGrid, cuLaunchGridAsync) are wrapped like
+// cuLaunchKernel, through dlsym and cuGetProcAddress alike, so that a core limit paces them too
+// (their pacing on the clock: E2E.LegacyLaunchesArePaced). Before: the driver's own, unpaced.
+TEST_F(Shim, LegacyLaunchesAreHooked) {
+  auto gpa = Hook<cuda::cuGetProcAddress_v2_t>("cuGetProcAddress_v2");
+  for (const char* name : {"cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync"}) {
+    void* hook = dlsym(shim_, name);
+    EXPECT_NE(hook, nullptr) << name << " is not hooked";
+    EXPECT_EQ(Resolved<void*>(this, name), hook) << name;
+    void* fn = nullptr;
+    ASSERT_EQ(gpa(name, &fn, 2000, 0, nullptr), CUDA_SUCCESS) << name;
+    EXPECT_EQ(fn, hook) << name;
+  }
+  CUfunction f;
+  FakeSym<CUresult (*)(CUfunction*, CUmodule, const char*)>("cuModuleGetFunction")(&f, nullptr,
+                                                                                   "k");
+  int64_t before = FakeSym<int64_t (*)(int64_t, int64_t)>("fakecuda_busy_between")(0, INT64_MAX);
+  EXPECT_EQ(Resolved<cuda::cuLaunch_t>(this, "cuLaunch")(f), CUDA_SUCCESS);
+  EXPECT_EQ(Resolved<cuda::cuLaunchGrid_t>(this, "cuLaunchGrid")(f, 2, 1), CUDA_SUCCESS);
+  EXPECT_EQ(Resolved<cuda::cuLaunchGridAsync_t>(this, "cuLaunchGridAsync")(f, 3, 1, nullptr),
+            CUDA_SUCCESS);
+  FakeSym<CUresult (*)()>("cuCtxSynchronize")();
+  // 1 + 2 + 3 blocks of 1 us ran on the device (unpaced here: this fixture has no core limit).
+  EXPECT_EQ(FakeSym<int64_t (*)(int64_t, int64_t)>("fakecuda_busy_between")(0, INT64_MAX) - before,
+            6000);
 }
 
 // cuMemGetInfo, cuDeviceTotalMem and NVML show the container's limit, not the card.

@@ -12,6 +12,11 @@
 //                         failure: "held BYTES", "refused RESULT" (its CUresult, no retry), and
 //                         "meminfo_full FREE TOTAL" after (a container's exact limit, cluster.dra)
 //   greedy SECONDS        1 ms kernels back to back; prints the GPU-time share of each second
+//   legacy SECONDS KIND   the same with a legacy launch of one block (KIND: launch = cuLaunch,
+//                         grid = cuLaunchGrid, async = cuLaunchGridAsync); 1 ms per block with
+//                         FAKE_CUDA_NS_PER_BLOCK=1000000
+//   exec CHUNK            cuMemAlloc_v2 CHUNK ("pre RESULT"), then exec itself as "hold 1 CHUNK"
+//                         without freeing (the new image starts the interposer afresh)
 //   alloc-loop N | launch-loop N   N alloc+free pairs / launches (for callgrind)
 // and, written for the real driver as well (machine-readable "key value..." lines):
 //   ctxfill CHUNK         print "ready", wait for a byte on stdin, then retain the primary context
@@ -57,6 +62,10 @@ CUresult cuStreamCreate(CUstream*, unsigned);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void**, void**);
+CUresult cuFuncSetBlockShape(CUfunction, int, int, int);
+CUresult cuLaunch(CUfunction);
+CUresult cuLaunchGrid(CUfunction, int, int);
+CUresult cuLaunchGridAsync(CUfunction, int, int, CUstream);
 }
 
 namespace {
@@ -193,7 +202,8 @@ int64_t Now() {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
-            "usage: vcuda_probe fill|hold|churn|info|device|limit|greedy|alloc-loop|launch-loop|"
+            "usage: vcuda_probe "
+            "fill|hold|churn|info|device|limit|greedy|legacy|exec|alloc-loop|launch-loop|"
             "ctxfill|latency|busy|workcal|work ...\n");
     return 2;
   }
@@ -300,11 +310,40 @@ int main(int argc, char** argv) {
            m.total, m.used, m.free);
     return 0;
   }
-  if (mode == "greedy" || mode == "launch-loop") {
+  if (mode == "exec") {
+    CUdeviceptr p;
+    printf("pre %d\n", cuMemAlloc_v2(&p, static_cast<size_t>(arg(2))));
+    std::string chunk = std::to_string(arg(2));
+    char hold[] = "hold", one[] = "1";
+    char* args[] = {argv[0], hold, one, chunk.data(), nullptr};
+    execv("/proc/self/exe", args);
+    return 4;
+  }
+  if (mode == "greedy" || mode == "launch-loop" || mode == "legacy") {
     CUfunction f;
     CUstream s;
     cuModuleGetFunction(&f, nullptr, "k");
     cuStreamCreate(&s, 0);
+    if (mode == "legacy") {
+      std::string kind = argc > 3 ? argv[3] : "";
+      cuFuncSetBlockShape(f, 128, 1, 1);
+      int64_t start = Now(), seconds = arg(2);
+      for (int n = 0; Now() < start + seconds * 1000000000; ++n) {
+        CUresult r = kind == "launch" ? cuLaunch(f)
+                     : kind == "grid" ? cuLaunchGrid(f, 1, 1)
+                                      : cuLaunchGridAsync(f, 1, 1, s);
+        if (r != CUDA_SUCCESS) return 3;
+        if (n % 2) cuStreamSynchronize(s);
+      }
+      cuStreamSynchronize(s);
+      auto busy = Sym<int64_t (*)(int64_t, int64_t)>("fakecuda_busy_between");
+      if (busy == nullptr) return 1;  // the fake's timeline only
+      for (int64_t i = 0; i < seconds; ++i) {
+        int64_t t = start + i * 1000000000;
+        printf("share %.2f\n", 100.0 * static_cast<double>(busy(t, t + 1000000000)) / 1e9);
+      }
+      return 0;
+    }
     if (mode == "launch-loop") {
       for (long long i = 0; i < arg(2); ++i)
         cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr);
