@@ -112,6 +112,26 @@ void BM_ReserveUnreserve(benchmark::State& state) {
 }
 BENCHMARK(BM_ReserveUnreserve);
 
+// One pass of ReclaimDead, the slow path of a reservation over the limit, over N slots of live
+// processes: a lock attempt on the file per slot (interposers before the locks read
+// /proc/<pid>/stat per slot). The owners' locks are held through a second mapping of the file,
+// an open file description of its own, as another process's would be; the owner word names a
+// live process that is not this one (our parent).
+void BM_ReclaimPass(benchmark::State& state) {
+  std::string path = ProcessTempDir() + "/vcuda-bench-reclaim-" + std::to_string(getpid());
+  unlink(path.c_str());
+  const char* error = "";
+  vgpu::AccountingRegion* others = vgpu::MapAccounting(path.c_str(), true, &error);
+  vgpu::AccountingRegion* self = vgpu::MapAccounting(path.c_str(), true, &error);
+  if (others == nullptr || self == nullptr) return state.SkipWithError(error);
+  int parent = static_cast<int>(getppid());
+  uint64_t live = vgpu::OwnerWord(parent, vgpu::ProcessStartTicks(parent));
+  for (int64_t i = 0; i < state.range(0); ++i) vgpu::ClaimSlot(*others, live);
+  uint64_t me = vgpu::OwnerWord(getpid(), vgpu::ProcessStartTicks(getpid()));
+  for (auto _ : state) benchmark::DoNotOptimize(vgpu::ReclaimDead(*self, me));
+}
+BENCHMARK(BM_ReclaimPass)->Arg(16)->Unit(benchmark::kMicrosecond);
+
 // Compute pacing accuracy: 30 simulated seconds of a greedy 1 ms-kernel workload at each share.
 void BM_Pacing(benchmark::State& state) {
   uint32_t share = static_cast<uint32_t>(state.range(0));

@@ -508,8 +508,10 @@ inline uint64_t ReclaimDeadLocked(AccountingRegion& r, LockFile* f, uint64_t sel
 }  // namespace accounting_internal
 
 // Reclaims the slots of dead processes; returns the bytes returned to the container. Slow path
-// (a reservation over the limit, no free slot): a lock attempt per other process's slot.
-inline uint64_t ReclaimDead(AccountingRegion& r, uint64_t self_owner) {
+// (a reservation over the limit, no free slot): a lock attempt per other process's slot. Out of
+// line, so that Reserve stays small enough to be inlined into every allocation hook.
+__attribute__((noinline, cold)) inline uint64_t ReclaimDead(AccountingRegion& r,
+                                                            uint64_t self_owner) {
   using namespace accounting_internal;
   ProcessLock();
   uint64_t reclaimed = ReclaimDeadLocked(r, FindLocked(r), self_owner);

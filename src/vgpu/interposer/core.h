@@ -344,7 +344,6 @@ class Core {
   // --- memory the driver holds beyond counted allocations (guarded by ctx_mu_) ---
   bool track_memory_ = false;  // a memory limit is set (and not disabled)
   pthread_mutex_t ctx_mu_ = PTHREAD_MUTEX_INITIALIZER;
-  pthread_mutex_t vmm_mu_ = PTHREAD_MUTEX_INITIALIZER;  // VMM map/unmap/release bookkeeping
   std::atomic<bool> measured_{false};  // NVML reports this process (host_pid_ known)
   int host_pid_ = 0;                   // this process's pid in NVML's (host) namespace
   int nvml_state_ = 0;                 // 0 untried, 1 ready, -1 unavailable
@@ -404,6 +403,8 @@ class Core {
   };
   Entry hot_[kHotSize] = {};
   Entry table_[kTableSize] = {};
+  // VMM map/unmap/release bookkeeping (last: the hot members above keep their offsets).
+  pthread_mutex_t vmm_mu_ = PTHREAD_MUTEX_INITIALIZER;
 };
 
 }  // namespace gpulet::vcuda
