@@ -399,7 +399,15 @@ TEST_F(E2E, SigkillMidAllocation) {
 // is killed, its memory comes back to a third. Each program is pid 1 of a user and pid namespace
 // of its own with its own /proc (unshare -Urpf --mount-proc), as in a container.
 TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
-  if (system("unshare -Urpf --mount-proc true >/dev/null 2>&1") != 0)
+  std::string unshare;
+  if (FILE* p = popen("command -v unshare", "r")) {
+    char b[256] = {};
+    if (fgets(b, sizeof b, p)) unshare = b;
+    pclose(p);
+    while (!unshare.empty() && unshare.back() == '\n') unshare.pop_back();
+  }
+  if (unshare.empty()) GTEST_SKIP() << "unshare (util-linux) is not installed";
+  if (system((unshare + " -Urpf --mount-proc true >/dev/null 2>&1").c_str()) != 0)
     GTEST_SKIP() << "cannot create user and pid namespaces here ('unshare -Urpf --mount-proc "
                     "true' failed): the cross-namespace limit is not tested";
   const uint64_t limit = 1024 * kMiB, chunk = 256 * kMiB;
@@ -411,14 +419,9 @@ TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
   env["FAKE_CUDA_NO_PROCESS_INFO"] = "1";
   auto in_namespaces = [&] {
     // --kill-child: SIGKILL to the program when unshare dies (the test kills unshare).
-    return std::vector<std::string>{"/usr/bin/unshare",
-                                    "-Urpf",
-                                    "--mount-proc",
-                                    "--kill-child=SIGKILL",
-                                    Bin("vcuda_probe"),
-                                    "hold",
-                                    "3",
-                                    std::to_string(chunk)};
+    return std::vector<std::string>{
+        unshare, "-Urpf", "--mount-proc",       "--kill-child=SIGKILL", Bin("vcuda_probe"),
+        "hold",  "3",     std::to_string(chunk)};
   };
   Child first(in_namespaces(), env);
   ASSERT_EQ(first.Line(), "ready");
