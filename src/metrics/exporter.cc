@@ -139,7 +139,8 @@ absl::StatusOr<std::unique_ptr<Exporter>> Exporter::Start(ExporterOptions o, gpu
     e->pods_->Start();
   }
   if (!o.vgpu_accounting_dir.empty()) {
-    e->vgpu_ = std::make_unique<AccountingDirUsageSource>(o.vgpu_accounting_dir);
+    e->vgpu_ =
+        std::make_unique<AccountingDirUsageSource>(o.vgpu_accounting_dir, std::move(o.vgpu_grants));
   }
   e->sampler_ = std::make_unique<Sampler>(gpu, std::move(opener), e->pods_.get(), e->vgpu_.get(),
                                           nullptr, o.sampler);

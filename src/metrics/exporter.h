@@ -21,6 +21,7 @@ struct ExporterOptions {
   std::chrono::milliseconds pod_resources_interval{10000};
   std::vector<std::string> extra_resources;  // resource names kept besides nvidia.com/*
   std::string vgpu_accounting_dir;           // empty: no vGPU usage
+  VgpuGrantReader vgpu_grants;               // the agent's grants (needed with the directory)
   // The kubelet's device-manager checkpoint (<device-plugin-dir>/kubelet_internal_checkpoint).
   // The kubelet rewrites it after every allocation and release, once PodResources already shows
   // the change; each rewrite makes the exporter re-read PodResources and publish at once. Empty:

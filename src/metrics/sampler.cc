@@ -4,9 +4,10 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
-#include "common/fs.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "vgpu/interposer/accounting_read.h"
 
@@ -21,56 +22,48 @@ int64_t SteadyMs() {
 }  // namespace
 
 absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read() {
-  RootedFilesystem fs("/");
-  absl::StatusOr<std::vector<std::string>> pods = fs.ListDir(root_);
-  if (!pods.ok()) {
-    // No vGPU container has started on this node yet: nothing to report, not an error.
-    if (absl::IsNotFound(pods.status())) return std::vector<VgpuContainerUsage>{};
-    return pods.status();
-  }
+  if (!grants_) return absl::FailedPreconditionError("vGPU usage: no grant record to check it by");
+  ASSIGN_OR_RETURN(std::vector<VgpuGrantRecord> grants, grants_());
   std::vector<VgpuContainerUsage> out;
   std::map<std::string, std::pair<uint64_t, Clock::TimePoint>> seen;
   Clock::TimePoint now = clock_->Now();
-  for (const std::string& uid : *pods) {
-    std::string pod_dir = absl::StrCat(root_, "/", uid);
-    absl::StatusOr<std::vector<std::string>> containers = fs.ListDir(pod_dir);
-    if (!containers.ok()) continue;  // a plain file, or removed meanwhile
-    std::string ns, pod = uid;
-    if (absl::StatusOr<std::string> meta = fs.ReadFile(pod_dir + "/pod"); meta.ok()) {
-      std::string m(absl::StripAsciiWhitespace(*meta));
-      if (size_t slash = m.find('/'); slash != std::string::npos) {
-        ns = m.substr(0, slash);
-        pod = m.substr(slash + 1);
-      }
+  for (const VgpuGrantRecord& g : grants) {
+    // Two plain path components below the root: never "..", never absolute.
+    std::vector<absl::string_view> parts = absl::StrSplit(g.dir, '/');
+    if (parts.size() != 2 || std::any_of(parts.begin(), parts.end(), [](absl::string_view p) {
+          return p.empty() || p == "." || p == "..";
+        })) {
+      continue;
     }
-    for (const std::string& c : *containers) {
-      std::string path = absl::StrCat(pod_dir, "/", c, "/accounting");
-      // Never mapped: the file is the container's to truncate (see
-      // vgpu/interposer/accounting_read.h).
-      bool cut = false;
-      absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
-      if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);
-      if (!read.ok()) {
-        if (!absl::IsNotFound(read.status())) spdlog::debug("vGPU: {}", read.status().ToString());
-        continue;
-      }
-      const vgpu::AccountingSnapshot& a = *read;
-      VgpuContainerUsage u;
-      u.namespace_ = ns;
-      u.pod = pod;
-      u.container = c;
-      u.gpu_uuid = a.device_uuid;
-      u.memory_used_bytes = a.memory_used;
-      u.memory_limit_bytes = a.memory_limit;
-      u.core_limit_ratio = a.core_limit / 100.0;
-      if (auto it = last_busy_.find(path);
-          it != last_busy_.end() && a.busy_ns >= it->second.first) {
-        double wall = std::chrono::duration<double, std::nano>(now - it->second.second).count();
-        if (wall > 0) u.utilization_ratio = std::min(1.0, (a.busy_ns - it->second.first) / wall);
-      }
-      seen[path] = {a.busy_ns, now};
-      out.push_back(std::move(u));
+    std::string path = absl::StrCat(root_, "/", g.dir, "/accounting");
+    // Never mapped: the file is the container's to truncate (see
+    // vgpu/interposer/accounting_read.h).
+    bool cut = false;
+    absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
+    if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);
+    if (!read.ok()) {
+      if (!absl::IsNotFound(read.status())) spdlog::debug("vGPU: {}", read.status().ToString());
+      continue;
     }
+    const vgpu::AccountingSnapshot& a = *read;
+    if (a.device_uuid[0] != 0 && g.gpu_uuid != a.device_uuid) {
+      spdlog::debug("vGPU: {} names GPU {}, granted {}: reported under the grant's", path,
+                    a.device_uuid, g.gpu_uuid);
+    }
+    VgpuContainerUsage u;
+    u.namespace_ = g.ns;
+    u.pod = g.pod.empty() ? std::string(parts[0]) : g.pod;
+    u.container = g.container;
+    u.gpu_uuid = g.gpu_uuid;
+    u.memory_limit_bytes = g.memory_limit_bytes;
+    u.memory_used_bytes = std::min(a.memory_used, g.memory_limit_bytes);
+    u.core_limit_ratio = g.core_limit_ratio;
+    if (auto it = last_busy_.find(path); it != last_busy_.end() && a.busy_ns >= it->second.first) {
+      double wall = std::chrono::duration<double, std::nano>(now - it->second.second).count();
+      if (wall > 0) u.utilization_ratio = std::min(1.0, (a.busy_ns - it->second.first) / wall);
+    }
+    seen[path] = {a.busy_ns, now};
+    out.push_back(std::move(u));
   }
   last_busy_ = std::move(seen);
   return out;

@@ -38,19 +38,32 @@ class VgpuUsageSource {
   virtual absl::StatusOr<std::vector<VgpuContainerUsage>> Read() = 0;
 };
 
+// What the node agent granted one vGPU container (its own record: vgpu/node's checkpoint), by
+// which the exporter labels and bounds what the container's accounting file claims.
+struct VgpuGrantRecord {
+  std::string dir;  // its accounting directory, relative to the root ("<pod-uid>/<container>")
+  std::string ns, pod, container, gpu_uuid;
+  uint64_t memory_limit_bytes = 0;
+  double core_limit_ratio = 0;
+};
+using VgpuGrantReader = std::function<absl::StatusOr<std::vector<VgpuGrantRecord>>()>;
+
 // The interposer's accounting files: <root>/<pod-uid>/<container>/accounting (src/vgpu/
-// accounting.h). The pod's namespace and name are read from <root>/<pod-uid>/pod ("namespace/name",
-// written by the vGPU node side when it creates the directory); without that file the pod is named
-// by its UID. Utilisation is the growth of the region's busy_ns between two reads.
+// accounting.h). The file is the tenant's to write, so only its usage figures are read, and only
+// as claims: a file is reported only for a container the agent granted (`grants`, read each
+// cycle), under the grant's namespace, pod, container, GPU and limits, with its memory in use
+// never above the granted limit (a file naming another GPU or more memory forges nothing).
+// Utilisation is the growth of the region's busy_ns between two reads, at most 1.
 // Thread-compatible (the sampler calls it from one cycle at a time).
 class AccountingDirUsageSource : public VgpuUsageSource {
  public:
-  explicit AccountingDirUsageSource(std::string root, Clock* clock = nullptr)
-      : root_(std::move(root)), clock_(clock ? clock : RealClock()) {}
+  AccountingDirUsageSource(std::string root, VgpuGrantReader grants, Clock* clock = nullptr)
+      : root_(std::move(root)), grants_(std::move(grants)), clock_(clock ? clock : RealClock()) {}
   absl::StatusOr<std::vector<VgpuContainerUsage>> Read() override;
 
  private:
   std::string root_;
+  VgpuGrantReader grants_;
   Clock* clock_;
   std::map<std::string, std::pair<uint64_t, Clock::TimePoint>> last_busy_;  // by file path
 };

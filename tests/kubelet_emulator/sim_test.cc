@@ -377,6 +377,60 @@ TEST_F(SimTest, VgpuPodAloneSharesEveryGpu) {
   EXPECT_THAT(r.out, HasSubstr("without an API server Allocate cannot name the pod"));
 }
 
+// The agent's exporter reports the vGPU pod's container under the agent's own grant, as it is
+// wired in production (the grant checkpoint in the accounting directory): namespace, pod and the
+// container's real name, although without an API server its accounting directory was made under a
+// placeholder name before the pod was known; the limit is the grant's, 20 x 256 MiB.
+TEST_F(SimTest, ExporterReportsTheVgpuContainerByItsGrant) {
+  if (!AgentBuilt()) GTEST_SKIP() << "`gpulet agent` is not built yet (device plugin issue)";
+  std::string log = root_ + "/../" + fs::path(root_).filename().string() + ".vgpu.out";
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string cmd =
+        Sim("--simulate dgx-h100 --serve " + kSrc + "/examples/05-vgpu.yaml > " + log + " 2>&1");
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+    _exit(127);
+  }
+  auto read_log = [&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::smatch url;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string banner;
+  while (std::chrono::steady_clock::now() < deadline) {
+    banner = read_log();
+    if (banner.find("Serving") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(std::regex_search(banner, url,
+                                std::regex("metrics: +(http://127\\.0\\.0\\.1:[0-9]+/metrics)")))
+      << banner;
+  const std::string want =
+      "gpulet_vgpu_container_memory_limit_bytes{namespace=\"default\",pod=\"vgpu-inference\","
+      "container=\"app\",gpu=\"";
+  std::string text;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    text = Shell("curl -sf " + url[1].str()).out;
+    if (text.find(want) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (text.empty() && Shell("command -v curl").code != 0) GTEST_SKIP() << "curl is not installed";
+  std::smatch line;
+  ASSERT_TRUE(
+      std::regex_search(text, line,
+                        std::regex(std::regex_replace(want, std::regex("[{}.\\[\\]]"), "\\$&") +
+                                   "[0-9]+\",uuid=\"GPU-[0-9a-f-]+\"\\} ([0-9]+)\n")))
+      << text;
+  EXPECT_EQ(line[1].str(), "5368709120");
+  EXPECT_THAT(text, Not(HasSubstr("container=\"c\"")));
+  fs::remove(log);
+}
+
 // --serve keeps the node up: PodResources answers over its socket, an injected XID fault on one
 // GPU takes it out of the allocatable set, SIGTERM stops everything with exit 0.
 TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {

@@ -37,6 +37,13 @@ class HostileAccountingTest : public ::testing::Test {
     munmap(r, sizeof *r);
   }
   void TearDown() override { std::filesystem::remove_all(root_); }
+  // The agent's grant for the container (the exporter reads only granted containers' files).
+  static VgpuGrantReader Grants() {
+    return [] {
+      return std::vector<VgpuGrantRecord>{
+          {"uid-1/main", "ml", "frac", "main", "GPU-1", 4ull << 30, 0.3}};
+    };
+  }
   std::string root_, file_;
 };
 
@@ -52,7 +59,7 @@ TEST_F(HostileAccountingTest, TruncationLoopDoesNotCrashTheAgent) {
     }
     close(fd);
   });
-  AccountingDirUsageSource source(root_);
+  AccountingDirUsageSource source(root_, Grants());
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   int reads = 0;
   while (std::chrono::steady_clock::now() < until) {
@@ -73,7 +80,7 @@ TEST_F(HostileAccountingTest, GrownFileIsCutBack) {
     for (int i = 0; i < 16; ++i) f << mib;
   }
   ASSERT_GT(std::filesystem::file_size(file_), 16u << 20);
-  AccountingDirUsageSource source(root_);
+  AccountingDirUsageSource source(root_, Grants());
   auto r = source.Read();
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 1u);
@@ -87,7 +94,7 @@ TEST_F(HostileAccountingTest, SymlinksFifosAndShortFilesAreRefused) {
   std::string other = root_ + "/elsewhere";
   std::filesystem::rename(file_, other);
   std::filesystem::create_symlink(other, file_);
-  AccountingDirUsageSource source(root_);
+  AccountingDirUsageSource source(root_, Grants());
   auto r = source.Read();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->empty()) << "followed a symlink";

@@ -563,7 +563,11 @@ TEST(Sampler, ReadsVgpuAccounting) {
   int slot = vgpu::ClaimSlot(*r, vgpu::OwnerWord(getpid(), vgpu::ProcessStartTicks(getpid())));
   ASSERT_GE(slot, 0);
   ASSERT_TRUE(vgpu::Reserve(*r, slot, r->owner[slot].load(), 1ull << 30));
-  AccountingDirUsageSource source(root, &clock);
+  VgpuGrantReader grants = [&] {
+    return std::vector<VgpuGrantRecord>{
+        {"uid-1/main", "ml", "frac-pod", "main", g.inventory().devices[1].uuid, 4ull << 30, 0.3}};
+  };
+  AccountingDirUsageSource source(root, grants, &clock);
   Sampler sampler(&g, nullptr, nullptr, &source, &clock, {});
   sampler.SampleOnce();
   r->busy_ns += 250'000'000;  // 0.25 s of GPU time in 1 s of wall time
@@ -577,6 +581,51 @@ TEST(Sampler, ReadsVgpuAccounting) {
   EXPECT_THAT(t, HasSubstr("gpulet_vgpu_container_utilization_ratio" + labels + " 0.25\n"));
   EXPECT_THAT(t, HasSubstr("gpulet_vgpu_container_core_limit_ratio" + labels + " 0.3\n"));
   EXPECT_THAT(t, HasSubstr("gpulet_exporter_vgpu_accounting_up 1\n"));
+  std::filesystem::remove_all(root);
+}
+
+// The accounting file is the tenant's to write: what it says is a claim. A file naming another
+// GPU and more memory than granted, and a file of a container the agent never granted, forge
+// nothing: the series carry the grant's names, GPU and limits, memory in use at most the limit.
+TEST(Sampler, VgpuUsageIsCheckedAgainstTheAgentsGrants) {
+  gpulet::testing::FakeClock clock;
+  std::string root = TempDir();
+  FakeGpuLayer g(2);
+  auto forge = [&](const std::string& dir, const std::string& uuid) {
+    std::filesystem::create_directories(root + dir);
+    const char* err = "";
+    vgpu::AccountingRegion* r =
+        vgpu::MapAccounting((root + dir + "/accounting").c_str(), true, &err);
+    ASSERT_NE(r, nullptr) << err;
+    r->memory_limit = 1ull << 40;  // 1 TiB "limit"
+    r->core_limit = 100;
+    snprintf(r->device_uuid, sizeof r->device_uuid, "%s", uuid.c_str());
+    r->high_water = 1;
+    r->owner[0] = 1;
+    r->held[0] = 64ull << 30;  // 64 GiB "in use"
+    munmap(r, sizeof *r);
+  };
+  forge("/uid-1/main", g.inventory().devices[0].uuid);                // granted GPU 1, claims GPU 0
+  forge("/uid-2/evil", g.inventory().devices[0].uuid);                // never granted
+  { std::ofstream(root + "/uid-2/pod") << "kube-system/coredns\n"; }  // names are the grant's
+  VgpuGrantReader grants = [&] {
+    return std::vector<VgpuGrantRecord>{
+        {"uid-1/main", "ml", "frac-pod", "main", g.inventory().devices[1].uuid, 4ull << 30, 0.3},
+        {"../uid-2/evil", "x", "y", "evil", g.inventory().devices[0].uuid, 1ull << 40, 1}};
+  };
+  AccountingDirUsageSource source(root, grants, &clock);
+  Sampler sampler(&g, nullptr, nullptr, &source, &clock, {});
+  sampler.SampleOnce();
+  std::string t = sampler.snapshot()->text;
+  std::string labels = "{namespace=\"ml\",pod=\"frac-pod\",container=\"main\",gpu=\"1\",uuid=\"" +
+                       g.inventory().devices[1].uuid + "\"}";
+  EXPECT_THAT(t, HasSubstr("gpulet_vgpu_container_memory_used_bytes" + labels + " 4294967296\n"));
+  EXPECT_THAT(t, HasSubstr("gpulet_vgpu_container_memory_limit_bytes" + labels + " 4294967296\n"));
+  EXPECT_THAT(t, HasSubstr("gpulet_vgpu_container_core_limit_ratio" + labels + " 0.3\n"));
+  EXPECT_THAT(t, Not(HasSubstr("container=\"evil\"")));
+  EXPECT_THAT(t, Not(HasSubstr("coredns")));
+  EXPECT_THAT(t, Not(HasSubstr("1099511627776")));
+  EXPECT_THAT(t, Not(HasSubstr("68719476736")));
   std::filesystem::remove_all(root);
 }
 

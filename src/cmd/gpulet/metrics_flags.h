@@ -10,11 +10,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/duration.h"
 #include "common/signals.h"
 #include "labels/labels.h"
 #include "metrics/exporter.h"
+#include "vgpu/node/node.h"
+#include "vgpu/rules/rules.h"
 
 namespace gpulet::cmd {
 
@@ -137,6 +140,24 @@ inline absl::StatusOr<std::chrono::milliseconds> ParseFlagDuration(const std::st
   return absl::ToChronoMilliseconds(d->value);
 }
 
+// The fractional grants of the agent's checkpoint in `dir`, as the exporter checks usage by them.
+inline absl::StatusOr<std::vector<metrics::VgpuGrantRecord>> VgpuGrantRecords(
+    const std::string& dir) {
+  absl::StatusOr<std::vector<vgpu::Grant>> grants = vgpu::ReadGrantCheckpoint(dir);
+  if (!grants.ok()) return grants.status();
+  std::vector<metrics::VgpuGrantRecord> out;
+  for (const vgpu::Grant& g : *grants) {
+    if (g.accounting_dir.empty() || g.gpus.size() != 1) continue;  // whole GPUs: no accounting
+    // <dir>/<pod-uid>/<container as first named>: the exporter reads it under its own root.
+    absl::string_view rel = g.accounting_dir;
+    if (!absl::ConsumePrefix(&rel, dir + "/")) continue;
+    out.push_back({std::string(rel), g.ns, g.pod, g.container, g.gpus[0],
+                   static_cast<uint64_t>(vgpu::MemoryUnitsToBytes(g.memory_units)),
+                   static_cast<double>(g.cores) / vgpu::kCoresPerGpu});
+  }
+  return out;
+}
+
 inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const ExporterFlags& f) {
   metrics::ExporterOptions o;
   auto fam = metrics::ParseFamilies(f.families);
@@ -159,6 +180,8 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
   o.pod_resources_interval = *pod_interval;
   o.extra_resources = f.resource_names;
   o.vgpu_accounting_dir = f.vgpu_accounting_dir;
+  // The agent checkpoints its grants in the same directory (vgpu/node's state_dir).
+  o.vgpu_grants = [dir = f.vgpu_accounting_dir] { return VgpuGrantRecords(dir); };
   o.kubelet_checkpoint = f.kubelet_checkpoint;
   return o;
 }

@@ -252,12 +252,11 @@ NodeAssigner::NodeAssigner(NodeOptions options, std::vector<PoolGpu> pool, k8s::
                            Clock* clock)
     : options_(std::move(options)), pool_(std::move(pool)), api_(api), clock_(clock) {}
 
-absl::Status NodeAssigner::Load() {
-  absl::MutexLock l(&mu_);
-  std::string path = options_.state_dir + "/assignments.json";
+absl::StatusOr<std::vector<Grant>> ReadGrantCheckpoint(const std::string& state_dir) {
+  std::string path = state_dir + "/assignments.json";
   auto text = ReadFileToString(path);
   if (!text.ok()) {
-    if (absl::IsNotFound(text.status()) || !PathExists(path)) return absl::OkStatus();
+    if (absl::IsNotFound(text.status()) || !PathExists(path)) return std::vector<Grant>{};
     return text.status();
   }
   json j = json::parse(*text, nullptr, false);  // no exceptions: a parse error is `discarded`
@@ -275,7 +274,12 @@ absl::Status NodeAssigner::Load() {
   } catch (const json::exception& e) {  // belt and braces: nothing above should throw
     return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
   }
-  grants_ = std::move(loaded);
+  return loaded;
+}
+
+absl::Status NodeAssigner::Load() {
+  absl::MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(grants_, ReadGrantCheckpoint(options_.state_dir));
   return absl::OkStatus();
 }
 

@@ -82,6 +82,12 @@ struct Grant {
   int64_t time_ns = 0;
 };
 
+// The grants checkpointed in <state_dir>/assignments.json (the agent's own record, 0600, never
+// mounted into a container): an empty list when there is none yet; DataLoss naming the file and
+// the grant when it is not a gpulet checkpoint. The metrics exporter reads it to label vGPU usage
+// by what the agent granted, not by what a tenant-writable accounting file says.
+absl::StatusOr<std::vector<Grant>> ReadGrantCheckpoint(const std::string& state_dir);
+
 class NodeAssigner {
  public:
   // `api` may be null (a node without API server): containers are then placed from the kubelet's
@@ -144,8 +150,8 @@ class NodeAssigner {
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleaseLocked(const std::set<std::string>& gone_uids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // <state_dir>/<pod-uid>/pod = "namespace/name": how the metrics exporter names the pod of an
-  // accounting file (src/metrics/sampler.h).
+  // <state_dir>/<pod-uid>/pod = "namespace/name", for a person reading the directory (the metrics
+  // exporter names pods by the checkpointed grants instead: ReadGrantCheckpoint).
   void WritePodFile(const Grant& g) const;
   void PatchAnnotations(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
