@@ -437,7 +437,9 @@ class GuardedServer final : public httplib::Server {
         parked.resize(opt_.max_connections);
       }
       fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
-      for (auto& c : parked) fds.push_back({c->fd, c->out.empty() ? POLLIN : POLLOUT, 0});
+      for (auto& c : parked) {
+        fds.push_back({c->fd, static_cast<short>(c->out.empty() ? POLLIN : POLLOUT), 0});
+      }
       int r = poll(fds.data(), fds.size(), 100);
       if (r <= 0) continue;
       if (fds[0].revents) {
