@@ -1,10 +1,14 @@
 #include "fake_nvml/fault_cli.h"
 
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
@@ -15,12 +19,50 @@ namespace {
 struct Args {
   std::string sim_root;
   Fault fault;
+  std::string code;  // kept as typed: parsed against the XID's real range below
   int64_t gi = -1, ci = -1;
   std::string ecc_type = "sbe";
-  // `set` conveniences; every telemetry key is also reachable through --value KEY=N.
-  std::map<std::string, uint64_t> named;
+  // `set` conveniences by flag; every telemetry key is also reachable through --value KEY=N.
+  std::map<std::string, std::string> named;  // flag -> value as typed
   std::vector<std::string> values;
 };
+
+// The largest value NVML can report for a telemetry key (what its C type and meaning allow):
+// percentages 100, P-states 15, temperatures 200 C (NVML's are unsigned), 64-bit counters
+// (energy, NVLink, PCIe throughput), every other 32-bit. Values past it would reach the exporter
+// as nonsense (a wrapped -40 C was served as 4294967256).
+uint64_t TelemetryMax(const std::string& key) {
+  if (absl::EndsWith(key, "_pct")) return 100;
+  if (key == "pstate") return 15;
+  if (absl::EndsWith(key, "_temp_c")) return 200;
+  if (key == "total_energy_mj" || absl::StartsWith(key, "nvlink_") || absl::EndsWith(key, "_ns")) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return std::numeric_limits<uint32_t>::max();
+}
+
+// `text` as a whole number 0..max; else the message says what was typed and the real range.
+absl::StatusOr<uint64_t> Bounded(const std::string& what, const std::string& text, uint64_t max,
+                                 const std::string& unit = "") {
+  uint64_t v = 0;
+  bool negative = !text.empty() && text[0] == '-';
+  if (negative || !absl::SimpleAtoi(text, &v) || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", text, "' is out of range: want a whole number 0..", max, unit,
+                     negative ? " (NVML reports it unsigned)" : ""));
+  }
+  return v;
+}
+
+// CLI11's NonNegativeNumber prints its range as 0 to 1.8e308 written out in full.
+const CLI::Validator kIndex(
+    [](std::string& s) -> std::string {
+      uint32_t v = 0;
+      return absl::SimpleAtoi(s, &v) && !s.empty() && s[0] != '-' && v <= 1023
+                 ? ""
+                 : absl::StrCat("'", s, "' is not an index 0..1023");
+    },
+    "INDEX", "index");
 
 }  // namespace
 
@@ -33,19 +75,17 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
         ->required()
         ->type_name("DIR");
     if (gpu)
-      sub->add_option("--gpu", a->fault.gpu, "GPU index")
-          ->required()
-          ->check(CLI::NonNegativeNumber);
+      sub->add_option("--gpu", a->fault.gpu, "GPU index (nvidia-smi's)")->required()->check(kIndex);
     sub->callback([a, kind] { a->fault.kind = kind; });
     return sub;
   };
   CLI::App* xid = add("xid", "Raise an XID event on a GPU (or one of its MIG devices)",
                       Fault::Kind::kXid, true);
-  xid->add_option("--code", a->fault.code, "XID number, e.g. 79 (fallen off the bus)")->required();
-  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device")
-      ->check(CLI::NonNegativeNumber);
-  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device")
-      ->check(CLI::NonNegativeNumber);
+  xid->add_option("--code", a->code, "XID number 0..4294967295, e.g. 79 (fallen off the bus)")
+      ->required()
+      ->type_name("XID");
+  xid->add_option("--gi", a->gi, "GPU instance id of the MIG device")->check(kIndex);
+  xid->add_option("--ci", a->ci, "Compute instance id of the MIG device")->check(kIndex);
   CLI::App* ecc = add("ecc", "Raise an ECC error event and count it", Fault::Kind::kEcc, true);
   ecc->add_option("--type", a->ecc_type, "sbe (single-bit, corrected) or dbe (double-bit)")
       ->check(CLI::IsMember({"sbe", "dbe"}));
@@ -57,53 +97,74 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
       Fault::Kind::kNvmlFail, false);
   add("nvml-ok", "End an nvml-fail", Fault::Kind::kNvmlOk, false);
   CLI::App* set = add("set", "Change telemetry of a GPU", Fault::Kind::kSet, true);
-  set->add_option("--temp", a->named["gpu_temp_c"], "GPU temperature, C");
-  set->add_option("--util", a->named["gpu_util_pct"], "GPU utilisation, %");
-  set->add_option("--mem-util", a->named["memory_util_pct"], "Memory utilisation, %");
-  set->add_option("--mem-used-mib", a->named["fb_used_mib"], "Framebuffer used, MiB");
-  set->add_option("--power-mw", a->named["power_usage_mw"], "Power draw, mW");
+  set->add_option("--temp", a->named["--temp"], "GPU temperature, C (0..200)")->type_name("C");
+  set->add_option("--util", a->named["--util"], "GPU utilisation, % (0..100)")->type_name("PCT");
+  set->add_option("--mem-util", a->named["--mem-util"], "Memory utilisation, % (0..100)")
+      ->type_name("PCT");
+  set->add_option("--mem-used-mib", a->named["--mem-used-mib"], "Framebuffer used, MiB")
+      ->type_name("MIB");
+  set->add_option("--power-mw", a->named["--power-mw"], "Power draw, mW")->type_name("MW");
   set->add_option("--value", a->values,
                   "KEY=N for any telemetry key: " + absl::StrJoin(TelemetryKeys(), ", "))
       ->type_name("KEY=N");
 
-  return [a, set] {
+  return [a, set, &fault] {
+    // One voice: "gpulet sim fault KIND: what" and exit 2 for what was typed wrong, 1 when the
+    // node refuses or is not there.
+    const std::string who = absl::StrCat(
+        "gpulet sim fault ",
+        fault.get_subcommands().empty() ? std::string() : fault.get_subcommands()[0]->get_name());
+    auto usage = [&](const absl::Status& st) {
+      std::cerr << who << ": " << st.message() << "\n";
+      return 2;
+    };
     Fault f = a->fault;
     f.gi = a->gi;
     f.ci = a->ci;
     f.double_bit = a->ecc_type == "dbe";
+    if (f.kind == Fault::Kind::kXid) {
+      absl::StatusOr<uint64_t> code = Bounded("--code", a->code, 0xffffffffu);
+      if (!code.ok()) return usage(code.status());
+      f.code = *code;
+    }
     if (f.kind == Fault::Kind::kSet) {
-      for (const auto& [key, value] : a->named) {
-        if (set->count(key == "gpu_temp_c"        ? "--temp"
-                       : key == "gpu_util_pct"    ? "--util"
-                       : key == "memory_util_pct" ? "--mem-util"
-                       : key == "fb_used_mib"     ? "--mem-used-mib"
-                                                  : "--power-mw") > 0) {
-          f.values.emplace_back(key, value);
-        }
+      static const std::map<std::string, std::string> kFlagKey = {{"--temp", "gpu_temp_c"},
+                                                                  {"--util", "gpu_util_pct"},
+                                                                  {"--mem-util", "memory_util_pct"},
+                                                                  {"--mem-used-mib", "fb_used_mib"},
+                                                                  {"--power-mw", "power_usage_mw"}};
+      for (const auto& [flag, key] : kFlagKey) {
+        if (set->count(flag) == 0) continue;
+        absl::StatusOr<uint64_t> v = Bounded(flag, a->named[flag], TelemetryMax(key));
+        if (!v.ok()) return usage(v.status());
+        f.values.emplace_back(key, *v);
       }
+      const auto& keys = TelemetryKeys();
       for (const std::string& kv : a->values) {
         size_t eq = kv.find('=');
-        uint64_t v = 0;
-        const auto& keys = TelemetryKeys();
-        if (eq == std::string::npos || !absl::SimpleAtoi(kv.substr(eq + 1), &v) ||
-            std::find(keys.begin(), keys.end(), kv.substr(0, eq)) == keys.end()) {
-          std::cerr << "gpulet sim fault set: bad --value '" << kv
-                    << "' (want KEY=N with KEY one of " << absl::StrJoin(keys, ", ") << ")\n";
-          return 1;
+        std::string key = kv.substr(0, eq);
+        if (eq == std::string::npos || std::find(keys.begin(), keys.end(), key) == keys.end()) {
+          return usage(absl::InvalidArgumentError(absl::StrCat("bad --value '", kv,
+                                                               "' (want KEY=N with KEY one of ",
+                                                               absl::StrJoin(keys, ", "), ")")));
         }
-        f.values.emplace_back(kv.substr(0, eq), v);
+        absl::StatusOr<uint64_t> v =
+            Bounded(absl::StrCat("--value ", key), kv.substr(eq + 1), TelemetryMax(key));
+        if (!v.ok()) return usage(v.status());
+        f.values.emplace_back(key, *v);
       }
       if (f.values.empty()) {
-        std::cerr
-            << "gpulet sim fault set: nothing to set (give --temp, --util, ... or --value KEY=N)\n";
-        return 1;
+        return usage(absl::InvalidArgumentError(
+            "nothing to set (give --temp, --util, ... or --value KEY=N)"));
       }
     }
     absl::Status st = InjectFault(a->sim_root, f);
     if (!st.ok()) {
-      std::cerr << "gpulet sim fault: " << st.message() << "\n";
+      std::cerr << who << ": " << st.message() << "\n";
       return 1;
     }
+    // Say what was done: a fault that prints nothing looks like one that did nothing.
+    std::cout << who << ": " << FormatFault(f) << " -> the node at " << a->sim_root << "\n";
     return 0;
   };
 }

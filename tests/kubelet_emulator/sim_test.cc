@@ -281,6 +281,41 @@ TEST_F(SimTest, FaultWithoutNode) {
   EXPECT_THAT(r.out, HasSubstr("--code"));
 }
 
+// Values a fault cannot carry are refused before anything is written, exit 2, with the real range
+// and the flag as typed: a negative temperature or XID used to wrap (the exporter then served
+// 4294967256 C), a percentage over 100 or a P-state over 15 was taken, and a negative --gpu
+// printed CLI11's 309-digit upper bound.
+TEST_F(SimTest, FaultValuesAreBoundedAndSigned) {
+  struct Try {
+    std::string args, says;
+  };
+  const std::vector<Try> tries = {
+      {"set --gpu 1 --temp -40", "--temp '-40' is out of range: want a whole number 0..200"},
+      {"set --gpu 1 --temp 201", "--temp '201' is out of range: want a whole number 0..200"},
+      {"set --gpu 1 --util 101", "--util '101' is out of range: want a whole number 0..100"},
+      {"set --gpu 1 --value pstate=16",
+       "--value pstate '16' is out of range: want a whole number 0..15"},
+      {"set --gpu 1 --value gpu_util_pct=-1", "(NVML reports it unsigned)"},
+      {"set --gpu 1 --value bogus=1", "bad --value 'bogus=1' (want KEY=N"},
+      {"set --gpu 1", "nothing to set"},
+      {"xid --gpu 3 --code -5", "--code '-5' is out of range: want a whole number 0..4294967295"},
+      {"xid --gpu 3 --code 4294967296", "want a whole number 0..4294967295"},
+      {"xid --gpu 3 --code 79x", "--code '79x' is out of range"},
+  };
+  for (const Try& t : tries) {
+    Result r = Shell(kBin + "gpulet-sim fault " + t.args + " --sim-root " + root_);
+    EXPECT_EQ(r.code, 2) << t.args << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr("gpulet sim fault " + t.args.substr(0, t.args.find(' ')) + ": "))
+        << t.args;
+    EXPECT_THAT(r.out, HasSubstr(t.says)) << t.args;
+  }
+  Result r = Shell(kBin + "gpulet-sim fault xid --gpu -1 --code 79 --sim-root " + root_);
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("'-1' is not an index 0..1023")) << r.out;
+  EXPECT_THAT(r.out, Not(HasSubstr("1797"))) << r.out;
+  EXPECT_FALSE(fs::exists(root_ + "/control/faults.log")) << "a refused fault was written";
+}
+
 // A fault aimed at a MIG device (--gi/--ci) is refused on a GPU without MIG, and for an
 // instance the GPU does not have, naming what it has (it faulted the whole GPU instead).
 TEST_F(SimTest, MigFaultNeedsAMigDevice) {
@@ -473,6 +508,8 @@ TEST_F(SimTest, ServeAnswersPodResourcesAndFaults) {
       << banner;
   Result f = Shell(kBin + "gpulet-sim " + hint[1].str());
   EXPECT_EQ(f.code, 0) << f.out;
+  // It says what it did (it used to print nothing on success).
+  EXPECT_THAT(f.out, HasSubstr("gpulet sim fault xid: xid gpu=3 code=79 -> the node at " + root_));
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (healthy_gpus() != 7 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
