@@ -38,8 +38,20 @@ int64_t RssKiB() {
   return 0;
 }
 
-int Connect(int port) {
+// A loopback connection to `port`, from the address `from` when given (any 127.x.y.z is this
+// machine), with a receive buffer of `rcvbuf` bytes when given (a client that barely reads).
+int Connect(int port, const char* from = nullptr, int rcvbuf = 0) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  if (from) {
+    sockaddr_in me{};
+    me.sin_family = AF_INET;
+    inet_pton(AF_INET, from, &me.sin_addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me) != 0) {
+      close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -262,14 +274,8 @@ TEST_F(HttpAbuseTest, ClientsThatNeverReadDoNotStarveProbes) {
   for (int i = 0; i < 400; ++i) pipeline += "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
   std::vector<int> stuck;
   for (int i = 0; i < 8; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    int small = 1024;
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(server.port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    int fd = Connect(server.port(), nullptr, /*rcvbuf=*/1024);
+    ASSERT_GE(fd, 0);
     timeval tv{0, 200000};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     SendAll(fd, pipeline);
@@ -319,18 +325,8 @@ TEST_F(HttpAbuseTest, ConnectionsPerPeerAreCapped) {
   MetricsServer server(&sampler_, o);
   ASSERT_TRUE(server.Start().ok());
   auto from = [&](const char* ip) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in me{};
-    me.sin_family = AF_INET;
-    inet_pton(AF_INET, ip, &me.sin_addr);
-    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me), 0) << ip;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(server.port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    timeval tv{2, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = Connect(server.port(), ip);
+    EXPECT_GE(fd, 0) << ip;
     return fd;
   };
   int other = from("127.0.0.2");

@@ -183,34 +183,32 @@ inline uint32_t LockTag(uint64_t owner) {
   return t != 0 ? t : 1;
 }
 
+// One OFD lock request `cmd` (F_OFD_SETLK / F_OFD_GETLK) of `type` on the 8 bytes at `offset`;
+// fcntl's result, `*l` as the kernel left it.
+inline int OfdLock(int fd, int cmd, short type, off_t offset, struct flock* l) {
+  *l = {};
+  l->l_type = type;
+  l->l_whence = SEEK_SET;
+  l->l_start = offset;
+  l->l_len = sizeof(uint64_t);
+  return fcntl(fd, cmd, l);
+}
 // 1: this descriptor now holds the write lock on [offset, +8); 0: another open file description
 // holds a lock there (its owner is alive); -1: the lock cannot be taken (an error).
 inline int TryLockRange(int fd, off_t offset) {
-  struct flock l = {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = offset;
-  l.l_len = sizeof(uint64_t);
-  if (fcntl(fd, F_OFD_SETLK, &l) == 0) return 1;
+  struct flock l;
+  if (OfdLock(fd, F_OFD_SETLK, F_WRLCK, offset, &l) == 0) return 1;
   return errno == EAGAIN || errno == EACCES ? 0 : -1;
 }
 inline void UnlockRange(int fd, off_t offset) {
-  struct flock l = {};
-  l.l_type = F_UNLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = offset;
-  l.l_len = sizeof(uint64_t);
-  fcntl(fd, F_OFD_SETLK, &l);
+  struct flock l;
+  OfdLock(fd, F_OFD_SETLK, F_UNLCK, offset, &l);
 }
 // For readers (any descriptor, read-only too): 1 some open file description holds a lock on
 // [offset, +8), 0 none, -1 cannot tell.
 inline int RangeLocked(int fd, off_t offset) {
-  struct flock l = {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = offset;
-  l.l_len = sizeof(uint64_t);
-  if (fcntl(fd, F_OFD_GETLK, &l) != 0) return -1;
+  struct flock l;
+  if (OfdLock(fd, F_OFD_GETLK, F_WRLCK, offset, &l) != 0) return -1;
   return l.l_type != F_UNLCK;
 }
 // What a reader knows of slot `i` with owner word `owner` (non-zero) and lock tag `tag`:
