@@ -444,8 +444,14 @@ struct FileParser {
         ASSIGN_OR_RETURN(r.rename, ResourceName(v, sub, s));
       } else if (k == "replicas") {
         ASSIGN_OR_RETURN(auto s, Scalar(v, sub));
-        if (!absl::SimpleAtoi(s, &r.replicas) || r.replicas < 2)
-          return Err(v, sub, absl::StrCat("\"", s, "\" must be an integer >= 2"));
+        // Bounded before anything is expanded: every replica is a device the plugin keeps and
+        // lists to the kubelet (1e9 replicas grew the plugin to 2.5 GB before it said a word).
+        // 1024 per GPU keeps a 16-GPU node's ListAndWatch answer (16384 devices) well under
+        // gRPC's default 4 MiB message.
+        if (!absl::SimpleAtoi(s, &r.replicas) || r.replicas < 2 || r.replicas > kMaxReplicasPerGpu)
+          return Err(v, sub,
+                     absl::StrCat("\"", s, "\" must be an integer 2..", kMaxReplicasPerGpu,
+                                  " (replicas per GPU)"));
       } else if (k == "devices") {
         if (t.mps && !(v.IsScalar() && v.Scalar() == "all"))
           return Err(v, sub,

@@ -15,6 +15,9 @@
 
 namespace gpulet::plugin {
 
+// The most replicas a GPU may be shared into (sharing.timeSlicing / sharing.mps): see config.cc.
+inline constexpr int kMaxReplicasPerGpu = 1024;
+
 enum class MigStrategy { kNone, kSingle, kMixed };
 enum class IdStrategy { kUuid, kIndex };
 enum class SharedPolicy { kDistributed, kPacked };

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace gpulet::plugin {
 namespace {
 
@@ -75,6 +77,27 @@ TEST(ConfigTest, BadValueNamesLineAndChoices) {
   auto m = ParseConfig(
       "sharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n", "f.yaml");
   EXPECT_THAT(m.status().message(), HasSubstr("f.yaml:4: sharing.mps.resources.replicas"));
+}
+
+// A count that would be expanded is bounded first, and the bound is named: a billion replicas
+// used to grow the plugin to 2.5 GB, silent and deaf to SIGTERM, until bad_alloc.
+TEST(ConfigTest, ReplicasAreBoundedBeforeExpansion) {
+  for (const char* n : {"1000000000", "1025", "99999999999999999999", "-3"}) {
+    auto c = ParseConfig(absl::StrCat("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                      "    - name: nvidia.com/gpu\n      replicas: ",
+                                      n, "\n"),
+                         "big.yaml");
+    ASSERT_FALSE(c.ok()) << n;
+    EXPECT_THAT(c.status().message(),
+                HasSubstr(absl::StrCat("big.yaml:6: sharing.timeSlicing.resources.replicas: \"", n,
+                                       "\" must be an integer 2..1024 (replicas per GPU)")))
+        << c.status();
+  }
+  auto ok = ParseConfig(
+      "sharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1024}\n",
+      "max.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->time_slicing[0].replicas, 1024);
 }
 
 // Flag beats environment beats file, per setting, with NVIDIA's variable names.
