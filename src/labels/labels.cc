@@ -1,6 +1,7 @@
 #include "labels/labels.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <vector>
 
@@ -73,16 +74,25 @@ void DeviceLabels(Labels& l, const std::string& product, const gpu::Device& d, s
 }  // namespace
 
 std::string SanitizeLabelValue(const std::string& s) {
+  auto alnum = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  };
   std::string out;
   for (char c : s) {
     if (c == ' ') {
       out.push_back('-');
-    } else if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-               c == '-' || c == '_' || c == '.') {
+    } else if (alnum(c) || c == '-' || c == '_' || c == '.') {
       out.push_back(c);
     }
   }
-  return out;
+  // Kubernetes refuses a label value over 63 characters, or one that does not begin and end with
+  // an alphanumeric: a whole node's labels would be refused for one bad value (a binary
+  // --machine-type-file gave 179 characters).
+  if (out.size() > kMaxLabelValue) out.resize(kMaxLabelValue);
+  size_t b = 0, e = out.size();
+  while (b < e && !alnum(out[b])) ++b;
+  while (e > b && !alnum(out[e - 1])) --e;
+  return out.substr(b, e - b);
 }
 
 absl::Status ValidateOptions(const LabelOptions& o) {
@@ -224,6 +234,12 @@ std::string FormatFeatureFile(const Labels& labels) {
 
 absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path,
                               const Labels& labels) {
+  if (path == "-") {  // standard output, as every Unix tool takes it (it wrote a file named "-")
+    std::string text = FormatFeatureFile(labels);
+    if (fwrite(text.data(), 1, text.size(), stdout) != text.size() || fflush(stdout) != 0)
+      return absl::UnavailableError("cannot write to standard output");
+    return absl::OkStatus();
+  }
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     absl::Status st = fs.MakeDirs(path.substr(0, slash));

@@ -43,11 +43,14 @@ Labels GenerateLabels(const gpu::Inventory& inventory, const LabelOptions& optio
 // "key=value\n" per label, sorted by key: NFD's feature-file format.
 std::string FormatFeatureFile(const Labels& labels);
 
-// Creates the parent directory if needed and replaces `path` atomically.
+// Creates the parent directory if needed and replaces `path` atomically; "-" writes to stdout.
 absl::Status WriteFeatureFile(const RootedFilesystem& fs, const std::string& path,
                               const Labels& labels);
 
-// GFD's sanitising of a model name: characters outside [A-Za-z0-9-_. ] dropped, spaces -> '-'.
+// GFD's sanitising of a model name: characters outside [A-Za-z0-9-_. ] dropped, spaces -> '-';
+// then what Kubernetes requires of a label value: at most kMaxLabelValue characters, beginning and
+// ending with an alphanumeric (possibly empty).
+inline constexpr size_t kMaxLabelValue = 63;
 std::string SanitizeLabelValue(const std::string& s);
 
 // Rewrites the feature file from the GPU layer's inventory every `interval` (GFD's

@@ -3,6 +3,7 @@
 #include "labels/labels.h"
 
 #include <filesystem>
+#include <regex>
 
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
@@ -137,6 +138,36 @@ TEST(Labels, RejectsBadOptions) {
   o.sharing_strategy = "magic";
   EXPECT_FALSE(ValidateOptions(o).ok());
   EXPECT_TRUE(ValidateOptions({}).ok());
+}
+
+// Every value is one Kubernetes accepts: at most 63 characters, alphanumeric at both ends, only
+// [A-Za-z0-9-_.] inside (a 179-character machine type from a binary file was written as is, and
+// the API server refuses the whole node's labels for one such value).
+TEST(Labels, ValuesAreValidKubernetesLabelValues) {
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+  binary += binary;
+  for (const std::string& in : {binary, std::string(200, 'a'),
+                                std::string("--.NVIDIA H100 80GB HBM3._-"), std::string("")}) {
+    std::string v = SanitizeLabelValue(in);
+    EXPECT_LE(v.size(), 63u) << v;
+    EXPECT_TRUE(std::regex_match(v, std::regex("(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")))
+        << v;
+  }
+  EXPECT_EQ(SanitizeLabelValue("--.NVIDIA H100 80GB HBM3._-"), "NVIDIA-H100-80GB-HBM3");
+  EXPECT_EQ(SanitizeLabelValue(std::string(200, 'a')), std::string(63, 'a'));
+  EXPECT_EQ(SanitizeLabelValue("NVIDIA A100-SXM4-40GB"), "NVIDIA-A100-SXM4-40GB");  // GFD's
+}
+
+// "-" is standard output, not a file named "-".
+TEST(Labels, DashWritesToStandardOutput) {
+  RootedFilesystem fs("/");
+  ::testing::internal::CaptureStdout();
+  absl::Status st = WriteFeatureFile(fs, "-", {{"nvidia.com/gpu.count", "8"}});
+  std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(out, "nvidia.com/gpu.count=8\n");
+  EXPECT_FALSE(std::filesystem::exists("-"));
 }
 
 // The feature file is key=value lines, created with its directory, replaced atomically (no
