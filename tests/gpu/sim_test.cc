@@ -471,6 +471,28 @@ TEST(OpenGpuLayer, MissingNvmlLibrary) {
   EXPECT_THAT(std::string(l.status().message()), HasSubstr("--simulate"));
 }
 
+// A library named by path that is not a whole ELF shared object is refused with the reason before
+// dlopen maps it: a truncated copy of libnvidia-ml.so.1 killed the process with SIGBUS inside
+// dlopen, and a text file is named as such.
+TEST_F(SimTest, TruncatedOrForeignLibraryIsRefusedBeforeDlopen) {
+  const std::string real = std::string(GPULET_BINARY_DIR) + "/lib/fake/libnvidia-ml.so.1";
+  const std::string cut = root_ + "/libnvidia-ml.so.1";
+  std::filesystem::copy_file(real, cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(real) / 2);
+  GpuOptions o;
+  o.nvml_library = cut;
+  auto l = OpenGpuLayer(o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(std::string(l.status().message()),
+              StartsWith("cannot load NVML library '" + cut + "': truncated: "));
+  EXPECT_THAT(std::string(l.status().message()), HasSubstr("past the end of the"));
+  { std::ofstream(root_ + "/text.so") << "not a library\n"; }
+  o.nvml_library = root_ + "/text.so";
+  l = OpenGpuLayer(o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(std::string(l.status().message()), HasSubstr("not a 64-bit ELF shared library"));
+}
+
 // A library without the newer symbols (old driver): the _v1 fallbacks serve the inventory, and what
 // has no fallback (energy, memory temperature, MIG attributes, NVSwitch link types) is left unset.
 TEST_F(SimTest, LegacyLibraryDegrades) {

@@ -1,9 +1,11 @@
 #include "gpu/nvml/nvml_layer.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -123,7 +125,48 @@ struct NvmlLib {
   }
 };
 
+// A library named by path is checked before dlopen maps it: the loader maps its segments as the
+// headers say, and a truncated file (a partial copy, a full disk) then faults with SIGBUS inside
+// dlopen, killing the process before any message. A bare soname is left to the loader's search.
+absl::Status CheckSharedObject(const std::string& path) {
+  if (path.find('/') == std::string::npos) return absl::OkStatus();
+  auto bad = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load NVML library '", path, "': ", why));
+  };
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::OkStatus();  // missing or unreadable: dlopen says which, below
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return absl::OkStatus();
+  Elf64_Ehdr eh{};
+  std::vector<Elf64_Phdr> ph;
+  bool read = std::fread(&eh, sizeof eh, 1, f) == 1;
+  bool elf = read && std::memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+             eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_type == ET_DYN &&
+             eh.e_phentsize == sizeof(Elf64_Phdr) && eh.e_phnum > 0 && eh.e_phnum < 4096;
+  if (elf && eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr) <= size) {
+    ph.resize(eh.e_phnum);
+    elf = std::fseek(f, static_cast<long>(eh.e_phoff), SEEK_SET) == 0 &&
+          std::fread(ph.data(), sizeof(Elf64_Phdr), ph.size(), f) == ph.size();
+  } else if (elf) {
+    std::fclose(f);
+    return bad(absl::StrCat("truncated: its program headers end past the end of the ", size,
+                            "-byte file"));
+  }
+  std::fclose(f);
+  if (!elf) return bad(absl::StrCat("not a 64-bit ELF shared library (", size, " bytes)"));
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type == PT_LOAD && (p.p_offset > size || p.p_filesz > size - p.p_offset)) {
+      return bad(absl::StrCat("truncated: a segment at offset ", p.p_offset, " needs ", p.p_filesz,
+                              " bytes, past the end of the ", size, "-byte file"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o) {
+  RETURN_IF_ERROR(CheckSharedObject(o.library));
   auto lib = std::make_shared<NvmlLib>();
   lib->path = o.library;
   lib->simulate = o.simulate;
