@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <string>
@@ -152,6 +153,15 @@ class E2E : public ::testing::Test {
   std::string accounting_, state_;
   std::map<std::string, std::string> env_;
 };
+
+// The "share N" lines a pacing probe prints, one per window of a second (percent of GPU time).
+std::vector<double> Shares(const std::string& out) {
+  std::vector<double> shares;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind("share ", 0) == 0) shares.push_back(std::stod(l.substr(6)));
+  return shares;
+}
 
 // Where the CUDA toolkit is installed: a CUDA runtime program built with nvcc (cudart resolves the
 // driver through cuGetProcAddress) sees the limit in cudaMemGetInfo, allocates under it, and gets
@@ -470,17 +480,12 @@ TEST_F(E2E, LegacyLaunchesArePaced) {
     std::string out =
         Run({Bin("vcuda_probe"), "legacy", "2", kind},
             {{"GPULET_VGPU_CORE_LIMIT", "30"}, {"FAKE_CUDA_NS_PER_BLOCK", "1000000"}});
-    std::istringstream in(out);
-    int windows = 0;
-    double sum = 0;
-    for (std::string l; std::getline(in, l);) {
-      if (l.rfind("share ", 0) != 0) continue;
-      ++windows;
-      sum += std::stod(l.substr(6));
-      EXPECT_LE(std::stod(l.substr(6)), 35.0) << kind << ":\n" << out;
-    }
-    EXPECT_EQ(windows, 2) << kind << ":\n" << out;
-    EXPECT_GE(sum / 2, 10.0) << kind << ":\n" << out;  // greedy, but on a loaded 2-core VM
+    std::vector<double> shares = Shares(out);
+    for (double share : shares) EXPECT_LE(share, 35.0) << kind << ":\n" << out;
+    EXPECT_EQ(shares.size(), 2u) << kind << ":\n" << out;
+    EXPECT_GE(std::accumulate(shares.begin(), shares.end(), 0.0) / 2, 10.0)
+        << kind << ":\n"
+        << out;  // greedy, but on a loaded 2-core VM
   }
 }
 
@@ -629,18 +634,11 @@ TEST_F(E2E, MalformedLimitFailsClosed) {
 // may not get the CPU to be greedy (the virtual-time unit tests judge accuracy).
 TEST_F(E2E, PacingOnTheRealClock) {
   std::string out = Run({Bin("vcuda_probe"), "greedy", "3"}, {{"GPULET_VGPU_CORE_LIMIT", "30"}});
-  std::istringstream in(out);
-  int windows = 0;
-  double sum = 0;
-  for (std::string l; std::getline(in, l);) {
-    if (l.rfind("share ", 0) != 0) continue;
-    ++windows;
-    double share = std::stod(l.substr(6));
-    sum += share;
-    EXPECT_LE(share, 35.0) << out;
-  }
-  EXPECT_EQ(windows, 3);
-  EXPECT_GE(sum / 3, 10.0) << out;  // measured 18-30 on a 2-core VM at load ~29
+  std::vector<double> shares = Shares(out);
+  for (double share : shares) EXPECT_LE(share, 35.0) << out;
+  EXPECT_EQ(shares.size(), 3u);
+  EXPECT_GE(std::accumulate(shares.begin(), shares.end(), 0.0) / 3, 10.0)
+      << out;  // measured 18-30 on a 2-core VM at load ~29
 }
 
 // The library exports exactly its hooks, needs only glibc, and carries no C++ exception
