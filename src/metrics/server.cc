@@ -104,8 +104,9 @@ class GuardedServer final : public httplib::Server {
   // The liveness probe's answer: status and body, computed on the poller thread (it must be cheap
   // and never block). Null: /health goes to the workers like any other path.
   using Probe = std::function<std::pair<int, std::string>()>;
-  // Response bytes held for clients that do not read, all connections together (a /metrics
-  // response of a large node is a few hundred KiB; 32 such clients hold ~8 MiB).
+  // Response bytes held for clients that do not read, all connections together (an uncompressed
+  // /metrics of 8 GPUs x 128 containers is about 1 MiB, gzip 43 KiB; past the cap such a client is
+  // cut off instead).
   static constexpr size_t kMaxHeldResponseBytes = 16 << 20;
 
   GuardedServer(const ServerOptions& o, Probe probe) : opt_(o), probe_(std::move(probe)) {
@@ -187,7 +188,8 @@ class GuardedServer final : public httplib::Server {
   static constexpr size_t kMaxRequestsPerConnection = 1000;
 
   // The worker's view of a connection: reads come from the head the poller buffered (a body is
-  // never read: it is refused before routing), writes go out within the response deadline.
+  // never read: it is refused before routing), writes send what the socket takes and hold the rest
+  // for the poller.
   class ConnStream final : public httplib::Stream {
    public:
     ConnStream(Conn& c, const ServerOptions& o, std::atomic<size_t>& held)
