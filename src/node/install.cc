@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -272,6 +273,12 @@ absl::StatusOr<InstallResult> Uninstall(const std::string& host_root,
                                         const OnAction& on_action) {
   InstallResult r;
   const Actions add{r, on_action};
+  // A root that is not there is a mistake in the command, not an uninstalled host: "nothing to
+  // uninstall" with exit 0 would hide it (and leave the real host's install in place).
+  std::error_code ec;
+  if (!std::filesystem::is_directory(host_root, ec)) {
+    return absl::NotFoundError(absl::StrCat("--host-root ", host_root, ": no such directory"));
+  }
   auto text = ReadFileToString(UnderRoot(host_root, kRecord));
   if (!text.ok()) {
     add(absl::StrCat("nothing to uninstall: no ", kRecord, " under ", host_root));

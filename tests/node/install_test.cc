@@ -97,6 +97,10 @@ TEST_F(InstallTest, UninstallRestoresAndRemoves) {
   auto again = Uninstall(host_, "none");
   ASSERT_TRUE(again.ok());
   EXPECT_NE(again->actions.at(0).find("nothing to uninstall"), std::string::npos);
+  // A host root that does not exist is an error naming it, not "nothing to uninstall".
+  auto wrong = Uninstall(host_ + "/nonexistent", "none");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().message(), "--host-root " + host_ + "/nonexistent: no such directory");
 }
 
 // Each action is shown as it happens, before the engine restart: restarting the engine can end the
