@@ -214,6 +214,10 @@ spec:
       },
       20s))
       << exporter.output();
+  // The banner says which address it listens on and where to scrape, not only a port.
+  EXPECT_THAT(exporter.output(), HasSubstr(absl::StrCat("listening on port ", port,
+                                                        " of 127.0.0.1: http://127.0.0.1:", port,
+                                                        "/metrics and /health")));
 
   // promtool: gpulet's own families have no findings; everything parses.
   std::string scrape;

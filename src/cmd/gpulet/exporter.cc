@@ -27,8 +27,15 @@ std::function<int()> SetupExporter(CLI::App& sub) {
     auto opener = [gpu_opts] { return gpu::OpenGpuLayer(*gpu_opts); };
     auto exporter = metrics::Exporter::Start(*std::move(options), nullptr, opener);
     if (!exporter.ok()) return Fail("gpulet exporter", exporter.status());
-    // Tests and scripts that pass port 0 read the chosen port here.
-    std::cout << "gpulet exporter: listening on port " << (*exporter)->port() << std::endl;
+    // Tests and scripts that pass port 0 read the chosen port here (the number right after
+    // "listening on port "); the rest says who can reach it and where to look.
+    auto hp = metrics::ParseListenAddress(flags->address);  // checked by ToExporterOptions
+    const std::string host = hp.ok() ? hp->first : "?";
+    const int port = (*exporter)->port();
+    std::cout << "gpulet exporter: listening on port " << port << " of " << host
+              << (host == "0.0.0.0" ? " (every IPv4 address of this host)" : "") << ": http://"
+              << (host == "0.0.0.0" ? "localhost" : host) << ":" << port << "/metrics and /health"
+              << std::endl;
     int sig = 0;
     sigwait(&stop, &sig);
     (*exporter)->Stop();
