@@ -424,19 +424,27 @@ class GuardedServer final : public httplib::Server {
       // Too many waiting, from one address or in all: the oldest go first (a flood of idle
       // connections must not starve the kubelet's probe, which always arrives on a new connection,
       // possibly from the attacker's address: a host-network pod shares the node's).
-      std::sort(parked.begin(), parked.end(),
-                [](const auto& a, const auto& b) { return a->since > b->since; });
-      per_peer.clear();
-      for (auto& c : parked) {
-        if (++per_peer[c->peer] > std::max(1, opt_.max_connections_per_peer)) {
-          Close(*c);
-          c = nullptr;
-        }
+      // No address can be over its cap while fewer are parked than the cap: the common case costs
+      // neither the sort nor the count (this loop runs on every wake, every flush of a response).
+      const size_t per_peer_cap = std::max(1, opt_.max_connections_per_peer);
+      const size_t total_cap = std::max(1, opt_.max_connections);
+      if (parked.size() > std::min(per_peer_cap, total_cap)) {
+        std::sort(parked.begin(), parked.end(),
+                  [](const auto& a, const auto& b) { return a->since > b->since; });
       }
-      std::erase(parked, nullptr);
-      if (parked.size() > static_cast<size_t>(std::max(1, opt_.max_connections))) {
-        for (size_t i = opt_.max_connections; i < parked.size(); ++i) Close(*parked[i]);
-        parked.resize(opt_.max_connections);
+      if (parked.size() > per_peer_cap) {
+        per_peer.clear();
+        for (auto& c : parked) {
+          if (static_cast<size_t>(++per_peer[c->peer]) > per_peer_cap) {
+            Close(*c);
+            c = nullptr;
+          }
+        }
+        std::erase(parked, nullptr);
+      }
+      if (parked.size() > total_cap) {
+        for (size_t i = total_cap; i < parked.size(); ++i) Close(*parked[i]);
+        parked.resize(total_cap);
       }
       fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
       for (auto& c : parked) {
