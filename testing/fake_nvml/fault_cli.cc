@@ -42,17 +42,28 @@ uint64_t TelemetryMax(const std::string& key) {
 }
 
 // `text` as a whole number 0..max; else the message says what was typed and the real range.
-absl::StatusOr<uint64_t> Bounded(const std::string& what, const std::string& text, uint64_t max,
-                                 const std::string& unit = "") {
+absl::StatusOr<uint64_t> Bounded(const std::string& what, const std::string& text, uint64_t max) {
   uint64_t v = 0;
   bool negative = !text.empty() && text[0] == '-';
   if (negative || !absl::SimpleAtoi(text, &v) || v > max) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", text, "' is out of range: want a whole number 0..", max, unit,
+        absl::StrCat(what, " '", text, "' is out of range: want a whole number 0..", max,
                      negative ? " (NVML reports it unsigned)" : ""));
   }
   return v;
 }
+
+// `set`'s convenience flags, each one telemetry key (ordered by flag, as they are applied).
+struct NamedValue {
+  const char *flag, *key, *help, *type;
+};
+constexpr NamedValue kNamedValues[] = {
+    {"--mem-used-mib", "fb_used_mib", "Framebuffer used, MiB", "MIB"},
+    {"--mem-util", "memory_util_pct", "Memory utilisation, %", "PCT"},
+    {"--power-mw", "power_usage_mw", "Power draw, mW", "MW"},
+    {"--temp", "gpu_temp_c", "GPU temperature, C", "C"},
+    {"--util", "gpu_util_pct", "GPU utilisation, %", "PCT"},
+};
 
 // CLI11's NonNegativeNumber prints its range as 0 to 1.8e308 written out in full.
 const CLI::Validator kIndex(
@@ -97,13 +108,11 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
       Fault::Kind::kNvmlFail, false);
   add("nvml-ok", "End an nvml-fail", Fault::Kind::kNvmlOk, false);
   CLI::App* set = add("set", "Change telemetry of a GPU", Fault::Kind::kSet, true);
-  set->add_option("--temp", a->named["--temp"], "GPU temperature, C (0..200)")->type_name("C");
-  set->add_option("--util", a->named["--util"], "GPU utilisation, % (0..100)")->type_name("PCT");
-  set->add_option("--mem-util", a->named["--mem-util"], "Memory utilisation, % (0..100)")
-      ->type_name("PCT");
-  set->add_option("--mem-used-mib", a->named["--mem-used-mib"], "Framebuffer used, MiB")
-      ->type_name("MIB");
-  set->add_option("--power-mw", a->named["--power-mw"], "Power draw, mW")->type_name("MW");
+  for (const NamedValue& n : kNamedValues) {
+    set->add_option(n.flag, a->named[n.flag],
+                    absl::StrCat(n.help, " (0..", TelemetryMax(n.key), ")"))
+        ->type_name(n.type);
+  }
   set->add_option("--value", a->values,
                   "KEY=N for any telemetry key: " + absl::StrJoin(TelemetryKeys(), ", "))
       ->type_name("KEY=N");
@@ -128,16 +137,11 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
       f.code = *code;
     }
     if (f.kind == Fault::Kind::kSet) {
-      static const std::map<std::string, std::string> kFlagKey = {{"--temp", "gpu_temp_c"},
-                                                                  {"--util", "gpu_util_pct"},
-                                                                  {"--mem-util", "memory_util_pct"},
-                                                                  {"--mem-used-mib", "fb_used_mib"},
-                                                                  {"--power-mw", "power_usage_mw"}};
-      for (const auto& [flag, key] : kFlagKey) {
-        if (set->count(flag) == 0) continue;
-        absl::StatusOr<uint64_t> v = Bounded(flag, a->named[flag], TelemetryMax(key));
+      for (const NamedValue& n : kNamedValues) {
+        if (set->count(n.flag) == 0) continue;
+        absl::StatusOr<uint64_t> v = Bounded(n.flag, a->named[n.flag], TelemetryMax(n.key));
         if (!v.ok()) return usage(v.status());
-        f.values.emplace_back(key, *v);
+        f.values.emplace_back(n.key, *v);
       }
       const auto& keys = TelemetryKeys();
       for (const std::string& kv : a->values) {
