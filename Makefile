@@ -5,7 +5,7 @@ JOBS   ?= $(shell nproc)
 
 .PHONY: all deps build demo test nvidia-peers test-asan test-tsan test-thread-safety bench image gpu-check gpu-bundle fuzz clean
 .PHONY: lint format
-.PHONY: cluster cluster-down e2e-cluster
+.PHONY: cluster cluster-down e2e-cluster scale
 
 all: build
 
@@ -103,9 +103,24 @@ cluster-down:
 # left running, else on one of their own that they stop and check for leftovers.
 e2e-cluster:
 	@testing/k8s/build $(BUILD)
+	@testing/kwok/build $(BUILD)
 	@cmake --preset $(PRESET) >/dev/null
 	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml gpulet-container-hook gpulet-vcuda gpulet-kubelet-probe
 	GPULET_E2E_CLUSTER=1 ctest --preset $(PRESET) -L cluster --output-on-failure
+
+# The scale harness (tests/scale/run; README "Scale"): the real etcd, kube-apiserver and
+# kube-scheduler, kwok playing SCALE_NODES fake nodes per set (whole GPUs, vGPU, DRA; 8 H100s each),
+# gpulet's extender, and bursts of pods (SCALE_SCENARIOS, NAME:PODS) timed create -> bound and
+# checked for over-commit. No root. The full version takes about an hour on 2 cores; its small
+# version is the ctest cluster.scale_small of e2e-cluster.
+SCALE_NODES ?= 1000
+SCALE_SCENARIOS ?= whole:1000 binpack:1000 spread:1000 gpulet:1000 dra:1000 whole:5000 binpack:5000 spread:5000 gpulet:5000 dra:5000
+scale:
+	@testing/k8s/build $(BUILD)
+	@testing/kwok/build $(BUILD)
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet
+	SCALE_NODES=$(SCALE_NODES) SCALE_SCENARIOS="$(SCALE_SCENARIOS)" tests/scale/run $(BUILD)
 
 clean:
 	rm -rf build
