@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The client side of the scale harness (tests/scale/run starts the cluster and calls this).
 
-  scale.py nodes   --kind whole|vgpu|dra --count N --prefix NAME   create N fake nodes as gpulet's
-                   agent would publish them for 8 H100s (and, for dra, their ResourceSlices)
+  scale.py nodes   --kind whole|vgpu|dra|drashare --count N --prefix NAME   create N fake nodes as
+                   gpulet's agent would publish them for 8 H100s (and, for dra, their ResourceSlices)
   scale.py ready   --count N                 wait until N nodes are Ready (kwok initialised them)
-  scale.py burst   --scenario NAME --kind whole|frac|dra --pods P [--policy binpack|spread|gpulet]
+  scale.py burst   --scenario NAME --kind whole|frac|dra|drashare --pods P [--policy binpack|spread|gpulet]
                    create P pods at once, time create -> bound for each from one watch, check the
                    placement from the API, count refused binds and bind errors in the logs; one JSON
                    line appended to --out
@@ -130,7 +130,7 @@ def parallel(fn, items, threads):
 # --- nodes --------------------------------------------------------------------------------------
 
 def gpu_uuid(kind, node_index, gpu):
-    k = {"whole": 1, "vgpu": 2, "dra": 3}[kind]
+    k = {"whole": 1, "vgpu": 2, "dra": 3, "drashare": 4}[kind]
     return f"GPU-{k:02x}{node_index:06x}-5ca1-{gpu:04x}-0000-000000000000"
 
 
@@ -150,19 +150,30 @@ def node_body(kind, name, index):
         pool = [{"uuid": gpu_uuid(kind, index, g), "index": g, "memoryUnits": UNITS_PER_GPU, "healthy": True}
                 for g in range(GPUS_PER_NODE)]
         ann[ANN_NODE_GPUS] = json.dumps(pool, separators=(",", ":"))
-    # dra: no extended resource; the GPUs are the devices of its ResourceSlice.
+    # dra, drashare: no extended resource; the GPUs are the devices of its ResourceSlice.
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": ann},
             "spec": {}, "status": {"capacity": cap, "allocatable": dict(cap)}}
 
 
-def slice_body(name, index, node_uid):
+def slice_body(kind, name, index, node_uid):
     # As src/dra/slices.cc and devices.cc shape them: one slice per node named <node>-<driver>, pool =
-    # the node, devices gpu-<index> with type/uuid/index attributes and the memory capacity.
-    devices = [{"name": f"gpu-{g}",
-                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid("dra", index, g)},
-                               "index": {"int": g}, "productName": {"string": "NVIDIA H100 80GB HBM3"}},
-                "capacity": {"memory": {"value": "80Gi"}}} for g in range(GPUS_PER_NODE)]
+    # the node, devices gpu-<index> with type/uuid/index attributes and the memory capacity; with
+    # consumable capacity (drashare: the agent's --dra-consumable-capacity) each GPU may be shared,
+    # memory in 256 MiB steps and 1..100 cores.
+    devices = []
+    for g in range(GPUS_PER_NODE):
+        d = {"name": f"gpu-{g}",
+             "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid(kind, index, g)},
+                            "index": {"int": g}, "productName": {"string": "NVIDIA H100 80GB HBM3"}},
+             "capacity": {"memory": {"value": "80Gi"}}}
+        if kind == "drashare":
+            d["allowMultipleAllocations"] = True
+            d["capacity"]["memory"]["requestPolicy"] = {"default": "80Gi",
+                                                        "validRange": {"min": "256Mi", "step": "256Mi"}}
+            d["capacity"]["cores"] = {"value": "100", "requestPolicy": {
+                "default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}}}
+        devices.append(d)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{name}-{DRIVER}",
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid,
@@ -175,8 +186,9 @@ def cmd_nodes(api, a):
     def make(i):
         name = f"{a.prefix}-{i:05d}"
         node = api.call("POST", "/api/v1/nodes", node_body(a.kind, name, i))
-        if a.kind == "dra":
-            api.call("POST", "/apis/resource.k8s.io/v1/resourceslices", slice_body(name, i, node["metadata"]["uid"]))
+        if a.kind in ("dra", "drashare"):
+            api.call("POST", "/apis/resource.k8s.io/v1/resourceslices",
+                     slice_body(a.kind, name, i, node["metadata"]["uid"]))
 
     t = time.time()
     errors = parallel(make, range(a.count), a.threads)
@@ -214,7 +226,7 @@ def pod_body(a, sid, i):
         res[MEMORY] = str(a.units)
         if a.policy:
             meta["annotations"] = {ANN_POLICY: a.policy}
-    elif a.kind == "dra":
+    elif a.kind in ("dra", "drashare"):
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
         spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     spec["containers"][0].setdefault("resources", {})
@@ -223,10 +235,14 @@ def pod_body(a, sid, i):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def claim_body(name):
+def claim_body(a, name):
+    exactly = {"deviceClassName": DRIVER}
+    if a.kind == "drashare":
+        # The same share as the vGPU pods': cores, and memory in 256 MiB units.
+        exactly["capacity"] = {"requests": {"cores": str(a.cores), "memory": f"{a.units * 256}Mi"}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NS},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
 def watch(args, sid, rv, pods, deadline, out, ready):
@@ -299,11 +315,12 @@ def log_since(path, offset):
         return []
 
 
-# kube-scheduler's lines for a failed bind (its binding cycle), for an extender call that failed or
-# timed out, and for an API call that timed out.
-SCHED_BIND_ERROR = re.compile(r"[Ff]ailed to bind|[Bb]inding rejected|Error binding|extender.*(error|failed)|"
-                              r"Client\.Timeout|context deadline exceeded|i/o timeout|connection refused|"
-                              r"timed out|Timeout exceeded")
+# kube-scheduler's error lines for a pod whose scheduling cycle or binding failed ("Error
+# scheduling pod; retrying": an extender's bind refused, an extender call that failed or timed
+# out), and for API calls that timed out. A refused bind of gpulet's extender says "no longer fits".
+SCHED_ERROR = re.compile(r"Error scheduling pod|[Ff]ailed to bind|[Bb]inding rejected|Client\.Timeout|"
+                         r"context deadline exceeded|i/o timeout|connection refused|connection reset")
+REFUSED = "no longer fits"
 
 
 def check_frac(api, pods, a):
@@ -353,10 +370,18 @@ def check_whole(api, pods, a):
             "gpus_used": used, "gpus_min": used}
 
 
+def mib(q):
+    """A memory quantity in MiB (the forms the API server writes: 5Gi, 5120Mi, bytes)."""
+    for suffix, f in (("Ki", 1 / 1024), ("Mi", 1), ("Gi", 1024), ("Ti", 1024 * 1024)):
+        if q.endswith(suffix):
+            return float(q[:-2]) * f
+    return float(q) / (1 << 20)
+
+
 def check_dra(api, pods, a):
     claims, _ = api.list_all(f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")
     by_name = {c["metadata"]["name"]: c for c in claims}
-    holders = collections.Counter()
+    holders, cores, mem = collections.Counter(), collections.Counter(), collections.Counter()
     problems = []
     for p in pods:
         node = p["spec"].get("nodeName")
@@ -368,20 +393,30 @@ def check_dra(api, pods, a):
             problems.append(f"{p['metadata']['name']}: bound without an allocated claim")
             continue
         for r in results:
-            holders[(r["driver"], r["pool"], r["device"])] += 1
+            d = (r["driver"], r["pool"], r["device"])
+            holders[d] += 1
+            used = r.get("consumedCapacity", {})
+            cores[d] += int(used.get("cores", "100"))
+            mem[d] += mib(used.get("memory", "80Gi"))
             if r["pool"] != node:
                 problems.append(f"{p['metadata']['name']}: device {r['pool']}/{r['device']} is not on its node {node}")
-    over = [d for d, n in holders.items() if n > 1]
+    bound = len([p for p in pods if p["spec"].get("nodeName")])
+    if a.kind == "dra":
+        over = [d for d, n in holders.items() if n > 1]
+        return {"overcommitted_gpus": len(over), "placement_problems": len(problems), "problem_examples": problems[:3],
+                "gpus_used": len(holders), "gpus_min": bound}
+    over = [d for d in holders if cores[d] > 100 or mem[d] > 80 * 1024]
+    per_gpu = min(100 // a.cores, UNITS_PER_GPU // a.units)
     return {"overcommitted_gpus": len(over), "placement_problems": len(problems), "problem_examples": problems[:3],
-            "gpus_used": len(holders), "gpus_min": len([p for p in pods if p["spec"].get("nodeName")])}
+            "gpus_used": len(holders), "gpus_min": math.ceil(bound / per_gpu)}
 
 
 def cmd_burst(api, a):
     sid = a.scenario
-    if a.kind == "dra":
+    if a.kind in ("dra", "drashare"):
         t = time.time()
         errors = parallel(lambda i: api.call("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
-                                             claim_body(f"{sid}-{i:05d}")), range(a.pods), a.threads)
+                                             claim_body(a, f"{sid}-{i:05d}")), range(a.pods), a.threads)
         if errors:
             sys.exit(f"scale.py burst: creating claims failed: {errors[0]}")
         print(f"  {a.pods} ResourceClaims created beforehand in {time.time() - t:.1f} s (not timed)", flush=True)
@@ -424,11 +459,14 @@ def cmd_burst(api, a):
     bound_api = sum(1 for p in pods if p["spec"].get("nodeName"))
     lat = [b - c for c, b in seen.values() if c is not None and b is not None]
     last_bound = max((b for _, b in seen.values() if b is not None), default=None)
-    check = {"whole": check_whole, "frac": check_frac, "dra": check_dra}[a.kind](api, pods, a)
+    check = {"whole": check_whole, "frac": check_frac, "dra": check_dra, "drashare": check_dra}[a.kind](api, pods, a)
     ext_lines = log_since(*logs["extender"])
     sched_lines = log_since(*logs["scheduler"])
-    refused = sum(1 for l in ext_lines if "no longer fits" in l)
-    bind_errors = [l for l in sched_lines if SCHED_BIND_ERROR.search(l)]
+    # Refusals are counted where kube-scheduler reports them (the extender answers the bind with
+    # the error; it may or may not log it too); the other errors beside them.
+    refused = sum(1 for l in sched_lines if REFUSED in l)
+    refused_logged = sum(1 for l in ext_lines if REFUSED in l)
+    bind_errors = [l for l in sched_lines if SCHED_ERROR.search(l) and REFUSED not in l]
     after = {name: proc_figures(pid) for name, pid in
              (("extender", a.extender_pid), ("scheduler", a.scheduler_pid), ("apiserver", a.apiserver_pid),
               ("kwok", a.kwok_pid)) if pid}
@@ -441,7 +479,8 @@ def cmd_burst(api, a):
         "all_bound_s": round(last_bound - t0, 2) if last_bound and bound_api == a.pods else None,
         "pods_per_s": round(a.pods / (last_bound - t0), 1) if last_bound and bound_api == a.pods else None,
         "p50_s": round(pct(lat, 50), 3), "p99_s": round(pct(lat, 99), 3), "max_s": round(max(lat, default=float("nan")), 3),
-        "refused_binds": refused, "bind_errors": len(bind_errors), "bind_error_examples": [l[-300:] for l in bind_errors[:3]],
+        "t0": round(t0, 3), "t_end": round(time.time(), 3),
+        "refused_binds": refused, "refused_in_extender_log": refused_logged, "bind_errors": len(bind_errors), "bind_error_examples": [l[-300:] for l in bind_errors[:3]],
         "cpu_s": cpu,
         "extender_rss_mib": round(after["extender"][0], 1) if after.get("extender", (None,))[0] else None,
         "extender_peak_rss_mib": round(after["extender"][1], 1) if after.get("extender", (None,))[0] else None,
@@ -458,8 +497,10 @@ def cmd_burst(api, a):
         failures.append(f"{check['overcommitted_gpus']} GPUs over-committed")
     if check["placement_problems"]:
         failures.append(f"{check['placement_problems']} placement problems, e.g. {check['problem_examples'][0]}")
+    if refused:
+        failures.append(f"{refused} binds refused by the extender (kube-scheduler's log: {REFUSED!r})")
     if bind_errors:
-        failures.append(f"{len(bind_errors)} bind errors in the kube-scheduler log, e.g. {bind_errors[0][-200:]}")
+        failures.append(f"{len(bind_errors)} other scheduling errors in the kube-scheduler log, e.g. {bind_errors[0][-200:]}")
     row["failures"] = failures
     with open(a.out, "a") as f:
         f.write(json.dumps(row) + "\n")
