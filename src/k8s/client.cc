@@ -33,12 +33,6 @@ struct Client::Tls {
 
 namespace {
 
-struct Endpoint {
-  bool https = true;
-  std::string host;
-  int port = 443;
-};
-
 absl::StatusOr<Endpoint> ParseServer(const std::string& server) {
   Endpoint e;
   std::string rest = server;
@@ -184,6 +178,11 @@ std::string QueryString(const ListOptions& opts, bool watch) {
 
 Client::Client(Config config, Clock* clock)
     : config_(std::move(config)), clock_(clock), tls_(std::make_unique<Tls>()) {
+  if (auto ep = ParseServer(config_.server); ep.ok()) {
+    endpoint_ = std::move(*ep);
+  } else {
+    endpoint_status_ = ep.status();
+  }
   if (!config_.client_cert_pem.empty() && !config_.client_key_pem.empty()) {
     BIO* b = BIO_new_mem_buf(config_.client_cert_pem.data(), -1);
     tls_->cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
@@ -197,15 +196,44 @@ Client::Client(Config config, Clock* clock)
 
 Client::~Client() { Cancel(); }
 
+std::unique_ptr<httplib::ClientImpl> Client::Connection(bool* reused) {
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    if (!idle_.empty()) {
+      auto cli = std::move(idle_.back());
+      idle_.pop_back();
+      *reused = true;
+      return cli;
+    }
+  }
+  *reused = false;
+  auto cli = MakeHttp(config_, endpoint_, tls_->cert, tls_->key);
+  cli->set_keep_alive(true);
+  return cli;
+}
+
+void Client::Release(std::unique_ptr<httplib::ClientImpl> cli) {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  if (idle_.size() < static_cast<size_t>(std::max(0, config_.max_idle_connections))) {
+    idle_.push_back(std::move(cli));
+  }
+}
+
 absl::StatusOr<json> Client::Call(const std::string& method, const std::string& path,
                                   const json* body, const std::string& content_type) {
-  ASSIGN_OR_RETURN(Endpoint ep, ParseServer(config_.server));
+  RETURN_IF_ERROR(endpoint_status_);
+  if (method != "GET" && method != "POST" && method != "PATCH" && method != "PUT" &&
+      method != "DELETE") {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported method ", method));
+  }
   std::string payload = body ? body->dump() : "";
   std::string what = absl::StrCat(method, " ", path);
   auto backoff = config_.initial_backoff;
   absl::Status last;
+  bool stale_retried = false;
   for (int attempt = 1;; ++attempt) {
-    auto cli = MakeHttp(config_, ep, tls_->cert, tls_->key);
+    bool reused = false;
+    auto cli = Connection(&reused);
     httplib::Result r{nullptr, httplib::Error::Unknown};
     if (method == "GET") {
       r = cli->Get(path);
@@ -215,31 +243,43 @@ absl::StatusOr<json> Client::Call(const std::string& method, const std::string& 
       r = cli->Patch(path, payload, content_type);
     } else if (method == "PUT") {
       r = cli->Put(path, payload, content_type);
-    } else if (method == "DELETE") {
-      r = cli->Delete(path);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unsupported method ", method));
+      r = cli->Delete(path);
     }
-    bool retry = false;
-    std::chrono::milliseconds wait = backoff;
     if (!r) {
+      // A kept-alive connection that the server closed while it sat idle says nothing about the
+      // server: the call is retried at once on a new connection, once per call, outside the
+      // attempt count (any other transport error is retried with backoff, as before).
+      if (reused && !stale_retried) {
+        stale_retried = true;
+        --attempt;
+        continue;
+      }
       last = absl::UnavailableError(absl::StrCat(what, ": cannot reach API server ", config_.server,
                                                  ": ", httplib::to_string(r.error())));
-      retry = true;
-    } else if (r->status >= 200 && r->status < 300) {
-      if (r->body.empty()) return json::object();
-      json j = json::parse(r->body, nullptr, false);
+      if (attempt >= config_.max_attempts || cancelled_) return last;
+      clock_->SleepFor(std::min(backoff, config_.max_backoff));
+      backoff = std::min(backoff * 2, config_.max_backoff);
+      continue;
+    }
+    int status = r->status;
+    std::string response_body = std::move(r->body);
+    std::string retry_after = r->get_header_value("Retry-After");
+    Release(std::move(cli));
+    if (status >= 200 && status < 300) {
+      if (response_body.empty()) return json::object();
+      json j = json::parse(response_body, nullptr, false);
       if (j.is_discarded()) {
         return absl::DataLossError(absl::StrCat(what, ": API server sent invalid JSON"));
       }
       return j;
-    } else {
-      last = StatusFromHttp(r->status, r->body, what);
-      retry = r->status == 429 || r->status >= 500 || absl::IsAborted(last);
-      int secs = 0;
-      if (r->status == 429 && absl::SimpleAtoi(r->get_header_value("Retry-After"), &secs)) {
-        wait = std::max(wait, std::chrono::milliseconds(secs * 1000));
-      }
+    }
+    last = StatusFromHttp(status, response_body, what);
+    bool retry = status == 429 || status >= 500 || absl::IsAborted(last);
+    std::chrono::milliseconds wait = backoff;
+    int secs = 0;
+    if (status == 429 && absl::SimpleAtoi(retry_after, &secs)) {
+      wait = std::max(wait, std::chrono::milliseconds(secs * 1000));
     }
     if (!retry || attempt >= config_.max_attempts || cancelled_) return last;
     clock_->SleepFor(std::min(wait, config_.max_backoff));
@@ -264,12 +304,14 @@ absl::StatusOr<json> Client::PatchPod(const std::string& ns, const std::string& 
 }
 
 absl::Status Client::CreateBinding(const std::string& ns, const std::string& name,
-                                   const std::string& uid, const std::string& node) {
+                                   const std::string& uid, const std::string& node,
+                                   const json& annotations) {
   json b = {{"apiVersion", "v1"},
             {"kind", "Binding"},
             {"metadata", {{"name", name}, {"namespace", ns}}},
             {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
   if (!uid.empty()) b["metadata"]["uid"] = uid;
+  if (annotations.is_object() && !annotations.empty()) b["metadata"]["annotations"] = annotations;
   return Call("POST",
               absl::StrCat("/api/v1/namespaces/", Encode(ns), "/pods/", Encode(name), "/binding"),
               &b)
@@ -334,9 +376,9 @@ json MakeEvent(const json& involved, const std::string& type, const std::string&
 
 absl::Status Client::Watch(const std::string& collection_path, const ListOptions& opts,
                            const std::function<bool(const WatchEvent&)>& handler) {
-  ASSIGN_OR_RETURN(Endpoint ep, ParseServer(config_.server));
+  RETURN_IF_ERROR(endpoint_status_);
   if (cancelled_) return absl::CancelledError("watch cancelled");
-  auto cli = MakeHttp(config_, ep, tls_->cert, tls_->key);
+  auto cli = MakeHttp(config_, endpoint_, tls_->cert, tls_->key);
   // A watch is quiet for long stretches; the server ends it after timeoutSeconds.
   cli->set_read_timeout(
       std::chrono::seconds(opts.timeout_seconds > 0 ? opts.timeout_seconds + 30 : 3600));

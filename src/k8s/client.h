@@ -8,7 +8,13 @@
 // Status.message. Calls are retried with exponential backoff on 409 Conflict (not AlreadyExists),
 // 429 (honouring Retry-After) and 5xx / transport errors.
 //
-// Thread-safety: Client is thread-safe (each call uses its own connection). Watch runs on the
+// Connections: plain calls reuse kept-alive connections, at most `max_idle_connections` of them
+// parked between calls (a call in flight takes one; more calls at once open more, and those
+// beyond the cap are closed when done). A thousand agents each paying a TCP connect, a TLS
+// handshake and a CA parse per request is what the API server would otherwise see. Watches use
+// a connection of their own each.
+//
+// Thread-safety: Client is thread-safe (a call holds its connection alone). Watch runs on the
 // caller's thread until the handler returns false, the server ends it, or Cancel() is called.
 #pragma once
 
@@ -25,9 +31,20 @@
 #include "common/clock.h"
 #include "nlohmann/json.hpp"
 
+namespace httplib {
+class ClientImpl;
+}
+
 namespace gpulet::k8s {
 
 using nlohmann::json;
+
+// Where Config::server points.
+struct Endpoint {
+  bool https = true;
+  std::string host;
+  int port = 443;
+};
 
 struct Config {
   std::string server;           // "https://10.0.0.1:443" or "http://127.0.0.1:8080"
@@ -40,6 +57,7 @@ struct Config {
   std::chrono::milliseconds initial_backoff{100};  // doubles per retry
   std::chrono::milliseconds max_backoff{5000};
   std::chrono::seconds timeout{30};  // connect/read for plain calls
+  int max_idle_connections = 4;      // kept-alive connections parked between calls
 };
 
 // In-cluster config: KUBERNETES_SERVICE_HOST/PORT and the service-account token and CA under
@@ -84,9 +102,11 @@ class Client {
   absl::StatusOr<json> ListPods(const std::string& ns, const ListOptions& opts = {});
   absl::StatusOr<json> PatchPod(const std::string& ns, const std::string& name, PatchType type,
                                 const json& patch);
-  // POST pods/<name>/binding. `uid` (may be empty) guards against binding a re-created pod.
+  // POST pods/<name>/binding. `uid` (may be empty) guards against binding a re-created pod. The
+  // API server sets `annotations` (an object of strings) on the pod in the same write as its
+  // node: a pod is never seen bound without them, nor annotated but unbound.
   absl::Status CreateBinding(const std::string& ns, const std::string& name, const std::string& uid,
-                             const std::string& node);
+                             const std::string& node, const json& annotations = json::object());
   absl::StatusOr<json> GetNode(const std::string& name);
   absl::StatusOr<json> ListNodes(const ListOptions& opts = {});
   absl::StatusOr<json> PatchNode(const std::string& name, PatchType type, const json& patch);
@@ -107,9 +127,18 @@ class Client {
 
  private:
   struct Tls;
+  // A parked connection, or a new one (`*reused` says which).
+  std::unique_ptr<httplib::ClientImpl> Connection(bool* reused);
+  // Parks a connection after a call that got an answer, up to the cap.
+  void Release(std::unique_ptr<httplib::ClientImpl> cli);
   Config config_;
   Clock* clock_;
+  Endpoint endpoint_;
+  absl::Status endpoint_status_;  // Config::server unusable: every call answers this
   std::unique_ptr<Tls> tls_;
+  std::mutex pool_mu_;
+  std::vector<std::unique_ptr<httplib::ClientImpl>> idle_;  // guarded by pool_mu_
+
   std::atomic<bool> cancelled_{false};
   std::mutex watches_mu_;
   std::vector<void*> watches_;  // httplib clients of running watches, stopped by Cancel()

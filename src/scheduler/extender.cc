@@ -158,7 +158,10 @@ Extender::Extender(k8s::Client* api, ExtenderOptions options)
 Extender::~Extender() { StopWatching(); }
 
 absl::StatusOr<const placement::Policy*> Extender::PolicyFor(const json& pod) const {
-  std::string name = Annotation(pod, vgpu::kAnnotationPolicy);
+  return PolicyNamed(Annotation(pod, vgpu::kAnnotationPolicy));
+}
+
+absl::StatusOr<const placement::Policy*> Extender::PolicyNamed(std::string name) const {
   if (name.empty()) name = options_.default_policy;
   auto it = policies_.find(name);
   if (it == policies_.end()) {
@@ -204,6 +207,7 @@ void Extender::ApplyLocked(const std::string& uid, Booking b) {
 void Extender::ReleaseLocked(const std::string& uid) {
   auto it = bookings_.find(uid);
   if (it == bookings_.end()) return;
+  reserved_.erase(uid);
   Booking& b = it->second;
   if (b.applied) {
     if (auto n = nodes_.find(b.node); n != nodes_.end()) {
@@ -213,6 +217,58 @@ void Extender::ReleaseLocked(const std::string& uid) {
   }
   bookings_.erase(it);
   ++generation_;
+}
+
+void Extender::Reserve(const json& pod, const std::string& node, placement::PodRequest request,
+                       std::vector<int> containers, const placement::Policy& policy) {
+  std::string uid = Str(pod, "metadata", "uid");
+  if (!api_ || uid.empty()) return;  // nothing binds through this extender
+  absl::MutexLock l(&mu_);
+  ExpireLocked();
+  ReleaseLocked(uid);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return;
+  auto score = policy.Score(it->second.node, request);
+  if (!score) return;
+  Booking b{node,
+            Str(pod, "metadata", "namespace"),
+            Str(pod, "metadata", "name"),
+            std::move(request),
+            score->assignment,
+            std::move(containers),
+            true,
+            false,
+            true};
+  ApplyLocked(uid, std::move(b));
+  reserved_[uid] = std::chrono::steady_clock::now() + options_.reservation_ttl;
+}
+
+void Extender::ExpireLocked() {
+  if (reserved_.empty()) return;
+  auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> due;
+  for (const auto& [uid, at] : reserved_) {
+    if (at <= now) due.push_back(uid);
+  }
+  for (const auto& uid : due) {
+    spdlog::info("reservation of pod uid {} expired without a bind", uid);
+    ReleaseLocked(uid);
+  }
+}
+
+void Extender::DropReservation(const std::string& uid) {
+  {
+    absl::ReaderMutexLock l(&mu_);
+    if (reserved_.empty()) return;
+  }
+  absl::MutexLock l(&mu_);
+  ExpireLocked();
+  if (reserved_.contains(uid)) ReleaseLocked(uid);
+}
+
+size_t Extender::reserved_pods() const {
+  absl::ReaderMutexLock l(&mu_);
+  return reserved_.size();
 }
 
 void Extender::UpsertNode(const json& node) {
@@ -330,22 +386,31 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   std::string phase = Str(pod, "status", "phase");
   std::string node = Str(pod, "spec", "nodeName");
   if (phase == "Succeeded" || phase == "Failed") return RemovePod(pod);
-  auto req = RequestOf(pod);
-  if (!req.ok() || req->first.containers.empty()) return;
+  auto facts = FactsOf(pod);
+  if (!facts.ok() || facts->request.containers.empty()) return;
   {
     absl::MutexLock l(&mu_);
-    auto [it, added] = shapes_.try_emplace(uid, req->first);
+    auto [it, added] = shapes_.try_emplace(uid, facts->request);
     if (added) workload_dirty_ = true;
+    if (node.empty()) {
+      // Not bound: only a reservation or a bind in progress holds GPUs for it.
+      pending_[uid] = std::move(*facts);
+      return;
+    }
+    pending_.erase(uid);
   }
-  if (node.empty()) return;  // not bound: only a bind in progress (assumed) holds GPUs
   std::string annotated = Annotation(pod, vgpu::kAnnotationNode);
-  if (annotated != node) return;  // bound without our assignment: the node places it
+  if (annotated != node) {  // bound without our assignment: the node places it
+    absl::MutexLock l(&mu_);
+    if (reserved_.contains(uid)) ReleaseLocked(uid);
+    return;
+  }
   Booking b;
   b.node = node;
-  b.ns = Str(pod, "metadata", "namespace");
-  b.name = Str(pod, "metadata", "name");
-  b.request = std::move(req->first);
-  b.container_index = std::move(req->second);
+  b.ns = std::move(facts->ns);
+  b.name = std::move(facts->name);
+  b.request = std::move(facts->request);
+  b.container_index = std::move(facts->container_index);
   absl::MutexLock l(&mu_);
   auto ns = nodes_.find(node);
   if (ns == nodes_.end()) {  // its node is not known yet: counted when the node arrives
@@ -387,7 +452,8 @@ void Extender::UpsertPodUnguarded(const json& pod) {
       }
       return true;
     };
-    if (old->second.node == node && same(old->second.assignment, b.assignment)) {
+    if (old->second.node == node && same(old->second.assignment, b.assignment) &&
+        !old->second.tentative) {
       old->second.assumed = false;
       return;
     }
@@ -399,6 +465,7 @@ void Extender::RemovePod(const json& pod) {
   std::string uid = Str(pod, "metadata", "uid");
   absl::MutexLock l(&mu_);
   orphans_.erase(uid);
+  pending_.erase(uid);
   if (shapes_.erase(uid)) workload_dirty_ = true;
   ReleaseLocked(uid);
 }
@@ -452,6 +519,7 @@ absl::Status Extender::Sync() {
     nodes_.clear();
     orphans_.clear();
     shapes_.clear();
+    pending_.clear();
     workload_dirty_ = true;
     for (auto it = bookings_.begin(); it != bookings_.end();) {
       it = it->second.assumed ? std::next(it) : bookings_.erase(it);
@@ -512,6 +580,7 @@ void Extender::StartWatching() {
                                                    absl::MutexLock l(&mu_);
                                                    orphans_.clear();
                                                    shapes_.clear();
+                                                   pending_.clear();
                                                    workload_dirty_ = true;
                                                    std::vector<std::string> drop;
                                                    for (const auto& [uid, b] : bookings_) {
@@ -569,6 +638,7 @@ std::string Extender::FilterWire(const json& args) {
     auto policy = PolicyFor(pod_it != args.end() ? *pod_it : EmptyObject());
     const placement::Policy* pol = policy.ok() ? *policy : nullptr;
     std::string uid = pod_it != args.end() ? Str(*pod_it, "metadata", "uid") : "";
+    DropReservation(uid);  // scheduled again: its last round's reservation is void
     if (pol) MaybeRebuildWorkload();
     ScoreCache fresh;
     {
@@ -611,7 +681,11 @@ std::string Extender::FilterWire(const json& args) {
         }
       }
     }
-    if (pol && !uid.empty()) {
+    // One node left: kube-scheduler binds there without calling prioritize.
+    if (pol && fresh.names.size() == 1 && failed.size() + unresolvable.size() + 1 == names.size()) {
+      Reserve(pod_it != args.end() ? *pod_it : EmptyObject(), fresh.names[0], req->first,
+              req->second, *pol);
+    } else if (pol && !uid.empty()) {
       fresh.pod_uid = std::move(uid);
       fresh.policy = pol;
       absl::MutexLock l(&cache_mu_);
@@ -679,8 +753,16 @@ std::string Extender::PrioritizeWire(const json& args) {
         }
       }
     }
-    std::vector<int64_t> scaled = placement::ScaleScores(scores, 0, 10);
-    for (size_t k = 0; k < fit.size(); ++k) final_scores[fit[k]] = scaled[k];
+    if (!fit.empty()) {
+      // The best node (the first of equals, in kube-scheduler's order) alone gets the top score,
+      // and this pod's GPUs are reserved there until its bind (see extender.h).
+      size_t best = std::max_element(scores.begin(), scores.end()) - scores.begin();
+      std::vector<int64_t> scaled = placement::ScaleScores(scores, 0, 10);
+      for (size_t k = 0; k < fit.size(); ++k) {
+        final_scores[fit[k]] = k == best ? 10 : std::min<int64_t>(scaled[k], 9);
+      }
+      Reserve(pod, *names[fit[best]], req->first, req->second, **policy);
+    }
   }
   // HostPriorityList.
   std::string out;
@@ -696,11 +778,22 @@ std::string Extender::PrioritizeWire(const json& args) {
   return out;
 }
 
-absl::Mutex& Extender::NodeLock(const std::string& node) {
-  absl::MutexLock l(&node_locks_mu_);
-  auto& m = node_locks_[node];
-  if (!m) m = std::make_unique<absl::Mutex>();
-  return *m;
+absl::StatusOr<Extender::PodFacts> Extender::FactsOf(const json& pod) const {
+  PodFacts f;
+  f.uid = Str(pod, "metadata", "uid");
+  f.ns = Str(pod, "metadata", "namespace");
+  f.name = Str(pod, "metadata", "name");
+  f.node = Str(pod, "spec", "nodeName");
+  f.phase = Str(pod, "status", "phase");
+  auto md = pod.find("metadata");
+  f.deleting = md != pod.end() && md->is_object() && md->contains("deletionTimestamp");
+  f.scheduler = Str(pod, "spec", "schedulerName");
+  if (f.scheduler.empty()) f.scheduler = "default-scheduler";
+  f.policy = Annotation(pod, vgpu::kAnnotationPolicy);
+  ASSIGN_OR_RETURN(auto req, RequestOf(pod));
+  f.request = std::move(req.first);
+  f.container_index = std::move(req.second);
+  return f;
 }
 
 json Extender::Bind(const json& args) {
@@ -721,70 +814,73 @@ json Extender::Bind(const json& args) {
   if (!IsDns1123Subdomain(name)) return error("bind: PodName is not a DNS-1123 subdomain");
   if (!IsDns1123Subdomain(node)) return error("bind: Node is not a DNS-1123 subdomain");
   if (!api_) return error("bind: no API server client");
-  auto pod = api_->GetPod(ns, name);
-  if (!pod.ok()) return error(std::string(pod.status().message()));
-  const std::string who = absl::StrCat("bind: pod ", ns, "/", name);
-  std::string pod_uid = Str(*pod, "metadata", "uid");
-  if (!uid.empty() && uid != pod_uid) {
-    return error(absl::StrCat(who, " is not the pod asked for (uid ", pod_uid, ", not ", uid, ")"));
+  // The pod as the watch last showed it; a pod the watch has not delivered yet is read from the
+  // API server (one GET). A stale cache cannot bind wrongly: the Binding carries the uid and the
+  // API server refuses a pod already bound.
+  std::optional<PodFacts> cached;
+  if (!uid.empty()) {
+    absl::ReaderMutexLock l(&mu_);
+    if (auto it = pending_.find(uid);
+        it != pending_.end() && it->second.ns == ns && it->second.name == name) {
+      cached = it->second;
+    }
   }
-  uid = pod_uid;
+  if (!cached) {
+    auto pod = api_->GetPod(ns, name);
+    if (!pod.ok()) return error(std::string(pod.status().message()));
+    auto facts = FactsOf(*pod);
+    if (!facts.ok()) return error(std::string(facts.status().message()));
+    cached = std::move(*facts);
+  }
+  const PodFacts& pod = *cached;
+  const std::string who = absl::StrCat("bind: pod ", ns, "/", name);
+  if (!uid.empty() && uid != pod.uid) {
+    return error(absl::StrCat(who, " is not the pod asked for (uid ", pod.uid, ", not ", uid, ")"));
+  }
+  uid = pod.uid;
   // Only what kube-scheduler would legitimately ask: a pending, unbound vGPU pod of a scheduler
   // profile that calls this extender.
-  if (std::string bound = Str(*pod, "spec", "nodeName"); !bound.empty()) {
-    return error(absl::StrCat(who, " is already bound to ", bound));
+  if (!pod.node.empty()) return error(absl::StrCat(who, " is already bound to ", pod.node));
+  if (pod.phase != "Pending") {
+    return error(absl::StrCat(who, " is not Pending (phase \"", pod.phase, "\")"));
   }
-  if (std::string phase = Str(*pod, "status", "phase"); phase != "Pending") {
-    return error(absl::StrCat(who, " is not Pending (phase \"", phase, "\")"));
-  }
-  if (auto md = pod->find("metadata");
-      md != pod->end() && md->is_object() && md->contains("deletionTimestamp")) {
-    return error(absl::StrCat(who, " is being deleted"));
-  }
-  std::string scheduler = Str(*pod, "spec", "schedulerName");
-  if (scheduler.empty()) scheduler = "default-scheduler";
-  if (std::find(options_.scheduler_names.begin(), options_.scheduler_names.end(), scheduler) ==
+  if (pod.deleting) return error(absl::StrCat(who, " is being deleted"));
+  if (std::find(options_.scheduler_names.begin(), options_.scheduler_names.end(), pod.scheduler) ==
       options_.scheduler_names.end()) {
-    return error(absl::StrCat(who, " belongs to scheduler \"", scheduler,
+    return error(absl::StrCat(who, " belongs to scheduler \"", pod.scheduler,
                               "\", not one this extender serves (",
                               absl::StrJoin(options_.scheduler_names, ", "), ")"));
   }
-  auto req = RequestOf(*pod);
-  if (!req.ok()) return error(std::string(req.status().message()));
-  if (req->first.containers.empty()) {
+  if (pod.request.containers.empty()) {
     return error(
         absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
   }
-  if (auto n = api_->GetNode(node); !n.ok()) {
-    return error(absl::StrCat("bind: node ", node, ": ", n.status().message()));
-  }
-  auto policy = PolicyFor(*pod);
+  auto policy = PolicyNamed(pod.policy);
   if (!policy.ok()) return error(std::string(policy.status().message()));
 
   MaybeRebuildWorkload();
-  absl::MutexLock node_lock(&NodeLock(node));
   json annotations = json::object();
   {
     absl::MutexLock l(&mu_);
     auto ns_it = nodes_.find(node);
     if (ns_it == nodes_.end()) return error("bind: node " + node + " has no gpulet vGPU GPUs");
-    ReleaseLocked(uid);  // a retried bind re-chooses
-    auto score = (*policy)->Score(ns_it->second.node, req->first);
+    ReleaseLocked(uid);  // its reservation from prioritize, or a retried bind: re-chosen here
+    auto score = (*policy)->Score(ns_it->second.node, pod.request);
     if (!score) {
       std::string reason;
-      placement::Fits(ns_it->second.node, req->first, &reason);
+      placement::Fits(ns_it->second.node, pod.request, &reason);
       return error(
           absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ", reason));
     }
-    for (size_t c = 0; c < req->second.size(); ++c) {
+    for (size_t c = 0; c < pod.container_index.size(); ++c) {
       std::vector<std::string> uuids;
       for (int32_t g : score->assignment.containers[c].gpus) {
         uuids.push_back(ns_it->second.uuids[g]);
       }
-      annotations[absl::StrCat(vgpu::kAnnotationGpusPrefix, req->second[c])] =
+      annotations[absl::StrCat(vgpu::kAnnotationGpusPrefix, pod.container_index[c])] =
           absl::StrJoin(uuids, ",");
     }
-    Booking b{node, ns, name, req->first, score->assignment, req->second, true, false};
+    Booking b{node, ns, name, pod.request, score->assignment, pod.container_index, true, false};
     ApplyLocked(uid, std::move(b));
   }
   annotations[vgpu::kAnnotationNode] = node;
@@ -793,16 +889,14 @@ json Extender::Bind(const json& args) {
                          std::chrono::system_clock::now().time_since_epoch())
                          .count());
   annotations[vgpu::kAnnotationAssigned] = "false";
-  auto rollback = [&](const absl::Status& s) {
+  // One write: the Binding carries the assignment, which the API server sets on the pod with
+  // its node. The GPUs stay reserved here meanwhile, so binds on one node need no lock of
+  // their own.
+  if (absl::Status s = api_->CreateBinding(ns, name, uid, node, annotations); !s.ok()) {
     absl::MutexLock l(&mu_);
     ReleaseLocked(uid);
     return error(std::string(s.message()));
-  };
-  json patch = {{"metadata", {{"annotations", annotations}}}};
-  if (auto p = api_->PatchPod(ns, name, k8s::PatchType::kMerge, patch); !p.ok()) {
-    return rollback(p.status());
   }
-  if (absl::Status s = api_->CreateBinding(ns, name, uid, node); !s.ok()) return rollback(s);
   spdlog::info("bound {}/{} to {}: {}", ns, name, node, annotations.dump());
   return error("");
 }
@@ -812,9 +906,9 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
   // for the client's delayed ACK, ~40 ms per verb (measured). kube-scheduler (Go) sets
   // TCP_NODELAY on its side; we set it on ours.
   server.set_tcp_nodelay(true);
-  auto verb = [&server, &prefix](const std::string& path,
-                                 std::function<std::string(const json&)> fn) {
-    server.Post(prefix + path, [fn](const httplib::Request& req, httplib::Response& res) {
+  auto verb = [this, &server, &prefix](const std::string& path,
+                                       std::function<std::string(const json&)> fn) {
+    server.Post(prefix + path, [this, fn](const httplib::Request& req, httplib::Response& res) {
       auto answer_error = [&res](int status, std::string_view why) {
         std::string out = R"({"Error":)";
         AppendQuoted(out, why);
@@ -822,6 +916,10 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
         res.status = status;
         res.set_content(out, "application/json");
       };
+      if (!serving_) {
+        absl::MutexLock l(&serving_mu_);
+        return answer_error(503, not_serving_why_);
+      }
       auto args = k8s::ParseUntrustedJson(req.body);
       if (!args.ok()) {
         return answer_error(absl::IsResourceExhausted(args.status()) ? 503 : 400,
@@ -875,6 +973,14 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
     }
     res.set_content(out.dump(2), "application/json");
   });
+}
+
+void Extender::SetServing(bool on, const std::string& why) {
+  {
+    absl::MutexLock l(&serving_mu_);
+    not_serving_why_ = why.empty() ? "gpulet extender: not serving" : why;
+  }
+  serving_ = on;
 }
 
 placement::Cluster Extender::Snapshot() const {

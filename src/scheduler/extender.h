@@ -5,10 +5,19 @@
 // agent writes, else derived from node capacity: cores/100 GPUs sharing memory evenly) and what
 // every pod holds on them. Feasibility, in-node choice and scores come from the placement library
 // (src/placement), the same code the cluster-scale simulator runs.
-// Bind reserves the GPUs in memory, writes the per-container GPU UUIDs on the pod (annotations
-// gpulet.io/vgpu-gpus-<i>, -node, -bind-time, -assigned=false), then creates the Binding. The
-// state is rebuilt from the API server (pods carry their assignment) on start, so a restart loses
-// nothing. Binds on one node are serialised (per-node mutex held across the API calls).
+// Bind reserves the GPUs in memory and creates the Binding, which carries the per-container GPU
+// UUIDs (annotations gpulet.io/vgpu-gpus-<i>, -node, -bind-time, -assigned=false) that the API
+// server sets on the pod with its node: one API call, no lock held across it, the pod read from
+// the watch cache (one GET only when the watch has not delivered it yet). The state is rebuilt
+// from the API server (pods carry their assignment) on start, so a restart loses nothing.
+//
+// Binds in flight: kube-scheduler filters the next pod before the previous pod's bind arrives.
+// So prioritize (or a filter that leaves a single node, when kube-scheduler skips prioritize)
+// reserves the pod's GPUs on the node it scores best, and gives that node alone the top score
+// (the others at most one step below), which makes it kube-scheduler's choice whenever no other
+// plugin outweighs the extender. The next pod's filter counts the reservation; the bind
+// replaces it (on whichever node kube-scheduler chose); an unclaimed one expires after
+// `reservation_ttl`, and ends early when the pod is bound by someone else or deleted.
 //
 // Workload: the `fgd` and `gpulet` policies measure fragmentation against the expected mix of
 // arriving pods (placement::Policy::SetWorkload). The extender derives it from the vGPU pods it
@@ -73,6 +82,8 @@ struct ExtenderOptions {
   // Threads besides the request's own that score candidate nodes (-1: one per core beyond the
   // first, at most 7). Decisions do not depend on it.
   int score_threads = -1;
+  // How long a reservation made at prioritize waits for its bind (see above).
+  std::chrono::milliseconds reservation_ttl{30000};
 };
 
 // One pod's booking.
@@ -84,6 +95,7 @@ struct Booking {
   std::vector<int> container_index;  // spec.containers index of each request container
   bool assumed = false;              // reserved by a bind in progress, not yet seen bound
   bool applied = false;              // counted on the node (false: node unknown or overfull)
+  bool tentative = false;  // reserved at prioritize, no bind yet (expiry in Extender::reserved_)
 };
 
 class Extender {
@@ -110,6 +122,11 @@ class Extender {
   // Registers POST <prefix>/filter, /prioritize, /bind and GET <prefix>/healthz, /state,
   // /workload.
   void Register(httplib::Server& server, const std::string& prefix = "");
+  // Whether the verbs are answered (default) or refused with 503 and `why`: a replica that is
+  // not the leader keeps its state current but neither reserves nor binds, so that one replica
+  // alone writes GPU assignments.
+  void SetServing(bool on, const std::string& why = "");
+  bool serving() const { return serving_.load(); }
 
   // State feed (reflectors call these; tests may too).
   void UpsertNode(const json& node);
@@ -122,6 +139,8 @@ class Extender {
   // Per node: GPU UUIDs in the order of Snapshot()'s GPUs.
   std::map<std::string, std::vector<std::string>> GpuUuids() const;
   size_t booked_pods() const;
+  // Reservations made at prioritize that no bind has replaced yet.
+  size_t reserved_pods() const;
   // Recomputes the workload from the pods seen now and hands it to every policy.
   void RebuildWorkload();
   // The workload the policies were last given.
@@ -133,15 +152,32 @@ class Extender {
     std::vector<std::string> uuids;                 // per GPU
     std::unordered_map<std::string, int> index_of;  // uuid -> position
   };
+  // What Bind checks and books of a pod, as the watch delivered it or a GET read it.
+  struct PodFacts {
+    std::string uid, ns, name, node, phase, scheduler, policy;
+    bool deleting = false;
+    placement::PodRequest request;     // vGPU containers only
+    std::vector<int> container_index;  // their spec.containers index
+  };
+  absl::StatusOr<PodFacts> FactsOf(const json& pod) const;
   void UpsertNodeUnguarded(const json& node);
   void UpsertPodUnguarded(const json& pod);
   absl::StatusOr<const placement::Policy*> PolicyFor(const json& pod) const;
+  absl::StatusOr<const placement::Policy*> PolicyNamed(std::string name) const;
+  // Replaces the pod's reservation (if any) with one on `node`, when the pod fits there.
+  // `pod` is the pod kube-scheduler sent (its request, `containers`, from RequestOf).
+  void Reserve(const json& pod, const std::string& node, placement::PodRequest request,
+               std::vector<int> containers, const placement::Policy& policy);
+  // Releases the reservations whose time is up.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the pod's reservation from an earlier round (it is being scheduled again), and
+  // the reservations whose time is up.
+  void DropReservation(const std::string& uid);
   // Request of `pod` in placement units; containers without vGPU requests are left out.
   absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> RequestOf(
       const json& pod) const;
   void ApplyLocked(const std::string& uid, Booking b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(const std::string& uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Mutex& NodeLock(const std::string& node);
   // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
   void MaybeRebuildWorkload();
   // What all known nodes have free (placement::ClusterFree), for the policy. Caller holds mu_.
@@ -170,15 +206,20 @@ class Extender {
   std::unordered_map<std::string, Booking> bookings_ ABSL_GUARDED_BY(mu_);  // by pod uid
   // Bound pods whose node is not known yet.
   std::unordered_map<std::string, json> orphans_ ABSL_GUARDED_BY(mu_);
+  // Unbound vGPU pods by uid, as the watch last showed them: what Bind reads.
+  std::unordered_map<std::string, PodFacts> pending_ ABSL_GUARDED_BY(mu_);
+  // The tentative bookings (reservations made at prioritize) by uid, with their expiry.
+  absl::flat_hash_map<std::string, std::chrono::steady_clock::time_point> reserved_
+      ABSL_GUARDED_BY(mu_);
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
   std::unordered_map<std::string, placement::PodRequest> shapes_ ABSL_GUARDED_BY(mu_);
   bool workload_dirty_ ABSL_GUARDED_BY(mu_) = true;
   bool workload_built_ ABSL_GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point workload_at_ ABSL_GUARDED_BY(mu_){};
   placement::Workload workload_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex node_locks_mu_;
-  // Per node, held across a bind's API calls.
-  std::map<std::string, std::unique_ptr<absl::Mutex>> node_locks_ ABSL_GUARDED_BY(node_locks_mu_);
+  std::atomic<bool> serving_{true};
+  absl::Mutex serving_mu_;
+  std::string not_serving_why_ ABSL_GUARDED_BY(serving_mu_);
   std::unique_ptr<k8s::Reflector> node_reflector_, pod_reflector_;
   std::unique_ptr<ParallelFor> scorers_;
 };

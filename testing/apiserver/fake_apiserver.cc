@@ -178,6 +178,7 @@ bool Matches(const json& obj, const std::vector<Term>& fields, const std::vector
 // their group.
 std::string Qualified(const std::string& kind) {
   if (kind == "resourceclaims" || kind == "resourceslices") return kind + ".resource.k8s.io";
+  if (kind == "leases") return "leases.coordination.k8s.io";
   return kind;
 }
 
@@ -255,6 +256,11 @@ json FakeApiServer::Stamp(json obj, const std::string& kind) {
   if (kind == "daemonsets") {
     obj["apiVersion"] = "apps/v1";
     obj["kind"] = "DaemonSet";
+    return obj;
+  }
+  if (kind == "leases") {
+    obj["apiVersion"] = "coordination.k8s.io/v1";
+    obj["kind"] = "Lease";
     return obj;
   }
   if (kind == "resourceslices" || kind == "resourceclaims") {
@@ -357,14 +363,23 @@ int64_t FakeApiServer::request_count(const std::string& method) const {
   return it == requests_.end() ? 0 : it->second;
 }
 
+size_t FakeApiServer::connection_count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return peers_.size();
+}
+
 void FakeApiServer::Routes() {
   httplib::Server& s = *server_;
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     std::lock_guard<std::mutex> l(mu_);
     ++requests_[req.method];
+    peers_.emplace(req.remote_addr, req.remote_port);
     if (fail_count_ > 0 && (fail_method_.empty() || fail_method_ == req.method)) {
       --fail_count_;
       if (fail_code_ == 429) res.set_header("Retry-After", "0");
+      // Answered before the body was read: the connection cannot carry another request (the
+      // unread body would be parsed as one), so it ends with this answer.
+      res.set_header("Connection", "close");
       Fail(res, fail_code_, fail_code_ == 429 ? "TooManyRequests" : "InternalError",
            "injected failure");
       return httplib::Server::HandlerResponse::Handled;
@@ -674,6 +689,15 @@ void FakeApiServer::Routes() {
     }
     json next = *pod;
     next["spec"]["nodeName"] = Field(b, "target.name");
+    // As kube-apiserver's binding storage does: the Binding's annotations land on the pod in
+    // the same write as its node.
+    if (auto md = b.find("metadata"); md != b.end() && md->is_object()) {
+      if (auto a = md->find("annotations"); a != md->end() && a->is_object()) {
+        for (const auto& [k, v] : a->items()) {
+          if (v.is_string()) next["metadata"]["annotations"][k] = v;
+        }
+      }
+    }
     next["status"]["conditions"] = json::array(
         {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", Now()}}});
     *pod = Stamp(std::move(next), "pods");
@@ -824,6 +848,7 @@ std::map<std::string, json>& FakeApiServer::Store(const std::string& kind) {
 // resource.k8s.io/v1: resourceslices (cluster-scoped) and resourceclaims (namespaced, with
 // /status): list (no watch), get, create, PUT, PATCH, DELETE, as kube-apiserver answers them.
 // apps/v1 daemonsets (namespaced): the same, and watch (`watch` serves it as for pods).
+// coordination.k8s.io/v1 leases (namespaced): the same, without watch (leader election).
 void FakeApiServer::ResourceRoutes(const ModifyFn& modify, const ListFn& watch) {
   httplib::Server& s = *server_;
   struct Kind {
@@ -831,11 +856,13 @@ void FakeApiServer::ResourceRoutes(const ModifyFn& modify, const ListFn& watch) 
     bool namespaced;
     std::string base, api_version;
   };
-  for (const Kind& k : {Kind{"resourceslices", "ResourceSlice", false, "/apis/resource.k8s.io/v1",
-                             "resource.k8s.io/v1"},
-                        Kind{"resourceclaims", "ResourceClaim", true, "/apis/resource.k8s.io/v1",
-                             "resource.k8s.io/v1"},
-                        Kind{"daemonsets", "DaemonSet", true, "/apis/apps/v1", "apps/v1"}}) {
+  for (const Kind& k :
+       {Kind{"resourceslices", "ResourceSlice", false, "/apis/resource.k8s.io/v1",
+             "resource.k8s.io/v1"},
+        Kind{"resourceclaims", "ResourceClaim", true, "/apis/resource.k8s.io/v1",
+             "resource.k8s.io/v1"},
+        Kind{"daemonsets", "DaemonSet", true, "/apis/apps/v1", "apps/v1"},
+        Kind{"leases", "Lease", true, "/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1"}}) {
     const std::string& base = k.base;
     std::string coll =
         k.namespaced ? base + "/namespaces/([^/]+)/" + k.plural : base + "/" + k.plural;

@@ -9,7 +9,7 @@
 //   /apis/resource.k8s.io/v1/resourceslices[/{name}] and /apis/resource.k8s.io/v1/namespaces/{ns}/
 //   resourceclaims[/{name}[/status]] (and the all-namespaces list): GET (list without watch, get),
 //   POST, PUT, PATCH, DELETE. /apis/apps/v1/namespaces/{ns}/daemonsets[/{name}]: the same, and
-//   watch.
+//   watch. /apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]: the same, no watch.
 //   Field selectors (the labels kube-apiserver supports for each resource, e.g. spec.nodeName on
 //   pods but not on nodes; =, ==, !=) and label selectors (=, ==, !=, in, notin, key, !key).
 //   Every change gets a cluster-wide resourceVersion; watches replay from the given version and
@@ -19,7 +19,8 @@
 // (tests/k8s/api_probe.py, api_probe.expected; docs/cluster.md): the main resource of pods, nodes
 // and resource claims keeps the stored status and /status the stored spec; a pod needs
 // containers; DELETE of a pod bound to a node and not finished only sets deletionTimestamp (see
-// the route); the messages of conflicts, bindings, unsupported selectors and media types.
+// the route); the messages of conflicts, bindings, unsupported selectors and media types; a
+// Binding's annotations set on the pod with its node.
 // Test hooks: direct object access, and fault injection (the next N requests fail with a code).
 // Thread-safe. Owns its listening thread; the destructor stops it and ends open watches.
 #pragma once
@@ -31,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +100,8 @@ class FakeApiServer {
   void InjectFailures(int count, int code, const std::string& method = "");
   // Requests served so far, by method.
   int64_t request_count(const std::string& method) const;
+  // TCP connections that have carried a request so far (distinct client address and port).
+  size_t connection_count() const;
 
  private:
   struct Event {
@@ -135,6 +139,7 @@ class FakeApiServer {
   int fail_code_ = 500;
   std::string fail_method_;
   std::map<std::string, int64_t> requests_;
+  std::set<std::pair<std::string, int>> peers_;  // remote address and port of each connection
 };
 
 }  // namespace gpulet::testing

@@ -177,13 +177,17 @@ def run(api):
 
     # Binding.
     code, b = api.call("GET", pods + "/probe-b")
-    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "probe-b", "uid": b["metadata"]["uid"]},
+    binding = {"apiVersion": "v1", "kind": "Binding",
+               "metadata": {"name": "probe-b", "uid": b["metadata"]["uid"],
+                            "annotations": {"probe.gpulet.io/bound": "yes"}},
                "target": {"kind": "Node", "name": NODE}}
     code, body = api.call("POST", pods + "/probe-b/binding", binding)
     say("bind", "%d %s" % (code, body.get("kind") if isinstance(body, dict) else body))
     code, body = api.call("GET", pods + "/probe-b")
     cond = [c["type"] + "=" + c["status"] for c in body["status"].get("conditions", [])]
-    say("bind_result", "nodeName=%s conditions=%s" % (body["spec"].get("nodeName"), ",".join(cond)))
+    say("bind_result", "nodeName=%s conditions=%s annotation=%s" % (
+        body["spec"].get("nodeName"), ",".join(cond),
+        body["metadata"].get("annotations", {}).get("probe.gpulet.io/bound")))
     say("bind_again", status(*api.call("POST", pods + "/probe-b/binding", binding)))
     code, a = api.call("GET", pods + "/probe-a")
     wrong = dict(binding, metadata={"name": "probe-a", "uid": "00000000-0000-0000-0000-000000000000"})

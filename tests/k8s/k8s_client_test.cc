@@ -88,15 +88,17 @@ TEST_F(ClientTest, PatchTypesAndConflict) {
   EXPECT_TRUE(absl::IsNotFound(missing.status()));
 }
 
-// A Binding sets spec.nodeName once; binding again, or with the wrong UID, is refused.
+// A Binding sets spec.nodeName (and its annotations) once; binding again, or with the wrong UID,
+// is refused.
 TEST_F(ClientTest, Binding) {
   json p = server_.CreatePod(Pod("p"));
   std::string uid = p["metadata"]["uid"];
   EXPECT_FALSE(client_->CreateBinding("default", "p", "wrong-uid", "n1").ok());
-  ASSERT_TRUE(client_->CreateBinding("default", "p", uid, "n1").ok());
+  ASSERT_TRUE(client_->CreateBinding("default", "p", uid, "n1", {{"gpulet.io/x", "1"}}).ok());
   json got;
   ASSERT_TRUE(server_.GetPod("default", "p", &got));
   EXPECT_EQ(got["spec"]["nodeName"], "n1");
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/x"], "1");  // in the same write
   absl::Status again = client_->CreateBinding("default", "p", uid, "n2");
   EXPECT_THAT(again.message(), HasSubstr("already assigned to node"));
 }
@@ -155,6 +157,49 @@ TEST_F(ClientTest, RetriesOnServerErrorsAndThrottling) {
   before = server_.request_count("GET");
   EXPECT_FALSE(client_->GetPod("default", "absent").ok());
   EXPECT_EQ(server_.request_count("GET") - before, 1);
+}
+
+// Calls reuse kept-alive connections: twenty calls in a row open a handful of connections (the
+// fake, like cpp-httplib's server, closes one after five requests), not twenty, and the server's
+// closing of a connection never fails a call.
+TEST_F(ClientTest, ReusesConnections) {
+  server_.CreatePod(Pod("p"));
+  size_t before = server_.connection_count();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(client_->GetPod("default", "p").ok()) << i;
+  EXPECT_LE(server_.connection_count() - before, 5u);
+}
+
+// A parked connection whose server went away (restarted on the same port) is replaced at once:
+// the call succeeds even with a single attempt allowed.
+TEST(ClientReconnect, ServerRestartedBetweenCalls) {
+  auto first = std::make_unique<testing::FakeApiServer>();
+  ASSERT_TRUE(first->Start());
+  int port = first->port();
+  Config c;
+  c.server = first->url();
+  c.max_attempts = 1;
+  Client client(c);
+  ASSERT_TRUE(client.ListNodes().ok());
+  first.reset();
+  testing::FakeApiServer::Options o;
+  o.port = port;
+  testing::FakeApiServer second(o);
+  ASSERT_TRUE(second.Start());
+  second.CreateNode({{"metadata", {{"name", "n1"}}}});
+  auto nodes = client.ListNodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ((*nodes)["items"].size(), 1u);
+}
+
+// A server address the client cannot use fails every call with the same clear error.
+TEST(ClientConfigErrors, BadServerAddress) {
+  Config c;
+  c.server = "ftp://example";
+  Client client(c);
+  auto r = client.ListNodes();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("must start with https:// or http://"));
+  EXPECT_FALSE(client.Watch("/api/v1/pods", {}, [](const WatchEvent&) { return true; }).ok());
 }
 
 // An unreachable server is Unavailable with the address in the message, not a hang.

@@ -41,12 +41,13 @@ json PodObj(const std::string& name, int cores, int mem) {
 // so what keeps it from double-booking is its own reservation at bind (as when the watch lags).
 class ExtenderProcess {
  public:
-  explicit ExtenderProcess(const std::string& api_url, bool watch = true) {
+  explicit ExtenderProcess(const std::string& api_url, bool watch = true,
+                           ExtenderOptions options = {}) {
     k8s::Config c;
     c.server = api_url;
     c.initial_backoff = std::chrono::milliseconds(1);
     client_ = std::make_unique<k8s::Client>(c);
-    extender_ = std::make_unique<Extender>(client_.get(), ExtenderOptions{});
+    extender_ = std::make_unique<Extender>(client_.get(), std::move(options));
     EXPECT_TRUE(extender_->Sync().ok());
     if (watch) extender_->StartWatching();
     extender_->Register(server_, "/scheduler");
@@ -85,15 +86,16 @@ class ClusterTest : public ::testing::Test {
     for (const auto& [n, c] : caps_) api_.CreateNode(NodeObj(n, c.first, c.second));
   }
 
-  // kube-scheduler's part: filter, prioritize, highest score wins (ties: first), bind.
-  // Returns the node, or "" when no node passed the filter; bind errors are test failures.
-  std::string Schedule(ExtenderProcess& ext, const json& pod, std::string* bind_error = nullptr) {
+  // kube-scheduler's scheduling cycle: filter, prioritize, highest score wins (ties: first).
+  // Returns the node, or "" when no node passed the filter.
+  std::string Decide(ExtenderProcess& ext, const json& pod) {
     std::vector<std::string> names;
     for (const auto& [n, c] : caps_) names.push_back(n);
     json args = {{"Pod", pod}, {"NodeNames", names}, {"Nodes", nullptr}};
     json filtered = ext.Post("filter", args);
     if (filtered["NodeNames"].empty()) return "";
     args["NodeNames"] = filtered["NodeNames"];
+    if (filtered["NodeNames"].size() == 1) return filtered["NodeNames"][0];  // as kube-scheduler
     json prio = ext.Post("prioritize", args);
     std::string best;
     int64_t best_score = -1;
@@ -103,11 +105,23 @@ class ClusterTest : public ::testing::Test {
         best = h["Host"];
       }
     }
+    return best;
+  }
+  // Its binding cycle: the extender's bind verb. Returns the error ("" when bound).
+  std::string BindTo(ExtenderProcess& ext, const json& pod, const std::string& node) {
     json res = ext.Post("bind", {{"PodName", pod["metadata"]["name"]},
                                  {"PodNamespace", "default"},
                                  {"PodUID", pod["metadata"]["uid"]},
-                                 {"Node", best}});
-    std::string err = res.value("Error", "");
+                                 {"Node", node}});
+    return res.value("Error", "?");
+  }
+
+  // Both cycles, one after the other. Returns the node, or "" when no node passed the filter;
+  // bind errors are test failures.
+  std::string Schedule(ExtenderProcess& ext, const json& pod, std::string* bind_error = nullptr) {
+    std::string best = Decide(ext, pod);
+    if (best.empty()) return "";
+    std::string err = BindTo(ext, pod, best);
     if (bind_error) {
       *bind_error = err;
     } else {
@@ -261,6 +275,86 @@ TEST_F(ClusterTest, FailedBindRollsBack) {
   api_.InjectFailures(0, 500);
   EXPECT_EQ(ext.extender().booked_pods(), 0u);
   EXPECT_FALSE(Schedule(ext, pod).empty());
+}
+
+// kube-scheduler decides the next pod before the previous pod's bind arrives (its binding cycle
+// runs asynchronously). Eight 60-core pods, one per GPU at most, all decided before any bind:
+// each decision counts the ones before it (the extender reserved their GPUs at prioritize), so
+// every bind succeeds on a GPU of its own. The binds read the pods from the watch cache: no GET,
+// one POST (the Binding, carrying the assignment) each.
+TEST_F(ClusterTest, BindsInFlightAreCounted) {
+  ExtenderProcess ext(api_.url());
+  std::vector<json> pods;
+  for (int i = 0; i < 8; ++i)
+    pods.push_back(api_.CreatePod(PodObj("f" + std::to_string(i), 60, 4)));
+  for (int i = 0; i < 400 && ext.extender().Snapshot().nodes.size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the watch delivers the pods
+  std::vector<std::string> chosen;
+  for (const json& p : pods) chosen.push_back(Decide(ext, p));
+  EXPECT_EQ(ext.extender().reserved_pods(), 8u);
+  int64_t gets = api_.request_count("GET"), posts = api_.request_count("POST");
+  for (size_t i = 0; i < pods.size(); ++i) {
+    ASSERT_FALSE(chosen[i].empty()) << i;
+    EXPECT_EQ(BindTo(ext, pods[i], chosen[i]), "") << i;
+  }
+  EXPECT_EQ(api_.request_count("GET") - gets, 0);
+  EXPECT_EQ(api_.request_count("POST") - posts, 8);
+  EXPECT_EQ(ext.extender().reserved_pods(), 0u);
+  int bound = 0;
+  CheckNoGpuOverbooked(&bound);
+  EXPECT_EQ(bound, 8);
+  // A ninth does not fit anywhere: the filter says so instead of a bind refusing it.
+  EXPECT_EQ(Decide(ext, api_.CreatePod(PodObj("f8", 60, 4))), "");
+}
+
+// A reservation follows the bind to whichever node kube-scheduler chose, ends when its pod is
+// deleted, and expires when no bind comes.
+TEST_F(ClusterTest, ReservationsFollowBindsAndExpire) {
+  ExtenderProcess ext(api_.url(), true, {.reservation_ttl = std::chrono::milliseconds(200)});
+  auto free_milli = [&](const std::string& node) {
+    int64_t sum = 0;
+    for (const auto& n : ext.extender().Snapshot().nodes) {
+      for (const auto& g : n.gpus) sum += n.name == node ? g.free_milli : 0;
+    }
+    return sum;
+  };
+  json a = api_.CreatePod(PodObj("a", 60, 4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::string reserved_on = Decide(ext, a);
+  ASSERT_FALSE(reserved_on.empty());
+  EXPECT_EQ(free_milli(reserved_on), 2000 - 600);
+  std::string other = reserved_on == "h100-a" ? "h100-b" : "h100-a";
+  EXPECT_EQ(BindTo(ext, a, other), "");  // another plugin outweighed the extender
+  EXPECT_EQ(free_milli(reserved_on), 2000);
+  EXPECT_EQ(free_milli(other), 2000 - 600);
+  EXPECT_EQ(ext.extender().reserved_pods(), 0u);
+
+  json b = api_.CreatePod(PodObj("b", 60, 4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE(Decide(ext, b).empty());
+  EXPECT_EQ(ext.extender().reserved_pods(), 1u);
+  ASSERT_TRUE(api_.DeletePod("default", "b"));
+  for (int i = 0; i < 400 && ext.extender().reserved_pods() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(ext.extender().reserved_pods(), 0u);
+
+  json c = api_.CreatePod(PodObj("c", 60, 4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_FALSE(Decide(ext, c).empty());
+  EXPECT_EQ(ext.extender().reserved_pods(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The next filter releases what expired (and c, decided again, reserves anew).
+  json d = api_.CreatePod(PodObj("d", 60, 4));
+  std::vector<std::string> names;
+  for (const auto& [n, cap] : caps_) names.push_back(n);
+  ext.Post("filter", {{"Pod", d}, {"NodeNames", names}, {"Nodes", nullptr}});
+  EXPECT_EQ(ext.extender().reserved_pods(), 0u);
+  int bound = 0;
+  CheckNoGpuOverbooked(&bound);
+  EXPECT_EQ(bound, 1);
 }
 
 }  // namespace

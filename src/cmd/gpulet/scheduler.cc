@@ -3,11 +3,13 @@
 // process, each on a k8s::GuardedServer. Only flag parsing and wiring here.
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <memory>
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cmd/common/exit.h"
@@ -19,6 +21,7 @@
 #include "httplib.h"
 #include "k8s/client.h"
 #include "k8s/guarded_server.h"
+#include "k8s/lease.h"
 #include "k8s/tls.h"
 #include "placement/vgpu_policy.h"
 #include "scheduler/extender.h"
@@ -57,7 +60,23 @@ struct SchedulerFlags {
   std::string scheduler_name;
   int64_t max_memory_units = 0;
   vgpu::ResourceNames names;
+  // Leader election among replicas (k8s/lease.h), with kube-scheduler's flag names.
+  bool leader_elect = false;
+  std::string lease_name = "gpulet-scheduler";
+  std::string lease_namespace;  // default: $POD_NAMESPACE, else gpulet-system
+  std::string identity;         // default: $POD_NAME, else hostname_pid
+  std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
+  absl::Duration lease_duration_d, renew_deadline_d, retry_period_d;
 };
+
+// The label the leader puts on its own pod: the extender's Service selects it, so kube-scheduler
+// reaches the leader only (deploy/components/vgpu/scheduler.yaml).
+constexpr char kLeaderLabel[] = "gpulet.io/extender-leader";
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
 
 bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
   size_t colon = listen.rfind(':');
@@ -109,6 +128,18 @@ absl::Status ParseDurationFlags(SchedulerFlags& f) {
                 f.workload_refresh,
                 {.allow_zero = true, .bare_unit = absl::Milliseconds(1), .max = absl::Hours(1)},
                 &f.workload_refresh_every},
+           Flag{"--leader-elect-lease-duration",
+                f.lease_duration,
+                {.min = absl::Seconds(1), .max = absl::Hours(1)},
+                &f.lease_duration_d},
+           Flag{"--leader-elect-renew-deadline",
+                f.renew_deadline,
+                {.min = absl::Milliseconds(100), .max = absl::Hours(1)},
+                &f.renew_deadline_d},
+           Flag{"--leader-elect-retry-period",
+                f.retry_period,
+                {.min = absl::Milliseconds(10), .max = absl::Hours(1)},
+                &f.retry_period_d},
        }) {
     ASSIGN_OR_RETURN(ParsedDuration p, ParseDuration(d.name, d.text, d.rules));
     if (!p.deprecation.empty()) spdlog::warn("{}", p.deprecation);
@@ -157,6 +188,23 @@ int RunScheduler(SchedulerFlags f) {
     }
     client_ca = *ca;
   }
+  k8s::LeaseOptions lease;
+  if (f.leader_elect) {
+    lease.name = f.lease_name;
+    lease.ns =
+        f.lease_namespace.empty() ? EnvOr("POD_NAMESPACE", "gpulet-system") : f.lease_namespace;
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    lease.identity = f.identity.empty()
+                         ? EnvOr("POD_NAME", absl::StrCat(host, "_", static_cast<int>(getpid())))
+                         : f.identity;
+    lease.lease_duration = absl::ToChronoMilliseconds(f.lease_duration_d);
+    lease.renew_deadline = absl::ToChronoMilliseconds(f.renew_deadline_d);
+    lease.retry_period = absl::ToChronoMilliseconds(f.retry_period_d);
+    if (absl::Status st = k8s::ValidateLeaseOptions(lease); !st.ok()) {
+      return Fail(kWho, "--leader-elect-*: " + std::string(st.message()), kUsageError);
+    }
+  }
   auto config = k8s::ResolveConfig(f.kubeconfig);
   if (!config.ok()) return Fail(kWho, config.status(), kUsageError);
   k8s::Client api(*config);
@@ -173,6 +221,40 @@ int RunScheduler(SchedulerFlags f) {
     return Fail(kWho, "initial sync with the API server failed: " + std::string(s.message()));
   }
   extender.StartWatching();
+  // Replicas: the leader alone answers the extender's verbs (and so alone reserves and binds);
+  // the others keep their state current from the watches, ready to take over. A new leader
+  // lists again first, so that it sees every bind of the previous one before it places a pod.
+  std::unique_ptr<k8s::LeaderElector> elector;
+  if (f.leader_elect) {
+    const std::string pod = EnvOr("POD_NAME", ""), pod_ns = EnvOr("POD_NAMESPACE", "");
+    auto label = [&api, pod, pod_ns](bool leader) {
+      if (pod.empty() || pod_ns.empty()) return;  // not in a pod: nothing routes by label
+      k8s::json patch = {
+          {"metadata", {{"labels", {{kLeaderLabel, leader ? k8s::json("true") : k8s::json()}}}}}};
+      if (auto r = api.PatchPod(pod_ns, pod, k8s::PatchType::kMerge, patch); !r.ok()) {
+        spdlog::warn("label {} on pod {}/{}: {}", kLeaderLabel, pod_ns, pod,
+                     std::string(r.status().message()));
+      }
+    };
+    const std::string follower =
+        absl::StrCat("gpulet scheduler ", lease.identity, " is not the leader (Lease ", lease.ns,
+                     "/", lease.name, "); the extender's Service routes to the leader");
+    extender.SetServing(false, follower);
+    elector = std::make_unique<k8s::LeaderElector>(
+        &api, lease,
+        [&extender, label] {
+          if (auto s = extender.Sync(); !s.ok()) {
+            spdlog::warn("re-list as leader: {}", std::string(s.message()));
+          }
+          extender.SetServing(true);
+          label(true);
+        },
+        [&extender, label, follower] {
+          extender.SetServing(false, follower);
+          label(false);
+        });
+    elector->Start();
+  }
 
   k8s::ServerLimits limits;
   limits.max_body_bytes = static_cast<size_t>(f.max_request_bytes);
@@ -224,6 +306,7 @@ int RunScheduler(SchedulerFlags f) {
 
   Listener ext, hook, health;
   auto stop_all = [&] {
+    if (elector) elector->Stop();  // hands the Lease over at once
     extender.StopWatching();
     ext.Stop();
     hook.Stop();
@@ -377,6 +460,28 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
                  "Largest GPU in 256 MiB units for the webhook's memory check; 0: learn from "
                  "the nodes")
       ->capture_default_str();
+  sub.add_flag("--leader-elect", f->leader_elect,
+               "Elect a leader among replicas on a coordination.k8s.io Lease: only the leader "
+               "answers the extender's verbs and labels its pod " +
+                   std::string(kLeaderLabel) + "=true (run 2+ replicas only with this)");
+  sub.add_option("--leader-elect-lease-name", f->lease_name, "Name of the Lease")
+      ->capture_default_str();
+  sub.add_option("--leader-elect-namespace", f->lease_namespace,
+                 "Namespace of the Lease (default: $POD_NAMESPACE, else gpulet-system)");
+  sub.add_option("--leader-elect-identity", f->identity,
+                 "This replica's name in the Lease (default: $POD_NAME, else HOSTNAME_PID)");
+  sub.add_option("--leader-elect-lease-duration", f->lease_duration,
+                 "How long followers wait after the leader's last renewal before taking over")
+      ->capture_default_str()
+      ->type_name("DURATION");
+  sub.add_option("--leader-elect-renew-deadline", f->renew_deadline,
+                 "How long the leader keeps leading without a successful renewal")
+      ->capture_default_str()
+      ->type_name("DURATION");
+  sub.add_option("--leader-elect-retry-period", f->retry_period,
+                 "How often candidates try to acquire or renew the Lease")
+      ->capture_default_str()
+      ->type_name("DURATION");
   sub.add_option("--core-resource", f->names.core, "Resource name of vGPU cores")
       ->capture_default_str();
   sub.add_option("--memory-resource", f->names.memory,
