@@ -44,6 +44,20 @@ bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds 
   return X509_cmp_time(X509_get0_notAfter(cert.get()), &deadline) <= 0;
 }
 
+bool CertificateCovers(const std::string& cert_pem, const std::vector<std::string>& names) {
+  Bio b(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
+  Cert cert(PEM_read_bio_X509(b.get(), nullptr, nullptr, nullptr));
+  if (!cert) return false;
+  for (const std::string& n : names) {
+    unsigned char ip[16];
+    bool is_ip = inet_pton(AF_INET, n.c_str(), ip) == 1 || inet_pton(AF_INET6, n.c_str(), ip) == 1;
+    int ok = is_ip ? X509_check_ip_asc(cert.get(), n.c_str(), 0)
+                   : X509_check_host(cert.get(), n.c_str(), n.size(), 0, nullptr);
+    if (ok != 1) return false;
+  }
+  return true;
+}
+
 struct CertReloader::Pair {
   std::string cert_pem, key_pem;
   Cert cert;

@@ -42,6 +42,11 @@ int NoPassphrase(char* buf, int size, int rwflag, void* userdata);
 bool CertificateExpiresWithin(const std::string& cert_pem, std::chrono::seconds within,
                               const Clock& clock = *RealClock());
 
+// True when the PEM certificate is valid for every one of `names` (DNS names by its SANs, IP
+// literals by its IP SANs); false when one is missing or it does not parse. A stored self-issued
+// certificate that lacks a name the server now answers to is issued again.
+bool CertificateCovers(const std::string& cert_pem, const std::vector<std::string>& names);
+
 // A serving certificate read from PEM files and read again when they change (cert-manager renewing
 // its Secret, the kubelet swapping the mounted files). Install() hooks it into a server's SSL_CTX
 // as the certificate callback: every new TLS handshake takes the current pair, connections already

@@ -40,41 +40,52 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
     return absl::InvalidArgumentError("--tls-secret: NAMESPACE/NAME are not Kubernetes names");
   }
   std::string path = "/api/v1/namespaces/" + ns_name[0] + "/secrets/" + ns_name[1];
-  auto secret = api->Call("GET", path);
-  k8s::PemPair p;
-  auto data_field = [&secret](const char* key) {
-    std::string out;
-    if (!secret.ok()) return out;
-    auto data = secret->find("data");
-    if (data == secret->end() || !data->is_object()) return out;
-    auto it = data->find(key);
-    if (it != data->end() && it->is_string()) absl::Base64Unescape(it->get<std::string>(), &out);
-    return out;
-  };
-  p.cert_pem = data_field("tls.crt");
-  p.key_pem = data_field("tls.key");
-  p.ca_pem = data_field("ca.crt");
-  // Near expiry (or unreadable, or an older Secret without its CA: a CA:TRUE leaf of earlier
-  // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
-  // and, with a webhook configuration, into caBundle.
-  if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
-      !k8s::CertificateExpiresWithin(p.cert_pem, renew_before, *o.clock)) {
-    return p;
+  // Two attempts: replicas starting together may both find no Secret (or the same old one) and
+  // write; the one that loses (AlreadyExists, or a Conflict on the stale version) reads the
+  // winner's pair instead of failing.
+  for (int attempt = 0;; ++attempt) {
+    auto secret = api->Call("GET", path);
+    k8s::PemPair p;
+    auto data_field = [&secret](const char* key) {
+      std::string out;
+      if (!secret.ok()) return out;
+      auto data = secret->find("data");
+      if (data == secret->end() || !data->is_object()) return out;
+      auto it = data->find(key);
+      if (it != data->end() && it->is_string()) absl::Base64Unescape(it->get<std::string>(), &out);
+      return out;
+    };
+    p.cert_pem = data_field("tls.crt");
+    p.key_pem = data_field("tls.key");
+    p.ca_pem = data_field("ca.crt");
+    // Near expiry (or unreadable, or an older Secret without its CA: a CA:TRUE leaf of earlier
+    // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
+    // and, with a webhook configuration, into caBundle.
+    if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
+        !k8s::CertificateExpiresWithin(p.cert_pem, renew_before, *o.clock) &&
+        k8s::CertificateCovers(p.cert_pem, o.names)) {
+      return p;
+    }
+    ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(o.names));
+    nlohmann::json body = {{"apiVersion", "v1"},
+                           {"kind", "Secret"},
+                           {"type", "kubernetes.io/tls"},
+                           {"metadata", {{"name", ns_name[1]}, {"namespace", ns_name[0]}}},
+                           {"data",
+                            {{"tls.crt", absl::Base64Escape(p.cert_pem)},
+                             {"tls.key", absl::Base64Escape(p.key_pem)},
+                             {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
+    if (secret.ok() && secret->contains("metadata")) {
+      body["metadata"]["resourceVersion"] =
+          (*secret)["metadata"].value("resourceVersion", std::string());
+    }
+    auto created =
+        api->Call(secret.ok() ? "PUT" : "POST",
+                  secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
+    if (created.ok()) return p;
+    bool lost_race = absl::IsAlreadyExists(created.status()) || absl::IsAborted(created.status());
+    if (!lost_race || attempt > 0) return created.status();
   }
-  ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(o.names));
-  nlohmann::json body = {{"apiVersion", "v1"},
-                         {"kind", "Secret"},
-                         {"type", "kubernetes.io/tls"},
-                         {"metadata", {{"name", ns_name[1]}, {"namespace", ns_name[0]}}},
-                         {"data",
-                          {{"tls.crt", absl::Base64Escape(p.cert_pem)},
-                           {"tls.key", absl::Base64Escape(p.key_pem)},
-                           {"ca.crt", absl::Base64Escape(p.ca_pem)}}}};
-  auto created =
-      api->Call(secret.ok() ? "PUT" : "POST",
-                secret.ok() ? path : "/api/v1/namespaces/" + ns_name[0] + "/secrets", &body);
-  if (!created.ok()) return created.status();
-  return p;
 }
 
 void PublishCaBundle(k8s::Client& api, const std::string& configuration,

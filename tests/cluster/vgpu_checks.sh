@@ -37,9 +37,20 @@ check "kubectl apply of a vcuda pod setting GPULET_VGPU_MEMORY_LIMIT in its env 
 check "... with gpulet's message ($(head -c 200 <<< "$out"))" \
   bash -c '[[ "$1" == *"env GPULET_VGPU_MEMORY_LIMIT of container"*"would switch off the vGPU limits"* ]]' _ "$out"
 
+# Leader election on the real API server: the replica holds the Lease and carries the label the
+# extender's Service selects.
+sched_pod=$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-scheduler -o 'jsonpath={.items[0].metadata.name}')
+leads() {
+  [ "$(kc -n "$NS" get lease gpulet-scheduler -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null)" = "$sched_pod" ] &&
+    [ "$(kc -n "$NS" get pod "$sched_pod" -o 'jsonpath={.metadata.labels.gpulet\.io/extender-leader}')" = true ]
+}
+wait_until 30 leads
+check "gpulet scheduler $sched_pod holds the Lease and carries gpulet.io/extender-leader=true" leads
+
 # kube-scheduler with the shipped configuration: the extender at the gpulet scheduler pod's address
-# (hostNetwork, 127.0.0.1; the Service name is still the TLS server name), this cluster's scheduler
-# client certificate (CN system:kube-scheduler, cluster CA), the CA from the Secret.
+# (hostNetwork, 127.0.0.1; the extender Service's name is still the TLS server name), this
+# cluster's scheduler client certificate (CN system:kube-scheduler, cluster CA), the CA from the
+# Secret.
 kc -n "$NS" get secret gpulet-scheduler-tls -o 'jsonpath={.data.ca\.crt}' | base64 -d > "$work/extender-ca.crt"
 kc -n "$NS" get configmap gpulet-kube-scheduler-config -o 'jsonpath={.data.kube-scheduler-config\.yaml}' > "$work/shipped-scheduler-config.yaml"
 python3 - "$work/shipped-scheduler-config.yaml" "$work/kube-scheduler.yaml" "$D" "$work/extender-ca.crt" <<'PY'
@@ -49,9 +60,9 @@ c = yaml.safe_load(open(src))
 c["clientConnection"]["kubeconfig"] = d + "/scheduler.kubeconfig"
 c["leaderElection"] = {"leaderElect": False}
 (e,) = c["extenders"]
-assert e["urlPrefix"] == "https://gpulet-scheduler.gpulet-system.svc:12345/scheduler", e["urlPrefix"]
+assert e["urlPrefix"] == "https://gpulet-scheduler-extender.gpulet-system.svc:12345/scheduler", e["urlPrefix"]
 e["urlPrefix"] = "https://127.0.0.1:12345/scheduler"
-e["tlsConfig"] = {"serverName": "gpulet-scheduler.gpulet-system.svc", "certFile": d + "/pki/scheduler.crt",
+e["tlsConfig"] = {"serverName": "gpulet-scheduler-extender.gpulet-system.svc", "certFile": d + "/pki/scheduler.crt",
                   "keyFile": d + "/pki/scheduler.key", "caFile": ca}
 yaml.safe_dump(c, open(dst, "w"))
 PY

@@ -202,4 +202,15 @@ TEST(CertificateExpiry, NearExpiryOrUnreadableMeansRenew) {
 }
 
 }  // namespace
+// A stored certificate is kept only while it names every name the server answers to.
+TEST(Tls, CertificateCoversItsNamesOnly) {
+  auto p = SelfIssuedCertificate({"localhost", "127.0.0.1", "gpulet-scheduler.gpulet-system.svc"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(CertificateCovers(p->cert_pem, {"gpulet-scheduler.gpulet-system.svc", "127.0.0.1"}));
+  EXPECT_TRUE(CertificateCovers(p->cert_pem, {}));
+  EXPECT_FALSE(CertificateCovers(p->cert_pem, {"gpulet-scheduler-extender.gpulet-system.svc"}));
+  EXPECT_FALSE(CertificateCovers(p->cert_pem, {"10.0.0.1"}));
+  EXPECT_FALSE(CertificateCovers("not a certificate", {"localhost"}));
+}
+
 }  // namespace gpulet::k8s

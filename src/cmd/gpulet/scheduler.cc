@@ -49,7 +49,9 @@ struct SchedulerFlags {
   int64_t workers = 8;
   std::string webhook_listen = ":8443";
   std::string tls_cert_file, tls_key_file, tls_secret, webhook_configuration;
-  std::string tls_names = "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc";
+  std::string tls_names =
+      "localhost,127.0.0.1,gpulet-scheduler.gpulet-system.svc,"
+      "gpulet-scheduler-extender.gpulet-system.svc";
   // Durations as written (common/duration.h); bare numbers keep their old units, deprecated.
   std::string tls_renew_before = "720h";  // a self-issued pair is replaced this close to expiry
   std::string tls_renew_check = "1h";
