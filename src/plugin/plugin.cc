@@ -178,6 +178,7 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
                        MakeGpuDelivery(inventory_, cfg, options_.host_root, no.names.core));
       assigner = std::make_shared<vgpu::NodeAssigner>(no, *pool, options_.api);
       RETURN_IF_ERROR(assigner->Load());
+      assigner->StartWatching();  // with an API server: ended pods freed from their watch event
       if (!options_.api)
         spdlog::info(
             "vGPU: no API server (agent --node-name not set): containers are placed "

@@ -31,7 +31,9 @@ policies() {
   docs "$src/deploy/components/vgpu/scheduler.yaml" ServiceAccount/gpulet-scheduler \
     ClusterRole/gpulet-scheduler ClusterRoleBinding/gpulet-scheduler \
     ValidatingAdmissionPolicy/gpulet-trusted-pod-annotations \
-    ValidatingAdmissionPolicyBinding/gpulet-trusted-pod-annotations
+    ValidatingAdmissionPolicyBinding/gpulet-trusted-pod-annotations \
+    ValidatingAdmissionPolicy/gpulet-trusted-binding-annotations \
+    ValidatingAdmissionPolicyBinding/gpulet-trusted-binding-annotations
 }
 # A tenant: the service account tenant in default, allowed to patch and update pods there.
 tenant_rbac() {
@@ -74,7 +76,7 @@ spec:
 YAML
 }
 cleanup() {
-  kc delete pod -n default vap-tenant-pod vap-other-pod --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+  kc delete pod -n default vap-tenant-pod vap-other-pod vap-unbound --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
   kc delete pod -n "$NS" vap-agent --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
   kc delete node "$OTHER" --ignore-not-found >/dev/null 2>&1
   kc label node "$NODE" gpulet.io/vap-test- >/dev/null 2>&1
@@ -103,7 +105,7 @@ tenant_rbac | kc apply -f - >/dev/null
 kc label namespace "$NS" "$MARK=1" >/dev/null
 # The API server type-checks the CEL when it stores a policy; an error shows in status.typeChecking.
 checked() { [ -n "$(kc get validatingadmissionpolicy "$1" -o jsonpath='{.status.observedGeneration}')" ]; }
-for p in gpulet-node-own-node gpulet-trusted-pod-annotations; do
+for p in gpulet-node-own-node gpulet-trusted-pod-annotations gpulet-trusted-binding-annotations; do
   wait_until 20 checked "$p"
   tc=$(kc get validatingadmissionpolicy "$p" -o jsonpath='{.status.typeChecking.expressionWarnings}')
   check "policy $p: type-checked, no CEL warnings (${tc:-none})" bash -c '[ -z "$1" ] && [ -z "$2" ]' _ "$tc" "$(checked "$p" || echo unchecked)"
@@ -223,15 +225,38 @@ denied "a tenant adds the vGPU opt-out gpulet.io/vgpu-disable after creation" "$
   "$tenant_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-disable=true
 allowed "a tenant changes an annotation of its own (team=b)" \
   "$tenant_token" annotate pod -n default vap-tenant-pod --overwrite team=b
-allowed "the gpulet-scheduler service account changes gpulet.io/vgpu-assigned" \
-  "$scheduler_token" annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=true
-allowed "the gpulet-scheduler service account adds gpulet.io/vgpu-gpus-0" \
-  "$scheduler_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-gpus-0=GPU-0
-check "the pod carries what the scheduler wrote" \
-  [ "$(kc get pod vap-tenant-pod -o jsonpath='{.metadata.annotations.gpulet\.io/vgpu-assigned}/{.metadata.annotations.gpulet\.io/vgpu-gpus-0}')" = "true/GPU-0" ]
+# The extender writes its assignment in the Binding (pods/binding), so its service account has no
+# pod patch outside gpulet-system at all: RBAC refuses before any policy runs.
+out=$(as "$scheduler_token" annotate pod -n default vap-tenant-pod gpulet.io/vgpu-gpus-0=GPU-0 2>&1); rc=$?
+echo "      kubectl (gpulet-scheduler): $out"
+check "forbidden by RBAC: the gpulet-scheduler service account annotates a tenant's pod" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"cannot patch resource \"pods\""* ]]' _ "$rc" "$out"
 # The policy binds every user but gpulet's two, cluster administrators (system:masters) included.
 out=$(kc annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=false 2>&1); rc=$?
 echo "      kubectl (admin): $out"
 check "denied by $TRUST: the cluster admin changes gpulet.io/vgpu-assigned" \
   bash -c '[ "$1" != 0 ] && [[ "$2" == *"$3"* ]]' _ "$rc" "$out" "$MSG"
+
+# --- gpulet-trusted-binding-annotations: a Binding copies its annotations onto the pod -----------
+kc apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: vap-unbound, namespace: default}
+spec:
+  schedulerName: no-such-scheduler
+  containers: [{name: c, image: gpulet.test/busybox:1, imagePullPolicy: Never, command: [sleep, "3600"]}]
+YAML
+binding() {
+  printf '{"apiVersion":"v1","kind":"Binding","metadata":{"name":"vap-unbound"%s},"target":{"kind":"Node","name":"%s"}}' "$1" "$OTHER" > "$W/binding.json"
+  kc create --raw /api/v1/namespaces/default/pods/vap-unbound/binding -f "$W/binding.json" 2>&1
+}
+out=$(binding ',"annotations":{"gpulet.io/vgpu-gpus-0":"GPU-0","gpulet.io/vgpu-node":"'"$OTHER"'"}'); rc=$?
+echo "      binding (admin): $out"
+check "denied by gpulet-trusted-binding-annotations: a Binding carrying gpulet.io/vgpu-gpus-0 from the cluster admin" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"gpulet-trusted-binding-annotations"*"only from gpulet"* ]]' _ "$rc" "$out"
+check "... and the pod stays unbound" [ -z "$(kc get pod -n default vap-unbound -o jsonpath='{.spec.nodeName}')" ]
+out=$(binding ',"annotations":{"team":"b"}'); rc=$?
+check "allowed: a Binding with annotations of its own binds ($out)" [ "$rc" = 0 ]
+check "... its annotation is on the pod with the node" \
+  [ "$(kc get pod -n default vap-unbound -o jsonpath='{.spec.nodeName}/{.metadata.annotations.team}')" = "$OTHER/b" ]
 finish

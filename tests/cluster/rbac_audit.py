@@ -25,6 +25,7 @@ for d in docs:
                 grants[s["name"]].append(r)
 
 used = collections.defaultdict(collections.Counter)  # account -> (verb, group, res) -> count
+span = {}  # account -> [first, last] requestReceivedTimestamp (RFC 3339, sortable as text)
 codes = collections.defaultdict(collections.Counter)
 refused = []
 prefix = "system:serviceaccount:gpulet-system:"
@@ -41,6 +42,10 @@ for line in open(log):
     key = (e["verb"], o.get("apiGroup", ""), res)
     code = e.get("responseStatus", {}).get("code", 0)
     used[sa][key] += 1
+    ts = e.get("requestReceivedTimestamp", "")
+    if ts:
+        first, last = span.get(sa, [ts, ts])
+        span[sa] = [min(first, ts), max(last, ts)]
     codes[sa][(key, code)] += 1
     if code == 403:
         refused.append(f"{sa}: {e['verb']} {e.get('requestURI')} -> 403 {e.get('responseStatus', {}).get('message', '')[:200]}")
@@ -62,6 +67,19 @@ for sa in sorted(set(grants) | set(used)):
                     if not any(v == verb and g == group and r == res for (v, g, r) in used[sa]):
                         names = rule.get("resourceNames")
                         print(f"  unused {verb:6} {group or 'core'}/{res}" + (f" {names}" if names else ""))
+# What each account costs the API server: requests per minute over the span it was active (a
+# watch counts once, when it starts). Times: RFC 3339 with microseconds.
+from datetime import datetime
+def parse(ts):
+    return datetime.strptime(ts[:26].rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f")
+for sa, (first, last) in sorted(span.items()):
+    minutes = max((parse(last) - parse(first)).total_seconds() / 60, 1 / 60)
+    by_verb = collections.Counter()
+    for (verb, group, res), n in used[sa].items():
+        by_verb[verb] += n
+    total = sum(by_verb.values())
+    print(f"figure: {sa}: {total} requests in {minutes:.1f} min = {total / minutes:.1f}/min (" +
+          ", ".join(f"{v} {n}" for v, n in sorted(by_verb.items())) + ")")
 for r in refused:
     print("REFUSED " + r)
 sys.exit(1 if refused else 0)

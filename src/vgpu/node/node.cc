@@ -705,6 +705,14 @@ absl::Status NodeAssigner::PublishPool(const std::function<bool(const std::strin
 
 absl::Status NodeAssigner::ReleaseGoneFromApi() {
   if (!api_) return absl::FailedPreconditionError("no API client");
+  {
+    absl::ReleasableMutexLock l(&pods_mu_);
+    if (pods_synced_) {
+      std::set<std::string> live = live_pods_;
+      l.Release();
+      return ReleaseAbsent(live);
+    }
+  }
   ASSIGN_OR_RETURN(json pods,
                    api_->ListPods("", {.field_selector = "spec.nodeName=" + options_.node_name}));
   std::set<std::string> live;
@@ -712,7 +720,82 @@ absl::Status NodeAssigner::ReleaseGoneFromApi() {
     std::string phase = p["status"].value("phase", "");
     if (phase != "Succeeded" && phase != "Failed") live.insert(p["metadata"].value("uid", ""));
   }
-  return Release(live);
+  return Release(live);  // listed after every grant made so far: no grace needed
+}
+
+absl::Status NodeAssigner::ReleaseAbsent(const std::set<std::string>& live) {
+  // A grant made from a LIST at Allocate can precede its pod's watch event by the watch's lag.
+  constexpr int64_t kGraceNs = 10'000'000'000;
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  absl::MutexLock l(&mu_);
+  std::set<std::string> gone;
+  for (const auto& g : grants_) {
+    if (!live.count(g.pod_uid) && now - g.time_ns > kGraceNs) gone.insert(g.pod_uid);
+  }
+  return ReleaseLocked(gone);
+}
+
+NodeAssigner::~NodeAssigner() { StopWatching(); }
+
+void NodeAssigner::StartWatching() {
+  if (!api_ || reflector_) return;
+  auto ended = [](const json& pod) {
+    auto st = pod.find("status");
+    std::string phase = st != pod.end() && st->is_object() ? st->value("phase", "") : "";
+    return phase == "Succeeded" || phase == "Failed";
+  };
+  auto uid_of = [](const json& pod) {
+    auto md = pod.find("metadata");
+    return md != pod.end() && md->is_object() ? md->value("uid", "") : std::string();
+  };
+  reflector_ = std::make_unique<k8s::Reflector>(
+      api_, "/api/v1/pods",
+      k8s::ListOptions{.field_selector = "spec.nodeName=" + options_.node_name},
+      [this, ended, uid_of](const std::vector<json>& items) {
+        std::set<std::string> live;
+        for (const json& p : items) {
+          if (p.is_object() && !ended(p)) live.insert(uid_of(p));
+        }
+        {
+          absl::MutexLock l(&pods_mu_);
+          live_pods_ = live;
+          pods_synced_ = true;
+        }
+        if (absl::Status s = ReleaseAbsent(live); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+      },
+      [this, ended, uid_of](const k8s::WatchEvent& ev) {
+        if (!ev.object.is_object()) return;
+        std::string uid = uid_of(ev.object);
+        if (uid.empty()) return;
+        bool gone = ev.type == "DELETED" || ended(ev.object);
+        {
+          absl::MutexLock l(&pods_mu_);
+          if (gone) {
+            live_pods_.erase(uid);
+          } else {
+            live_pods_.insert(uid);
+          }
+        }
+        if (!gone) return;
+        absl::MutexLock l(&mu_);
+        bool held = std::any_of(grants_.begin(), grants_.end(),
+                                [&](const Grant& g) { return g.pod_uid == uid; });
+        if (!held) return;
+        if (absl::Status s = ReleaseLocked({uid}); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+      });
+  reflector_->Start();
+}
+
+void NodeAssigner::StopWatching() {
+  if (reflector_) reflector_->Stop();
+  reflector_.reset();
+}
+
+bool NodeAssigner::watch_synced() const {
+  absl::MutexLock l(&pods_mu_);
+  return pods_synced_;
 }
 
 absl::Status NodeAssigner::Correct(

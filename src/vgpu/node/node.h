@@ -108,10 +108,22 @@ class NodeAssigner {
   // GetPreferredAllocation. Empty when unknown.
   std::string PredictGpu(int64_t cores, int64_t memory_units);
 
+  ~NodeAssigner();
+
   // Drops grants of pods not in `live_uids`, removes their accounting directories, checkpoints.
   absl::Status Release(const std::set<std::string>& live_uids);
-  // Release() with the pods bound to this node in the API server (terminal phases count as gone).
+  // Release() with the pods bound to this node in the API server (terminal phases count as gone):
+  // from the watch (StartWatching) once it has listed (grants younger than 10 s are kept when
+  // their pod is not in that view yet: an Allocate can run before the pod's watch event), else
+  // one LIST.
   absl::Status ReleaseGoneFromApi();
+  // Watches this node's pods (field selector spec.nodeName=<node>): a pod that ends (deleted, or
+  // Succeeded/Failed) has its grants freed from that event, and the periodic housekeeping reads
+  // the pods from memory instead of listing them (what a thousand agents would cost the API
+  // server: one LIST each per reconcile interval).
+  void StartWatching();
+  void StopWatching();
+  bool watch_synced() const;
   // Without an API server: drops grants none of whose device IDs the kubelet still holds
   // (`held`, from PodResources), once they are older than `grace` (the kubelet records an
   // allocation only after Allocate answers).
@@ -168,6 +180,13 @@ class NodeAssigner {
   };
   std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::string published_ ABSL_GUARDED_BY(mu_);  // the pool annotation last written
+  // Releases the grants of pods not in `live` that are older than the grace above (10 s).
+  absl::Status ReleaseAbsent(const std::set<std::string>& live);
+  // The watch's view: uids of this node's pods that have not ended.
+  mutable absl::Mutex pods_mu_;
+  std::set<std::string> live_pods_ ABSL_GUARDED_BY(pods_mu_);
+  bool pods_synced_ ABSL_GUARDED_BY(pods_mu_) = false;
+  std::unique_ptr<k8s::Reflector> reflector_;
 };
 
 // The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are

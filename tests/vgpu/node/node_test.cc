@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
@@ -227,6 +228,37 @@ TEST_F(NodeTest, RestartAndRelease) {
   EXPECT_TRUE(restarted->grants().empty());
   EXPECT_FALSE(std::filesystem::exists(acc_dir));
   EXPECT_TRUE(Make()->grants().empty());
+}
+
+// With the watch on this node's pods, housekeeping lists nothing and an ended pod's grant is
+// freed from its watch event (Succeeded, or deleted), without waiting for a reconcile.
+TEST_F(NodeTest, WatchFreesEndedPodsAndHousekeepingListsNothing) {
+  assigner_->StartWatching();
+  for (int i = 0; i < 400 && !assigner_->watch_synced(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(assigner_->watch_synced());
+  api_.CreatePod(PodObj("p", 40, 16, 1, "GPU-0"));
+  AllocPair(*assigner_, "GPU-0", 40, 16);
+  ASSERT_EQ(assigner_->grants().size(), 1u);
+  int64_t gets = api_.request_count("GET");
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(assigner_->ReleaseGoneFromApi().ok());
+  EXPECT_EQ(api_.request_count("GET"), gets);  // from the watch's view, no LIST
+  EXPECT_EQ(assigner_->grants().size(), 1u);
+  auto freed_within_1s = [&] {
+    for (int i = 0; i < 200 && !assigner_->grants().empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return assigner_->grants().empty();
+  };
+  ASSERT_TRUE(api_.SetPodPhase("default", "p", "Succeeded"));
+  EXPECT_TRUE(freed_within_1s()) << "Succeeded pod still holds its grant";
+  api_.CreatePod(PodObj("q", 30, 8, 1, "GPU-1"));
+  AllocPair(*assigner_, "GPU-1", 30, 8);
+  ASSERT_EQ(assigner_->grants().size(), 1u);
+  ASSERT_TRUE(api_.DeletePod("default", "q"));
+  EXPECT_TRUE(freed_within_1s()) << "deleted pod still holds its grant";
+  assigner_->StopWatching();
 }
 
 // A corrupt checkpoint is an error naming the file, not a silent reset.
