@@ -246,37 +246,75 @@ def claim_body(a, name):
 
 
 def watch(args, sid, rv, pods, deadline, out, ready):
-    """Child process: one watch on the burst's pods; writes {name: [added, bound]} to `out`."""
+    """Child process: watches the burst's pods; writes {name: [added, bound]} to `out`, with the
+    reasons a watch ended early. A watch the API server ends (or that breaks) is resumed from a
+    fresh LIST: pods bound in between get the LIST's time (later than the truth; counted as
+    "resynced")."""
     api = Api(args)
-    c = api.connect(timeout=max(30, deadline - time.time() + 30))
     sel = urllib.parse.quote(f"scale-burst={sid}")
-    c.request("GET", f"/api/v1/namespaces/{NS}/pods?watch=1&resourceVersion={rv}&labelSelector={sel}"
-                     f"&timeoutSeconds={int(deadline - time.time()) + 30}", headers={"Accept": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        json.dump({"error": f"watch: HTTP {r.status}"}, open(out, "w"))
-        ready.set()
-        return
-    ready.set()
-    added, bound = {}, {}
-    try:
-        for line in r:
-            t = time.time()
-            ev = json.loads(line)
-            o = ev.get("object", {})
-            name = o.get("metadata", {}).get("name")
-            if ev.get("type") == "ERROR" or not name:
-                continue
+    added, bound, stops, resynced = {}, {}, [], 0
+    first = True
+    while len(bound) < pods and time.time() < deadline:
+        c = api.connect(timeout=max(30, deadline - time.time() + 30))
+        try:
+            c.request("GET", f"/api/v1/namespaces/{NS}/pods?watch=1&resourceVersion={rv}&labelSelector={sel}"
+                             f"&allowWatchBookmarks=true&timeoutSeconds={int(deadline - time.time()) + 30}",
+                      headers={"Accept": "application/json"})
+            r = c.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            stops.append(f"watch request: {type(e).__name__}: {e}")
+            r = None
+        if first:
+            ready.set()
+            first = False
+            if r is None or r.status != 200:
+                json.dump({"error": f"watch: {stops[-1] if r is None else 'HTTP %d' % r.status}"}, open(out, "w"))
+                return
+        if r is not None and r.status == 200:
+            try:
+                for line in r:
+                    t = time.time()
+                    ev = json.loads(line)
+                    o = ev.get("object", {})
+                    if ev.get("type") == "ERROR":
+                        stops.append(f"watch ERROR event: {o.get('message', o)}"[:300])
+                        break
+                    rv = o.get("metadata", {}).get("resourceVersion", rv)
+                    if ev.get("type") == "BOOKMARK":
+                        continue
+                    name = o.get("metadata", {}).get("name")
+                    if not name:
+                        continue
+                    added.setdefault(name, t)
+                    if o.get("spec", {}).get("nodeName") and name not in bound:
+                        bound[name] = t
+                    if len(bound) >= pods or t > deadline:
+                        break
+                else:
+                    stops.append("watch ended by the server")
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                stops.append(f"watch broke: {type(e).__name__}: {e}"[:300])
+        elif r is not None:
+            stops.append(f"watch: HTTP {r.status}")
+        c.close()
+        if len(bound) >= pods or time.time() >= deadline:
+            break
+        # Resume from a LIST: what happened while no watch was open.
+        try:
+            items, rv = api.list_all(f"/api/v1/namespaces/{NS}/pods?labelSelector={sel}")
+        except ApiError as e:
+            stops.append(f"resync: {e}"[:300])
+            time.sleep(1)
+            continue
+        t = time.time()
+        for o in items:
+            name = o["metadata"]["name"]
             added.setdefault(name, t)
-            if o.get("spec", {}).get("nodeName") and name not in bound:
+            if o["spec"].get("nodeName") and name not in bound:
                 bound[name] = t
-                if len(bound) >= pods:
-                    break
-            if t > deadline:
-                break
-    except (OSError, http.client.HTTPException, ValueError):
-        pass
-    json.dump({n: [added.get(n), bound.get(n)] for n in added}, open(out, "w"))
+                resynced += 1
+    result = {n: [added.get(n), bound.get(n)] for n in added}
+    json.dump({"pods": result, "stops": stops, "resynced": resynced}, open(out, "w"))
 
 
 def pct(values, p):
@@ -450,11 +488,12 @@ def cmd_burst(api, a):
         w.terminate()
         w.join(5)
     try:
-        seen = json.load(open(out))
+        watched = json.load(open(out))
     except (OSError, ValueError):
-        seen = {}
-    if "error" in seen:
-        sys.exit(f"scale.py burst: {seen['error']}")
+        watched = {"stops": ["the watcher wrote no result"]}
+    if "error" in watched:
+        sys.exit(f"scale.py burst: {watched['error']}")
+    seen = watched.get("pods", {})
     pods, _ = api.list_all(f"/api/v1/namespaces/{NS}/pods?labelSelector=" + urllib.parse.quote(f"scale-burst={sid}"))
     bound_api = sum(1 for p in pods if p["spec"].get("nodeName"))
     lat = [b - c for c, b in seen.values() if c is not None and b is not None]
@@ -480,6 +519,7 @@ def cmd_burst(api, a):
         "pods_per_s": round(a.pods / (last_bound - t0), 1) if last_bound and bound_api == a.pods else None,
         "p50_s": round(pct(lat, 50), 3), "p99_s": round(pct(lat, 99), 3), "max_s": round(max(lat, default=float("nan")), 3),
         "t0": round(t0, 3), "t_end": round(time.time(), 3),
+        "watch_stops": watched.get("stops", [])[:5], "watch_resynced": watched.get("resynced", 0),
         "refused_binds": refused, "refused_in_extender_log": refused_logged, "bind_errors": len(bind_errors), "bind_error_examples": [l[-300:] for l in bind_errors[:3]],
         "cpu_s": cpu,
         "extender_rss_mib": round(after["extender"][0], 1) if after.get("extender", (None,))[0] else None,
@@ -493,6 +533,9 @@ def cmd_burst(api, a):
         failures.append(f"{len(errors)}+ pods not created: {errors[0]}")
     if bound_api != a.pods:
         failures.append(f"{a.pods - bound_api} of {a.pods} pods not bound within {a.timeout} s")
+    if watched.get("stops"):
+        print(f"  note {sid}: the watch was resumed {len(watched['stops'])} times ({watched['stops'][0]}); "
+              f"{watched.get('resynced', 0)} bound times taken from a LIST", flush=True)
     if check["overcommitted_gpus"]:
         failures.append(f"{check['overcommitted_gpus']} GPUs over-committed")
     if check["placement_problems"]:
