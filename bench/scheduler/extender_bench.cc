@@ -1,9 +1,11 @@
-// Filter + prioritize latency of the vGPU extender for one pod against 1000 nodes x 8 GPUs.
+// Filter + prioritize latency of the vGPU extender for one pod against 1000 (and 5000) nodes x 8
+// GPUs: the benchmark's argument is the node count.
 //
-// Method: 1000 nodes of 8 GPUs (318 memory units each) are fed to the extender, then 4000 pods
+// Method: N nodes of 8 GPUs (318 memory units each) are fed to the extender, then about 4 pods per
+// node
 // of mixed shares (cores 5..95, memory 1..80 units; seeded, so every run sees the same cluster)
 // are booked onto them, leaving a realistic mix of partly used GPUs. Each iteration then runs
-// filter and prioritize for one 30-core / 20-unit pod with all 1000 node names
+// filter and prioritize for one 30-core / 20-unit pod with all N node names
 // (nodeCacheCapable), as kube-scheduler sends it:
 //   BM_FilterPrioritize      the handlers on already-parsed JSON, answers serialised (what our
 //                            code costs; the HTTP server sends exactly these strings);
@@ -27,12 +29,12 @@
 namespace gpulet::scheduler {
 namespace {
 
-constexpr int kNodes = 1000, kGpus = 8, kUnits = 318;
+constexpr int kGpus = 8, kUnits = 318;
 
-std::unique_ptr<Extender> MakeCluster(std::vector<std::string>* names) {
+std::unique_ptr<Extender> MakeCluster(std::vector<std::string>* names, int nodes) {
   auto e = std::make_unique<Extender>(nullptr, ExtenderOptions{});
   std::mt19937 rng(42);
-  for (int n = 0; n < kNodes; ++n) {
+  for (int n = 0; n < nodes; ++n) {
     std::string name = "node-" + std::to_string(n);
     names->push_back(name);
     json list = json::array();
@@ -99,7 +101,7 @@ json PrioritizeArgs(Extender& e, const json& filter_args) {
 
 void BM_FilterPrioritize(benchmark::State& state, const char* policy) {
   std::vector<std::string> names;
-  auto e = MakeCluster(&names);
+  auto e = MakeCluster(&names, static_cast<int>(state.range(0)));
   e->RebuildWorkload();
   json args = {{"Pod", SeedPod(policy)}, {"NodeNames", names}, {"Nodes", nullptr}};
   json pargs = PrioritizeArgs(*e, args);
@@ -115,12 +117,18 @@ void BM_FilterPrioritize(benchmark::State& state, const char* policy) {
   }
   Report(state, us);
 }
-BENCHMARK_CAPTURE(BM_FilterPrioritize, binpack, "binpack")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_FilterPrioritize, gpulet, "gpulet")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FilterPrioritize, binpack, "binpack")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
+BENCHMARK_CAPTURE(BM_FilterPrioritize, gpulet, "gpulet")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
 
 void BM_FilterPrioritizeJson(benchmark::State& state, const char* policy) {
   std::vector<std::string> names;
-  auto e = MakeCluster(&names);
+  auto e = MakeCluster(&names, static_cast<int>(state.range(0)));
   e->RebuildWorkload();
   json args = {{"Pod", SeedPod(policy)}, {"NodeNames", names}, {"Nodes", nullptr}};
   std::string body = args.dump();
@@ -137,12 +145,18 @@ void BM_FilterPrioritizeJson(benchmark::State& state, const char* policy) {
   }
   Report(state, us);
 }
-BENCHMARK_CAPTURE(BM_FilterPrioritizeJson, binpack, "binpack")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_FilterPrioritizeJson, gpulet, "gpulet")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FilterPrioritizeJson, binpack, "binpack")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
+BENCHMARK_CAPTURE(BM_FilterPrioritizeJson, gpulet, "gpulet")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
 
 void BM_FilterPrioritizeHttp(benchmark::State& state, const char* policy) {
   std::vector<std::string> names;
-  auto e = MakeCluster(&names);
+  auto e = MakeCluster(&names, static_cast<int>(state.range(0)));
   e->RebuildWorkload();
   httplib::Server server;
   e->Register(server, "/scheduler");
@@ -173,8 +187,14 @@ void BM_FilterPrioritizeHttp(benchmark::State& state, const char* policy) {
   t.join();
   Report(state, us);
 }
-BENCHMARK_CAPTURE(BM_FilterPrioritizeHttp, binpack, "binpack")->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_FilterPrioritizeHttp, gpulet, "gpulet")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FilterPrioritizeHttp, binpack, "binpack")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
+BENCHMARK_CAPTURE(BM_FilterPrioritizeHttp, gpulet, "gpulet")
+    ->Unit(benchmark::kMicrosecond)
+    ->Arg(1000)
+    ->Arg(5000);
 
 }  // namespace
 }  // namespace gpulet::scheduler

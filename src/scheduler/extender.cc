@@ -869,6 +869,8 @@ json Extender::Bind(const json& args) {
     if (!score) {
       std::string reason;
       placement::Fits(ns_it->second.node, pod.request, &reason);
+      // kube-scheduler retries the pod after its backoff; the log says why it waited.
+      spdlog::warn("bind refused: pod {}/{} no longer fits on {}: {}", ns, name, node, reason);
       return error(
           absl::StrCat("bind: pod ", ns, "/", name, " no longer fits on ", node, ": ", reason));
     }
