@@ -16,6 +16,8 @@ Every call talks HTTPS to the API server with the harness's admin certificate (-
   created  when the watch (opened before the first POST) delivered the pod's ADDED event;
   bound    when it delivered the first version of the pod with spec.nodeName set;
   burst    first POST sent -> last pod bound.
+A watch the API server ends early is resumed from a LIST (the burst's row says how often; pods
+bound in between then carry the LIST's time).
 """
 import argparse
 import collections

@@ -5,7 +5,7 @@
 # bound within the timeout, an over-committed GPU, a bind error in the kube-scheduler log); the
 # throughput figures are printed, not judged. Skips (77) unless GPULET_E2E_CLUSTER=1, which
 # `make e2e-cluster` sets, and when the Go-built peers are missing (testing/k8s/build,
-# testing/kwok/build). Needs no root. About 3 minutes on 2 cores.
+# testing/kwok/build). Needs no root. 67 s on 2 cores at load 1-3 (README "Scale").
 # usage: scale_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1 build=$2
