@@ -13,6 +13,12 @@ std::string MicroTimeNow() {
   return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone());
 }
 
+// A string field of the Lease's spec, "" when absent or of another type.
+std::string Text(const json& spec, const char* key) {
+  auto it = spec.find(key);
+  return it != spec.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 int64_t Seconds(std::chrono::milliseconds d) {
   return std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(d).count());
 }
@@ -68,10 +74,7 @@ bool LeaderElector::TryAcquireOrRenew() {
       spdlog::debug("lease {}: create: {}", options_.name, std::string(created.status().message()));
       return false;
     }
-    observed_holder_ = options_.identity;
-    observed_renew_ = now;
-    observed_at_ = last_renew_ = clock_->Now();
-    return true;
+    return Held(now);
   }
   if (!got.ok()) {
     spdlog::warn("lease {}/{}: {}", options_.ns, options_.name,
@@ -79,10 +82,11 @@ bool LeaderElector::TryAcquireOrRenew() {
     return false;
   }
   json lease = std::move(*got);
+  if (!lease.is_object()) return false;
   json& spec = lease["spec"];
   if (!spec.is_object()) spec = json::object();
-  std::string holder = spec.value("holderIdentity", "");
-  std::string renew = spec.value("renewTime", "");
+  std::string holder = Text(spec, "holderIdentity");
+  std::string renew = Text(spec, "renewTime");
   if (holder != observed_holder_ || renew != observed_renew_) {
     observed_holder_ = holder;
     observed_renew_ = renew;
@@ -98,7 +102,9 @@ bool LeaderElector::TryAcquireOrRenew() {
   }
   if (holder != options_.identity) {
     spec["acquireTime"] = now;
-    spec["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
+    auto t = spec.find("leaseTransitions");
+    spec["leaseTransitions"] =
+        (t != spec.end() && t->is_number_integer() ? t->get<int64_t>() : 0) + 1;
   }
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = Seconds(options_.lease_duration);
@@ -109,8 +115,12 @@ bool LeaderElector::TryAcquireOrRenew() {
     spdlog::debug("lease {}: update: {}", options_.name, std::string(put.status().message()));
     return false;
   }
+  return Held(now);
+}
+
+bool LeaderElector::Held(const std::string& renew_time) {
   observed_holder_ = options_.identity;
-  observed_renew_ = now;
+  observed_renew_ = renew_time;
   observed_at_ = last_renew_ = clock_->Now();
   return true;
 }
@@ -119,8 +129,10 @@ void LeaderElector::Release() {
   auto got = api_->Call("GET", path_);
   if (!got.ok()) return;
   json lease = std::move(*got);
-  if (!lease["spec"].is_object() || lease["spec"].value("holderIdentity", "") != options_.identity)
+  if (!lease.is_object() || !lease["spec"].is_object() ||
+      Text(lease["spec"], "holderIdentity") != options_.identity) {
     return;
+  }
   lease["spec"]["holderIdentity"] = "";
   lease["spec"]["leaseDurationSeconds"] = 1;
   lease["spec"]["renewTime"] = MicroTimeNow();

@@ -55,7 +55,8 @@ class LeaderElector {
   bool is_leader() const { return leader_.load(); }
 
   // One round, what the loop runs every retry period (tests drive it directly): acquire or
-  // renew; true when this candidate holds the Lease afterwards.
+  // renew; true when this candidate holds the Lease afterwards. A field of the wrong type (an
+  // admin's edit) reads as absent.
   bool TryAcquireOrRenew();
   // Gives the Lease up if held (what Stop does).
   void Release();
@@ -64,6 +65,8 @@ class LeaderElector {
   void Run();
   void Lead();
   void Abdicate();
+  // Records a successful create or renewal at `renew_time`; true.
+  bool Held(const std::string& renew_time);
 
   Client* api_;
   LeaseOptions options_;

@@ -92,6 +92,24 @@ TEST_F(LeaseTest, RacingCandidatesCannotBothWin) {
   EXPECT_EQ(Lease()["spec"]["holderIdentity"], "b");
 }
 
+// A Lease edited into the wrong types (by hand) neither crashes a candidate nor blocks it: the
+// fields read as absent, so it is taken over as a Lease without a holder.
+TEST_F(LeaseTest, WrongTypesReadAsAbsent) {
+  LeaderElector a(client_.get(), Options("a"), nullptr, nullptr, &clock_);
+  ASSERT_TRUE(a.TryAcquireOrRenew());
+  json l = Lease();
+  l["spec"]["holderIdentity"] = 7;
+  l["spec"]["renewTime"] = json::array();
+  l["spec"]["leaseTransitions"] = "many";
+  ASSERT_TRUE(server_.UpdateObject("leases", l));
+  LeaderElector b(client_.get(), Options("b"), nullptr, nullptr, &clock_);
+  EXPECT_TRUE(b.TryAcquireOrRenew());
+  EXPECT_EQ(Lease()["spec"]["holderIdentity"], "b");
+  EXPECT_EQ(Lease()["spec"]["leaseTransitions"], 1);
+  a.Release();  // not a's: left alone
+  EXPECT_EQ(Lease()["spec"]["holderIdentity"], "b");
+}
+
 // The loop on real time with short periods: callbacks in order, Stop releases, and the second
 // candidate then leads.
 TEST_F(LeaseTest, LoopLeadsAndHandsOverOnStop) {
