@@ -232,7 +232,7 @@ echo "      kubectl (gpulet-scheduler): $out"
 check "forbidden by RBAC: the gpulet-scheduler service account annotates a tenant's pod" \
   bash -c '[ "$1" != 0 ] && [[ "$2" == *"cannot patch resource \"pods\""* ]]' _ "$rc" "$out"
 # The policy binds every user but gpulet's two, cluster administrators (system:masters) included.
-out=$(kc annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=false 2>&1); rc=$?
+out=$(kc annotate pod -n default vap-tenant-pod --overwrite gpulet.io/vgpu-assigned=true 2>&1); rc=$?
 echo "      kubectl (admin): $out"
 check "denied by $TRUST: the cluster admin changes gpulet.io/vgpu-assigned" \
   bash -c '[ "$1" != 0 ] && [[ "$2" == *"$3"* ]]' _ "$rc" "$out" "$MSG"
