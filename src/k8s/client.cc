@@ -595,14 +595,19 @@ bool Reflector::WaitSynced(std::chrono::milliseconds timeout) {
 }
 
 void Reflector::Run() {
-  auto backoff = std::chrono::milliseconds(50);
+  // Grows while lists fail or watches fail before delivering anything (a watch the API server
+  // refuses, say for RBAC, must not turn into a LIST and a WATCH every 50 ms from every node);
+  // back to the minimum once a watch has made progress.
+  static constexpr std::chrono::milliseconds kMinBackoff{50}, kMaxBackoff{30000};
+  std::chrono::milliseconds backoff = kMinBackoff;
+  auto grow = [&backoff] { backoff = std::min(backoff * 2, kMaxBackoff); };
   while (!stop_) {
     auto list = client_->Call(
         "GET", path_ + QueryString(ListOptions{opts_.label_selector, opts_.field_selector}, false));
     if (!list.ok()) {
       spdlog::warn("list {}: {}", path_, list.status().ToString());
       std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      grow();
       continue;
     }
     std::vector<json> items;
@@ -615,18 +620,28 @@ void Reflector::Run() {
     w.resource_version = (*list)["metadata"].value("resourceVersion", "");
     if (w.timeout_seconds == 0) w.timeout_seconds = 300;
     // Watch until the server ends the stream; then resume from the last seen version.
+    bool progressed = false;  // an event arrived, or the server ended a stream in good order
+    absl::Status ended;
     while (!stop_) {
-      absl::Status s = watch_client_->Watch(path_, w, [&](const WatchEvent& ev) {
+      ended = watch_client_->Watch(path_, w, [&](const WatchEvent& ev) {
+        progressed = true;
         if (auto rv = ev.object["metadata"].value("resourceVersion", ""); !rv.empty()) {
           w.resource_version = rv;
         }
         if (ev.type != "BOOKMARK") on_event_(ev);
         return !stop_.load();
       });
-      if (!s.ok()) {
-        if (!stop_) spdlog::info("watch {} ended: {}; re-listing", path_, s.ToString());
+      if (!ended.ok()) {
+        if (!stop_) spdlog::info("watch {} ended: {}; re-listing", path_, ended.ToString());
         break;
       }
+      progressed = true;
+    }
+    // 410 Gone (the version is too old) is answered by the re-list itself: no reason to wait.
+    if (progressed || absl::IsFailedPrecondition(ended)) {
+      backoff = kMinBackoff;
+    } else {
+      grow();
     }
     if (!stop_) std::this_thread::sleep_for(backoff);
   }

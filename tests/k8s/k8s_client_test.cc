@@ -191,6 +191,23 @@ TEST(ClientReconnect, ServerRestartedBetweenCalls) {
   EXPECT_EQ((*nodes)["items"].size(), 1u);
 }
 
+// A watch the server refuses every time (here: the fake serves no watch of resourceslices, as an
+// API server answers a watch that RBAC forbids) backs off instead of re-listing every 50 ms.
+TEST_F(ClientTest, ReflectorBacksOffFromARefusedWatch) {
+  int64_t before = server_.request_count("GET");
+  std::atomic<int> syncs{0};
+  Reflector r(
+      client_.get(), "/apis/resource.k8s.io/v1/resourceslices", {},
+      [&](const std::vector<json>&) { ++syncs; }, [](const WatchEvent&) {});
+  r.Start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  r.Stop();
+  int64_t gets = server_.request_count("GET") - before;  // a LIST and a WATCH per round
+  EXPECT_GE(syncs.load(), 2);
+  // 50, 100, 200, 400, 800 ms between rounds: at most 6 rounds in 1.5 s (before: about 30).
+  EXPECT_LE(gets, 12) << gets << " requests in 1.5 s";
+}
+
 // A server address the client cannot use fails every call with the same clear error.
 TEST(ClientConfigErrors, BadServerAddress) {
   Config c;
