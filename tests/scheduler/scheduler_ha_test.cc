@@ -1,7 +1,7 @@
 // Two replicas of `gpulet scheduler --leader-elect` (the real binary) against the fake API
 // server: exactly one answers the extender's verbs and carries the leader label on its pod; a
-// replica stopped with SIGTERM hands over within a retry period, one killed with SIGKILL within
-// the lease duration; pods bound through both leaders in turn never over-commit a GPU.
+// replica stopped with SIGTERM hands over within a few retry periods, one killed with SIGKILL
+// after the lease duration; pods bound through both leaders in turn never over-commit a GPU.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -92,9 +92,9 @@ class SchedulerHa : public ::testing::Test {
                                      "",
                                      "--leader-elect",
                                      "--leader-elect-lease-duration",
-                                     "2s",
+                                     "4s",
                                      "--leader-elect-renew-deadline",
-                                     "1s",
+                                     "2s",
                                      "--leader-elect-retry-period",
                                      "100ms"};
     testing_process::SpawnOptions o;
@@ -139,6 +139,15 @@ class SchedulerHa : public ::testing::Test {
     json p;
     if (!api_.GetPod("gpulet-system", pod, &p)) return "?";
     return p["metadata"].value("labels", json::object()).value(kLabel, "");
+  }
+  // The label follows leadership a moment later (the leader labels itself once it serves, so
+  // that the Service never routes to a replica that does not answer yet): waits up to 3 s.
+  std::string LabelSoon(const std::string& pod, const std::string& want) {
+    std::string got;
+    for (int i = 0; i < 150 && (got = LabelOf(pod)) != want; ++i) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return got;
   }
   // kube-scheduler's part for one pod on the leader: filter, prioritize, bind.
   std::string Schedule(const std::string& leader, const json& pod) {
@@ -190,7 +199,7 @@ TEST_F(SchedulerHa, OneLeaderHandsOverOnStopAndOnDeath) {
   std::string first = WaitLeader(milliseconds(10000));
   ASSERT_FALSE(first.empty()) << "no single leader";
   std::string second = first == "sched-a" ? "sched-b" : "sched-a";
-  EXPECT_EQ(LabelOf(first), "true");
+  EXPECT_EQ(LabelSoon(first, "true"), "true");
   EXPECT_EQ(LabelOf(second), "");
   EXPECT_EQ(FilterStatus(second, VgpuPod("probe", 10)), 503);  // the follower refuses
 
@@ -207,9 +216,9 @@ TEST_F(SchedulerHa, OneLeaderHandsOverOnStopAndOnDeath) {
   auto t0 = std::chrono::steady_clock::now();
   Stop(first, SIGTERM);
   ASSERT_EQ(WaitLeader(milliseconds(5000)), second);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1500));
-  EXPECT_EQ(LabelOf(first), "");  // removed on the way out
-  EXPECT_EQ(LabelOf(second), "true");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2500));  // the lease is 4 s
+  EXPECT_EQ(LabelOf(first), "");                                         // removed on the way out
+  EXPECT_EQ(LabelSoon(second, "true"), "true");
 
   // The new leader knows the first one's binds: the next pods fill the GPUs without overlap.
   for (int i = 3; i < 6; ++i) {
@@ -220,16 +229,16 @@ TEST_F(SchedulerHa, OneLeaderHandsOverOnStopAndOnDeath) {
   EXPECT_EQ(placed, 6);
 
   // SIGKILL of the leader (no release): the restarted replica takes over after the lease
-  // duration (2 s), not before.
+  // duration (4 s), not before.
   Start(first);
   std::this_thread::sleep_for(milliseconds(500));
   EXPECT_EQ(Serving(), std::vector<std::string>{second});
   t0 = std::chrono::steady_clock::now();
   Stop(second, SIGKILL);
-  ASSERT_EQ(WaitLeader(milliseconds(8000)), first);
+  ASSERT_EQ(WaitLeader(milliseconds(12000)), first);
   auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_GE(took, milliseconds(1500));
-  EXPECT_LT(took, milliseconds(6000));
+  EXPECT_GE(took, milliseconds(3000));
+  EXPECT_LT(took, milliseconds(10000));
   for (int i = 6; i < 8; ++i) {
     json pod = api_.CreatePod(VgpuPod("p" + std::to_string(i), 40));
     std::this_thread::sleep_for(milliseconds(50));
