@@ -57,31 +57,16 @@ LeaderElector::~LeaderElector() { Stop(); }
 bool LeaderElector::TryAcquireOrRenew() {
   const std::string now = MicroTimeNow();
   auto got = api_->Call("GET", path_);
-  if (absl::IsNotFound(got.status())) {
-    json lease = {{"apiVersion", "coordination.k8s.io/v1"},
-                  {"kind", "Lease"},
-                  {"metadata", {{"name", options_.name}, {"namespace", options_.ns}}},
-                  {"spec",
-                   {{"holderIdentity", options_.identity},
-                    {"leaseDurationSeconds", Seconds(options_.lease_duration)},
-                    {"acquireTime", now},
-                    {"renewTime", now},
-                    {"leaseTransitions", 0}}}};
-    auto created = api_->Call(
-        "POST", absl::StrCat("/apis/coordination.k8s.io/v1/namespaces/", options_.ns, "/leases"),
-        &lease);
-    if (!created.ok()) {
-      spdlog::debug("lease {}: create: {}", options_.name, std::string(created.status().message()));
-      return false;
-    }
-    return Held(now);
-  }
-  if (!got.ok()) {
+  const bool exists = got.ok();
+  if (!exists && !absl::IsNotFound(got.status())) {
     spdlog::warn("lease {}/{}: {}", options_.ns, options_.name,
                  std::string(got.status().message()));
     return false;
   }
-  json lease = std::move(*got);
+  json lease = exists ? std::move(*got)
+                      : json{{"apiVersion", "coordination.k8s.io/v1"},
+                             {"kind", "Lease"},
+                             {"metadata", {{"name", options_.name}, {"namespace", options_.ns}}}};
   if (!lease.is_object()) return false;
   json& spec = lease["spec"];
   if (!spec.is_object()) spec = json::object();
@@ -103,24 +88,26 @@ bool LeaderElector::TryAcquireOrRenew() {
   if (holder != options_.identity) {
     spec["acquireTime"] = now;
     auto t = spec.find("leaseTransitions");
-    spec["leaseTransitions"] =
-        (t != spec.end() && t->is_number_integer() ? t->get<int64_t>() : 0) + 1;
+    int64_t before = t != spec.end() && t->is_number_integer() ? t->get<int64_t>() : 0;
+    spec["leaseTransitions"] = exists ? before + 1 : 0;
   }
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = Seconds(options_.lease_duration);
   spec["renewTime"] = now;
-  // The PUT carries the resourceVersion just read: a candidate that wrote in between wins.
-  auto put = api_->Call("PUT", path_, &lease);
-  if (!put.ok()) {
-    spdlog::debug("lease {}: update: {}", options_.name, std::string(put.status().message()));
+  // The PUT carries the resourceVersion just read: a candidate that wrote in between wins (as
+  // the first of two creates does).
+  auto wrote = exists ? api_->Call("PUT", path_, &lease)
+                      : api_->Call("POST",
+                                   absl::StrCat("/apis/coordination.k8s.io/v1/namespaces/",
+                                                options_.ns, "/leases"),
+                                   &lease);
+  if (!wrote.ok()) {
+    spdlog::debug("lease {}: {}: {}", options_.name, exists ? "update" : "create",
+                  std::string(wrote.status().message()));
     return false;
   }
-  return Held(now);
-}
-
-bool LeaderElector::Held(const std::string& renew_time) {
   observed_holder_ = options_.identity;
-  observed_renew_ = renew_time;
+  observed_renew_ = now;
   observed_at_ = last_renew_ = clock_->Now();
   return true;
 }

@@ -65,8 +65,6 @@ class LeaderElector {
   void Run();
   void Lead();
   void Abdicate();
-  // Records a successful create or renewal at `renew_time`; true.
-  bool Held(const std::string& renew_time);
 
   Client* api_;
   LeaseOptions options_;

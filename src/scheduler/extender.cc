@@ -237,8 +237,7 @@ void Extender::Reserve(const json& pod, const std::string& node, placement::PodR
             score->assignment,
             std::move(containers),
             true,
-            false,
-            true};
+            false};
   ApplyLocked(uid, std::move(b));
   reserved_[uid] = std::chrono::steady_clock::now() + options_.reservation_ttl;
 }
@@ -453,7 +452,7 @@ void Extender::UpsertPodUnguarded(const json& pod) {
       return true;
     };
     if (old->second.node == node && same(old->second.assignment, b.assignment) &&
-        !old->second.tentative) {
+        !reserved_.contains(uid)) {
       old->second.assumed = false;
       return;
     }

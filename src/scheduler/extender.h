@@ -95,7 +95,6 @@ struct Booking {
   std::vector<int> container_index;  // spec.containers index of each request container
   bool assumed = false;              // reserved by a bind in progress, not yet seen bound
   bool applied = false;              // counted on the node (false: node unknown or overfull)
-  bool tentative = false;  // reserved at prioritize, no bind yet (expiry in Extender::reserved_)
 };
 
 class Extender {
@@ -208,7 +207,8 @@ class Extender {
   std::unordered_map<std::string, json> orphans_ ABSL_GUARDED_BY(mu_);
   // Unbound vGPU pods by uid, as the watch last showed them: what Bind reads.
   std::unordered_map<std::string, PodFacts> pending_ ABSL_GUARDED_BY(mu_);
-  // The tentative bookings (reservations made at prioritize) by uid, with their expiry.
+  // The bookings that are reservations made at prioritize (no bind yet), by uid, with their
+  // expiry.
   absl::flat_hash_map<std::string, std::chrono::steady_clock::time_point> reserved_
       ABSL_GUARDED_BY(mu_);
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.

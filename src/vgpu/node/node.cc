@@ -23,6 +23,22 @@ namespace {
 
 using nlohmann::json;
 
+// A pod as listed or watched: its uid ("" when absent), and whether it has ended (Succeeded or
+// Failed). Either is false/empty for a value that is not an object.
+std::string PodUid(const json& pod) {
+  auto md = pod.is_object() ? pod.find("metadata") : pod.end();
+  if (md == pod.end() || !md->is_object()) return "";
+  auto uid = md->find("uid");
+  return uid != md->end() && uid->is_string() ? uid->get<std::string>() : "";
+}
+
+bool PodEnded(const json& pod) {
+  auto st = pod.is_object() ? pod.find("status") : pod.end();
+  if (st == pod.end() || !st->is_object()) return false;
+  auto phase = st->find("phase");
+  return phase != st->end() && phase->is_string() && (*phase == "Succeeded" || *phase == "Failed");
+}
+
 std::string Ann(const json& pod, const std::string& key) {
   const json& md = pod.contains("metadata") ? pod["metadata"] : json::object();
   if (!md.contains("annotations") || !md["annotations"].is_object()) return "";
@@ -661,17 +677,23 @@ absl::Status NodeAssigner::Release(const std::set<std::string>& live_uids) {
 
 absl::Status NodeAssigner::ReleaseNotHeld(const std::set<std::string>& held,
                                           std::chrono::nanoseconds grace) {
-  absl::MutexLock l(&mu_);
+  return ReleaseOlder(grace, [&held](const Grant& g) {
+    return std::none_of(g.device_ids.begin(), g.device_ids.end(),
+                        [&](const std::string& id) { return held.count(id) > 0; });
+  });
+}
+
+absl::Status NodeAssigner::ReleaseOlder(std::chrono::nanoseconds grace,
+                                        const std::function<bool(const Grant&)>& gone) {
   int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::system_clock::now().time_since_epoch())
                     .count();
-  std::set<std::string> gone;
+  absl::MutexLock l(&mu_);
+  std::set<std::string> uids;
   for (const auto& g : grants_) {
-    bool still = std::any_of(g.device_ids.begin(), g.device_ids.end(),
-                             [&](const std::string& id) { return held.count(id) > 0; });
-    if (!still && now - g.time_ns > grace.count()) gone.insert(g.pod_uid);
+    if (gone(g) && now - g.time_ns > grace.count()) uids.insert(g.pod_uid);
   }
-  return ReleaseLocked(gone);
+  return ReleaseLocked(uids);
 }
 
 absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
@@ -717,46 +739,28 @@ absl::Status NodeAssigner::ReleaseGoneFromApi() {
                    api_->ListPods("", {.field_selector = "spec.nodeName=" + options_.node_name}));
   std::set<std::string> live;
   for (const auto& p : pods["items"]) {
-    std::string phase = p["status"].value("phase", "");
-    if (phase != "Succeeded" && phase != "Failed") live.insert(p["metadata"].value("uid", ""));
+    if (!PodEnded(p)) live.insert(PodUid(p));
   }
   return Release(live);  // listed after every grant made so far: no grace needed
 }
 
 absl::Status NodeAssigner::ReleaseAbsent(const std::set<std::string>& live) {
   // A grant made from a LIST at Allocate can precede its pod's watch event by the watch's lag.
-  constexpr int64_t kGraceNs = 10'000'000'000;
-  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
-  absl::MutexLock l(&mu_);
-  std::set<std::string> gone;
-  for (const auto& g : grants_) {
-    if (!live.count(g.pod_uid) && now - g.time_ns > kGraceNs) gone.insert(g.pod_uid);
-  }
-  return ReleaseLocked(gone);
+  return ReleaseOlder(std::chrono::seconds(10),
+                      [&live](const Grant& g) { return !live.count(g.pod_uid); });
 }
 
 NodeAssigner::~NodeAssigner() { StopWatching(); }
 
 void NodeAssigner::StartWatching() {
   if (!api_ || reflector_) return;
-  auto ended = [](const json& pod) {
-    auto st = pod.find("status");
-    std::string phase = st != pod.end() && st->is_object() ? st->value("phase", "") : "";
-    return phase == "Succeeded" || phase == "Failed";
-  };
-  auto uid_of = [](const json& pod) {
-    auto md = pod.find("metadata");
-    return md != pod.end() && md->is_object() ? md->value("uid", "") : std::string();
-  };
   reflector_ = std::make_unique<k8s::Reflector>(
       api_, "/api/v1/pods",
       k8s::ListOptions{.field_selector = "spec.nodeName=" + options_.node_name},
-      [this, ended, uid_of](const std::vector<json>& items) {
+      [this](const std::vector<json>& items) {
         std::set<std::string> live;
         for (const json& p : items) {
-          if (p.is_object() && !ended(p)) live.insert(uid_of(p));
+          if (!PodEnded(p)) live.insert(PodUid(p));
         }
         {
           absl::MutexLock l(&pods_mu_);
@@ -765,11 +769,10 @@ void NodeAssigner::StartWatching() {
         }
         if (absl::Status s = ReleaseAbsent(live); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
       },
-      [this, ended, uid_of](const k8s::WatchEvent& ev) {
-        if (!ev.object.is_object()) return;
-        std::string uid = uid_of(ev.object);
+      [this](const k8s::WatchEvent& ev) {
+        std::string uid = PodUid(ev.object);
         if (uid.empty()) return;
-        bool gone = ev.type == "DELETED" || ended(ev.object);
+        bool gone = ev.type == "DELETED" || PodEnded(ev.object);
         {
           absl::MutexLock l(&pods_mu_);
           if (gone) {

@@ -182,6 +182,9 @@ class NodeAssigner {
   std::string published_ ABSL_GUARDED_BY(mu_);  // the pool annotation last written
   // Releases the grants of pods not in `live` that are older than the grace above (10 s).
   absl::Status ReleaseAbsent(const std::set<std::string>& live);
+  // Releases the grants older than `grace` for which `gone` holds.
+  absl::Status ReleaseOlder(std::chrono::nanoseconds grace,
+                            const std::function<bool(const Grant&)>& gone);
   // The watch's view: uids of this node's pods that have not ended.
   mutable absl::Mutex pods_mu_;
   std::set<std::string> live_pods_ ABSL_GUARDED_BY(pods_mu_);
