@@ -20,8 +20,8 @@
 #include "k8s/dra/v1beta1/api.grpc.pb.h"
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
 #include "spdlog/spdlog.h"
+#include "vgpu/container/container_files.h"
 #include "vgpu/interposer/accounting.h"
-#include "vgpu/node/node.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::dra {
@@ -536,29 +536,26 @@ absl::StatusOr<PreparedClaim> Driver::Prepare(const std::string& ns, const std::
             "ResourceClaim ", ns, "/", name,
             ": more than one device with vGPU limits (a fractional claim takes one device)"));
       out.accounting_dir = absl::StrCat(options_.state_dir, "/claims/", uid);
-      RootedFilesystem fs;
-      RETURN_IF_ERROR(fs.MakeDirs(out.accounting_dir, 0700));
-      std::string file = out.accounting_dir + "/accounting";
-      // Containers of any user open it (the claim's pods are not known here); the directory is
-      // the agent's (0700), so no host user reaches it. A zero-filled file is an empty region.
-      if (!fs.Exists(file))
-        RETURN_IF_ERROR(
-            WriteFileAtomic(file, std::string(sizeof(vgpu::AccountingRegion), '\0'), 0666));
-      int64_t mem = lim.memory_bytes ? lim.memory_bytes : static_cast<int64_t>(d.memory_bytes);
-      int64_t cores = lim.cores ? lim.cores : 100;
-      auto& env = cd.edits.env;
+      RETURN_IF_ERROR(MakeDirs(absl::StrCat(options_.state_dir, "/claims"), 0700));
+      vgpu::ContainerLimits limits;
       // The interposer's GPU by UUID, as the device plugin's vGPU grant names it
       // (NVIDIA_VISIBLE_DEVICES is "void" in a CDI container).
-      env.push_back(absl::StrCat("GPULET_VGPU_UUID=", d.uuid));
-      env.push_back(absl::StrCat("GPULET_VGPU_MEMORY_LIMIT=", mem));
-      env.push_back(absl::StrCat("GPULET_VGPU_CORE_LIMIT=", cores));
-      env.push_back(absl::StrCat("GPULET_VGPU_CORE_CEILING=", cores));
-      env.push_back(absl::StrCat("GPULET_VGPU_ACCOUNTING=", vgpu::kContainerAccounting));
-      env.push_back(absl::StrCat("LD_PRELOAD=", vgpu::kContainerLibrary));
-      env.push_back("GPULET_VGPU_DISABLE=0");
-      cd.edits.mounts.push_back({file, vgpu::kContainerAccounting, "bind", {"rbind", "rw"}});
-      cd.edits.mounts.push_back(
-          {options_.library_host_path, vgpu::kContainerLibrary, "bind", {"rbind", "ro"}});
+      limits.uuid = d.uuid;
+      limits.memory_bytes =
+          static_cast<uint64_t>(lim.memory_bytes ? lim.memory_bytes : d.memory_bytes);
+      limits.cores = lim.cores ? lim.cores : 100;
+      limits.ceiling = limits.cores;
+      // Containers of any user open the accounting file (the claim's pods are not known here).
+      ASSIGN_OR_RETURN(
+          vgpu::ContractFiles files,
+          vgpu::PrepareGrantDir(out.accounting_dir, limits,
+                                {-1, -1, options_.accounting_tmpfs, options_.library_host_path,
+                                 options_.state_dir + "/ld.so.preload"}));
+      vgpu::ContainerContract contract = vgpu::BuildContract(limits, files);
+      for (const auto& [k, v] : contract.env) cd.edits.env.push_back(absl::StrCat(k, "=", v));
+      for (const auto& m : contract.mounts)
+        cd.edits.mounts.push_back(
+            {m.host_path, m.container_path, "bind", {"rbind", m.read_only ? "ro" : "rw"}});
     }
     PreparedDevice pd;
     if (!request.empty()) pd.requests.push_back(request);
@@ -597,10 +594,8 @@ absl::Status Driver::Unprepare(const std::string& uid) {
   PreparedClaim c = it->second;
   if (::unlink(c.spec_file.c_str()) != 0 && errno != ENOENT)
     return absl::InternalError(absl::StrCat("removing ", c.spec_file, ": ", strerror(errno)));
-  if (!c.accounting_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(c.accounting_dir, ec);
-  }
+  if (absl::Status s = vgpu::RemoveGrantDir(c.accounting_dir); !s.ok())
+    spdlog::warn("DRA: {}", std::string(s.message()));
   if (::unlink(ClaimFile(uid).c_str()) != 0 && errno != ENOENT)
     return absl::InternalError(absl::StrCat("removing ", ClaimFile(uid), ": ", strerror(errno)));
   claims_.erase(it);

@@ -61,6 +61,9 @@ struct DriverOptions {
   runtime::CdiGenerateOptions cdi;  // driver root, hook: the device edits of the claim specs
   // Host path of the interposer library, mounted read-only into fractional claims' containers.
   std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
+  // Each limited claim's accounting directory on a size-bounded tmpfs of its own
+  // (vgpu/container/container_files.h).
+  bool accounting_tmpfs = false;
   bool write_device_status = true;            // ResourceClaim status.devices with conditions
   absl::Duration resync = absl::Seconds(30);  // slice check even without a change signal
   Clock* clock = RealClock();                 // whose time `resync` is counted in; never null

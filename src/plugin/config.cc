@@ -120,6 +120,12 @@ const std::vector<Setting> kSettings = {
      "vgpu-library",
      {"GPULET_VGPU_LIBRARY"},
      "Host path of libgpulet-vcuda.so, mounted read-only into vGPU containers"},
+    {"gpulet.vgpu.accountingTmpfs",
+     "vgpu-accounting-tmpfs",
+     {"GPULET_VGPU_ACCOUNTING_TMPFS"},
+     "Each fractional container's (and DRA claim's) accounting files on a 16 KiB tmpfs of its own, "
+     "so no tenant can grow them (needs CAP_SYS_ADMIN and mountPropagation: Bidirectional on the "
+     "state directories; the shipped manifests set both): true | false (default)"},
     {"gpulet.vgpu.policy",
      "vgpu-policy",
      {"GPULET_VGPU_POLICY"},
@@ -282,6 +288,8 @@ absl::Status Apply(Config& c, const std::string& key, const std::string& v) {
     c.vgpu.gpus = std::string(absl::StripAsciiWhitespace(v));
   } else if (key == "gpulet.vgpu.nominalMemory") {
     ASSIGN_OR_RETURN(c.vgpu.nominal_memory, ParseBool(v));
+  } else if (key == "gpulet.vgpu.accountingTmpfs") {
+    ASSIGN_OR_RETURN(c.vgpu.accounting_tmpfs, ParseBool(v));
   } else if (key == "gpulet.vgpu.stateDir" || key == "gpulet.vgpu.library") {
     if (v.empty() || v[0] != '/') return absl::InvalidArgumentError("must be an absolute path");
     (key == "gpulet.vgpu.stateDir" ? c.vgpu.state_dir : c.vgpu.library) = v;

@@ -62,6 +62,8 @@ struct VgpuConfig {
   std::string state_dir = "/var/lib/gpulet/vgpu";  // checkpoint + per-container accounting files
   // Host path of the interposer: where `gpulet install` puts it (node/install.h prefix).
   std::string library = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
+  // Accounting directories on size-bounded tmpfs mounts (vgpu/container/container_files.h).
+  bool accounting_tmpfs = false;
   std::string policy = "binpack";  // placement of pods the extender did not place
   absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
 };

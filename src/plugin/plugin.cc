@@ -162,15 +162,16 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     no.node_name = options_.node_name;
     no.state_dir = cfg.vgpu.state_dir;
     no.library_host_path = cfg.vgpu.library;
+    no.accounting_tmpfs = cfg.vgpu.accounting_tmpfs;
     no.policy = cfg.vgpu.policy;
     no.nominal_memory = cfg.vgpu.nominal_memory;
     // The same settings keep the assigner (and a container's half-done Allocate pair); the
     // delivery settings are among them, so a kept assigner's delivery is still right.
     key = absl::StrCat(cfg.vgpu.gpus, "|", cfg.vgpu.nominal_memory, "|", cfg.vgpu.state_dir, "|",
-                       cfg.vgpu.library, "|", cfg.vgpu.policy, "|", cfg.list.envvar,
-                       cfg.list.volume_mounts, cfg.list.cdi_annotations, cfg.list.cdi_cri,
-                       cfg.pass_device_specs, "|", cfg.DevRoot(), "|", cfg.cdi_annotation_prefix,
-                       "|", cfg.id_strategy == IdStrategy::kIndex);
+                       cfg.vgpu.library, "|", cfg.vgpu.accounting_tmpfs, "|", cfg.vgpu.policy, "|",
+                       cfg.list.envvar, cfg.list.volume_mounts, cfg.list.cdi_annotations,
+                       cfg.list.cdi_cri, cfg.pass_device_specs, "|", cfg.DevRoot(), "|",
+                       cfg.cdi_annotation_prefix, "|", cfg.id_strategy == IdStrategy::kIndex);
     if (vgpu_ && key == vgpu_key_) {
       assigner = vgpu_;
     } else {

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/fs.h"
 #include "dra/devices.h"
 #include "dra/driver.h"
 #include "gmock/gmock.h"
@@ -490,10 +491,20 @@ TEST_F(DraTest, FractionalClaimGetsInterposerLimits) {
                          "GPULET_VGPU_MEMORY_LIMIT=4294967296", "GPULET_VGPU_CORE_LIMIT=30",
                          "LD_PRELOAD=/usr/lib/gpulet/libgpulet-vcuda.so", "GPULET_VGPU_DISABLE=0",
                          "GPULET_VGPU_UUID=" + Inventory().devices[2].uuid}));
-  ASSERT_EQ(e.mounts.size(), 2u);
+  ASSERT_EQ(e.mounts.size(), 4u);
   EXPECT_EQ(e.mounts[0].host_path, p->accounting_dir + "/accounting");
   EXPECT_EQ(e.mounts[0].container_path, "/var/run/gpulet/vgpu/accounting");
-  EXPECT_EQ(e.mounts[1].host_path, "/opt/gpulet/libgpulet-vcuda.so");
+  // The limits the interposer reads, read-only (issue 31.6), and the preload file.
+  EXPECT_EQ(e.mounts[1].host_path, p->accounting_dir + "/limits");
+  EXPECT_EQ(e.mounts[1].container_path, "/var/run/gpulet/vgpu/limits");
+  EXPECT_THAT(e.mounts[1].options, ::testing::Contains("ro"));
+  EXPECT_THAT(ReadFileToString(e.mounts[1].host_path).value_or(""),
+              ::testing::HasSubstr("\nGPULET_VGPU_MEMORY_LIMIT=4294967296\n"));
+  EXPECT_EQ(e.mounts[2].host_path, "/opt/gpulet/libgpulet-vcuda.so");
+  EXPECT_EQ(e.mounts[3].container_path, "/etc/ld.so.preload");
+  EXPECT_THAT(e.mounts[3].options, ::testing::Contains("ro"));
+  EXPECT_EQ(ReadFileToString(e.mounts[3].host_path).value_or(""),
+            "/usr/lib/gpulet/libgpulet-vcuda.so\n");
   EXPECT_EQ(std::filesystem::file_size(p->accounting_dir + "/accounting"),
             sizeof(vgpu::AccountingRegion));
   ASSERT_TRUE(driver_->Unprepare(uid).ok());

@@ -38,6 +38,7 @@ inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
   // A simulated node's kernel state (MIG capability minors) is under its sim root.
   if (!flags.gpu.simulate.empty()) o.cdi.proc_root = flags.gpu.sim_root;
   o.library_host_path = cfg.vgpu.library;
+  o.accounting_tmpfs = cfg.vgpu.accounting_tmpfs;
   plugin::HealthMonitor* health = dp.health();
   auto d = std::make_unique<dra::Driver>(
       &gpu, client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },

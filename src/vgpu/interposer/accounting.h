@@ -53,7 +53,6 @@ namespace gpulet::vgpu {
 inline constexpr uint32_t kAccountingMagic = 0x56475055;  // "UPGV" little-endian: gpulet vGPU
 inline constexpr uint32_t kAccountingVersion = 1;
 inline constexpr int kAccountingSlots = 128;  // processes per container that may hold memory
-inline constexpr char kDefaultAccountingPath[] = "/var/run/gpulet/vgpu/accounting";
 
 // held[] word: generation (16 bits) << 48 | bytes (48 bits, 256 TiB).
 inline constexpr uint64_t kHeldBytesMask = (uint64_t{1} << 48) - 1;

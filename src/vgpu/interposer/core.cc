@@ -102,7 +102,7 @@ bool ParseUuid(const char* text, char out[16]) {
 
 Config ParseConfig(const char* (*get)(const char*)) {
   Config c;
-  const char* disable = get("GPULET_VGPU_DISABLE");
+  const char* disable = get(vgpu::kVarDisable);
   if (disable && strcmp(disable, "1") == 0) {
     c.disabled = true;
     return c;
@@ -114,33 +114,32 @@ Config ParseConfig(const char* (*get)(const char*)) {
              "gpulet-vcuda: %s=\"%s\" is not %s; refusing GPU memory allocations", name, value,
              want);
   };
-  if (const char* v = get("GPULET_VGPU_MEMORY_LIMIT")) {
+  if (const char* v = get(vgpu::kVarMemoryLimit)) {
     if (!ParseU64(v, &c.memory_limit) || c.memory_limit >= (uint64_t{1} << 48))
-      fail("GPULET_VGPU_MEMORY_LIMIT", v, "a decimal byte count below 2^48");
+      fail(vgpu::kVarMemoryLimit, v, "a decimal byte count below 2^48");
   }
   uint64_t v64;
-  if (const char* v = get("GPULET_VGPU_CORE_LIMIT")) {
+  if (const char* v = get(vgpu::kVarCoreLimit)) {
     if (!ParseU64(v, &v64) || v64 < 1 || v64 > 100)
-      fail("GPULET_VGPU_CORE_LIMIT", v, "a percentage 1-100");
+      fail(vgpu::kVarCoreLimit, v, "a percentage 1-100");
     else
       c.core_limit = static_cast<uint32_t>(v64);
   }
   c.core_ceiling = c.core_limit;
-  if (const char* v = get("GPULET_VGPU_CORE_CEILING")) {
+  if (const char* v = get(vgpu::kVarCoreCeiling)) {
     if (!ParseU64(v, &v64) || v64 < c.core_limit || v64 > 100)
-      fail("GPULET_VGPU_CORE_CEILING", v, "a percentage between GPULET_VGPU_CORE_LIMIT and 100");
+      fail(vgpu::kVarCoreCeiling, v, "a percentage between GPULET_VGPU_CORE_LIMIT and 100");
     else
       c.core_ceiling = static_cast<uint32_t>(v64);
   }
-  if (const char* v = get("GPULET_VGPU_CONTEXT_BYTES")) {
-    if (!ParseU64(v, &c.context_bytes))
-      fail("GPULET_VGPU_CONTEXT_BYTES", v, "a decimal byte count");
+  if (const char* v = get(vgpu::kVarContextBytes)) {
+    if (!ParseU64(v, &c.context_bytes)) fail(vgpu::kVarContextBytes, v, "a decimal byte count");
   }
   // The container's GPU, by UUID: the process-local ordinal follows from it whatever
   // CUDA_VISIBLE_DEVICES reorders or hides. Several GPUs or an index: limit every device.
   // GPULET_VGPU_UUID first: NVIDIA_VISIBLE_DEVICES belongs to the runtime, and a container that
   // gets its GPU through CDI has it set to "void" by the spec (the shim's volume mounts: a path).
-  const char* v = get("GPULET_VGPU_UUID");
+  const char* v = get(vgpu::kVarUuid);
   if (v == nullptr) v = get("NVIDIA_VISIBLE_DEVICES");
   if (v != nullptr && strchr(v, ',') == nullptr) c.has_uuid = ParseUuid(v, c.uuid);
   return c;

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "abi/cuda_abi.h"
+#include "abi/vgpu_contract.h"
 #include "vgpu/interposer/accounting.h"
 #include "vgpu/interposer/hooks.h"
 
@@ -68,9 +69,10 @@ struct Config {
   char error[256] = {};  // set when invalid
 };
 
-// Parses the contract's environment (GPULET_VGPU_*; the GPU from GPULET_VGPU_UUID, else
-// NVIDIA_VISIBLE_DEVICES) through `get`
-// (getenv in production). Never fails: a bad value sets config.invalid and config.error.
+// Parses the contract's values (GPULET_VGPU_*; the GPU from GPULET_VGPU_UUID, else
+// NVIDIA_VISIBLE_DEVICES) through `get`: the limits file's entries in production, getenv where
+// no limits file is mounted (abi/vgpu_contract.h). Never fails: a bad value sets config.invalid
+// and config.error.
 Config ParseConfig(const char* (*get)(const char*));
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes.
 bool ParseUuid(const char* text, char out[16]);

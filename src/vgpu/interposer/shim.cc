@@ -12,12 +12,15 @@
 // globals are constant-initialised and trivially destructible, so calls arriving during exit or
 // from destructors of other libraries still find a valid Core.
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <type_traits>
 
@@ -49,18 +52,62 @@ DlsymFn RealDlsym() {
   return f;
 }
 
-void* OpenLib(const char* env, const char* soname) {
-  const char* name = getenv(env);
+// The limits file the agent mounts read-only; when it exists, the environment is not read.
+constinit vgpu::LimitsFile g_limits_file;
+constinit int g_limits_source = 0;  // 0: the environment, 1: the file, -1: the file is unusable
+
+// Reads kContainerLimits into g_limits_file. Absent: the environment is the source (a container
+// started by hand). Present but unreadable or malformed: fail closed, with the reason in `error`.
+void LoadLimitsFile(char* error, size_t error_len) {
+  int fd = open(vgpu::kContainerLimits, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) {
+      g_limits_source = -1;
+      snprintf(error, error_len,
+               "gpulet-vcuda: cannot read %s: %s; refusing GPU memory allocations",
+               vgpu::kContainerLimits, strerror(errno));
+    }
+    return;
+  }
+  static char buf[vgpu::kLimitsFileMax + 1];
+  size_t n = 0;
+  for (ssize_t r; n < sizeof buf && (r = read(fd, buf + n, sizeof buf - n)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    n += static_cast<size_t>(r);
+  }
+  close(fd);
+  if (g_limits_file.Parse(buf, n)) {
+    g_limits_source = 1;
+    return;
+  }
+  g_limits_source = -1;
+  snprintf(error, error_len, "gpulet-vcuda: %s; refusing GPU memory allocations",
+           g_limits_file.error);
+}
+
+const char* Contract(const char* name) {
+  return g_limits_source != 0 ? g_limits_file.Get(name) : getenv(name);
+}
+
+void* OpenLib(const char* var, const char* soname) {
+  const char* name = Contract(var);
   if (name == nullptr || *name == 0) name = soname;
   void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
   return h ? h : dlopen(name, RTLD_NOW | RTLD_GLOBAL);
 }
 
 void DoInit() {
-  vcuda::Config config =
-      vcuda::ParseConfig(+[](const char* n) -> const char* { return getenv(n); });
+  char file_error[256] = {};
+  LoadLimitsFile(file_error, sizeof file_error);
+  vcuda::Config config = vcuda::ParseConfig(Contract);
+  if (g_limits_source < 0 && !config.invalid) {
+    config.disabled = false;
+    config.invalid = true;
+    memcpy(config.error, file_error, sizeof config.error);
+  }
   if (config.invalid) fprintf(stderr, "%s\n", config.error);
-  void* cuda = OpenLib("GPULET_VGPU_REAL_LIBCUDA", "libcuda.so.1");
+  void* cuda = OpenLib(vgpu::kVarRealLibcuda, "libcuda.so.1");
   g_cuda_handle = cuda;
   // NVML: the soft limit reads the GPU's utilisation, and a memory limit measures what the
   // driver really holds for the process. Otherwise it is not loaded (the memory-info hooks find
@@ -77,12 +124,12 @@ void DoInit() {
   }
   vgpu::AccountingRegion* region = &g_local_region;
   if (!config.disabled) {
-    const char* path = getenv("GPULET_VGPU_ACCOUNTING");
-    if (path == nullptr || *path == 0) path = vgpu::kDefaultAccountingPath;
+    const char* path = Contract(vgpu::kVarAccounting);
+    if (path == nullptr || *path == 0) path = vgpu::kContainerAccounting;
     const char* error = nullptr;
     if (vgpu::AccountingRegion* r = vgpu::MapAccounting(path, true, &error)) {
       region = r;
-    } else if (getenv("GPULET_VGPU_MEMORY_LIMIT") || getenv("GPULET_VGPU_CORE_LIMIT")) {
+    } else if (config.memory_limit > 0 || config.core_limit < 100) {
       fprintf(stderr,
               "gpulet-vcuda: %s %s; limits apply to this process alone, not the container\n", error,
               path);

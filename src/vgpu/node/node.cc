@@ -502,25 +502,15 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
   if (cores < kCoresPerGpu) {
-    // The file is bind-mounted read-write into the container, whose user is known only when the
-    // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
-    // in the container must (0666). The directories are the agent's (0700), so no host user
-    // reaches the file either way.
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
-    g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
-    RETURN_IF_ERROR(MakeDirs(g.accounting_dir, 0700));
+    RETURN_IF_ERROR(MakeDirs(pod_dir, 0700));
     ::chmod(pod_dir.c_str(), 0700);
-    std::string file = g.accounting_dir + "/accounting";
-    if (!PathExists(file)) {
-      auto [uid, gid] = RunAs(c.pod_json, c.index);
-      mode_t mode = uid < 0 ? 0666 : gid < 0 ? 0600 : 0660;
-      // A zero-filled file is a valid empty region (vgpu/interposer/accounting.h).
-      RETURN_IF_ERROR(WriteFileAtomic(file, std::string(sizeof(AccountingRegion), '\0'), mode));
-      if (uid >= 0 && ::chown(file.c_str(), static_cast<uid_t>(uid),
-                              gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(gid)) != 0) {
-        ::chmod(file.c_str(), 0666);  // not root (tests, a sim): let the container open it
-      }
-    }
+    g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
+    auto [uid, gid] = RunAs(c.pod_json, c.index);
+    RETURN_IF_ERROR(PrepareGrantDir(g.accounting_dir, LimitsOf(g),
+                                    {uid, gid, options_.accounting_tmpfs,
+                                     options_.library_host_path, PreloadPath()})
+                        .status());
   }
   WritePodFile(g);
   grants_.push_back(g);
@@ -622,32 +612,33 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
     (*r.mutable_annotations())["gpulet.io/vgpu-container"] =
         absl::StrCat(g.ns, "/", g.pod, "/", g.container);
   if (g.cores >= kCoresPerGpu) return r;  // whole GPUs: exclusive, nothing to enforce
-  // The interposer's own name for its GPU: a CDI spec sets NVIDIA_VISIBLE_DEVICES to "void" in
-  // the container, so the UUID above does not reach it where GPUs come through CDI.
-  env["GPULET_VGPU_UUID"] = uuids;
-  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(MemoryUnitsToBytes(g.memory_units));
-  env["GPULET_VGPU_CORE_LIMIT"] = std::to_string(g.cores);
-  env["GPULET_VGPU_CORE_CEILING"] = std::to_string(std::max(g.ceiling, g.cores));
-  env["GPULET_VGPU_ACCOUNTING"] = kContainerAccounting;
-  auto* acc = r.add_mounts();
-  acc->set_host_path(g.accounting_dir + "/accounting");
-  acc->set_container_path(kContainerAccounting);
-  acc->set_read_only(false);
-  if (g.inject) {
-    auto* lib = r.add_mounts();
-    lib->set_host_path(options_.library_host_path);
-    lib->set_container_path(kContainerLibrary);
-    lib->set_read_only(true);
-    env["LD_PRELOAD"] = kContainerLibrary;
-    // Said explicitly so an image's ENV GPULET_VGPU_DISABLE=1 cannot switch the limits off: the
-    // kubelet's device-plugin env overrides the image's (the pod spec's own is refused by the
-    // webhook for fractional pods; issue 14.5).
-    env["GPULET_VGPU_DISABLE"] = "0";
-  } else {
-    env["GPULET_VGPU_DISABLE"] = "1";
+  // The interposer's own name for its GPU is in the contract: a CDI spec sets
+  // NVIDIA_VISIBLE_DEVICES to "void" in the container, so the UUID above does not reach it where
+  // GPUs come through CDI.
+  ContainerContract contract =
+      BuildContract(LimitsOf(g), {g.accounting_dir + "/accounting", g.accounting_dir + "/limits",
+                                  options_.library_host_path, PreloadPath()});
+  for (const auto& [name, value] : contract.env) env[name] = value;
+  for (const auto& m : contract.mounts) {
+    auto* mount = r.add_mounts();
+    mount->set_host_path(m.host_path);
+    mount->set_container_path(m.container_path);
+    mount->set_read_only(m.read_only);
   }
   return r;
 }
+
+ContainerLimits NodeAssigner::LimitsOf(const Grant& g) {
+  ContainerLimits l;
+  l.uuid = absl::StrJoin(g.gpus, ",");
+  l.memory_bytes = MemoryUnitsToBytes(g.memory_units);
+  l.cores = g.cores;
+  l.ceiling = std::max(g.ceiling, g.cores);
+  l.inject = g.inject;
+  return l;
+}
+
+std::string NodeAssigner::PreloadPath() const { return options_.state_dir + "/ld.so.preload"; }
 
 std::string NodeAssigner::PredictGpu(int64_t cores, int64_t memory_units) {
   absl::MutexLock l(&mu_);
@@ -698,6 +689,11 @@ absl::Status NodeAssigner::ReleaseOlder(std::chrono::nanoseconds grace,
 
 absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
   if (gone.empty()) return absl::OkStatus();
+  for (const auto& g : grants_) {
+    if (!gone.count(g.pod_uid)) continue;
+    if (absl::Status s = RemoveGrantDir(g.accounting_dir); !s.ok())
+      spdlog::warn("vGPU: {}", std::string(s.message()));
+  }
   std::erase_if(grants_, [&](const Grant& g) { return gone.count(g.pod_uid) > 0; });
   for (const auto& uid : gone) {
     std::error_code ec;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "abi/vgpu_contract_builder.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -36,6 +37,7 @@
 #include "k8s/client.h"
 #include "k8s/deviceplugin/v1beta1/api.pb.h"
 #include "kubelet/resource.h"
+#include "vgpu/container/container_files.h"
 #include "vgpu/rules/node_pool.h"
 #include "vgpu/rules/rules.h"
 
@@ -49,6 +51,9 @@ struct NodeOptions {
   std::string state_dir = "/var/lib/gpulet/vgpu";
   // Host path of the interposer library mounted read-only into vGPU containers.
   std::string library_host_path = "/usr/local/gpulet/lib/libgpulet-vcuda.so";
+  // Each container's accounting directory on a size-bounded tmpfs of its own
+  // (vgpu/container/container_files.h); needs CAP_SYS_ADMIN and a shared state_dir mount.
+  bool accounting_tmpfs = false;
   std::string policy = "binpack";  // for pods the extender did not place
   // Memory units of a GPU: from the memory NVML reports (default: floor(total / 256 MiB), 318 on
   // an H100 80GB) or from the nominal size (total rounded up to a whole GiB: 320).
@@ -59,10 +64,6 @@ struct NodeOptions {
   std::function<void(const std::vector<std::string>& uuids, v1beta1::ContainerAllocateResponse*)>
       deliver;
 };
-
-// The container paths of the contract with the interposer.
-inline constexpr char kContainerLibrary[] = "/usr/lib/gpulet/libgpulet-vcuda.so";
-inline constexpr char kContainerAccounting[] = "/var/run/gpulet/vgpu/accounting";
 
 // Which GPUs form the fractional pool. `selection` empty: none (vGPU off); "all": every GPU
 // without MIG enabled; else a comma list of indexes or UUIDs. Errors name the unknown entry.
@@ -144,6 +145,8 @@ class NodeAssigner {
 
   // The container edits of a grant (env, mounts) per the interposer contract.
   v1beta1::ContainerAllocateResponse Response(const Grant& g) const;
+  static ContainerLimits LimitsOf(const Grant& g);
+  std::string PreloadPath() const;  // the node's /etc/ld.so.preload for vGPU containers
 
  private:
   struct Candidate {

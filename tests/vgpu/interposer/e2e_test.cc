@@ -454,6 +454,120 @@ TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
   EXPECT_EQ(third.Wait(), 0);
 }
 
+// The unshare binary when user and mount namespaces can be made here, else "" (the caller skips).
+std::string UserMountNamespaces() {
+  std::string unshare;
+  if (FILE* p = popen("command -v unshare", "r")) {
+    char b[256] = {};
+    if (fgets(b, sizeof b, p)) unshare = b;
+    pclose(p);
+    while (!unshare.empty() && unshare.back() == '\n') unshare.pop_back();
+  }
+  if (unshare.empty() ||
+      system((unshare + " -Urm sh -c 'mount -t tmpfs tmpfs /run' >/dev/null 2>&1").c_str()) != 0)
+    return "";
+  return unshare;
+}
+
+// A container as the agent makes it (issue 31.6): the limits in a read-only file at
+// /var/run/gpulet/vgpu/limits and the interposer in /etc/ld.so.preload, each mounted over the
+// real path in a mount namespace of the program's own. `limits` is the file's text; `preload`
+// mounts an /etc whose ld.so.preload names the interposer.
+std::vector<std::string> InContainer(const std::string& unshare, const std::string& dir,
+                                     const std::string& limits, bool preload,
+                                     std::vector<std::string> argv) {
+  {
+    std::ofstream(dir + "/limits") << limits;
+    std::ofstream(dir + "/ld.so.preload") << ShimPath() << "\n";
+  }
+  std::string script =
+      "set -e; d=\"$1\"; shift; mount -t tmpfs tmpfs /run; mkdir -p /run/gpulet/vgpu; "
+      "cp \"$d/limits\" /run/gpulet/vgpu/limits; chmod 0444 /run/gpulet/vgpu/limits; "
+      "mount --bind /run/gpulet/vgpu/limits /run/gpulet/vgpu/limits; "
+      "mount -o remount,bind,ro /run/gpulet/vgpu/limits; ";
+  if (preload)  // /etc as links to the real entries, and our ld.so.preload
+    script +=
+        "mkdir -p \"$d/etc\"; mount --rbind /etc \"$d/etc\"; mount -t tmpfs tmpfs /etc; "
+        "for f in \"$d\"/etc/*; do ln -s \"$f\" /etc/; done; rm -f /etc/ld.so.preload; "
+        "cp \"$d/ld.so.preload\" /etc/ld.so.preload; ";
+  script += "exec \"$@\"";
+  std::vector<std::string> full = {unshare, "-Urm", "--kill-child=SIGKILL", "sh", "-c", script,
+                                   "sh",    dir};
+  full.insert(full.end(), argv.begin(), argv.end());
+  return full;
+}
+
+// Limits from the read-only file outrank the environment: the tenant's own
+// GPULET_VGPU_MEMORY_LIMIT of 8 GiB and GPULET_VGPU_DISABLE=1 (envFrom a ConfigMap, an
+// entrypoint's `env`) change nothing, and a process still holds at most the file's limit. Before,
+// the environment was the only source: the program held all 3 chunks.
+TEST_F(E2E, LimitsFileOutranksTheEnvironment) {
+  std::string unshare = UserMountNamespaces();
+  if (unshare.empty())
+    GTEST_SKIP() << "cannot make user and mount namespaces here ('unshare -Urm' with a tmpfs "
+                    "mount failed): the limits file is not tested";
+  const uint64_t chunk = 100 * kMiB;
+  std::string limits =
+      "# written by the agent\nGPULET_VGPU_MEMORY_LIMIT=" + std::to_string(limit_) +
+      "\nGPULET_VGPU_ACCOUNTING=" + accounting_ +
+      "\nGPULET_VGPU_CONTEXT_BYTES=" + std::to_string(kMiB) + "\nGPULET_VGPU_DISABLE=0\n";
+  auto env = env_;
+  env["GPULET_VGPU_MEMORY_LIMIT"] = std::to_string(8192 * kMiB);
+  env["GPULET_VGPU_DISABLE"] = "1";
+  env["GPULET_VGPU_ACCOUNTING"] = accounting_ + ".tenant";
+  Child c(InContainer(unshare, ProcessTempDir(), limits, false,
+                      {Bin("vcuda_probe"), "hold", "3", std::to_string(chunk)}),
+          env);
+  ASSERT_EQ(c.Line(), "ready");
+  c.Send('g');
+  EXPECT_EQ(Field(c.Line(), "held"), 2 * chunk) << "the environment lifted the file's limit";
+  EXPECT_LE(DevicePeak(), limit_);
+  EXPECT_EQ(c.Wait(), 0);
+  EXPECT_FALSE(std::filesystem::exists(accounting_ + ".tenant"))
+      << "the environment's accounting path was used";
+}
+
+// A malformed limits file fails closed, whatever the environment says: nothing is allocated
+// (the context itself may be refused, which is failing closed too).
+TEST_F(E2E, MalformedLimitsFileFailsClosed) {
+  std::string unshare = UserMountNamespaces();
+  if (unshare.empty())
+    GTEST_SKIP() << "cannot make user and mount namespaces here: the limits file is not tested";
+  auto env = env_;
+  env["GPULET_VGPU_DISABLE"] = "1";
+  Child c(InContainer(unshare, ProcessTempDir(),
+                      "GPULET_VGPU_MEMORY_LIMIT=" + std::to_string(limit_) + "\nLD_AUDIT=x\n",
+                      false, {Bin("vcuda_probe"), "fill", std::to_string(kMiB)}),
+          env);
+  if (c.Line() == "ready") {
+    c.Send('g');
+    EXPECT_EQ(Field(c.Line(), "held"), 0u);
+  }
+  c.Wait();
+  EXPECT_LE(DevicePeak(), kMiB) << "a malformed limits file let memory through";
+}
+
+// The interposer comes through /etc/ld.so.preload: a process whose LD_PRELOAD the tenant's
+// entrypoint cleared is still limited.
+TEST_F(E2E, PreloadFileLoadsTheInterposerWithoutLdPreload) {
+  std::string unshare = UserMountNamespaces();
+  if (unshare.empty())
+    GTEST_SKIP() << "cannot make user and mount namespaces here: the preload file is not tested";
+  const uint64_t chunk = 100 * kMiB;
+  std::string limits = "GPULET_VGPU_MEMORY_LIMIT=" + std::to_string(limit_) +
+                       "\nGPULET_VGPU_CONTEXT_BYTES=" + std::to_string(kMiB) +
+                       "\nGPULET_VGPU_ACCOUNTING=" + accounting_ + "\n";
+  auto env = env_;
+  env["LD_PRELOAD"] = "";
+  Child c(InContainer(unshare, ProcessTempDir(), limits, true,
+                      {Bin("vcuda_probe"), "hold", "3", std::to_string(chunk)}),
+          env);
+  ASSERT_EQ(c.Line(), "ready");
+  c.Send('g');
+  EXPECT_EQ(Field(c.Line(), "held"), 2 * chunk) << "the interposer was not loaded";
+  EXPECT_EQ(c.Wait(), 0);
+}
+
 // A program that touched CUDA and then exec()s (a launcher: checks the GPU, then execs the job)
 // gets its memory back in the new image: the old image's slot lock went with its descriptor,
 // closed at exec, so its 600 MiB and context charge are reclaimed. Before, the old slot had the

@@ -106,15 +106,32 @@ TEST_F(NodeTest, SeedPodContract) {
   EXPECT_EQ(r.envs().at("LD_PRELOAD"), "/usr/lib/gpulet/libgpulet-vcuda.so");
   // An image's ENV GPULET_VGPU_DISABLE=1 is overridden by the Allocate env (issue 14.5).
   EXPECT_EQ(r.envs().at("GPULET_VGPU_DISABLE"), "0");
-  ASSERT_EQ(r.mounts_size(), 2);
+  ASSERT_EQ(r.mounts_size(), 4);
   json pod;
   ASSERT_TRUE(api_.GetPod("default", "seed", &pod));
   std::string uid = pod["metadata"]["uid"];
   EXPECT_EQ(r.mounts(0).host_path(), opts_.state_dir + "/" + uid + "/cuda/accounting");
   EXPECT_EQ(r.mounts(0).container_path(), "/var/run/gpulet/vgpu/accounting");
   EXPECT_FALSE(r.mounts(0).read_only());
-  EXPECT_EQ(r.mounts(1).container_path(), "/usr/lib/gpulet/libgpulet-vcuda.so");
+  // The limits the interposer reads (issue 31.6): a read-only file, not the environment a
+  // tenant's entrypoint or ConfigMap can change.
+  EXPECT_EQ(r.mounts(1).container_path(), "/var/run/gpulet/vgpu/limits");
   EXPECT_TRUE(r.mounts(1).read_only());
+  auto limits = ReadFileToString(r.mounts(1).host_path());
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  EXPECT_THAT(
+      *limits,
+      HasSubstr("\nGPULET_VGPU_MEMORY_LIMIT=" + std::to_string(20ull * 256 * 1024 * 1024) + "\n"));
+  EXPECT_THAT(*limits, HasSubstr("\nGPULET_VGPU_UUID=GPU-1\n"));
+  EXPECT_THAT(*limits, HasSubstr("\nGPULET_VGPU_CORE_LIMIT=30\n"));
+  EXPECT_THAT(*limits, HasSubstr("\nGPULET_VGPU_DISABLE=0\n"));
+  EXPECT_EQ(r.mounts(2).container_path(), "/usr/lib/gpulet/libgpulet-vcuda.so");
+  EXPECT_TRUE(r.mounts(2).read_only());
+  // Every process of the container loads the interposer, whatever its LD_PRELOAD says.
+  EXPECT_EQ(r.mounts(3).container_path(), "/etc/ld.so.preload");
+  EXPECT_TRUE(r.mounts(3).read_only());
+  EXPECT_EQ(ReadFileToString(r.mounts(3).host_path()).value_or(""),
+            "/usr/lib/gpulet/libgpulet-vcuda.so\n");
   // The accounting file exists, sized as a valid empty region.
   auto size = std::filesystem::file_size(r.mounts(0).host_path());
   EXPECT_EQ(size, sizeof(AccountingRegion));
@@ -207,8 +224,11 @@ TEST_F(NodeTest, OptOutAndSoftLimit) {
   auto r = AllocPair(*assigner_, "GPU-0", 20, 8);
   EXPECT_FALSE(r.envs().contains("LD_PRELOAD"));
   EXPECT_EQ(r.envs().at("GPULET_VGPU_DISABLE"), "1");
-  EXPECT_EQ(r.envs().at("GPULET_VGPU_CORE_CEILING"), "60");
-  EXPECT_EQ(r.mounts_size(), 1);
+  // The opt-out is in the read-only limits file too; nothing else is mounted.
+  ASSERT_EQ(r.mounts_size(), 1);
+  EXPECT_EQ(r.mounts(0).container_path(), "/var/run/gpulet/vgpu/limits");
+  EXPECT_THAT(ReadFileToString(r.mounts(0).host_path()).value_or(""),
+              HasSubstr("\nGPULET_VGPU_DISABLE=1\n"));
 }
 
 // The checkpoint survives a restart: the new assigner knows the grant and does not hand the
