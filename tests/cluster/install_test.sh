@@ -143,7 +143,12 @@ check "nvidia.com/gpu no longer allocatable" gone
 "$K/kubectl" kustomize "$OVERLAY" > "$work/manifests.yaml"
 python3 "$src/tests/cluster/rbac_audit.py" "$work/audit.log" "$work/manifests.yaml" > "$work/rbac.txt" 2>&1; rc=$?
 cat "$work/rbac.txt"
-check "no request of a gpulet service account was refused (403) in the audit log" [ "$rc" = 0 ]
+check "no request of a gpulet service account was refused (403) in the audit log" bash -c '! grep -q "^REFUSED " "$1"' _ "$work/rbac.txt"
+# Issue 31.9: RBAC cannot scope list/watch by field selector; the audit log proves that the agent
+# only ever lists and watches its own node's pods.
+check "the node agent listed and watched only its own node's pods (fieldSelector spec.nodeName)" \
+  bash -c '! grep -q "^UNSCOPED " "$1" && grep -q "^figure: gpulet-node pod lists and watches: [1-9]" "$1"' _ "$work/rbac.txt"
+check "rbac_audit.py exited 0 (rc $rc)" [ "$rc" = 0 ]
 check "the audit log shows both accounts at work" bash -c 'grep -q "^== gpulet-node" "$1" && grep -q "^== gpulet-scheduler" "$1" && grep -q "used " "$1"' _ "$work/rbac.txt"
 # --- the shipped device-plugin settings on containerd 1.6 --------------------------------------------
 # tests/cluster/deploy/defaults (the product's own settings, NVML from the host driver: the fake as

@@ -5,7 +5,9 @@ Usage: rbac_audit.py AUDIT_LOG MANIFESTS.yaml
 MANIFESTS is the applied install (`kubectl kustomize`): its (Cluster)RoleBindings say which rules each
 gpulet-system ServiceAccount holds. Prints, per account, every (verb, group, resource[/sub]) it used
 with the answers it got, and every granted verb it never used. Exits 1 when any request of a gpulet
-account was refused with 403 (RBAC or an admission policy).
+account was refused with 403 (RBAC or an admission policy), or when the node agent read pods
+without selecting its own node's (RBAC cannot scope list/watch by field selector, so the agent's
+ClusterRole allows reading every pod; this is the proof that it only ever asks for its node's).
 """
 import collections, json, sys, yaml
 
@@ -28,6 +30,7 @@ used = collections.defaultdict(collections.Counter)  # account -> (verb, group, 
 span = {}  # account -> [first, last] requestReceivedTimestamp (RFC 3339, sortable as text)
 codes = collections.defaultdict(collections.Counter)
 refused = []
+unscoped = []  # the node agent's pod lists and watches without spec.nodeName=<node>
 prefix = "system:serviceaccount:gpulet-system:"
 for line in open(log):
     e = json.loads(line)
@@ -47,6 +50,10 @@ for line in open(log):
         first, last = span.get(sa, [ts, ts])
         span[sa] = [min(first, ts), max(last, ts)]
     codes[sa][(key, code)] += 1
+    uri = e.get("requestURI", "")
+    if (sa == "gpulet-node" and res == "pods" and e["verb"] in ("list", "watch")
+            and "fieldSelector=spec.nodeName%3D" not in uri and "fieldSelector=spec.nodeName=" not in uri):
+        unscoped.append(f"{sa}: {e['verb']} {uri}")
     if code == 403:
         refused.append(f"{sa}: {e['verb']} {e.get('requestURI')} -> 403 {e.get('responseStatus', {}).get('message', '')[:200]}")
 
@@ -82,4 +89,8 @@ for sa, (first, last) in sorted(span.items()):
           ", ".join(f"{v} {n}" for v, n in sorted(by_verb.items())) + ")")
 for r in refused:
     print("REFUSED " + r)
-sys.exit(1 if refused else 0)
+for r in unscoped:
+    print("UNSCOPED " + r)
+pod_reads = sum(n for (v, g, r), n in used["gpulet-node"].items() if r == "pods" and v in ("list", "watch"))
+print(f"figure: gpulet-node pod lists and watches: {pod_reads}, of them without its node's field selector: {len(unscoped)}")
+sys.exit(1 if refused or unscoped else 0)

@@ -98,3 +98,20 @@ nodes_a=$(kc exec vgpu-a -- sh -c 'ls /dev | grep -E "^nvidia[0-9]+$" | tr "\n" 
 check "the vcuda pod sees exactly its granted GPU's /dev/nvidia$index_a ($nodes_a)" [ "$nodes_a" = "nvidia$index_a " ]
 check "the vcuda pod sees /dev/nvidiactl" kc exec vgpu-a -- sh -c 'test -c /dev/nvidiactl'
 
+
+# Issue 31.6: the limits the interposer reads are a read-only file, not the environment, and the
+# interposer comes through a read-only /etc/ld.so.preload (every process, whatever LD_PRELOAD says).
+limits_a=$(kc exec vgpu-a -- cat /var/run/gpulet/vgpu/limits 2>&1)
+check "the limits file in the container: GPULET_VGPU_MEMORY_LIMIT=$((20 * 268435456))" \
+  grep -qx "GPULET_VGPU_MEMORY_LIMIT=$((20 * 268435456))" <<< "$limits_a"
+check "... and GPULET_VGPU_UUID=$gpus_a" grep -qx "GPULET_VGPU_UUID=$gpus_a" <<< "$limits_a"
+check "the container cannot change its limits file" \
+  bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig exec vgpu-a -- sh -c 'echo GPULET_VGPU_MEMORY_LIMIT=0 >> /var/run/gpulet/vgpu/limits' 2>/dev/null"
+check "/etc/ld.so.preload names the interposer" \
+  bash -c "[ \"\$($K/kubectl --kubeconfig $D/admin.kubeconfig exec vgpu-a -- cat /etc/ld.so.preload)\" = /usr/lib/gpulet/libgpulet-vcuda.so ]"
+check "the container cannot change /etc/ld.so.preload" \
+  bash -c "! $K/kubectl --kubeconfig $D/admin.kubeconfig exec vgpu-a -- sh -c ': > /etc/ld.so.preload' 2>/dev/null"
+# Issue 31.3: the accounting file is on a 16 KiB tmpfs of its own: the container cannot grow it.
+grow=$(kc exec vgpu-a -- sh -c 'dd if=/dev/zero bs=1024 count=4096 >> /var/run/gpulet/vgpu/accounting 2>/dev/null; wc -c < /var/run/gpulet/vgpu/accounting' 2>&1)
+check "appending 4 MiB to the accounting file leaves it under 16 KiB ($grow bytes)" \
+  bash -c '[[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -le 16384 ]' _ "$grow"

@@ -98,8 +98,11 @@ for (const m of agentHostMounts) {
         `agent does not mount the whole host ${m.host}`);
   check(!/\.sock$|^\/(var\/)?run\/(containerd|crio|docker)/.test(m.host),
         `agent does not mount a container engine socket (${m.host})`);
-  check(!m.mountPropagation || m.mountPropagation === "None" || m.mountPropagation === "HostToContainer",
-        `agent mount ${m.mountPath} does not propagate mounts to the host`);
+  // Bidirectional only for the agent's own state directory: the per-grant accounting tmpfs
+  // mounts must reach the container runtime (docs/security.md); nothing else propagates back.
+  check(!m.mountPropagation || m.mountPropagation === "None" || m.mountPropagation === "HostToContainer" ||
+        (m.mountPropagation === "Bidirectional" && m.mountPath === "/var/lib/gpulet" && m.host === "/var/lib/gpulet"),
+        `agent mount ${m.mountPath} does not propagate mounts to the host (Bidirectional: only /var/lib/gpulet)`);
 }
 check((agent?.args ?? []).includes("--host-root=/host") === agentHostMounts.some((m) => m.mountPath.startsWith("/host/")),
       "agent --host-root=/host comes with read-only host mounts under /host");
