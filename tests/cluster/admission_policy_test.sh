@@ -34,6 +34,7 @@ policies() {
     ValidatingAdmissionPolicyBinding/gpulet-trusted-pod-annotations \
     ValidatingAdmissionPolicy/gpulet-trusted-binding-annotations \
     ValidatingAdmissionPolicyBinding/gpulet-trusted-binding-annotations
+  echo ---; cat "$src/deploy/components/mps/mps-tenant-policy.yaml"
 }
 # A tenant: the service account tenant in default, allowed to patch and update pods there.
 tenant_rbac() {
@@ -76,7 +77,7 @@ spec:
 YAML
 }
 cleanup() {
-  kc delete pod -n default vap-tenant-pod vap-other-pod vap-unbound --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+  kc delete pod -n default vap-tenant-pod vap-other-pod vap-unbound vap-mps-own vap-mps-plain --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
   kc delete pod -n "$NS" vap-agent --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
   kc delete node "$OTHER" --ignore-not-found >/dev/null 2>&1
   kc label node "$NODE" gpulet.io/vap-test- >/dev/null 2>&1
@@ -259,4 +260,32 @@ out=$(binding ',"annotations":{"team":"b"}'); rc=$?
 check "allowed: a Binding with annotations of its own binds ($out)" [ "$rc" = 0 ]
 check "... its annotation is on the pod with the node" \
   [ "$(kc get pod -n default vap-unbound -o jsonpath='{.spec.nodeName}/{.metadata.annotations.team}')" = "$OTHER/b" ]
+
+# --- gpulet-mps-one-tenant-per-node (deploy/components/mps): MPS clients of a node share /dev/shm --
+# mpod NAME RESOURCE [TENANT]: a pod asking RESOURCE: 1, selecting gpulet.io/mps-tenant=TENANT.
+mpod() {
+  local sel=""
+  [ -n "${3:-}" ] && sel="nodeSelector: {gpulet.io/mps-tenant: $3}"
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  schedulerName: no-such-scheduler
+  $sel
+  containers: [{name: c, image: gpulet.test/busybox:1, imagePullPolicy: Never, command: [sleep, "3600"], resources: {limits: {$2: 1}}}]
+YAML
+}
+MPS=gpulet-mps-one-tenant-per-node
+out=$(mpod vap-mps-none nvidia.com/gpu.shared | kc apply -f - 2>&1); rc=$?
+echo "      kubectl: $out"
+check "denied by $MPS: a pod asking nvidia.com/gpu.shared without gpulet.io/mps-tenant" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"$3"*"gpulet.io/mps-tenant: default"* ]]' _ "$rc" "$out" "$MPS"
+out=$(mpod vap-mps-other nvidia.com/gpu.shared team-b | kc apply -f - 2>&1); rc=$?
+check "denied by $MPS: a pod of default selecting team-b's MPS nodes" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"$3"* ]]' _ "$rc" "$out" "$MPS"
+out=$(mpod vap-mps-own nvidia.com/gpu.shared default | kc apply -f - 2>&1); rc=$?
+check "allowed: a pod of default selecting default's MPS nodes ($out)" [ "$rc" = 0 ]
+out=$(mpod vap-mps-plain example.com/widget | kc apply -f - 2>&1); rc=$?
+check "allowed: a pod asking a resource that is not MPS-shared ($out)" [ "$rc" = 0 ]
 finish

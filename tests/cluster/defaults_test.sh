@@ -137,12 +137,23 @@ check "the agent runs the host driver's programs (no driver in its container)" \
   grep -q "driver programs for sharing.mps: the host's, from /host/run/nvidia/driver" "$STATE/agent-mps.log"
 check "the host driver's MPS control daemon runs (its pid file on the host)" \
   test -s "$D/fixed/run/nvidia/mps/nvidia.com/gpu/pipe/nvidia-cuda-mps-control.pid"
-pod mps-gpu nvidia.com/gpu 1 | kc apply -f - >/dev/null
+# One tenant per MPS node (gpulet-mps-one-tenant-per-node, in the overlay): without the node
+# selector the pod is refused; the node is default's, so default's pod selecting it runs.
+out=$(pod mps-gpu nvidia.com/gpu 1 | kc apply -f - 2>&1); rc=$?
+check "an MPS client pod without gpulet.io/mps-tenant is refused ($out)" \
+  bash -c '[ "$1" != 0 ] && [[ "$2" == *"gpulet-mps-one-tenant-per-node"* ]]' _ "$rc" "$out"
+kc label node "$NODE" --overwrite gpulet.io/mps-tenant=default >/dev/null
+pod mps-gpu nvidia.com/gpu 1 | python3 -c '
+import sys, yaml
+p = yaml.safe_load(sys.stdin)
+p["spec"]["nodeSelector"] = {"gpulet.io/mps-tenant": "default"}
+print(yaml.safe_dump(p))' | kc apply -f - >/dev/null
 wait_until 60 running mps-gpu
-check "an MPS client pod is Running" running mps-gpu
+check "an MPS client pod of default on default's MPS node is Running" running mps-gpu
 check "the pod reaches the daemon: CUDA_MPS_PIPE_DIRECTORY and its control socket" \
   kc exec mps-gpu -- sh -c 'test -S "$CUDA_MPS_PIPE_DIRECTORY/control"'
 clean_pods mps-gpu
+kc label node "$NODE" gpulet.io/mps-tenant- >/dev/null
 
 check "kubectl delete -k" bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $OVERLAY --wait=true --timeout=90s > $STATE/delete.log 2>&1"
 check "containerd 2's config.toml is byte for byte as before the install" cmp "$STATE/config.before" "$CONFIG"
