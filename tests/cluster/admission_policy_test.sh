@@ -106,7 +106,8 @@ tenant_rbac | kc apply -f - >/dev/null
 kc label namespace "$NS" "$MARK=1" >/dev/null
 # The API server type-checks the CEL when it stores a policy; an error shows in status.typeChecking.
 checked() { [ -n "$(kc get validatingadmissionpolicy "$1" -o jsonpath='{.status.observedGeneration}')" ]; }
-for p in gpulet-node-own-node gpulet-trusted-pod-annotations gpulet-trusted-binding-annotations; do
+for p in gpulet-node-own-node gpulet-node-own-events gpulet-trusted-pod-annotations \
+  gpulet-trusted-binding-annotations gpulet-mps-one-tenant-per-node; do
   wait_until 20 checked "$p"
   tc=$(kc get validatingadmissionpolicy "$p" -o jsonpath='{.status.typeChecking.expressionWarnings}')
   check "policy $p: type-checked, no CEL warnings (${tc:-none})" bash -c '[ -z "$1" ] && [ -z "$2" ]' _ "$tc" "$(checked "$p" || echo unchecked)"
@@ -208,6 +209,38 @@ denied "the agent changes the image of a pod bound to its node" "$OWN" \
   "the gpulet node agent may change only gpulet.io/vgpu-* annotations of pods" \
   "$agent_token" patch pod -n "$NS" vap-agent --type=json \
   -p '[{"op":"replace","path":"/spec/containers/0/image","value":"gpulet.test/evil:1"}]'
+
+# --- gpulet-node-own-events: what the agent records --------------------------------------------------
+# event NAME KIND OBJECT INSTANCE: an Event about KIND/OBJECT reported as node INSTANCE.
+event() {
+  cat <<YAML
+apiVersion: v1
+kind: Event
+metadata: {name: $1, namespace: default}
+involvedObject: {kind: $2, name: $3, apiVersion: v1}
+type: Normal
+reason: VapTest
+message: admission policy test
+source: {component: gpulet-agent, host: $4}
+reportingComponent: gpulet-agent
+reportingInstance: $4
+YAML
+}
+EV="gpulet-node-own-events"
+event vap-ev-own Node "$NODE" "$NODE" > "$W/ev-own.yaml"
+allowed "the agent records an event about its own Node" "$agent_token" create -f "$W/ev-own.yaml"
+event vap-ev-pod Pod some-pod "$NODE" > "$W/ev-pod.yaml"
+allowed "the agent records an event about a pod, as its node" "$agent_token" create -f "$W/ev-pod.yaml"
+event vap-ev-other Node "$OTHER" "$NODE" > "$W/ev-other.yaml"
+denied "the agent records an event about $OTHER" "$EV" "only about pods and its own Node" \
+  "$agent_token" create -f "$W/ev-other.yaml"
+event vap-ev-forged Pod some-pod "$OTHER" > "$W/ev-forged.yaml"
+denied "the agent records an event as $OTHER" "$EV" "only as its own node" \
+  "$agent_token" create -f "$W/ev-forged.yaml"
+event vap-ev-secret Secret some-secret "$NODE" > "$W/ev-secret.yaml"
+denied "the agent records an event about a Secret" "$EV" "only about pods and its own Node" \
+  "$agent_token" create -f "$W/ev-secret.yaml"
+kc delete event -n default vap-ev-own vap-ev-pod --ignore-not-found >/dev/null 2>&1
 
 # --- gpulet-trusted-pod-annotations ---------------------------------------------------------------------
 apod vap-tenant-pod default "$OTHER" | kc apply -f - >/dev/null
