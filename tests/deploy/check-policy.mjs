@@ -51,6 +51,14 @@ const vap = find("ValidatingAdmissionPolicy", "gpulet-node-own-node");
 const vapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding" && o.spec?.policyName === "gpulet-node-own-node");
 check(writes.length === 0 || (vap && vapb), "node agent writes confined by ValidatingAdmissionPolicy");
 check(JSON.stringify(vap ?? {}).includes("authentication.kubernetes.io/node-name"), "policy keys on the node-name claim");
+// Events: RBAC grants create in every namespace; a bound policy keeps them to its own node's.
+const eventWrites = (nodeRole?.rules ?? []).some((r) => (r.resources ?? []).includes("events") &&
+  r.verbs.some((v) => ["create", "*"].includes(v)));
+const eventVap = find("ValidatingAdmissionPolicy", "gpulet-node-own-events");
+const eventVapb = docs.find((o) => o.kind === "ValidatingAdmissionPolicyBinding" &&
+  o.spec?.policyName === "gpulet-node-own-events");
+check(!eventWrites || (eventVapb && JSON.stringify(eventVap ?? {}).includes("authentication.kubernetes.io/node-name")),
+      "node agent's events confined to its own node by ValidatingAdmissionPolicy");
 // DRA (deploy/components/dra): RBAC cannot limit the agent's ResourceSlice writes to its node's
 // slices; a bound policy on the same node-name claim does.
 const sliceWrites = (nodeRole?.rules ?? []).some((r) => (r.resources ?? []).includes("resourceslices") &&
