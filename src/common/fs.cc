@@ -57,8 +57,10 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
   thread_local std::mt19937_64 rng{std::random_device{}()};
   std::string tmp = absl::StrCat(dir, "/.", p.filename().string(), ".tmp", rng() % 1000000000);
+  // Errors name `path`, what the user gave: the temporary name beside it is ours, and means
+  // nothing to them (the errno says what is wrong with the directory).
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
+  if (fd < 0) return ErrnoStatus(errno, "cannot write", path);
   size_t off = 0;
   while (off < content.size()) {
     ssize_t n = ::write(fd, content.data() + off, content.size() - off);
@@ -67,7 +69,7 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return ErrnoStatus(err, "cannot write", tmp);
+      return ErrnoStatus(err, "cannot write", path);
     }
     off += static_cast<size_t>(n);
   }
@@ -75,13 +77,27 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& content
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return ErrnoStatus(err, "cannot flush", tmp);
+    return ErrnoStatus(err, "cannot write", path);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return ErrnoStatus(err, "cannot rename into", path);
+    return ErrnoStatus(err, "cannot write", path);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritable(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("no file named");
+  std::filesystem::path p(path);
+  std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return absl::NotFoundError(absl::StrCat(path, ": no such directory ", dir));
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
+  if (::access(dir.c_str(), W_OK) != 0)
+    return ErrnoStatus(errno, absl::StrCat("cannot write ", path, ": directory"), dir);
   return absl::OkStatus();
 }
 

@@ -46,6 +46,9 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 absl::Status WriteFileAtomic(const std::string& path, const std::string& content,
                              mode_t mode = 0644);
 bool PathExists(const std::string& path);
+// Whether `path` could be written now (its directory exists and is writable, it is no
+// directory): checked before a long computation whose result goes there. Errors name `path`.
+absl::Status CheckWritable(const std::string& path);
 absl::Status MakeDirs(const std::string& path, mode_t mode = 0755);
 
 }  // namespace gpulet

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/net.h"
 #include "k8s/deviceplugin/v1beta1/api.grpc.pb.h"
 
 namespace gpulet::kubelet {
@@ -66,7 +67,12 @@ class PluginServer final : public v1beta1::DevicePlugin::Service {
     builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
-    if (!server_) return absl::UnavailableError(absl::StrCat("cannot serve on ", socket_));
+    if (!server_) {
+      // gRPC logs the reason (errno) in its own voice only; the probe says it in ours.
+      absl::Status why = ProbeUnixListen(socket_);
+      return absl::UnavailableError(why.ok() ? absl::StrCat("cannot serve on ", socket_)
+                                             : std::string(why.message()));
+    }
     inode_ = InodeOf(socket_);
     return absl::OkStatus();
   }

@@ -265,7 +265,7 @@ absl::Status LabelRefresher::WriteOnce() {
   if (!inv.ok()) {
     // Keep the previous file: NFD would otherwise drop every GPU label on a transient failure.
     return absl::UnavailableError(
-        absl::StrCat("labels: GPU inventory unavailable: ", inv.status().message()));
+        absl::StrCat("GPU inventory unavailable for the labels: ", inv.status().message()));
   }
   LabelOptions options;
   {
@@ -274,7 +274,8 @@ absl::Status LabelRefresher::WriteOnce() {
   }
   absl::Status st =
       WriteFeatureFile(*fs_, path_, GenerateLabels(*inv, options, clock_->UnixSeconds()));
-  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("labels: ", path_, ": ", st.message()));
+  if (!st.ok())
+    return absl::Status(st.code(), absl::StrCat("feature file ", path_, ": ", st.message()));
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 
 namespace gpulet::metrics {
 
@@ -595,16 +596,20 @@ absl::StatusOr<int> Bind(GuardedServer& s, const std::string& address) {
   auto hp = ParseListenAddress(address);
   if (!hp.ok()) return hp.status();
   auto [host, port] = *hp;
+  // httplib says only that binding failed; the probe says which of in use, no permission or no
+  // such address it was.
+  auto failed = [&, host = host, port = port] {
+    absl::Status why = ProbeTcpListen(host, port);
+    return absl::UnavailableError(why.ok() ? absl::StrCat("cannot listen on ", address)
+                                           : std::string(why.message()));
+  };
   if (port == 0) {
     int p = s.bind_to_any_port(host);
-    if (p <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    if (p <= 0) return failed();
     s.WidenBacklog();
     return p;
   }
-  if (!s.bind_to_port(host, port)) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, " (address in use or not permitted)"));
-  }
+  if (!s.bind_to_port(host, port)) return failed();
   s.WidenBacklog();
   return port;
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -83,12 +84,13 @@ absl::Status WriteSimulationCurves(const SimulationReport& report, const std::st
     }
     if (!out.good()) {
       std::remove(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+      return absl::UnavailableError(absl::StrCat("cannot write ", path));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
 }

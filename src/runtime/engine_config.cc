@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -90,6 +91,64 @@ std::string TomlText(const toml::table& t) {
   return out.str() + "\n";
 }
 
+// The drop-in must be a file of its own: equal to the main config, the main file would import
+// itself and the rewrite would lose the runtime entry (it used to, with exit 0).
+absl::Status NotTheConfigItself(const ConfigureOptions& o, const std::string& cfg,
+                                const std::string& drop) {
+  namespace fs = std::filesystem;
+  std::error_code e1, e2;
+  const fs::path a = fs::weakly_canonical(o.root + cfg, e1);
+  const fs::path b = fs::weakly_canonical(o.root + drop, e2);
+  const bool same = fs::path(cfg).lexically_normal() == fs::path(drop).lexically_normal() ||
+                    (!e1 && !e2 && a == b);
+  if (!same) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--drop-in-config ", drop, " is the engine config --config ", cfg,
+                   " itself: it would import itself; give a file of its own (default ", DirOf(cfg),
+                   o.engine == Engine::kCrio ? "/crio.conf.d/" : "/conf.d/", "99-gpulet.toml)"));
+}
+
+// The main file's text with `drop` added to its top-level `imports`, the rest as the user wrote
+// it (comments, order, layout): the array is replaced where it stands, or a new `imports` line
+// goes first (top-level keys come before any table). Empty when the edit cannot be made in place
+// (the caller then rewrites the file, keeping a backup).
+std::string WithImport(const std::string& text, const toml::table& top, const std::string& drop) {
+  toml::array imports;
+  std::string edited;
+  if (const toml::array* old = top["imports"].as_array()) {
+    imports = *old;
+    imports.push_back(drop);
+    const toml::source_region& r = old->source();
+    // Line/column (1-based) to offsets.
+    auto offset = [&text](toml::source_position p) -> size_t {
+      size_t at = 0;
+      for (uint32_t line = 1; line < p.line && at != std::string::npos; ++line)
+        at = text.find('\n', at) == std::string::npos ? std::string::npos : text.find('\n', at) + 1;
+      return at == std::string::npos ? at : at + p.column - 1;
+    };
+    size_t begin = offset(r.begin), end = offset(r.end);
+    if (begin == std::string::npos || end == std::string::npos || end <= begin || end > text.size())
+      return "";
+    std::ostringstream a;
+    a << imports;
+    edited = text.substr(0, begin) + a.str() + text.substr(end);
+  } else {
+    imports.push_back(drop);
+    std::ostringstream a;
+    a << imports;
+    edited = "imports = " + a.str() + "  # added by `gpulet runtime configure`\n" + text;
+  }
+  // Kept only when it reads back as the same config plus the import.
+  try {
+    toml::table back = toml::parse(edited);
+    toml::table want = top;
+    want.insert_or_assign("imports", imports);
+    if (back == want) return edited;
+  } catch (const toml::parse_error&) {
+  }
+  return "";
+}
+
 // t[k1][k2]... as a table, created when missing; nullptr when a key holds a non-table.
 toml::table* Path(toml::table& t, std::initializer_list<std::string> keys) {
   toml::table* cur = &t;
@@ -106,6 +165,7 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   std::string cfg = o.config_path.empty() ? "/etc/containerd/config.toml" : o.config_path;
   std::string drop =
       o.drop_in_path.empty() ? DirOf(cfg) + "/conf.d/99-gpulet.toml" : o.drop_in_path;
+  RETURN_IF_ERROR(NotTheConfigItself(o, cfg, drop));
   ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
   toml::table top;
   if (main.existed) {
@@ -176,6 +236,7 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
       absl::StrCat("# Written by `gpulet runtime configure`; edit with it.\n", TomlText(d));
 
   // The main file imports the drop-in and states its version.
+  const toml::table as_written = top;
   bool imported = false;
   if (auto* imports = top["imports"].as_array()) {
     for (const auto& i : *imports) imported |= i.value<std::string>() == drop;
@@ -185,14 +246,23 @@ absl::StatusOr<std::vector<FileChange>> Containerd(const ConfigureOptions& o,
   } else {
     top.insert("imports", toml::array{drop});
   }
-  if (!imported || !top.contains("version")) {
+  if (!imported || !as_written.contains("version")) {
     top.insert_or_assign("version", version);
-    main.after = TomlText(top);
-    if (main.existed && notes)
-      notes->push_back(absl::StrCat(cfg,
-                                    " is rewritten to add \"imports\": comments in it are not kept "
-                                    "(the original is saved as ",
-                                    cfg, ".bak)"));
+    // An existing file gets the import in place, its comments and layout kept; a new or empty one
+    // (or one the in-place edit cannot be made in) is written whole, the original kept as .bak.
+    std::string in_place = main.existed && as_written.contains("version")
+                               ? WithImport(main.before, as_written, drop)
+                               : std::string();
+    if (!in_place.empty()) {
+      main.after = in_place;
+    } else {
+      main.after = TomlText(top);
+      if (main.existed && notes)
+        notes->push_back(absl::StrCat(cfg,
+                                      " is rewritten to add \"imports\": comments in it are not "
+                                      "kept (the original is saved as ",
+                                      cfg, ".bak)"));
+    }
   }
   std::vector<FileChange> out{dropin, main};
 
@@ -290,6 +360,7 @@ absl::StatusOr<std::vector<FileChange>> Crio(const ConfigureOptions& o,
   std::string cfg = o.config_path.empty() ? "/etc/crio/crio.conf" : o.config_path;
   std::string drop =
       o.drop_in_path.empty() ? DirOf(cfg) + "/crio.conf.d/99-gpulet.toml" : o.drop_in_path;
+  RETURN_IF_ERROR(NotTheConfigItself(o, cfg, drop));
   ASSIGN_OR_RETURN(FileChange main, Current(o.root + cfg));
   toml::table top;
   if (main.existed) {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,9 +16,12 @@
 #include <functional>
 #include <iostream>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/did_you_mean.h"
 #include "common/status.h"
 #include "runtime/cdi.h"
 #include "runtime/ldconfig.h"
@@ -168,10 +172,26 @@ absl::Status Prestart(const ContainerState& state, const RuntimeConfig& config, 
   });
 }
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "gpulet-container-hook: %s\n", msg.c_str());
-  return 1;
+constexpr int kUsageError = 2;  // as every gpulet binary (src/cmd/common/cli.h)
+
+// "gpulet-container-hook <command>: <what>" on stderr, and `code`.
+int Fail(const std::string& cmd, const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "gpulet-container-hook%s%s: %s\n", cmd.empty() ? "" : " ", cmd.c_str(),
+               msg.c_str());
+  return code;
 }
+
+constexpr char kUsage[] =
+    "usage: gpulet-container-hook prestart [--config FILE]\n"
+    "         legacy mode: device nodes, driver mounts and the ld cache for the request\n"
+    "       gpulet-container-hook update-ldcache [--config FILE] [--folder DIR ...]\n"
+    "         CDI mode: the host's ldconfig, chrooted into the rootfs, for DIRs\n"
+    "       gpulet-container-hook poststart|poststop   (nothing to do)\n"
+    "Config: --config FILE, else $GPULET_RUNTIME_CONFIG, else /etc/gpulet/container-runtime.json\n"
+    "(docs/runtime.md). The container state comes on stdin, as runc gives it.\n"
+    "Example (in an OCI spec's hooks.prestart):\n"
+    "  {\"path\": \"/usr/bin/gpulet-container-hook\", \"args\": [\"gpulet-container-hook\", "
+    "\"prestart\"]}\n";
 
 }  // namespace
 
@@ -202,58 +222,72 @@ int HookMain(int argc, char** argv) {
   // First thing: forget the inherited environment, whoever set it.
   ::clearenv();
   for (const auto& kv : CleanEnvironment()) ::putenv(const_cast<char*>(kv.c_str()));
-  if (argc < 2)
-    return Fail("usage: gpulet-container-hook prestart|update-ldcache|poststart|poststop");
+  const std::vector<std::string> commands = {"prestart", "update-ldcache", "poststart", "poststop"};
+  if (argc < 2) return Fail("", "a command is required.\n" + std::string(kUsage), kUsageError);
   std::string cmd = argv[1];
   if (cmd == "--version" || cmd == "-v") {
     std::printf("gpulet-container-hook %s\n", GPULET_VERSION);
     return 0;
   }
-  if (cmd == "--help" || cmd == "-h") {
+  auto help = [] {
     std::printf(
-        "gpulet-container-hook %s: OCI hook that runc runs with the container state on stdin\n"
-        "usage: gpulet-container-hook prestart [--config FILE]\n"
-        "         legacy mode: device nodes, driver mounts and the ld cache for the request\n"
-        "       gpulet-container-hook update-ldcache [--config FILE] [--folder DIR ...]\n"
-        "         CDI mode: the host's ldconfig, chrooted into the rootfs, for DIRs\n"
-        "       gpulet-container-hook poststart|poststop   (nothing to do)\n"
-        "Config: --config FILE, else /etc/gpulet/container-runtime.json (docs/runtime.md).\n",
-        GPULET_VERSION);
+        "gpulet-container-hook %s: OCI hook that runc runs with the container state on "
+        "stdin\n%s",
+        GPULET_VERSION, kUsage);
     return 0;
+  };
+  if (cmd == "--help" || cmd == "-h") return help();
+  if (std::find(commands.begin(), commands.end(), cmd) == commands.end()) {
+    std::string hint = DidYouMean(commands, cmd);
+    return Fail("",
+                "unknown command \"" + cmd + "\"" +
+                    (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                    " Run `gpulet-container-hook --help`.",
+                kUsageError);
   }
+  for (int i = 2; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") return help();
   if (cmd == "poststart" || cmd == "poststop") return 0;
-  if (cmd != "prestart" && cmd != "update-ldcache") return Fail("unknown command \"" + cmd + "\"");
   std::vector<std::string> folders;
   std::string config_path;
+  const std::vector<std::string> flags = {"--config", "--folder"};
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) {
+    bool known = std::find(flags.begin(), flags.end(), a) != flags.end();
+    if (known && i + 1 >= argc) return Fail(cmd, a + " needs a value", kUsageError);
+    if (a == "--config") {
       config_path = argv[++i];
-    } else if (a == "--folder" && i + 1 < argc) {
+    } else if (a == "--folder") {
       folders.push_back(argv[++i]);
       if (folders.back().empty() || folders.back()[0] != '/')
-        return Fail("--folder must be an absolute container path");
+        return Fail(cmd, "--folder \"" + folders.back() + "\" is not an absolute container path",
+                    kUsageError);
     } else {
-      return Fail("unknown argument \"" + a + "\"");
+      std::string hint = a.rfind("--", 0) == 0 ? DidYouMean(flags, a) : "";
+      return Fail(cmd,
+                  "unknown argument \"" + a + "\"" +
+                      (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                      " Run `gpulet-container-hook --help`.",
+                  kUsageError);
     }
   }
   auto config = LoadDefaultRuntimeConfig(config_path);
-  if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (!config.ok()) return Fail(cmd, std::string(config.status().message()), kUsageError);
   auto state = ReadState();
-  if (!state.ok()) return Fail(std::string(state.status().message()));
+  if (!state.ok()) return Fail(cmd, std::string(state.status().message()), kUsageError);
   auto ld = OpenLdconfig(config->ldconfig);
-  if (!ld.ok()) return Fail(std::string(ld.status().message()));
+  if (!ld.ok()) return Fail(cmd, std::string(ld.status().message()));
   int ldconfig = ld->fd.get();
   absl::Status s;
   if (cmd == "prestart") {
     s = Prestart(*state, *config, ldconfig);
   } else {
     auto spec = LoadOciSpec(state->bundle + "/config.json");
-    if (!spec.ok()) return Fail(std::string(spec.status().message()));
+    if (!spec.ok()) return Fail(cmd, std::string(spec.status().message()));
     std::string rootfs = Rootfs(*state, *spec);
     s = InContainerMountNs(state->pid, [&] { return RunLdconfig(ldconfig, rootfs, folders); });
   }
-  if (!s.ok()) return Fail(std::string(s.message()));
+  if (!s.ok()) return Fail(cmd, std::string(s.message()));
   return 0;
 }
 

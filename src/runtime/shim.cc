@@ -174,6 +174,13 @@ int ShimMain(int argc, char** argv) {
         "gpulet-container-runtime %s: OCI runtime shim; edits GPU containers' bundles on "
         "create/run, then runs the runtime below (docs/runtime.md)\n",
         GPULET_VERSION);
+    if (args[0] == "--help" || args[0] == "-h")
+      std::printf(
+          "Config: $GPULET_RUNTIME_CONFIG, else /etc/gpulet/container-runtime.json.\n"
+          "Example (containerd runtime options):\n"
+          "  BinaryName = \"/usr/bin/gpulet-container-runtime\"   "
+          "(gpulet runtime configure --runtime containerd writes it)\n"
+          "The runtime below's own help follows.\n");
     std::fflush(stdout);
   }
   RuncArgs runc = ParseRuncArgs(args);

@@ -88,6 +88,11 @@ std::function<int()> SetupFaultCommand(CLI::App& fault) {
     if (gpu)
       sub->add_option("--gpu", a->fault.gpu, "GPU index (nvidia-smi's)")->required()->check(kIndex);
     sub->callback([a, kind] { a->fault.kind = kind; });
+    sub->footer(absl::StrCat("Example:\n  gpulet sim fault ", name, " --sim-root /tmp/gpulet-sim-0",
+                             gpu ? " --gpu 0" : "",
+                             kind == Fault::Kind::kXid   ? " --code 79"
+                             : kind == Fault::Kind::kSet ? " --temp 90"
+                                                         : ""));
     return sub;
   };
   CLI::App* xid = add("xid", "Raise an XID event on a GPU (or one of its MIG devices)",

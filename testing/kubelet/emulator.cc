@@ -247,7 +247,10 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       v1beta1::ListAndWatchResponse resp;
       while (reader->Read(&resp)) OnDevices(*conn, resp);
       grpc::Status st = reader->Finish();
-      OnGone(*conn, conn->stop ? "" : absl::StrCat("ListAndWatch ended: ", GoRpcError(st)));
+      // A clean end (OK) is the plugin closing its stream as it stops: no "rpc error" to show.
+      OnGone(*conn, conn->stop ? ""
+                    : st.ok()  ? "ListAndWatch ended: the plugin closed the stream"
+                               : absl::StrCat("ListAndWatch ended: ", GoRpcError(st)));
     } else {
       OnGone(*conn,
              conn->stop ? "" : absl::StrCat("cannot connect to plugin socket ", conn->socket));
@@ -652,7 +655,8 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
     if (auto ru = restored.find(spec.uid); ru != restored.end()) restored.erase(ru);
     SetPhase(*p, PodPhase::kRunning, "Started",
              p->spec.run_time_ms > 0
-                 ? absl::StrCat("simulated run time ", p->spec.run_time_ms, "ms")
+                 ? absl::StrCat("simulated run time ",
+                                absl::FormatDuration(absl::Milliseconds(p->spec.run_time_ms)))
                  : std::string("runs until deleted"),
              false);
     RecountAll();
@@ -681,10 +685,11 @@ struct KubeletEmulator::Impl : public v1beta1::Registration::Service,
       for (auto& p : pods) {
         if (p.phase != PodPhase::kRunning || p.spec.run_time_ms <= 0) continue;
         if (now - p.started_at >= std::chrono::milliseconds(p.spec.run_time_ms)) {
-          SetPhase(
-              p, PodPhase::kSucceeded, "Completed",
-              absl::StrCat("simulated run time ", p.spec.run_time_ms, "ms over; devices freed"),
-              false);
+          SetPhase(p, PodPhase::kSucceeded, "Completed",
+                   absl::StrCat("simulated run time ",
+                                absl::FormatDuration(absl::Milliseconds(p.spec.run_time_ms)),
+                                " over; devices freed"),
+                   false);
           dirty = true;
         } else {
           timed = true;

@@ -129,6 +129,11 @@ class Reader {
       if (!d.ok())
         return Error(meta["annotations"][kRunTimeAnnotation], std::string(d.status().message()));
       pod.run_time_ms = absl::ToInt64Milliseconds(d->value);
+      // The docs promise the warning for the bare number (seconds) kept from the first version.
+      if (!d->deprecation.empty())
+        pod.warnings.push_back(absl::StrCat(file_, ":",
+                                            meta["annotations"][kRunTimeAnnotation].Mark().line + 1,
+                                            ": ", d->deprecation));
     }
     YAML::Node spec = doc["spec"];
     if (!spec || !spec.IsMap()) return Error(doc, "spec: Required value");

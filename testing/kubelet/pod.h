@@ -41,6 +41,8 @@ struct PodSpec {
   // becomes Succeeded after this long and frees its devices. 0 = runs until deleted.
   int64_t run_time_ms = 0;
   std::string source;  // "file:line" of the document, for messages
+  // "file:line: ..." for a form still accepted but deprecated (a bare run-time number), to print.
+  std::vector<std::string> warnings;
 
   std::string Key() const { return namespace_ + "/" + name; }
 };

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,10 @@ namespace gpulet::testing_process {
 struct SpawnOptions {
   std::string log;  // stdout and stderr to this file (truncated); empty: ours
   std::map<std::string, std::string> env;  // set in the child's environment on top of ours
+  // The child gets SIGKILL when the spawning thread dies (PR_SET_PDEATHSIG): a runner killed with
+  // SIGKILL left its agent running. posix_spawn cannot set it, so this forks (the child only makes
+  // async-signal-safe calls before exec).
+  bool die_with_parent = false;
 };
 
 // Starts argv[0] with `argv`; the child's pid, or -1 with errno set when it could not be started.
@@ -42,6 +47,25 @@ inline pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& o =
   args.push_back(nullptr);
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
+  if (o.die_with_parent) {
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent died before prctl
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (!o.log.empty()) {
+        int fd = open(o.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+      }
+      execve(args[0], args.data(), envp.data());
+      _exit(127);
+    }
+    return pid;
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   if (!o.log.empty()) {

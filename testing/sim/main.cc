@@ -9,18 +9,15 @@
 
 #include "CLI/CLI.hpp"
 #include "cmd/common/cli.h"
+#include "common/signals.h"
 #include "fake_nvml/fault_cli.h"
 #include "testing/sim/sim_node.h"
 
 namespace {
 
 int RunNode(gpulet::sim::SimOptions opt, bool serve) {
-  // Block SIGINT/SIGTERM before any thread starts so that Serve() can wait for them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Blocked before any thread starts, so that every wait of the node sees them (common/signals.h).
+  gpulet::BlockStopSignals();
   gpulet::sim::SimNode node(std::move(opt), std::cout);
   absl::Status s = node.Prepare();
   if (!s.ok()) {
@@ -31,9 +28,14 @@ int RunNode(gpulet::sim::SimOptions opt, bool serve) {
   if (!s.ok()) {
     std::cerr << "gpulet sim: " << s.message() << "\n";
     node.Stop();
-    return 1;
+    return node.stop_signal() ? 128 + node.stop_signal() : 1;
   }
   node.RunPods();
+  if (node.stop_signal()) {  // stopped early: what ran so far, then the usual exit for a signal
+    node.PrintPods();
+    node.Stop();
+    return 128 + node.stop_signal();
+  }
   node.PrintNode();
   node.PrintPods();
   if (serve) node.Serve();
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
       "Simulated GPU node: the kubelet emulator, the real agent on the fake NVML, and pods "
       "from YAML. Prints the node's resources and each pod's status and allocation.",
       "gpulet sim"};
+  gpulet::cmd::UseConventions(app);
   gpulet::sim::SimOptions opt;
   bool serve = false;
   app.add_option("--simulate", opt.profile,
@@ -108,6 +111,8 @@ int main(int argc, char** argv) {
       "Inject a fault into a running simulated node (XID event, GPU lost, reset, NVML "
       "init failure/recovery, ECC event, telemetry values)");
   std::function<int()> run_fault = gpulet::sim::SetupFaultCommand(*fault);
+  gpulet::cmd::Example(app, "gpulet sim --simulate dgx-h100 examples/05-vgpu.yaml");
+  gpulet::cmd::Example(*fault, "gpulet sim fault xid --gpu 3 --code 79 --sim-root /tmp/node1");
 
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fs.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "fake_nvml/control.h"
 #include "fake_nvml/machine.h"
@@ -89,6 +91,7 @@ absl::Status SimNode::Prepare() {
         if (q.Key() == p.Key())
           return absl::InvalidArgumentError(
               absl::StrCat(p.source, ": pod ", p.Key(), " is already defined at ", q.source));
+      for (const std::string& w : p.warnings) std::cerr << "gpulet sim: warning: " << w << "\n";
       pods_.push_back(std::move(p));
     }
   }
@@ -167,7 +170,9 @@ absl::Status SimNode::Start() {
   }
   args.insert(args.end(), opt_.agent_extra_args.begin(), opt_.agent_extra_args.end());
   // Our caller blocks SIGINT/SIGTERM; the agent gets a clean mask (testing/process/spawn.h).
-  agent_pid_ = testing_process::SpawnLogged(args, paths_.agent_log);
+  // The agent dies with us: a runner killed with SIGKILL left it serving the node.
+  agent_pid_ =
+      testing_process::Spawn(args, {.log = paths_.agent_log, .env = {}, .die_with_parent = true});
   int rc = agent_pid_ < 0 ? errno : 0;
   if (rc != 0) {
     agent_pid_ = -1;
@@ -204,7 +209,9 @@ absl::Status SimNode::Start() {
           absl::StrCat("the agent registered no resource with ", paths_.device_plugin_dir,
                        "/kubelet.sock within ", opt_.register_timeout.count() / 1000,
                        "s; last lines of ", paths_.agent_log, ":\n", AgentLogTail()));
-    std::this_thread::sleep_for(milliseconds(20));
+    if (StopSignalWithin(milliseconds(20)))
+      return absl::CancelledError(
+          absl::StrCat("stopped by ", strsignal(stop_signal_), " while waiting for the agent"));
   }
   for (const auto& r : emu_->Resources())
     out_ << "Registered: " << r.name << " (endpoint " << r.endpoint << ", " << r.capacity
@@ -231,8 +238,13 @@ void SimNode::RunPods() {
       std::chrono::steady_clock::now() + milliseconds(longest) + std::chrono::seconds(30);
   while ((emu_->HasTimedPods() || !emu_->WaitIdle(milliseconds(0))) &&
          std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
+    if (StopSignalWithin(milliseconds(20))) break;  // a pod's 1h30m is not waited out
     PrintNewEvents();
+  }
+  if (stop_signal_ != 0) {
+    PrintNewEvents();
+    out_ << "Received " << SignalName(stop_signal_) << ", stopping.\n";
+    return;
   }
   emu_->WaitIdle(std::chrono::seconds(5));
   PrintNewEvents();
@@ -421,17 +433,12 @@ void SimNode::Serve() {
        << "  faults:                 gpulet sim fault xid --gpu 3 --code 79 --sim-root "
        << paths_.root << "\n\nEvents:\n";
   out_.flush();
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
   bool agent_reported = false;
   while (true) {
-    timespec ts{0, 200 * 1000 * 1000};
-    int sig = sigtimedwait(&set, nullptr, &ts);
+    bool stop = StopSignalWithin(milliseconds(200));
     PrintNewEvents();
-    if (sig == SIGINT || sig == SIGTERM) {
-      out_ << "Received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping.\n";
+    if (stop) {
+      out_ << "Received " << SignalName(stop_signal_) << ", stopping.\n";
       break;
     }
     if (!agent_reported && !AgentAlive()) {
@@ -441,6 +448,15 @@ void SimNode::Serve() {
       agent_reported = true;
     }
   }
+}
+
+std::string SimNode::SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig);
+}
+
+bool SimNode::StopSignalWithin(milliseconds wait) {
+  if (stop_signal_ == 0) stop_signal_ = WaitForStopSignal(StopSignals(), wait);
+  return stop_signal_ != 0;
 }
 
 bool SimNode::AgentAlive() {

@@ -61,8 +61,14 @@ class SimNode {
   void Stop();
 
   emu::KubeletEmulator* emulator() { return emu_.get(); }
+  // The stop signal (SIGINT, SIGTERM, SIGQUIT) that ended Start, RunPods or Serve early; 0: none.
+  int stop_signal() const { return stop_signal_; }
 
  private:
+  // Waits up to `wait` for a stop signal (blocked by the caller, common/signals.h), remembering
+  // it: every wait of the runner goes through here, so it stops within one step of a signal.
+  bool StopSignalWithin(std::chrono::milliseconds wait);
+  static std::string SignalName(int sig);
   void PrintNewEvents();
   bool AgentAlive();
   std::string AgentLogTail() const;
@@ -79,6 +85,7 @@ class SimNode {
   size_t events_printed_ = 0;
   std::chrono::steady_clock::time_point t0_;
   int lock_fd_ = -1;
+  int stop_signal_ = 0;
 };
 
 }  // namespace gpulet::sim

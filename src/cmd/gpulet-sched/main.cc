@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "cmd/common/cli.h"
 #include "cmd/common/exit.h"
+#include "common/fs.h"
 #include "placement/placement.h"
 #include "placement/sim.h"
 
@@ -30,6 +31,12 @@ int RunSimulate(SimulateFlags f) {
   f.request.offline = f.order == "offline";
   auto sim = pl::PrepareSimulation(f.request);
   if (!sim.ok()) return gpulet::cmd::Fail(kWho, sim.status(), gpulet::cmd::kUsageError);
+  // Before the runs (tens of seconds): a curve file that cannot be written is a usage error now,
+  // not a failure after the work, with the table lost.
+  if (!f.out.empty()) {
+    if (absl::Status s = gpulet::CheckWritable(f.out); !s.ok())
+      return gpulet::cmd::Fail(kWho, "--out " + std::string(s.message()), gpulet::cmd::kUsageError);
+  }
   // The header first: a 10-seed run takes tens of seconds, and nothing printed meanwhile looked
   // like a hang. Progress goes to stderr, so stdout stays the header and the table.
   std::cout << pl::FormatSimulationHeader(*sim) << std::flush;
@@ -49,7 +56,10 @@ int RunSimulate(SimulateFlags f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"gpulet-sched: GPU placement tools (policies shared with the scheduler extender)"};
+  CLI::App app{"gpulet-sched: GPU placement tools (policies shared with the scheduler extender)",
+               "gpulet-sched"};
+  gpulet::cmd::UseConventions(app);
+  app.set_version_flag("--version", std::string("gpulet-sched ") + GPULET_VERSION);
   app.require_subcommand(1);
   SimulateFlags f;
   auto* sim = app.add_subcommand(
@@ -96,6 +106,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sim->add_option("--jobs", f.request.jobs, "parallel runs (default: number of CPUs)")
       ->check(CLI::Range(1, 4096));
+  gpulet::cmd::Example(*sim,
+                       "gpulet-sched simulate --nodes data/openb/openb_node_list_gpu_node.csv "
+                       "--pods data/openb/openb_pod_list_default.csv --policy fgd,best-fit "
+                       "--seeds 3");
   sim->callback([&] { std::exit(RunSimulate(f)); });
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
   return 0;

@@ -49,10 +49,23 @@ std::function<int()> SetupAgent(CLI::App& sub) {
   sub.add_option("--host-root", node->host_root,
                  "Where the host's root is mounted, for validating the engine configuration")
       ->capture_default_str();
+  Example(sub,
+          "gpulet agent --simulate dgx-h100 --device-plugin-dir /tmp/dp --metrics-address :9400 "
+          "--labels-output /tmp/features");
   return [flags, metrics_flags, label_flags, node, cdi_flags] {
+    RootedFilesystem fs("/");
+    // Every input is checked before anything serves (the device plugin registered, then a bad
+    // --metrics-interval stopped it), naming the flag as the user typed it.
+    metrics_flags->pod_resources_socket = flags->pod_resources_socket;
+    metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
+    auto checked_metrics = ToExporterOptions(*metrics_flags);
+    if (!checked_metrics.ok()) return Fail("gpulet agent", checked_metrics.status(), kUsageError);
+    auto checked_labels = ToLabelOptions(*label_flags, fs);
+    if (!checked_labels.ok()) return Fail("gpulet agent", checked_labels.status(), kUsageError);
+    auto label_interval = ParseFlagDuration("labels-interval", label_flags->interval);
+    if (!label_interval.ok()) return Fail("gpulet agent", label_interval.status(), kUsageError);
     UseHostNvml(flags->gpu, node->host_root);
     UseHostDriverPrograms(*flags, node->host_root);
-    RootedFilesystem fs("/");
     std::unique_ptr<metrics::Exporter> exporter;
     std::unique_ptr<labels::LabelRefresher> labeler;
     std::unique_ptr<k8s::Client> client;
@@ -88,21 +101,15 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             readiness = std::make_unique<node::ReadinessController>(
                 client.get(), [now] { return node::ValidateStack(now()); }, ro);
           }
-          metrics_flags->pod_resources_socket = flags->pod_resources_socket;
-          metrics_flags->kubelet_checkpoint = flags->plugin_dir + "/kubelet_internal_checkpoint";
-          auto mo = ToExporterOptions(*metrics_flags);
-          if (!mo.ok()) return mo.status();
+          auto mo = checked_metrics;
           if (node::ReadinessController* r = readiness.get())
             mo->sampler.bare_pods_reported = [r] { return r->reported_bare_pods(); };
           auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
           if (!e.ok()) return e.status();
           exporter = *std::move(e);
-          auto lo = ToLabelOptions(*label_flags, fs);
-          if (!lo.ok()) return lo.status();
-          auto interval = ParseFlagDuration("labels-interval", label_flags->interval);
-          if (!interval.ok()) return interval.status();
+          const labels::LabelOptions* lo = &*checked_labels;
           labeler = std::make_unique<labels::LabelRefresher>(
-              &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *interval);
+              &gpu, &fs, label_flags->output, SharingFromConfig(*lo, dp.config()), *label_interval);
           // A reloaded config (file, ConfigMap, node label) relabels at once and is checked against
           // this node's engine.
           dp.OnConfigApplied(

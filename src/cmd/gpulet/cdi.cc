@@ -27,13 +27,14 @@ struct CdiFlags {
 };
 
 int Generate(const CdiFlags& f) {
-  auto fail = [](const std::string& m) { return Fail("gpulet cdi generate", m); };
+  // Exit 2 for what was typed wrong (--kind, a profile), 1 for the rest (exit.h ExitCodeOf).
+  auto fail = [](const absl::Status& s) { return Fail("gpulet cdi generate", s); };
   auto strategy = runtime::ParseNameStrategy(f.strategy);
-  if (!strategy.ok()) return fail(std::string(strategy.status().message()));
+  if (!strategy.ok()) return fail(strategy.status());
   auto layer = gpu::OpenGpuLayer(f.gpu);
-  if (!layer.ok()) return fail(std::string(layer.status().message()));
+  if (!layer.ok()) return fail(layer.status());
   auto inv = (*layer)->GetInventory();
-  if (!inv.ok()) return fail(std::string(inv.status().message()));
+  if (!inv.ok()) return fail(inv.status());
   runtime::CdiGenerateOptions opts;
   opts.driver_root = f.driver_root;
   opts.kind = f.kind;
@@ -41,7 +42,7 @@ int Generate(const CdiFlags& f) {
   opts.hook_path = f.hook_path;
   std::vector<std::string> warnings;
   auto spec = runtime::GenerateCdiSpec(*inv, opts, &warnings);
-  if (!spec.ok()) return fail(std::string(spec.status().message()));
+  if (!spec.ok()) return fail(spec.status());
   for (const auto& w : warnings) std::cerr << "gpulet cdi generate: warning: " << w << "\n";
   // Without --format, the output's extension decides (.json: JSON, which the runtime reads about
   // ten times faster than YAML; anything else: YAML).
@@ -53,8 +54,7 @@ int Generate(const CdiFlags& f) {
     std::cout << text;
     return 0;
   }
-  if (auto s = WriteFileAtomic(f.output, text, 0644); !s.ok())
-    return fail(std::string(s.message()));
+  if (auto s = WriteFileAtomic(f.output, text, 0644); !s.ok()) return fail(s);
   return 0;
 }
 
@@ -78,9 +78,11 @@ std::function<int()> SetupCdi(CLI::App& sub) {
   gen->add_option("--hook-path", f->hook_path,
                   "gpulet-container-hook path for the ld-cache hook (empty: no hook)")
       ->capture_default_str();
+  Example(*gen, "gpulet cdi generate --simulate dgx-h100 --output /var/run/cdi/nvidia.json");
+  Example(sub, "gpulet cdi generate --simulate dgx-h100 --output /var/run/cdi/nvidia.json");
   return [f, gen] {
     if (gen->parsed()) return Generate(*f);
-    return 2;
+    return kUsageError;
   };
 }
 

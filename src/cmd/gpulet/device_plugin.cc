@@ -8,6 +8,9 @@ namespace {
 std::function<int()> SetupDevicePlugin(CLI::App& sub) {
   auto flags = std::make_shared<PluginFlags>();
   AddPluginFlags(sub, *flags);
+  Example(sub,
+          "gpulet device-plugin --simulate dgx-h100 --device-plugin-dir /tmp/dp --config-file "
+          "config.yaml");
   return [flags] { return RunDevicePlugin("device-plugin", *flags); };
 }
 

@@ -20,6 +20,7 @@ std::function<int()> SetupDraDriver(CLI::App& sub) {
       ->envname("NODE_NAME")
       ->required();
   sub.add_option("--kubeconfig", *kubeconfig, "kubeconfig (default: $KUBECONFIG, in-cluster)");
+  Example(sub, "gpulet dra-driver --simulate dgx-h100 --node-name node1");
   return [flags, cdi, node, kubeconfig] {
     // gpulet.dra.gpus unset everywhere (flag, environment, file): every GPU.
     plugin::ConfigSources probe{flags->config_file, plugin::EnvironmentSnapshot(), flags->values};

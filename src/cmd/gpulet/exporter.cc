@@ -9,6 +9,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/logs.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
 
@@ -20,10 +21,13 @@ std::function<int()> SetupExporter(CLI::App& sub) {
   auto flags = std::make_shared<ExporterFlags>();
   AddGpuFlags(sub, *gpu_opts);
   AddExporterFlags(sub, *flags, /*with_pod_socket=*/true);
+  Example(sub,
+          "gpulet exporter --simulate dgx-h100 --address 127.0.0.1:9400 --families gpulet,dcgm");
   return [gpu_opts, flags] {
     auto options = ToExporterOptions(*flags);
     if (!options.ok()) return Fail("gpulet exporter", options.status(), kUsageError);
     const sigset_t stop = BlockStopSignals();
+    UseDaemonLogs();
     auto opener = [gpu_opts] { return gpu::OpenGpuLayer(*gpu_opts); };
     auto exporter = metrics::Exporter::Start(*std::move(options), nullptr, opener);
     if (!exporter.ok()) return Fail("gpulet exporter", exporter.status());

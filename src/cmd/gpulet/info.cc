@@ -97,6 +97,7 @@ std::function<int()> SetupInfo(CLI::App& sub) {
                "Print one JSON object (driverVersion, cudaVersion, gpus[] with index, name, uuid, "
                "pciBusId, memoryBytes, numaNode, cpuAffinity, migEnabled, mig[], topology[]; a "
                "GPU NVML cannot read has only index and error)");
+  Example(sub, "gpulet info --simulate dgx1-v100 --json");
   return [opts, json] {
     auto layer = gpu::OpenGpuLayer(*opts);
     if (!layer.ok()) return Fail("gpulet info", layer.status());

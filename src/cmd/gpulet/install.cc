@@ -10,6 +10,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/logs.h"
 #include "common/signals.h"
 #include "k8s/client.h"
 #include "node/owner_deletion.h"
@@ -47,6 +48,7 @@ std::function<int()> SetupInstall(CLI::App& sub) {
   sub.add_flag("--set-as-default", o->set_as_default, "Make gpulet's runtime the engine's default");
   AddRestart(sub, o->restart_command);
   AddGpuFlags(sub, o->gpu);
+  Example(sub, "gpulet install --host-root /host --runtime containerd --set-as-default");
   return [o] {
     if (o->gpu.simulate.empty() && o->host_root != "/") o->gpu.host_root = o->host_root;
     UseHostNvml(o->gpu, o->host_root);
@@ -71,6 +73,7 @@ int UninstallOnOwnerDelete(const UninstallFlags& f) {
                 "metadata.name and metadata.namespace)",
                 kUsageError);
   const sigset_t stop = BlockStopSignals();
+  UseDaemonLogs();
   auto cfg = k8s::ResolveConfig(f.kubeconfig);
   if (!cfg.ok()) return Fail(who, cfg.status());
   // At termination one GET decides: a few quick tries, not the default minutes of retries.
@@ -111,6 +114,7 @@ std::function<int()> SetupUninstall(CLI::App& sub) {
                  "This pod's namespace (with --on-owner-delete)");
   sub.add_option("--kubeconfig", f->kubeconfig,
                  "kubeconfig (with --on-owner-delete; default: $KUBECONFIG, in-cluster)");
+  Example(sub, "gpulet uninstall --host-root /host");
   return [f] {
     if (f->on_owner_delete) return UninstallOnOwnerDelete(*f);
     return Report("uninstall", node::Uninstall(f->host_root, f->restart, Show));

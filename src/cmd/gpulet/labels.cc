@@ -8,6 +8,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/logs.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
 
@@ -21,6 +22,7 @@ std::function<int()> SetupLabels(CLI::App& sub) {
   AddGpuFlags(sub, *gpu_opts);
   AddLabelFlags(sub, *flags);
   sub.add_flag("--oneshot", *oneshot, "Write the labels once and exit");
+  Example(sub, "gpulet labels --simulate a100-mig --oneshot --output -");
   return [gpu_opts, flags, oneshot] {
     RootedFilesystem fs("/");
     auto options = ToLabelOptions(*flags, fs);
@@ -33,6 +35,7 @@ std::function<int()> SetupLabels(CLI::App& sub) {
     labels::LabelRefresher refresher(layer->get(), &fs, flags->output, *options, *interval);
     if (absl::Status st = refresher.WriteOnce(); !st.ok()) return Fail("gpulet labels", st);
     if (*oneshot) return 0;
+    UseDaemonLogs();
     refresher.Start();
     int sig = 0;
     sigwait(&stop, &sig);

@@ -9,6 +9,8 @@
 
 #include "cmd/common/cli.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/logs.h"
+#include "kubelet/grpc_logs.h"
 #include "metrics/exporter.h"
 
 namespace gpulet::cmd {
@@ -40,9 +42,11 @@ int main(int argc, char** argv) {
   // stays parseable on stdout; a container's runtime collects both streams.
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
+  gpulet::kubelet::RouteGrpcLogsToDebug();
   CLI::App app{
       "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",
       "gpulet"};
+  gpulet::cmd::UseConventions(app);
   app.require_subcommand(1);
   app.set_version_flag("--version", "gpulet 0.1.0");
   // Only the chosen command declares its flags: the others' setup code (and the libraries it would
@@ -51,11 +55,15 @@ int main(int argc, char** argv) {
   std::string chosen;
   for (int i = 1; i < argc && chosen.empty(); ++i)
     if (gpulet::cmd::Registry().count(argv[i])) chosen = argv[i];
+  if (!chosen.empty()) gpulet::cmd::UseOneShotLogs("gpulet " + chosen);
   std::function<int()> run;
   for (auto& [name, entry] : gpulet::cmd::Registry()) {
     CLI::App* sub = app.add_subcommand(name, entry.description);
     if (name == chosen) run = entry.setup(*sub);
   }
+  // After the commands: a subcommand inherits the footer its parent has when it is added.
+  gpulet::cmd::Example(app,
+                       "gpulet info --simulate dgx1-v100   (`gpulet <command> --help`: its flags)");
   if (auto rc = gpulet::cmd::Parse(app, argc, argv)) return *rc;
   return run ? run() : gpulet::cmd::kUsageError;
 }

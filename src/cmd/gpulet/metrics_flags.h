@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
@@ -22,6 +23,7 @@
 namespace gpulet::cmd {
 
 struct ExporterFlags {
+  std::string prefix;  // of every flag name below ("metrics-" in the agent), for messages
   std::string address = ":9400";
   std::string interval = "10s";
   std::string families = "gpulet,dcgm";
@@ -36,6 +38,7 @@ struct ExporterFlags {
 };
 
 struct LabelFlags {
+  std::string prefix;  // of the flag names ("labels-" in the agent), for messages
   std::string output = labels::kDefaultFeatureFile;
   std::string interval = "60s";
   std::string mig_strategy = "none";
@@ -50,6 +53,7 @@ struct LabelFlags {
 // copied in by the caller.
 inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_socket,
                              const std::string& prefix = "") {
+  f.prefix = prefix;
   sub.add_option("--" + prefix + "address", f.address,
                  "Listen address of GET /metrics and /health ([host]:port)")
       ->capture_default_str()
@@ -104,6 +108,7 @@ inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_sock
 // plugin's config instead.
 inline void AddLabelFlags(CLI::App& sub, LabelFlags& f, const std::string& prefix = "",
                           bool with_sharing_flags = true) {
+  f.prefix = prefix;
   sub.add_option("--" + prefix + "output", f.output, "NFD feature file to write (atomically)")
       ->capture_default_str()
       ->type_name("FILE");
@@ -158,17 +163,30 @@ inline absl::StatusOr<std::vector<metrics::VgpuGrantRecord>> VgpuGrantRecords(
   return out;
 }
 
+// A module's message about "--families" (it knows no prefix), said about the flag as the user
+// typed it: "--metrics-families" in the agent.
+inline absl::Status AsTyped(const absl::Status& s, const std::string& flag,
+                            const std::string& prefix) {
+  if (s.ok() || prefix.empty()) return s;
+  std::string m(s.message());
+  if (absl::StartsWith(m, "--" + flag)) return absl::Status(s.code(), "--" + prefix + m.substr(2));
+  return absl::Status(s.code(), absl::StrCat("--", prefix, flag, ": ", m));
+}
+
 inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const ExporterFlags& f) {
   metrics::ExporterOptions o;
   auto fam = metrics::ParseFamilies(f.families);
-  if (!fam.ok()) return fam.status();
-  auto interval = ParseFlagDuration("interval", f.interval);
+  if (!fam.ok()) return AsTyped(fam.status(), "families", f.prefix);
+  auto interval = ParseFlagDuration(f.prefix + "interval", f.interval);
   if (!interval.ok()) return interval.status();
-  auto pod_interval = ParseFlagDuration("pod-resources-interval", f.pod_resources_interval);
+  auto pod_interval =
+      ParseFlagDuration(f.prefix + "pod-resources-interval", f.pod_resources_interval);
   if (!pod_interval.ok()) return pod_interval.status();
-  if (auto a = metrics::ParseListenAddress(f.address); !a.ok()) return a.status();
+  if (auto a = metrics::ParseListenAddress(f.address); !a.ok())
+    return AsTyped(a.status(), "address", f.prefix);
   if (!f.gpu_manager_address.empty()) {
-    if (auto a = metrics::ParseListenAddress(f.gpu_manager_address); !a.ok()) return a.status();
+    if (auto a = metrics::ParseListenAddress(f.gpu_manager_address); !a.ok())
+      return AsTyped(a.status(), "gpu-manager-address", f.prefix);
   }
   o.server.address = f.address;
   o.server.gpu_manager_address = f.gpu_manager_address;

@@ -16,8 +16,10 @@
 #include "absl/status/statusor.h"
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/gpu_flags.h"
+#include "cmd/gpulet/logs.h"
 #include "gpu/open.h"
 #include "k8s/client.h"
+#include "placement/vgpu_policy.h"
 #include "plugin/node_config.h"
 #include "plugin/plugin.h"
 #include "plugin/run.h"
@@ -161,6 +163,7 @@ inline int RunDevicePlugin(
     const std::function<void()>& before_teardown = {}) {
   const std::string who = std::string("gpulet ") + cmd;
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
+  UseDaemonLogs();
   plugin::RunOptions o = f;
   o.sources = {f.config_file, plugin::EnvironmentSnapshot(), f.values};
   // Per-node configs: the Node's label picks the file (the watcher is created before any thread;
@@ -209,6 +212,13 @@ inline int RunDevicePlugin(
   }
   auto config = plugin::LoadConfig(o.sources);
   if (!config.ok()) return Fail(who, config.status(), kUsageError);
+  // The vGPU policy is looked up by name only at a pod's Allocate: a name no policy has started a
+  // node that then refused every vGPU pod it had no extender placement for.
+  if (auto p = vgpu::MakeVgpuPolicy(config->vgpu.policy); !p.ok())
+    return Fail(who,
+                "gpulet.vgpu.policy (--vgpu-policy, $GPULET_VGPU_POLICY or the config file): " +
+                    std::string(p.status().message()),
+                kUsageError);
   auto notes = NvidiaOnlyFlagNotes(f);
   if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
   for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";

@@ -32,9 +32,12 @@ std::string DefaultShimPath() {
 }
 
 int Configure(const ConfigureFlags& f) {
-  auto fail = [](const std::string& m) { return Fail("gpulet runtime configure", m); };
+  constexpr char kWho[] = "gpulet runtime configure";
+  // What was typed or configured wrong (a relative --runtime-path, the drop-in being the config
+  // itself, a file that does not parse) exits 2, the rest 1 (exit.h ExitCodeOf).
+  auto fail = [&](const absl::Status& s) { return Fail(kWho, s); };
   auto engine = runtime::ParseEngine(f.engine);
-  if (!engine.ok()) return fail(std::string(engine.status().message()));
+  if (!engine.ok()) return fail(engine.status());
   runtime::ConfigureOptions o;
   o.engine = *engine;
   o.config_path = f.config;
@@ -45,7 +48,15 @@ int Configure(const ConfigureFlags& f) {
   o.enable_cdi = f.cdi;
   std::vector<std::string> notes;
   auto plan = runtime::PlanConfigure(o, &notes);
-  if (!plan.ok()) return fail(std::string(plan.status().message()));
+  if (!plan.ok()) return fail(plan.status());
+  // The engine would take a missing binary as its runtime (its default one, with
+  // --set-as-default) and fail every container start on it: said, not refused, since an
+  // installer may configure the engine before it copies the binary.
+  if (::access(o.runtime_path.c_str(), X_OK) != 0)
+    std::cerr << kWho << ": warning: --runtime-path " << o.runtime_path
+              << ": no such executable (yet); the engine cannot start containers with runtime "
+              << o.runtime_name << (o.set_as_default ? ", its default runtime," : "")
+              << " until it exists\n";
   bool any = false;
   for (const auto& c : *plan) any |= c.changed();
   if (f.dry_run) {
@@ -54,9 +65,10 @@ int Configure(const ConfigureFlags& f) {
     if (!any) std::cout << "no change\n";
     return 0;
   }
-  if (auto s = runtime::ApplyChanges(*plan); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = runtime::ApplyChanges(*plan); !s.ok()) return fail(s);
   for (const auto& c : *plan)
-    std::cerr << (c.changed() ? "wrote " : "unchanged ") << c.path << "\n";
+    std::cerr << (c.changed() ? "wrote " : "unchanged ") << c.path
+              << (c.changed() && c.existed ? " (the original is " + c.path + ".bak)" : "") << "\n";
   if (any)
     for (const auto& n : notes) std::cerr << "note: " << n << "\n";
   return 0;
@@ -83,7 +95,11 @@ std::function<int()> SetupRuntime(CLI::App& sub) {
   c->add_flag("--set-as-default", f->set_default, "Make it the engine's default runtime");
   c->add_flag("--enable-cdi", f->cdi, "Enable CDI devices in the engine (containerd, docker)");
   c->add_flag("--dry-run", f->dry_run, "Print the diff instead of writing");
-  return [f, c] { return c->parsed() ? Configure(*f) : 2; };
+  Example(*c,
+          "gpulet runtime configure --runtime containerd --set-as-default --enable-cdi --dry-run");
+  Example(sub,
+          "gpulet runtime configure --runtime containerd --set-as-default --enable-cdi --dry-run");
+  return [f, c] { return c->parsed() ? Configure(*f) : kUsageError; };
 }
 
 }  // namespace

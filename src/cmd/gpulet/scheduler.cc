@@ -2,11 +2,13 @@
 // HTTPS with client certificates) and the admission webhook (HTTPS, AdmissionReview v1) in one
 // process, each on a k8s::GuardedServer. Only flag parsing and wiring here.
 #include <malloc.h>
+#include <openssl/ssl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <memory>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,8 +16,10 @@
 #include "absl/strings/str_split.h"
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/logs.h"
 #include "common/duration.h"
 #include "common/fs.h"
+#include "common/net.h"
 #include "common/signals.h"
 #include "common/status.h"
 #include "httplib.h"
@@ -152,6 +156,7 @@ absl::Status ParseDurationFlags(SchedulerFlags& f) {
 
 int RunScheduler(SchedulerFlags f) {
   const sigset_t stop = BlockStopSignals();  // before any thread, so sigwait receives them
+  UseDaemonLogs();
 
   if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(kWho, st, kUsageError);
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
@@ -206,6 +211,33 @@ int RunScheduler(SchedulerFlags f) {
     if (absl::Status st = k8s::ValidateLeaseOptions(lease); !st.ok()) {
       return Fail(kWho, "--leader-elect-*: " + std::string(st.message()), kUsageError);
     }
+  }
+  // Our own inputs before the first call to the API server: the serving pair's files and the
+  // listen addresses (a busy port used to show after the initial sync, with no reason given).
+  if (!f.tls_cert_file.empty() || !f.tls_key_file.empty()) {
+    if (f.tls_cert_file.empty() || f.tls_key_file.empty())
+      return Fail(kWho, "--tls-cert-file and --tls-key-file go together", kUsageError);
+    auto cert_pem = ReadFileToString(f.tls_cert_file);
+    if (!cert_pem.ok())
+      return Fail(kWho, "--tls-cert-file " + Message(cert_pem.status()), kUsageError);
+    auto key_pem = ReadFileToString(f.tls_key_file);
+    if (!key_pem.ok())
+      return Fail(kWho, "--tls-key-file " + Message(key_pem.status()), kUsageError);
+    auto ctx = k8s::ServerTlsContext(*cert_pem, *key_pem);
+    if (!ctx.ok())
+      return Fail(kWho,
+                  "--tls-cert-file " + f.tls_cert_file + " with --tls-key-file " + f.tls_key_file +
+                      ": " + Message(ctx.status()),
+                  kUsageError);
+    SSL_CTX_free(*ctx);
+  }
+  for (const auto& [flag, host, port] :
+       {std::tuple<const char*, std::string, int>{"--extender-listen", ext_host, ext_port},
+        {"--webhook-listen", hook_host, f.webhook_listen.empty() ? 0 : hook_port},
+        {"--health-listen", health_host, f.health_listen.empty() ? 0 : health_port}}) {
+    if (port == 0) continue;
+    if (absl::Status st = ProbeTcpListen(host, port); !st.ok())
+      return Fail(kWho, std::string(flag) + ": " + Message(st));
   }
   auto config = k8s::ResolveConfig(f.kubeconfig);
   if (!config.ok()) return Fail(kWho, config.status(), kUsageError);
@@ -489,6 +521,7 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
   sub.add_option("--memory-resource", f->names.memory,
                  "Resource name of vGPU memory (256 MiB units)")
       ->capture_default_str();
+  Example(sub, "gpulet scheduler --extender-listen 127.0.0.1:12345 --policy binpack");
   return [f] { return RunScheduler(*f); };
 }
 

@@ -91,6 +91,7 @@ std::function<int()> SetupValidate(CLI::App& sub) {
       "--label", f->label,
       "Set gpulet.io/gpu-stack=ready on the node when every step passes (remove it otherwise)");
   AddGpuFlags(sub, f->o.gpu);
+  Example(sub, "gpulet validate --host-root /host --runtime containerd --no-probe");
   return [f] { return Run(*f); };
 }
 
