@@ -76,29 +76,12 @@ std::string InventoryKey(const gpu::Inventory& inv) {
 }  // namespace
 
 absl::StatusOr<int64_t> ParseQuantity(const std::string& in) {
-  std::string q(absl::StripAsciiWhitespace(in));
-  static const std::pair<const char*, int64_t> kSuffixes[] = {{"Ki", int64_t{1} << 10},
-                                                              {"Mi", int64_t{1} << 20},
-                                                              {"Gi", int64_t{1} << 30},
-                                                              {"Ti", int64_t{1} << 40},
-                                                              {"k", 1000},
-                                                              {"M", 1000000},
-                                                              {"G", 1000000000},
-                                                              {"T", 1000000000000}};
-  int64_t mult = 1;
-  std::string num = q;
-  for (const auto& [s, m] : kSuffixes) {
-    if (absl::EndsWith(q, s)) {
-      mult = m;
-      num = q.substr(0, q.size() - strlen(s));
-      break;
-    }
-  }
-  int64_t v;
-  if (!absl::SimpleAtoi(num, &v) || v < 0 || (v > 0 && mult > INT64_MAX / v))
+  // The one quantity parser (vgpu/rules), with DRA's bound: nothing here can be negative.
+  auto v = vgpu::ParseIntQuantity(in);
+  if (!v.ok() || *v < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("\"", in, "\" is not a whole non-negative quantity (e.g. 4Gi, 512Mi, 30)"));
-  return v * mult;
+  return *v;
 }
 
 absl::StatusOr<VgpuLimits> ParseVgpuConfig(const nlohmann::json& p) {

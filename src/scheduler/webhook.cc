@@ -82,7 +82,7 @@ std::string DisableRequestIn(const json& pod, const vgpu::PodUnits& req) {
     if (!env.is_array()) continue;
     for (const json& e : env) {
       const std::string name = StringMember(e, "name");
-      if (absl::StartsWith(name, kEnvVgpuPrefix) || name == "LD_PRELOAD") {
+      if (absl::StartsWith(name, vgpu::kVarPrefix) || name == vgpu::kVarPreload) {
         return absl::StrCat("env ", name, " of container \"", c.name, "\"");
       }
     }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <string>
 
+#include "abi/vgpu_contract.h"  // the contract variables a pod may not set
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -27,9 +28,6 @@ using nlohmann::json;
 // The vGPU opt-out a pod may ask for (see docs/vgpu.md), and the namespace label with which an
 // administrator allows it for pods that share a GPU.
 inline constexpr char kAnnotationVgpuDisable[] = "gpulet.io/vgpu-disable";
-inline constexpr char kEnvVgpuDisable[] = "GPULET_VGPU_DISABLE";
-// The interposer's contract variables (GPULET_VGPU_DISABLE among them), set by the agent.
-inline constexpr char kEnvVgpuPrefix[] = "GPULET_VGPU_";
 inline constexpr char kLabelAllowVgpuDisable[] = "gpulet.io/vgpu-disable-allowed";
 
 struct WebhookOptions {

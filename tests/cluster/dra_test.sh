@@ -325,10 +325,13 @@ check "fractional claim, CUDA program: the next one is refused with CUDA_ERROR_O
   [ "$(field refused 1)" = 2 ]
 check "fractional claim, CUDA program: then cuMemGetInfo reports 0 free of 4Gi ($(field meminfo_full 1) / $(field meminfo_full 2))" \
   [ "$(field meminfo_full 1) $(field meminfo_full 2)" = "0 4294967296" ]
-# The same program without the interposer sees the fake GPU's 80 GiB: the limit is the interposer's.
-cuda=$(kc exec dra-cuda -- env LD_PRELOAD= /opt/probe/vcuda_probe limit 4294967296 2>&1)
-check "fractional claim, CUDA program without LD_PRELOAD: the whole fake GPU (total $(field meminfo 2), 19 x 4Gi held: $(field held 1))" \
-  [ "$(field meminfo 2) $(field held 1)" = "85899345920 81604378624" ]
+# The same program with LD_PRELOAD cleared and the opt-out and a bigger limit in its environment
+# (what an entrypoint can do): still the claim's 4Gi. The interposer comes through the read-only
+# /etc/ld.so.preload and reads its limits from the read-only limits file (issue 31.6); before, it
+# saw the fake GPU's whole 80 GiB and held 19 x 4Gi.
+cuda=$(kc exec dra-cuda -- env LD_PRELOAD= GPULET_VGPU_DISABLE=1 GPULET_VGPU_MEMORY_LIMIT=85899345920 /opt/probe/vcuda_probe limit 4294967296 2>&1)
+check "fractional claim, CUDA program with LD_PRELOAD cleared and the limit lifted in its env: still 4Gi (total $(field meminfo 2), 4Gi chunks held: $(field held 1))" \
+  [ "$(field meminfo 2) $(field held 1)" = "4294967296 0" ]
 
 # --- XID 79 on the shared claim's GPU: it leaves the slice, the claim's device turns not Ready ----------
 xg=$(devices_of shared-gpu); xg=${xg#gpu-}

@@ -107,6 +107,9 @@ clean_pods() { kc delete pod "$@" --ignore-not-found --grace-period=0 --timeout=
 # Imported once per cluster: a later scenario finds it there. Usage: gpulet_image WORKDIR
 GPULET_IMG=gpulet.test/gpulet:cluster
 SIM_IMG=gpulet.test/gpulet-sim:cluster
+# on_node CMD...: CMD in the cluster's mount namespace, the node as the kubelet and containerd see
+# it (the tmpfs mounts of vGPU grants are there, not on this host's $D/fixed).
+on_node() { nsenter -t "$(cat "$D/pids/holder")" -m -- "$@"; }
 ctr_k8s() { nsenter -t "$(cat "$D/pids/holder")" -m -- ctr --address "$D/containerd/containerd.sock" -n k8s.io "$@"; }
 gpulet_image() {
   local work=$1 t0 sim lib

@@ -9,7 +9,7 @@ account was refused with 403 (RBAC or an admission policy), or when the node age
 without selecting its own node's (RBAC cannot scope list/watch by field selector, so the agent's
 ClusterRole allows reading every pod; this is the proof that it only ever asks for its node's).
 """
-import collections, json, sys, yaml
+import collections, json, sys, urllib.parse, yaml
 
 log, manifests = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(manifests)) if d]
@@ -51,9 +51,11 @@ for line in open(log):
         span[sa] = [min(first, ts), max(last, ts)]
     codes[sa][(key, code)] += 1
     uri = e.get("requestURI", "")
-    if (sa == "gpulet-node" and res == "pods" and e["verb"] in ("list", "watch")
-            and "fieldSelector=spec.nodeName%3D" not in uri and "fieldSelector=spec.nodeName=" not in uri):
-        unscoped.append(f"{sa}: {e['verb']} {uri}")
+    if sa == "gpulet-node" and res == "pods" and e["verb"] in ("list", "watch"):
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(uri).query)
+        selectors = ",".join(query.get("fieldSelector", [])).split(",")
+        if not any(s.startswith("spec.nodeName=") and len(s) > len("spec.nodeName=") for s in selectors):
+            unscoped.append(f"{sa}: {e['verb']} {uri}")
     if code == 403:
         refused.append(f"{sa}: {e['verb']} {e.get('requestURI')} -> 403 {e.get('responseStatus', {}).get('message', '')[:200]}")
 

@@ -362,7 +362,7 @@ absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLoc
       const json& spec_c = pod["spec"]["containers"][c.index];
       if (spec_c.contains("env") && spec_c["env"].is_array()) {
         for (const auto& e : spec_c["env"]) {
-          if (e.value("name", "") == "GPULET_VGPU_DISABLE" &&
+          if (e.value("name", "") == kVarDisable &&
               (e.value("value", "") == "1" || e.value("value", "") == "true")) {
             cand.inject = false;
           }

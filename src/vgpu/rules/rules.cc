@@ -66,9 +66,20 @@ absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
         absl::StrCat("\"", std::string(q), "\" is not an integer quantity"));
   }
   std::string_view suffix(p, q.data() + q.size() - p);
-  static constexpr std::pair<std::string_view, int64_t> kSuffixes[] = {
-      {"", 1},         {"k", 1000},     {"M", 1000000}, {"G", 1000000000},
-      {"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}};
+  // Kubernetes' suffixes (resource.Quantity): decimal SI and binary, up to exa.
+  static constexpr std::pair<std::string_view, int64_t> kSuffixes[] = {{"", 1},
+                                                                       {"k", 1000},
+                                                                       {"M", 1000000},
+                                                                       {"G", 1000000000},
+                                                                       {"T", 1000000000000},
+                                                                       {"P", 1000000000000000},
+                                                                       {"E", 1000000000000000000},
+                                                                       {"Ki", int64_t{1} << 10},
+                                                                       {"Mi", int64_t{1} << 20},
+                                                                       {"Gi", int64_t{1} << 30},
+                                                                       {"Ti", int64_t{1} << 40},
+                                                                       {"Pi", int64_t{1} << 50},
+                                                                       {"Ei", int64_t{1} << 60}};
   for (const auto& [s, mult] : kSuffixes) {
     if (suffix == s) {
       if (value > INT64_MAX / mult || value < INT64_MIN / mult) {

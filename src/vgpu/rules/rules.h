@@ -91,7 +91,9 @@ absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gp
 absl::StatusOr<PodUnits> ParsePod(const nlohmann::json& pod, const ResourceNames& names,
                                   int64_t max_units_per_gpu);
 
-// Parses an integer Kubernetes quantity ("30", "2k", "1Ki"); fractional values are errors.
+// Parses an integer Kubernetes quantity ("30", "2k", "1Ki", "4Ti"; every suffix of
+// resource.Quantity up to E/Ei); fractional values and overflow are errors. The one quantity
+// parser of the tree: the webhook, the extender, the agent and DRA's claims all read through it.
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);
 
 // The integer quantity `name` in a resource list (node capacity/allocatable, container limits),

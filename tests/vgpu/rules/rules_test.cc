@@ -112,6 +112,12 @@ TEST(Rules, Quantities) {
   EXPECT_FALSE(ParseIntQuantity("500m").ok());
   EXPECT_FALSE(ParseIntQuantity("").ok());
   EXPECT_FALSE(ParseIntQuantity("99999999999999999999").ok());
+  // Every suffix of resource.Quantity (DRA claims write memory as 4Ti; one parser for both).
+  EXPECT_EQ(*ParseIntQuantity("4Ti"), int64_t{4} << 40);
+  EXPECT_EQ(*ParseIntQuantity("2T"), 2000000000000);
+  EXPECT_EQ(*ParseIntQuantity("1Ei"), int64_t{1} << 60);
+  EXPECT_FALSE(ParseIntQuantity("8Ei").ok()) << "overflow";
+  EXPECT_FALSE(ParseIntQuantity("1Zi").ok());
   auto p = ParsePod(Pod({{"tencent.com/vcuda-core", "0.5"}}), {}, 0);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("resources.limits[tencent.com/vcuda-core]"));
