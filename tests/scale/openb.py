@@ -373,6 +373,10 @@ def cmd_replay(api, a):
           f"{row['live_minus_sim_points']:+.2f} points; bound {len(tr.bound)}, unschedulable {len(tr.failed)} "
           f"(simulator: {sims['random']['failed']:.0f} failed); {row['seconds']} s; over-committed GPUs "
           f"{live['overcommitted_gpus']}, placement problems {live['placement_problems']}", flush=True)
+    if a.max_gap is not None and abs(row["live_minus_sim_points"]) > a.max_gap:
+        print(f"  FAIL {run}: live share {row['live_minus_sim_points']:+.2f} points from the simulator's "
+              f"(--max-gap {a.max_gap})", flush=True)
+        sys.exit(1)
     if live["overcommitted_gpus"] or live["placement_problems"]:
         print(f"  FAIL {run}: {live['overcommitted_gpus']} over-committed GPUs, {live['placement_problems']} "
               f"placement problems {live['problem_examples']}", flush=True)
@@ -417,6 +421,7 @@ def main():
     p.add_argument("--stall", type=float, default=120, help="give up when no pod resolves for this long (s)")
     p.add_argument("--sched", help="gpulet-sched binary (the simulator)")
     p.add_argument("--nodes-to-score", default="", help="reported: kube-scheduler's percentageOfNodesToScore")
+    p.add_argument("--max-gap", type=float, help="replay: exit 1 when |live - simulated| exceeds this (points)")
     p.add_argument("--workdir", default=".")
     p.add_argument("--out", default="openb-results.jsonl")
     a = p.parse_args()
