@@ -158,6 +158,43 @@ const std::vector<Setting> kSettings = {
      "DRAConsumableCapacity feature gate, alpha in Kubernetes 1.34)"},
 };
 
+// What each setting is when nothing sets it, as `--help` shows it. ConfigTest.HelpDefaultsAreTrue
+// applies each to a default Config and checks that nothing changes; "" is "unset".
+const std::map<std::string, const char*> kDefaults = {
+    {"flags.migStrategy", "none"},
+    {"flags.failOnInitError", "true"},
+    {"flags.nvidiaDriverRoot", "/"},
+    {"flags.nvidiaDevRoot", ""},
+    {"flags.mpsRoot", "/run/nvidia/mps"},
+    {"flags.gdrcopyEnabled", "false"},
+    {"flags.gdsEnabled", "false"},
+    {"flags.mofedEnabled", "false"},
+    {"flags.plugin.passDeviceSpecs", "false"},
+    {"flags.plugin.deviceListStrategy", "envvar"},
+    {"flags.plugin.deviceIDStrategy", "uuid"},
+    {"flags.plugin.cdiAnnotationPrefix", "cdi.k8s.io/"},
+    {"flags.plugin.sharedDevicesAllocationPolicy", "distributed"},
+    {"gpulet.checkpointDeviceIDStrategy", "uuid"},
+    {"gpulet.health.disable", ""},
+    {"gpulet.health.enable", ""},
+    {"gpulet.health.holdDown", "30s"},
+    {"gpulet.health.probeInterval", "1s"},
+    {"gpulet.health.unhealthyDevicesFile", "/etc/nvidia-device-plugin/unhealthyDevices.json"},
+    {"gpulet.mps.binDir", ""},
+    {"gpulet.vgpu.gpus", ""},
+    {"gpulet.vgpu.nominalMemory", "true"},
+    {"gpulet.vgpu.stateDir", "/var/lib/gpulet/vgpu"},
+    {"gpulet.vgpu.library", "/usr/local/gpulet/lib/libgpulet-vcuda.so"},
+    {"gpulet.vgpu.accountingTmpfs", "false"},
+    {"gpulet.vgpu.policy", "binpack"},
+    {"gpulet.vgpu.reconcileInterval", "5s"},
+    {"gpulet.dra.gpus", ""},
+    {"gpulet.dra.stateDir", "/var/lib/gpulet/dra"},
+    {"gpulet.dra.cdiDir", "/var/run/cdi"},
+    {"gpulet.dra.kubeletDir", "/var/lib/kubelet"},
+    {"gpulet.dra.consumableCapacity", "false"},
+};
+
 // Keys NVIDIA defines that concern other programs (GFD, CDI spec generation): accepted and ignored
 // so NVIDIA's files load unchanged. Each with why, said once per load (Config::notes). The GFD keys
 // are ignored by NVIDIA's device plugin too, so they load silently.
@@ -572,6 +609,11 @@ struct FileParser {
 }  // namespace
 
 const std::vector<Setting>& Settings() { return kSettings; }
+
+const char* DefaultOf(const Setting& s) {
+  auto it = kDefaults.find(s.key);
+  return it == kDefaults.end() ? nullptr : it->second;
+}
 
 std::map<std::string, std::string> EnvironmentSnapshot() {
   std::map<std::string, std::string> env;

@@ -24,6 +24,7 @@ enum class SharedPolicy { kDistributed, kPacked };
 
 struct ListStrategies {
   bool envvar = true, volume_mounts = false, cdi_annotations = false, cdi_cri = false;
+  bool operator==(const ListStrategies&) const = default;
   bool OnlyCdi() const { return !envvar && !volume_mounts; }
 };
 
@@ -31,6 +32,7 @@ struct ListStrategies {
 // the glob `pattern` are offered as `name` (fully qualified, "nvidia.com/...").
 struct NamedPattern {
   std::string pattern, name;
+  bool operator==(const NamedPattern&) const = default;
 };
 
 // One sharing.timeSlicing.resources entry.
@@ -43,6 +45,7 @@ struct ReplicatedResource {
   int device_count = 0;
   std::vector<std::string> device_list;
   std::string where;  // file:line, for later messages
+  bool operator==(const ReplicatedResource&) const = default;
 };
 
 struct HealthConfig {
@@ -52,6 +55,7 @@ struct HealthConfig {
   absl::Duration hold_down = absl::Seconds(30);  // healthy answers needed before recovery
   absl::Duration probe_interval = absl::Seconds(1);
   std::string unhealthy_devices_file = "/etc/nvidia-device-plugin/unhealthyDevices.json";
+  bool operator==(const HealthConfig&) const = default;
 };
 
 // gpulet.vgpu: which GPUs are shared fractionally as tencent.com/vcuda-core / vcuda-memory
@@ -66,6 +70,7 @@ struct VgpuConfig {
   bool accounting_tmpfs = false;
   std::string policy = "binpack";  // placement of pods the extender did not place
   absl::Duration reconcile_interval = absl::Seconds(5);  // release / identity housekeeping
+  bool operator==(const VgpuConfig&) const = default;
 };
 
 // gpulet.dra: which GPUs the node agent serves as a DRA driver (src/dra, docs/dra.md) instead of
@@ -77,6 +82,7 @@ struct DraConfig {
   std::string cdi_dir = "/var/run/cdi";           // the claims' CDI specs
   std::string kubelet_dir = "/var/lib/kubelet";   // plugins_registry/ and plugins/ live here
   bool consumable_capacity = false;  // shareable GPUs (DRAConsumableCapacity, alpha in 1.34)
+  bool operator==(const DraConfig&) const = default;
 };
 
 struct Config {
@@ -108,6 +114,7 @@ struct Config {
   DraConfig dra;
   // NVIDIA keys accepted and ignored, each "file:line: key: accepted and ignored: why" (logged).
   std::vector<std::string> notes;
+  bool operator==(const Config&) const = default;
 
   std::string DevRoot() const { return dev_root.empty() ? driver_root : dev_root; }
   // The active sharing (NVIDIA's SharingStrategy()): MPS when configured, else time-slicing.
@@ -126,6 +133,9 @@ struct Setting {
   const char* help;
 };
 const std::vector<Setting>& Settings();
+// The setting's value when nothing sets it, as text Apply() takes ("" = unset); nullptr if none is
+// recorded (ConfigTest.EverySettingHasATrueDefault fails then).
+const char* DefaultOf(const Setting& s);
 
 struct ConfigSources {
   std::string file;                          // config file path; empty: none

@@ -336,5 +336,28 @@ TEST(NvidiaKeysTest, EveryKeyAppliedIgnoredWithWhyOrRefusedWithWhy) {
   }
 }
 
+// Every setting's default is recorded for `--help` (issue 32.8: flags showed VALUE and no
+// default), and is the truth: given as a flag it changes nothing in the loaded Config.
+TEST(ConfigTest, EverySettingHasATrueDefault) {
+  auto base = LoadConfig({});
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const Setting& s : Settings()) {
+    const char* d = DefaultOf(s);
+    ASSERT_NE(d, nullptr) << s.key << " has no default for --help";
+    if (*d == 0) continue;  // "unset": no text sets it
+    ConfigSources src;
+    src.flags[s.key] = d;
+    auto c = LoadConfig(src);
+    ASSERT_TRUE(c.ok()) << "--" << s.flag << "=" << d << ": " << c.status();
+    EXPECT_TRUE(*c == *base) << "--" << s.flag << "=" << d << " is not the default";
+  }
+  // The comparison sees a change: a non-default value differs.
+  ConfigSources other;
+  other.flags["gpulet.vgpu.policy"] = "spread";
+  auto c = LoadConfig(other);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(*c == *base);
+}
+
 }  // namespace
 }  // namespace gpulet::plugin

@@ -131,9 +131,11 @@ inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   for (const auto& s : plugin::Settings()) {
     std::string key = s.key;
     std::string help = std::string(s.help) + " [env " + s.envs.front() + "; file " + s.key + "]";
-    sub.add_option_function<std::string>(
-           std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; }, help)
-        ->type_name("VALUE");
+    CLI::Option* o = sub.add_option_function<std::string>(
+        std::string("--") + s.flag, [&f, key](const std::string& v) { f.values[key] = v; }, help);
+    o->type_name("VALUE");
+    // Shown, not applied: the setting's own default stands unless a flag, env or file sets it.
+    if (const char* d = plugin::DefaultOf(s)) o->default_str(*d ? d : "unset");
   }
 }
 
