@@ -4,7 +4,7 @@
 # and memory dropped on both sides (openb-gpu:binpack, 1663 GPU tasks), replayed through
 # kube-scheduler + gpulet's extender; fails when the live share of GPUs allocated is more than 0.5
 # points from `gpulet-sched simulate`'s, or a GPU is over-committed. Skips (77) unless
-# GPULET_E2E_CLUSTER=1 and when the Go-built peers are missing. About 65 s on 2 cores (README "Scale").
+# GPULET_E2E_CLUSTER=1 and when the Go-built peers are missing. 56 s on 2 cores (README "Scale").
 # usage: openb_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1 build=$2
