@@ -18,7 +18,9 @@ new_agent_up && echo "figure: agent pod deleted -> new agent re-registered with 
 check "vcuda pod A still Running after the agent restart" running vgpu-a
 check "A keeps its grant (same GPU, assigned)" bash -c '[ "$1" = "$2" ] && [ "$3" = true ]' _ \
   "$(ann vgpu-a gpulet.io/vgpu-gpus-0)" "$gpus_a" "$(ann vgpu-a gpulet.io/vgpu-assigned)"
-check "A's accounting file is still on the node, on its tmpfs" bash -c '[ "$(on_node findmnt -n -o FSTYPE "$1")" = tmpfs ] && on_node test -e "$1/accounting"' _ "/var/lib/gpulet/vgpu/$uid_a/main"
+# The grant directory is a tmpfs of the node's mount namespace (the agent's Bidirectional mount).
+on_tmpfs_with_accounting() { [ "$(on_node findmnt -n -o FSTYPE "$1")" = tmpfs ] && on_node test -e "$1/accounting"; }
+check "A's accounting file is still on the node, on its tmpfs" on_tmpfs_with_accounting "/var/lib/gpulet/vgpu/$uid_a/main"
 vpod vgpu-b 50 40 | kc apply -f - >/dev/null
 wait_until 60 running vgpu-b
 check "vcuda pod B (50 cores, 40 units) placed and Running after the restart" running vgpu-b

@@ -402,13 +402,8 @@ TEST_F(E2E, SigkillMidAllocation) {
   EXPECT_EQ(after.Wait(), 0);
 }
 
-// Two pods that share one DRA claim share its accounting file, but not a pid namespace: neither
-// sees the other in its /proc. Each asks for 3 x 256 MiB under a 1 GiB limit: the second gets
-// none while the first holds its 768 MiB (before: it found no /proc/<pid> for the first, judged
-// it dead, zeroed its reservation and got 3/3, 1538 MiB on the device under 1024). Once the first
-// is killed, its memory comes back to a third. Each program is pid 1 of a user and pid namespace
-// of its own with its own /proc (unshare -Urpf --mount-proc), as in a container.
-TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
+// util-linux's unshare on PATH, or "".
+std::string FindUnshare() {
   std::string unshare;
   if (FILE* p = popen("command -v unshare", "r")) {
     char b[256] = {};
@@ -416,6 +411,17 @@ TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
     pclose(p);
     while (!unshare.empty() && unshare.back() == '\n') unshare.pop_back();
   }
+  return unshare;
+}
+
+// Two pods that share one DRA claim share its accounting file, but not a pid namespace: neither
+// sees the other in its /proc. Each asks for 3 x 256 MiB under a 1 GiB limit: the second gets
+// none while the first holds its 768 MiB (before: it found no /proc/<pid> for the first, judged
+// it dead, zeroed its reservation and got 3/3, 1538 MiB on the device under 1024). Once the first
+// is killed, its memory comes back to a third. Each program is pid 1 of a user and pid namespace
+// of its own with its own /proc (unshare -Urpf --mount-proc), as in a container.
+TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
+  std::string unshare = FindUnshare();
   if (unshare.empty()) GTEST_SKIP() << "unshare (util-linux) is not installed";
   if (system((unshare + " -Urpf --mount-proc true >/dev/null 2>&1").c_str()) != 0)
     GTEST_SKIP() << "cannot create user and pid namespaces here ('unshare -Urpf --mount-proc "
@@ -456,13 +462,7 @@ TEST_F(E2E, SeparatePidNamespacesShareOneLimit) {
 
 // The unshare binary when user and mount namespaces can be made here, else "" (the caller skips).
 std::string UserMountNamespaces() {
-  std::string unshare;
-  if (FILE* p = popen("command -v unshare", "r")) {
-    char b[256] = {};
-    if (fgets(b, sizeof b, p)) unshare = b;
-    pclose(p);
-    while (!unshare.empty() && unshare.back() == '\n') unshare.pop_back();
-  }
+  std::string unshare = FindUnshare();
   if (unshare.empty() ||
       system((unshare + " -Urm sh -c 'mount -t tmpfs tmpfs /run' >/dev/null 2>&1").c_str()) != 0)
     return "";
