@@ -220,7 +220,7 @@ TEST_F(Node, LegacyHookEnforcesRequirements) {
   Bundle("echo started", {"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"});
   std::string out;
   EXPECT_NE(RunShim(&out), 0);
-  EXPECT_THAT(out, HasSubstr("gpulet-container-hook: unsatisfied requirement"));
+  EXPECT_THAT(out, HasSubstr("gpulet-container-hook prestart: unsatisfied requirement"));
   EXPECT_THAT(out, HasSubstr("cuda>=13.0"));
   EXPECT_THAT(out, Not(HasSubstr("started")));
 }
