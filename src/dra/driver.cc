@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,7 +22,6 @@
 #include "k8s/pluginregistration/v1/api.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "vgpu/container/container_files.h"
-#include "vgpu/interposer/accounting.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::dra {

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <tuple>
 
+#include "abi/vgpu_accounting_read.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
-#include "vgpu/interposer/accounting_read.h"
 
 namespace gpulet::metrics {
 namespace {
@@ -37,7 +37,7 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
     }
     std::string path = absl::StrCat(root_, "/", g.dir, "/accounting");
     // Never mapped: the file is the container's to truncate (see
-    // vgpu/interposer/accounting_read.h).
+    // abi/vgpu_accounting_read.h).
     bool cut = false;
     absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
     if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);

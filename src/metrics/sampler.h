@@ -23,7 +23,7 @@
 
 namespace gpulet::metrics {
 
-// Per-container vGPU usage as the interposer accounts it (src/vgpu/interposer/accounting.h). An
+// Per-container vGPU usage as the interposer accounts it (src/abi/vgpu_accounting.h). An
 // interface so the exporter does not depend on the accounting's storage; `gpu_uuid` names the
 // physical GPU.
 struct VgpuContainerUsage {

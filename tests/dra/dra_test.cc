@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,7 +24,6 @@
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/plugin/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::dra {
 namespace {

@@ -1,8 +1,6 @@
 // The agent reading vGPU accounting files that a container controls (bind-mounted read-write):
 // truncated under the reader, grown without limit, replaced by a symlink or a FIFO. The agent must
 // neither crash (SIGBUS), nor hang, nor follow the link, and must cut the file back to its region.
-#include "vgpu/interposer/accounting.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,9 +12,10 @@
 #include <future>
 #include <thread>
 
+#include "abi/vgpu_accounting.h"
+#include "abi/vgpu_accounting_read.h"
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
-#include "vgpu/interposer/accounting_read.h"
 
 namespace gpulet::metrics {
 namespace {

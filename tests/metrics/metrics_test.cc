@@ -10,6 +10,7 @@
 #include <future>
 #include <thread>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -25,7 +26,6 @@
 #include "testing/metrics/expo_util.h"
 #include "testing/metrics/fake_gpu.h"
 #include "testing/metrics/pod_server.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::metrics {
 namespace {

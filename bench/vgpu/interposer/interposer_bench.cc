@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "abi/vgpu_accounting.h"
 #include "testing/vcuda/support.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace {
 

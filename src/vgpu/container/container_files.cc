@@ -10,11 +10,11 @@
 #include <sstream>
 #include <vector>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::vgpu {
 namespace {

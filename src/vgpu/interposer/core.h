@@ -14,8 +14,8 @@
 #include <cstdint>
 
 #include "abi/cuda_abi.h"
+#include "abi/vgpu_accounting.h"
 #include "abi/vgpu_contract.h"
-#include "vgpu/interposer/accounting.h"
 #include "vgpu/interposer/hooks.h"
 
 namespace gpulet::vcuda {

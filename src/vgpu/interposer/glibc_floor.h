@@ -18,6 +18,6 @@ __asm__(".symver dlerror,dlerror@GLIBC_2.2.5");
 __asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
 __asm__(".symver dladdr1,dladdr1@GLIBC_2.3.3");
 __asm__(".symver pthread_mutex_trylock,pthread_mutex_trylock@GLIBC_2.2.5");
-// The slot locks (accounting.h); glibc 2.28 added fcntl64, which LFS builds would bind to.
+// The slot locks (abi/vgpu_accounting.h); glibc 2.28 added fcntl64, which LFS builds would bind to.
 __asm__(".symver fcntl,fcntl@GLIBC_2.2.5");
 #endif

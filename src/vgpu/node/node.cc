@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,7 +17,6 @@
 #include "common/status.h"
 #include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::vgpu {
 namespace {

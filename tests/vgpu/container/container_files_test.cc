@@ -16,8 +16,8 @@
 #include <functional>
 #include <string>
 
+#include "abi/vgpu_accounting.h"
 #include "common/fs.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::vgpu {
 namespace {

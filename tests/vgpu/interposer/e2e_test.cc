@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "abi/vgpu_accounting.h"
 #include "testing/vcuda/support.h"
-#include "vgpu/interposer/accounting.h"
 #include "vgpu/interposer/hooks.h"
 
 namespace gpulet {

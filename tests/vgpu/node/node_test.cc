@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <thread>
 
+#include "abi/vgpu_accounting.h"
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::vgpu {
 namespace {

@@ -1,4 +1,4 @@
-// The agent's reader of a container's accounting file (layout: vgpu/interposer/accounting.h).
+// The agent's reader of a container's accounting file (layout: abi/vgpu_accounting.h).
 //
 // The file is bind-mounted read-write into the container, so its content, size and type are the
 // tenant's. The reader therefore never maps it (a container truncating the file would turn every
@@ -20,9 +20,9 @@
 #include <cstring>
 #include <string>
 
+#include "abi/vgpu_accounting.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "vgpu/interposer/accounting.h"
 
 namespace gpulet::vgpu {
 
