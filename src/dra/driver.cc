@@ -6,7 +6,6 @@
 #include <chrono>
 #include <filesystem>
 
-#include "abi/vgpu_accounting.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

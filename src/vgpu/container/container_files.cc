@@ -57,6 +57,14 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
 }
 
+// Rewritten only when it changed: a full tmpfs (a tenant filled the slack) still serves a grant
+// made again with the same limits, and the node's one preload file is not rewritten per grant.
+absl::Status WriteIfChanged(const std::string& path, const std::string& text, mode_t mode) {
+  auto old = ReadFileToString(path);
+  if (old.ok() && *old == text) return absl::OkStatus();
+  return WriteFileAtomic(path, text, mode);
+}
+
 }  // namespace
 
 bool IsMountPoint(const std::string& path) {
@@ -112,11 +120,7 @@ absl::StatusOr<ContractFiles> PrepareGrantDir(const std::string& dir, const Cont
     if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
     return s;
   };
-  ContractFiles f;
-  f.accounting = dir + "/accounting";
-  f.limits = dir + "/limits";
-  f.library = options.library;
-  f.preload = options.preload;
+  ContractFiles f = GrantDirFiles(dir, options.library, options.preload);
   if (!PathExists(f.accounting)) {
     // The file is bind-mounted read-write into the container, whose user is known only when the
     // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
@@ -132,19 +136,17 @@ absl::StatusOr<ContractFiles> PrepareGrantDir(const std::string& dir, const Cont
                 options.gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(options.gid)) != 0)
       ::chmod(f.accounting.c_str(), 0666);  // not root (tests, a sim): let the container open it
   }
-  // Rewritten only when it changed: a full tmpfs (a tenant filled the slack) still serves a
-  // grant made again with the same limits.
-  std::string text = LimitsFileText(limits);
-  auto old = ReadFileToString(f.limits);
-  if (!old.ok() || *old != text)
-    if (absl::Status s = WriteFileAtomic(f.limits, text, 0444); !s.ok()) return undo(s);
-  if (limits.inject && !f.preload.empty()) {
-    auto have = ReadFileToString(f.preload);
-    if (!have.ok() || *have != PreloadFileText())
-      if (absl::Status s = WriteFileAtomic(f.preload, PreloadFileText(), 0644); !s.ok())
-        return undo(s);
-  }
+  if (absl::Status s = WriteIfChanged(f.limits, LimitsFileText(limits), 0444); !s.ok())
+    return undo(s);
+  if (limits.inject && !f.preload.empty())
+    if (absl::Status s = WriteIfChanged(f.preload, PreloadFileText(), 0644); !s.ok())
+      return undo(s);
   return f;
+}
+
+ContractFiles GrantDirFiles(const std::string& dir, const std::string& library,
+                            const std::string& preload) {
+  return {dir + "/accounting", dir + "/limits", library, preload};
 }
 
 absl::Status RemoveGrantDir(const std::string& dir) {

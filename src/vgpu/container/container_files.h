@@ -38,6 +38,11 @@ inline constexpr size_t kGrantDirBytes = 16 * 1024;
 absl::StatusOr<ContractFiles> PrepareGrantDir(const std::string& dir, const ContainerLimits& limits,
                                               const GrantDirOptions& options);
 
+// The host files of grant directory `dir` (what PrepareGrantDir made there), with the node's
+// interposer library and preload file: what the container's mounts come from.
+ContractFiles GrantDirFiles(const std::string& dir, const std::string& library,
+                            const std::string& preload);
+
 // Unmounts `dir` when it is a mount point and removes it with what it holds.
 absl::Status RemoveGrantDir(const std::string& dir);
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "abi/vgpu_accounting.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -503,8 +502,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                   .count();
   if (cores < kCoresPerGpu) {
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
-    RETURN_IF_ERROR(MakeDirs(pod_dir, 0700));
-    ::chmod(pod_dir.c_str(), 0700);
+    RETURN_IF_ERROR(MakeDirs(pod_dir, 0700));  // sets 0700 on an existing one too
     g.accounting_dir = absl::StrCat(pod_dir, "/", c.container);
     auto [uid, gid] = RunAs(c.pod_json, c.index);
     RETURN_IF_ERROR(PrepareGrantDir(g.accounting_dir, LimitsOf(g),
@@ -615,9 +613,8 @@ v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const 
   // The interposer's own name for its GPU is in the contract: a CDI spec sets
   // NVIDIA_VISIBLE_DEVICES to "void" in the container, so the UUID above does not reach it where
   // GPUs come through CDI.
-  ContainerContract contract =
-      BuildContract(LimitsOf(g), {g.accounting_dir + "/accounting", g.accounting_dir + "/limits",
-                                  options_.library_host_path, PreloadPath()});
+  ContainerContract contract = BuildContract(
+      LimitsOf(g), GrantDirFiles(g.accounting_dir, options_.library_host_path, PreloadPath()));
   for (const auto& [name, value] : contract.env) env[name] = value;
   for (const auto& m : contract.mounts) {
     auto* mount = r.add_mounts();
