@@ -112,7 +112,10 @@ void PodResourcesCache::RefreshNow() {
   absl::MutexLock l(&mu_);
   ++state_.refreshes;
   if (r.ok()) {
-    state_.devices = *std::move(r);
+    if (*r != state_.devices) {
+      state_.devices = *std::move(r);
+      ++state_.generation;
+    }
     state_.up = true;
   } else {
     // Keep the last known attribution: pods rarely move, and dropping pod labels for one failed

@@ -1,6 +1,7 @@
 // Which pod and container holds which GPU, from the kubelet's PodResources v1 API (List), for the
 // metrics exporter's attribution. The kubelet is asked on a timer and on demand (after a
-// device-plugin allocation), never per scrape: readers get the last answer from memory.
+// device-plugin allocation) and by the exporter before a scrape (rate-limited there, see
+// metrics::Sampler::ScrapeSnapshot); readers get the last answer from memory.
 #pragma once
 
 #include <chrono>
@@ -71,6 +72,7 @@ class PodResourcesCache {
     bool up = false;                 // whether the last call succeeded
     uint64_t errors = 0;             // failed calls so far
     uint64_t refreshes = 0;          // completed calls (successful or not)
+    uint64_t generation = 0;         // bumped each time a successful answer differs from the last
   };
 
   PodResourcesCache(std::unique_ptr<PodResourcesLister> lister, std::chrono::milliseconds interval);

@@ -182,7 +182,8 @@ const DeviceFamily kDeviceFamilies[] = {
        return static_cast<double>(d.telemetry->processes.size());
      }},
     {OWN, "gpulet_gpu_healthy", G,
-     "1 when the GPU answered this sampling cycle, 0 when it is lost or NVML failed for it.",
+     "1 when the GPU answered this sampling cycle and the device plugin offers it; 0 when it is "
+     "lost, NVML failed for it, or the plugin withdrew it (a fatal XID, manual isolation).",
      +[](const DeviceSample& d) -> std::optional<double> { return d.healthy ? 1 : 0; }},
     {OWN, "gpulet_gpu_xid_errors_total", C, "XID events since the exporter started.",
      +[](const DeviceSample& d) -> std::optional<double> {

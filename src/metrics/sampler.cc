@@ -132,12 +132,36 @@ void Sampler::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   absl::MutexLock l(&cycle_mu_);
+  health_.reset();        // its subscription and thread go before the layer they read
   subscription_.reset();  // no event callbacks into a dying sampler
 }
 
 std::shared_ptr<const Snapshot> Sampler::snapshot() const {
   absl::MutexLock l(&snap_mu_);
   return snapshot_;
+}
+
+std::shared_ptr<const Snapshot> Sampler::ScrapeSnapshot() {
+  std::shared_ptr<const Snapshot> snap = snapshot();
+  if (!pods_ || !snap->sample) return snap;
+  // One List per gap for all scrapers together: the first scrape of a gap claims it.
+  const int64_t now = SteadyMs(), gap = options_.scrape_list_gap.count();
+  int64_t last = scrape_list_ms_.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < gap) return snap;
+  if (!scrape_list_ms_.compare_exchange_strong(last, now, std::memory_order_relaxed)) return snap;
+  if (!pods_->state().up) return snap;
+  pods_->RefreshNow();
+  if (pods_->state().generation == snap->pods_generation) return snap;
+  if (cycle_mu_.TryLock()) {
+    snap = snapshot();  // a cycle may have published since: attribute the newest readings
+    Sample s = *snap->sample;
+    uint64_t generation = Attribute(s);
+    if (generation != snap->pods_generation) {
+      Publish(std::move(s), generation, snap->taken);  // `taken` stays: /health sees a stall
+    }
+    cycle_mu_.Unlock();
+  }
+  return snapshot();
 }
 
 void Sampler::OnEvent(const gpu::Event& e) {
@@ -199,6 +223,7 @@ Sample Sampler::Collect() {
     absl::StatusOr<gpu::Inventory> inv =
         need_reinit_ ? absl::UnavailableError("reinit failed") : layer->GetInventory();
     if (inv.ok()) {
+      if (!health_ && options_.device_health) health_ = options_.device_health(layer, *inv);
       s.driver_version = inv->driver_version;
       s.cuda_driver_version = inv->cuda_driver_version;
       size_t answered = 0;
@@ -214,7 +239,9 @@ Sample Sampler::Collect() {
         ds.device = std::move(d);
         if (t.ok()) {
           ds.telemetry = *std::move(t);
-          ds.healthy = true;
+          // Answering is not enough: a GPU the device plugin withdrew (a fatal XID, isolation)
+          // is unhealthy here too.
+          ds.healthy = !health_ || health_->Reason(ds.device).empty();
           ++answered;
           NvlinkRates(ds, clock_->Now());
         }
@@ -238,27 +265,6 @@ Sample Sampler::Collect() {
   stats_.nvml_up = nvml_ok;
   if (!nvml_ok) ++stats_.nvml_errors;
 
-  if (pods_) {
-    kubelet::PodResourcesCache::State ps = pods_->state();
-    stats_.kubelet_enabled = true;
-    stats_.kubelet_up = ps.up;
-    stats_.kubelet_errors = ps.errors;
-    gpu::Inventory view;  // ResolveDeviceId works on an inventory; rebuild a light one
-    view.devices.reserve(s.devices.size());
-    for (const DeviceSample& ds : s.devices) view.devices.push_back(ds.device);
-    for (kubelet::PodDevice& pd : ps.devices) {
-      std::optional<kubelet::DeviceRef> ref = kubelet::ResolveDeviceId(view, pd.device_id);
-      if (!ref) continue;  // a device this node no longer has, or another vendor's ID
-      s.containers.push_back({std::move(pd.namespace_), std::move(pd.pod), std::move(pd.container),
-                              std::move(pd.resource), std::move(pd.device_id), ref->device,
-                              ref->mig});
-    }
-    std::sort(s.containers.begin(), s.containers.end(), [](const auto& a, const auto& b) {
-      return std::tie(a.device, a.mig, a.namespace_, a.pod, a.container, a.device_id) <
-             std::tie(b.device, b.mig, b.namespace_, b.pod, b.container, b.device_id);
-    });
-  }
-
   if (vgpu_) {
     stats_.vgpu_enabled = true;
     absl::StatusOr<std::vector<VgpuContainerUsage>> usage = vgpu_->Read();
@@ -279,18 +285,48 @@ Sample Sampler::Collect() {
   return s;
 }
 
+uint64_t Sampler::Attribute(Sample& s) {
+  s.containers.clear();
+  if (!pods_) return 0;
+  kubelet::PodResourcesCache::State ps = pods_->state();
+  stats_.kubelet_enabled = true;
+  stats_.kubelet_up = ps.up;
+  stats_.kubelet_errors = ps.errors;
+  gpu::Inventory view;  // ResolveDeviceId works on an inventory; rebuild a light one
+  view.devices.reserve(s.devices.size());
+  for (const DeviceSample& ds : s.devices) view.devices.push_back(ds.device);
+  for (kubelet::PodDevice& pd : ps.devices) {
+    std::optional<kubelet::DeviceRef> ref = kubelet::ResolveDeviceId(view, pd.device_id);
+    if (!ref) continue;  // a device this node no longer has, or another vendor's ID
+    s.containers.push_back({std::move(pd.namespace_), std::move(pd.pod), std::move(pd.container),
+                            std::move(pd.resource), std::move(pd.device_id), ref->device,
+                            ref->mig});
+  }
+  std::sort(s.containers.begin(), s.containers.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.device, a.mig, a.namespace_, a.pod, a.container, a.device_id) <
+           std::tie(b.device, b.mig, b.namespace_, b.pod, b.container, b.device_id);
+  });
+  return ps.generation;
+}
+
 void Sampler::SampleOnce() {
   absl::MutexLock cycle(&cycle_mu_);
   Clock::TimePoint start = clock_->Now();
   Sample s = Collect();
-  auto snap = std::make_shared<Snapshot>();
+  uint64_t generation = Attribute(s);
   stats_.cycles += 1;
   stats_.collect_seconds = std::chrono::duration<double>(clock_->Now() - start).count();
   stats_.collect_unix_ms = clock_->UnixSeconds() * 1000;
   if (options_.bare_pods_reported) stats_.bare_pods_reported = options_.bare_pods_reported();
+  Publish(std::move(s), generation, clock_->Now());
+}
+
+void Sampler::Publish(Sample s, uint64_t pods_generation, Clock::TimePoint taken) {
+  auto snap = std::make_shared<Snapshot>();
   s.self = stats_;
   snap->self = stats_;
-  snap->taken = clock_->Now();
+  snap->taken = taken;
+  snap->pods_generation = pods_generation;
   RenderGpuManager(s, Format::kText, &snap->gpu_manager);
   // Variant index 2 * OpenMetrics + gzip, as in requested_ms_.
   const int64_t now_ms = SteadyMs(), keep_ms = std::chrono::milliseconds(kFormatKeep).count();

@@ -68,6 +68,20 @@ class AccountingDirUsageSource : public VgpuUsageSource {
   std::map<std::string, std::pair<uint64_t, Clock::TimePoint>> last_busy_;  // by file path
 };
 
+// Why a GPU is unfit for work by the device plugin's rules (XID classification, hold-down, manual
+// isolation: plugin::HealthMonitor), "" when it is fit, so that gpulet_gpu_healthy and what the
+// kubelet is told tell one truth. An interface: the exporter does not depend on the plugin.
+// Reason() is called from the sampling cycle; it must be thread-safe and not block.
+class DeviceHealth {
+ public:
+  virtual ~DeviceHealth() = default;
+  virtual std::string Reason(const gpu::Device& gpu) const = 0;
+};
+// Called once, with the first layer and inventory the sampler reads (the standalone exporter may
+// open NVML late). The result lives until Sampler::Stop, before the layer goes.
+using DeviceHealthFactory =
+    std::function<std::unique_ptr<DeviceHealth>(gpu::GpuLayer*, const gpu::Inventory&)>;
+
 // One immutable rendering of one sample. Bodies stop before the per-scrape tail (see server.h).
 // Only the variants (format x encoding) scraped in the last kFormatKeep are kept, all uncompressed
 // ones before the first scrape: a Prometheus asking for gzipped OpenMetrics leaves 30 KiB here
@@ -83,6 +97,7 @@ struct Snapshot {
   std::shared_ptr<const Sample> sample;  // what the bodies were rendered from
   SelfStats self;
   Clock::TimePoint taken{};
+  uint64_t pods_generation = 0;  // the PodResourcesCache answer the containers came from
 };
 
 struct SamplerOptions {
@@ -91,6 +106,9 @@ struct SamplerOptions {
   std::string hostname;  // DCGM Hostname / GPU Manager node label
   // Read each cycle when set (the agent's reboot readiness controller); must be thread-safe.
   std::function<int64_t()> bare_pods_reported;
+  DeviceHealthFactory device_health;  // unset: a GPU is healthy when it answers
+  // ScrapeSnapshot asks the kubelet at most once per this gap, whatever the number of scrapers.
+  std::chrono::milliseconds scrape_list_gap{1000};
 };
 
 // Thread-safe. Owns its thread; the sources it is given must outlive it.
@@ -126,6 +144,13 @@ class Sampler {
 
   // The latest snapshot; never null after construction (an empty one before the first cycle).
   std::shared_ptr<const Snapshot> snapshot() const;
+  // The latest snapshot for a scrape, its pod attribution as of now: asks the kubelet once (at
+  // most once per scrape_list_gap) and, where the answer changed, renders the last cycle's
+  // sample again with it (no NVML call), so a new pod's series carry its labels at the first
+  // scrape after its devices are allocated, as dcgm-exporter's do. A kubelet whose last call
+  // failed is left to the timer, so a hung kubelet never holds a scrape; a cycle in progress
+  // reads the new answer itself.
+  std::shared_ptr<const Snapshot> ScrapeSnapshot();
 
   const SamplerOptions& options() const { return options_; }
   // The clock Snapshot::taken is on.
@@ -144,6 +169,11 @@ class Sampler {
   void NvlinkRates(DeviceSample& ds, Clock::TimePoint now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
   void OnEvent(const gpu::Event& e);
   Sample Collect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
+  // Fills s.containers from the pod cache's last answer; returns that answer's generation.
+  uint64_t Attribute(Sample& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
+  // Renders `s` and makes it the latest snapshot.
+  void Publish(Sample s, uint64_t pods_generation, Clock::TimePoint taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle_mu_);
 
   gpu::GpuLayer* external_gpu_;
   GpuOpener opener_;
@@ -158,6 +188,9 @@ class Sampler {
   bool need_reinit_ ABSL_GUARDED_BY(cycle_mu_) = false;
   SelfStats stats_ ABSL_GUARDED_BY(cycle_mu_);
   std::map<std::string, NvlinkPrev> nvlink_prev_ ABSL_GUARDED_BY(cycle_mu_);  // by GPU UUID
+  // After owned_gpu_, so it goes first: it may hold a subscription on that layer.
+  std::unique_ptr<DeviceHealth> health_ ABSL_GUARDED_BY(cycle_mu_);
+  std::atomic<int64_t> scrape_list_ms_{0};  // steady ms of ScrapeSnapshot's last List; 0 never
 
   // Steady-clock milliseconds of the last request per variant, index 2 * OpenMetrics + gzip;
   // 0 = never.

@@ -648,7 +648,7 @@ absl::Status MetricsServer::Start() {
   http_ = NewServer(options_, options_.threads, [this] { return Health(); });
   http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     Clk::time_point start = Clk::now();
-    std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
+    std::shared_ptr<const Snapshot> snap = sampler_->ScrapeSnapshot();
     bool om = WantsOpenMetrics(req.get_header_value("Accept"));
     Format f = om ? Format::kOpenMetrics : Format::kText;
     std::string tail = Tail(f, last_scrape_seconds_.load());
@@ -684,7 +684,7 @@ absl::Status MetricsServer::Start() {
   if (!options_.gpu_manager_address.empty()) {
     gpu_manager_http_ = NewServer(options_, 2);
     gpu_manager_http_->Get("/metric", [this](const httplib::Request&, httplib::Response& res) {
-      std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
+      std::shared_ptr<const Snapshot> snap = sampler_->ScrapeSnapshot();
       ServeSnapshot(res, std::shared_ptr<const std::string>(snap, &snap->gpu_manager), "",
                     kTextContentType, &last_gpu_manager_scrape_seconds_, Clk::now());
     });

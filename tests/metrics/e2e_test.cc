@@ -323,6 +323,137 @@ spec:
   EXPECT_TRUE(exporter.alive());
 }
 
+// The port a child printed after `marker` ("listening on port ", "metrics: http://127.0.0.1:").
+int PortAfter(const Child& child, const std::string& marker) {
+  int port = 0;
+  Eventually(
+      [&] {
+        std::string out = child.output();
+        size_t p = out.find(marker);
+        if (p != std::string::npos) port = std::atoi(out.c_str() + p + marker.size());
+        return port > 0;
+      },
+      20s);
+  return port;
+}
+
+std::string HealthySample(const std::string& scrape, int gpu, const std::string& uuid) {
+  std::string key = absl::StrCat("gpulet_gpu_healthy{gpu=\"", gpu, "\",uuid=\"", uuid, "\"} ");
+  size_t p = scrape.find(key);
+  return p == std::string::npos ? "" : scrape.substr(p + key.size(), 1);
+}
+
+// dcgm-exporter resolves pods at each scrape; so does gpulet's: with the sampling and the
+// PodResources timers at one hour and no checkpoint to watch, the first scrape after a pod's
+// GPUs are allocated carries its labels (it took up to both timers, 20 s by default).
+TEST_F(MetricsE2E, ExporterAttributesANewPodAtTheFirstScrape) {
+  emu::EmulatorOptions eo;
+  eo.device_plugin_dir = dir_ + "/dp";
+  eo.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
+  emu::KubeletEmulator kubelet(eo);
+  ASSERT_TRUE(kubelet.Start().ok());
+  Child plugin({bin_, "device-plugin", "--simulate", "dgx-h100", "--sim-root", sim_,
+                "--device-plugin-dir", eo.device_plugin_dir},
+               dir_ + "/plugin.log");
+  ASSERT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 8, 30s).ok()) << plugin.output();
+  Child exporter(
+      {bin_, "exporter", "--simulate", "dgx-h100", "--sim-root", sim_, "--address", "127.0.0.1:0",
+       "--interval", "1h", "--pod-resources-interval", "1h", "--pod-resources-socket",
+       eo.pod_resources_socket, "--kubelet-checkpoint", "", "--vgpu-accounting-dir", ""},
+      dir_ + "/exporter.log");
+  const int port = PortAfter(exporter, "listening on port ");
+  ASSERT_GT(port, 0) << exporter.output();
+  std::string before = Scrape(port);
+  ASSERT_THAT(before, HasSubstr("gpulet_exporter_kubelet_up 1")) << before.substr(0, 2000);
+  EXPECT_THAT(before, Not(HasSubstr("pod=\"late\"")));
+
+  auto pods = emu::ParsePods(R"(
+apiVersion: v1
+kind: Pod
+metadata: {name: late, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: x
+    resources: {limits: {nvidia.com/gpu: 1}}
+)",
+                             "late.yaml");
+  ASSERT_TRUE(pods.ok()) << pods.status();
+  auto st = kubelet.AddPod(pods->at(0));
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->phase, emu::PodPhase::kRunning) << st->message;
+  std::this_thread::sleep_for(1100ms);  // past the one-List-per-second gap the first scrape took
+  std::string after = Scrape(port);
+  EXPECT_THAT(after, HasSubstr("DCGM_FI_DEV_GPU_UTIL{"));
+  EXPECT_THAT(after, HasSubstr("pod=\"late\"")) << "the first scrape after the allocation";
+  EXPECT_TRUE(absl::StrContains(after, "namespace=\"ml\",pod=\"late\",container=\"main\""))
+      << after.substr(0, 3000);
+}
+
+// One health truth: an XID the device plugin treats as fatal (79, fallen off the bus) turns
+// gpulet_gpu_healthy to 0 although the GPU still answers NVML, in the agent (the plugin's own
+// monitor) and in `gpulet exporter` alone (a monitor of its own under the same rules); an
+// application's XID (13) leaves it at 1. The exporter said 1 for both.
+TEST_F(MetricsE2E, HealthIsTheDevicePluginsInTheAgentAndAlone) {
+  auto machine = sim::LoadMachine("dgx-h100");
+  ASSERT_TRUE(machine.ok());
+  const std::string gpu1 = machine->gpus[1].uuid, gpu3 = machine->gpus[3].uuid;
+  auto check = [&](const Child& child, int port, const std::string& root) {
+    ASSERT_GT(port, 0) << child.output();
+    std::string scrape;
+    ASSERT_TRUE(Eventually(
+        [&] {
+          scrape = Scrape(port);
+          return HealthySample(scrape, 3, gpu3) == "1" && HealthySample(scrape, 1, gpu1) == "1";
+        },
+        20s))
+        << scrape.substr(0, 2000) << child.output();
+    for (auto [gpu, code] : {std::pair{1, 13}, std::pair{3, 79}}) {
+      sim::Fault f;
+      f.kind = sim::Fault::Kind::kXid;
+      f.gpu = gpu;
+      f.code = code;
+      ASSERT_TRUE(sim::InjectFault(root, f).ok());
+    }
+    ASSERT_TRUE(Eventually(
+        [&] {
+          scrape = Scrape(port);
+          return HealthySample(scrape, 3, gpu3) == "0" &&
+                 absl::StrContains(scrape,
+                                   "gpulet_gpu_xid_last_code{gpu=\"1\",uuid=\"" + gpu1 + "\"} 13");
+        },
+        20s))
+        << scrape.substr(0, 3000) << child.output();
+    EXPECT_EQ(HealthySample(scrape, 1, gpu1), "1") << "an application's XID";
+    EXPECT_THAT(scrape, HasSubstr("gpulet_gpu_temperature_celsius{gpu=\"3\""))
+        << "it still answers NVML";
+  };
+
+  {
+    Child exporter(
+        {bin_, "exporter", "--simulate", "dgx-h100", "--sim-root", sim_, "--address", "127.0.0.1:0",
+         "--interval", "200ms", "--pod-resources-socket", "", "--vgpu-accounting-dir", ""},
+        dir_ + "/exporter.log");
+    check(exporter, PortAfter(exporter, "listening on port "), sim_);
+  }
+
+  emu::EmulatorOptions eo;
+  eo.device_plugin_dir = dir_ + "/dp";
+  eo.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
+  emu::KubeletEmulator kubelet(eo);
+  ASSERT_TRUE(kubelet.Start().ok());
+  const std::string sim2 = dir_ + "/sim2";
+  Child agent(
+      {bin_, "agent", "--simulate", "dgx-h100", "--sim-root", sim2, "--device-plugin-dir",
+       eo.device_plugin_dir, "--pod-resources-socket", eo.pod_resources_socket, "--metrics-address",
+       "127.0.0.1:0", "--metrics-interval", "200ms", "--labels-output", dir_ + "/features"},
+      dir_ + "/agent.log");
+  ASSERT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 8, 30s).ok()) << agent.output();
+  check(agent, PortAfter(agent, "metrics: http://127.0.0.1:"), sim2);
+  EXPECT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 7, 10s).ok())
+      << "the plugin withdrew GPU 3 as the exporter says";
+}
+
 // The labels command writes the GFD label set of dgx-h100 atomically, once.
 TEST_F(MetricsE2E, LabelsOneshotOnSimulatedNode) {
   std::string out = dir_ + "/features.d/gpulet";

@@ -546,6 +546,90 @@ TEST(Sampler, KubeletGoneKeepsLastAttribution) {
   EXPECT_THAT(t, HasSubstr("pod=\"a\""));
 }
 
+// A scrape sees the pods as the kubelet has them now, with the sampling and PodResources timers
+// at one hour: the first scrape after an allocation carries the new pod's labels (it waited for
+// both timers, up to 20 s with the defaults). One List per gap for all scrapes; a kubelet that
+// failed last time is not asked at a scrape.
+TEST(Sampler, ScrapeAttributesPodsAsOfNow) {
+  FakeGpuLayer g(2);
+  auto lister = std::make_unique<StaticLister>(std::vector<kubelet::PodDevice>{});
+  StaticLister* l = lister.get();
+  kubelet::PodResourcesCache cache(std::move(lister), std::chrono::hours(1));
+  cache.RefreshNow();
+  SamplerOptions o;
+  o.interval = std::chrono::hours(1);
+  o.scrape_list_gap = std::chrono::milliseconds(0);
+  Sampler sampler(&g, nullptr, &cache, nullptr, nullptr, o);
+  sampler.SampleOnce();
+  const uint64_t cycles = sampler.snapshot()->self.cycles;
+  EXPECT_THAT(sampler.ScrapeSnapshot()->text, Not(HasSubstr("pod=\"a\"")));
+
+  l->devices_ = {{"ml", "a", "c", "nvidia.com/gpu", g.inventory().devices[1].uuid}};
+  std::shared_ptr<const Snapshot> scraped = sampler.ScrapeSnapshot();
+  EXPECT_THAT(scraped->text,
+              HasSubstr("gpulet_container_gpu_info{namespace=\"ml\",pod=\"a\",container=\"c\""));
+  EXPECT_THAT(scraped->text, HasSubstr("pod=\"a\""));
+  EXPECT_EQ(scraped->self.cycles, cycles) << "attributed again, not sampled again";
+  EXPECT_THAT(sampler.snapshot()->text, HasSubstr("pod=\"a\"")) << "published for every reader";
+
+  // Unchanged answer: the same snapshot object, nothing rendered.
+  EXPECT_EQ(sampler.ScrapeSnapshot().get(), sampler.snapshot().get());
+
+  // The kubelet failed at the last call: scrapes leave it to the timer.
+  l->fail_ = true;
+  cache.RefreshNow();
+  const uint64_t refreshes = cache.state().refreshes;
+  sampler.ScrapeSnapshot();
+  EXPECT_EQ(cache.state().refreshes, refreshes);
+}
+
+TEST(Sampler, ScrapeListsAtMostOncePerGap) {
+  FakeGpuLayer g(1);
+  auto lister = std::make_unique<StaticLister>(std::vector<kubelet::PodDevice>{});
+  kubelet::PodResourcesCache cache(std::move(lister), std::chrono::hours(1));
+  cache.RefreshNow();
+  SamplerOptions o;
+  o.interval = std::chrono::hours(1);
+  o.scrape_list_gap = std::chrono::hours(1);
+  Sampler sampler(&g, nullptr, &cache, nullptr, nullptr, o);
+  sampler.SampleOnce();
+  const uint64_t before = cache.state().refreshes;
+  for (int i = 0; i < 5; ++i) sampler.ScrapeSnapshot();
+  EXPECT_EQ(cache.state().refreshes, before + 1);
+}
+
+// gpulet_gpu_healthy says what the device plugin decided (DeviceHealth), not only whether the GPU
+// answered: a withdrawn GPU that still answers NVML reads 0, with its telemetry still served.
+TEST(Sampler, HealthFollowsTheDevicePluginsDecision) {
+  class Withdrawn : public DeviceHealth {
+   public:
+    explicit Withdrawn(std::string uuid) : uuid_(std::move(uuid)) {}
+    std::string Reason(const gpu::Device& d) const override {
+      return d.uuid == uuid_ ? "XID 79" : "";
+    }
+    std::string uuid_;
+  };
+  FakeGpuLayer g(2);
+  int made = 0;
+  SamplerOptions o;
+  o.device_health = [&](gpu::GpuLayer* layer, const gpu::Inventory& inv) {
+    EXPECT_EQ(layer, &g);
+    EXPECT_EQ(inv.devices.size(), 2u);
+    ++made;
+    return std::make_unique<Withdrawn>(g.inventory().devices[1].uuid);
+  };
+  Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, o);
+  sampler.SampleOnce();
+  sampler.SampleOnce();
+  EXPECT_EQ(made, 1) << "made once, from the first inventory";
+  std::string t = sampler.snapshot()->text;
+  EXPECT_THAT(t, HasSubstr("gpulet_gpu_healthy{gpu=\"0\",uuid=\"" + g.inventory().devices[0].uuid +
+                           "\"} 1\n"));
+  EXPECT_THAT(t, HasSubstr("gpulet_gpu_healthy{gpu=\"1\",uuid=\"" + g.inventory().devices[1].uuid +
+                           "\"} 0\n"));
+  EXPECT_THAT(t, HasSubstr("gpulet_gpu_temperature_celsius{gpu=\"1\""));
+}
+
 // vGPU accounting files become per-container usage; utilisation is busy_ns growth over wall time.
 TEST(Sampler, ReadsVgpuAccounting) {
   gpulet::testing::FakeClock clock;

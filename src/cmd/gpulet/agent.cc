@@ -4,6 +4,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/cdi_flags.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/device_health.h"
 #include "cmd/gpulet/dra_flags.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
@@ -104,6 +105,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
           auto mo = checked_metrics;
           if (node::ReadinessController* r = readiness.get())
             mo->sampler.bare_pods_reported = [r] { return r->reported_bare_pods(); };
+          mo->sampler.device_health = PluginHealth(dp.health());
           auto e = metrics::Exporter::Start(*std::move(mo), &gpu, nullptr);
           if (!e.ok()) return e.status();
           exporter = *std::move(e);

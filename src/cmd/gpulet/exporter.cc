@@ -8,6 +8,7 @@
 
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/command.h"
+#include "cmd/gpulet/device_health.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/logs.h"
 #include "cmd/gpulet/metrics_flags.h"
@@ -26,6 +27,9 @@ std::function<int()> SetupExporter(CLI::App& sub) {
   return [gpu_opts, flags] {
     auto options = ToExporterOptions(*flags);
     if (!options.ok()) return Fail("gpulet exporter", options.status(), kUsageError);
+    auto health = StandaloneHealth();  // the device plugin's rules, from the same environment
+    if (!health.ok()) return Fail("gpulet exporter", health.status(), kUsageError);
+    options->sampler.device_health = *std::move(health);
     const sigset_t stop = BlockStopSignals();
     UseDaemonLogs();
     auto opener = [gpu_opts] { return gpu::OpenGpuLayer(*gpu_opts); };

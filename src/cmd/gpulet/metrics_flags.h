@@ -90,8 +90,9 @@ inline void AddExporterFlags(CLI::App& sub, ExporterFlags& f, bool with_pod_sock
         ->type_name("PATH");
   }
   sub.add_option("--" + prefix + "pod-resources-interval", f.pod_resources_interval,
-                 "How often the kubelet is asked which pod holds which GPU (also on demand after "
-                 "allocations in the agent); never per scrape")
+                 "How often the kubelet is asked which pod holds which GPU; it is also asked "
+                 "after allocations and before a scrape (at most once a second), so a new pod is "
+                 "attributed at the first scrape")
       ->capture_default_str()
       ->type_name("DURATION");
   sub.add_option("--" + prefix + "resource-name", f.resource_names,
