@@ -231,6 +231,14 @@ int RunScheduler(SchedulerFlags f) {
                   kUsageError);
     SSL_CTX_free(*ctx);
   }
+  // A port free at the check can be taken before the server binds it; httplib then says only
+  // that it failed, so the probe is asked again for which of in use, no permission or no address.
+  auto listen_failed = [](const std::string& flag, const std::string& host, int port) {
+    absl::Status why = ProbeTcpListen(host, port);
+    return Fail(kWho,
+                flag + ": " +
+                    (why.ok() ? absl::StrCat("cannot listen on ", host, ":", port) : Message(why)));
+  };
   for (const auto& [flag, host, port] :
        {std::tuple<const char*, std::string, int>{"--extender-listen", ext_host, ext_port},
         {"--webhook-listen", hook_host, f.webhook_listen.empty() ? 0 : hook_port},
@@ -365,7 +373,7 @@ int RunScheduler(SchedulerFlags f) {
     });
     if (!ext.server->bind_to_port(ext_host, ext_port)) {
       stop_all();
-      return Fail(kWho, "cannot listen on " + f.extender_listen);
+      return listen_failed("--extender-listen " + f.extender_listen, ext_host, ext_port);
     }
     ext.thread = std::thread([&ext] { ext.server->listen_after_bind(); });
   }
@@ -376,7 +384,7 @@ int RunScheduler(SchedulerFlags f) {
     });
     if (!health.server->bind_to_port(health_host, health_port)) {
       stop_all();
-      return Fail(kWho, "cannot listen on --health-listen " + f.health_listen);
+      return listen_failed("--health-listen " + f.health_listen, health_host, health_port);
     }
     health.thread = std::thread([&health] { health.server->listen_after_bind(); });
   }
@@ -392,7 +400,7 @@ int RunScheduler(SchedulerFlags f) {
     webhook.Register(*hook.server);
     if (!hook.server->bind_to_port(hook_host, hook_port)) {
       stop_all();
-      return Fail(kWho, "cannot serve HTTPS on --webhook-listen \"" + f.webhook_listen + "\"");
+      return listen_failed("--webhook-listen " + f.webhook_listen, hook_host, hook_port);
     }
     hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
     cert->PublishCa();
