@@ -129,7 +129,8 @@ const std::vector<Setting> kSettings = {
     {"gpulet.vgpu.policy",
      "vgpu-policy",
      {"GPULET_VGPU_POLICY"},
-     "Placement of vGPU pods the scheduler extender did not place: binpack | spread | ..."},
+     "Placement of vGPU pods the scheduler extender did not place: binpack | spread | random | "
+     "best-fit | gpu-packing | dot-product | fgd | gpulet"},
     {"gpulet.vgpu.reconcileInterval",
      "vgpu-reconcile-interval",
      {"GPULET_VGPU_RECONCILE_INTERVAL"},

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
 #include "cmd/common/cli.h"
 #include "common/signals.h"
 #include "fake_nvml/fault_cli.h"
+#include "fake_nvml/machine.h"
 #include "testing/sim/sim_node.h"
 
 namespace {
@@ -85,8 +87,8 @@ int main(int argc, char** argv) {
   gpulet::sim::SimOptions opt;
   bool serve = false;
   app.add_option("--simulate", opt.profile,
-                 "Machine profile: built-in name (dgx-h100, dgx1-v100, a100-mig, pcie-t4, ...) or "
-                 "machine-file path")
+                 "Machine profile: built-in name (" +
+                     absl::StrJoin(gpulet::sim::BuiltinProfiles(), ", ") + ") or machine-file path")
       ->type_name("PROFILE");
   app.add_option("--sim-root", opt.sim_root,
                  "State directory of the simulated node (kubelet sockets, fake /sys, fault log); "

@@ -230,6 +230,59 @@ TEST(Help, EveryGpuletCommandHasAnExample) {
   EXPECT_GT(commands, 8) << out;
 }
 
+// Each --help of ours (every gpulet command and the subcommands under them, gpulet-sim,
+// gpulet-sched simulate) names its allowed values in full and its default once: no list that ends
+// in "...", and no option line with two defaults (e.g. "(default: number of CPUs) (default: 0)").
+TEST(Help, ListsAreWholeAndDefaultsSaidOnce) {
+  if (access((kBin + "gpulet").c_str(), X_OK) != 0 || access((kBin + "gpulet-sched").c_str(), X_OK))
+    GTEST_SKIP() << "gpulet and gpulet-sched are not built";
+  std::vector<std::vector<std::string>> commands = {{kBin + "gpulet-sched", "simulate"},
+                                                    {kBin + "gpulet-sim"}};
+  for (const char* c : {"agent", "cdi", "cdi generate", "device-plugin", "dra-driver", "exporter",
+                        "info", "install", "labels", "runtime", "runtime configure", "scheduler",
+                        "uninstall", "validate"}) {
+    std::vector<std::string> argv = {kBin + "gpulet"};
+    std::istringstream words(c);
+    for (std::string w; words >> w;) argv.push_back(w);
+    commands.push_back(argv);
+  }
+  const std::regex elided("(,|\\|) \\.\\.\\."), twice("\\(default[^\\n]*\\(default");
+  for (std::vector<std::string> argv : commands) {
+    argv.push_back("--help");
+    auto [code, help] = gpulet::testing_process::RunCaptured(argv);
+    const std::string who = argv.size() > 2 ? argv[1] : argv[0];
+    EXPECT_EQ(code, 0) << who << ": " << help;
+    std::istringstream lines(help);
+    for (std::string line; std::getline(lines, line);) {
+      EXPECT_FALSE(std::regex_search(line, elided)) << who << ": " << line;
+      EXPECT_FALSE(std::regex_search(line, twice)) << who << ": " << line;
+    }
+  }
+}
+
+// The help of --vgpu-policy names every policy the node and the extender accept (the list the
+// scheduler's refusal prints), so the two cannot drift apart.
+TEST(Help, VgpuPolicyNamesEveryPolicy) {
+  if (access((kBin + "gpulet").c_str(), X_OK) != 0) GTEST_SKIP() << "gpulet is not built";
+  auto [code, refusal] =
+      gpulet::testing_process::RunCaptured({kBin + "gpulet", "scheduler", "--policy", "bogus"});
+  EXPECT_EQ(code, 2) << refusal;
+  std::smatch known;
+  ASSERT_TRUE(std::regex_search(refusal, known, std::regex("known: ([a-z, -]+)\\)"))) << refusal;
+  auto [c, help] = gpulet::testing_process::RunCaptured({kBin + "gpulet", "agent", "--help"});
+  ASSERT_EQ(c, 0);
+  std::smatch line;
+  ASSERT_TRUE(std::regex_search(help, line, std::regex("--vgpu-policy[^\\n]*"))) << help;
+  std::istringstream names(known[1].str());
+  int n = 0;
+  for (std::string name; std::getline(names, name, ',');) {
+    name.erase(0, name.find_first_not_of(' '));
+    EXPECT_THAT(line[0].str(), HasSubstr(name)) << name;
+    ++n;
+  }
+  EXPECT_GE(n, 3) << refusal;
+}
+
 // A long-running command stops within a second of SIGINT, even while a pod's simulated run time
 // (1h30m) is still going (both signals used to stay pending); SIGKILL takes its agent with it.
 TEST(Signals, SimStopsOnSigintAndItsAgentDiesWithIt) {

@@ -35,8 +35,10 @@ class HelpFormatter : public CLI::Formatter {
   std::string make_option_desc(const CLI::Option* opt) const override {
     std::string d = opt->get_description();
     const std::string& def = opt->get_default_str();
-    // Flags (no value) and empty lists have no default worth a word.
-    if (opt->get_type_size() != 0 && !def.empty() && def != "[]" && !opt->get_required())
+    // Flags (no value) and empty lists have no default worth a word; a description that says
+    // its default in words ("default: number of CPUs") is not given a second one.
+    if (opt->get_type_size() != 0 && !def.empty() && def != "[]" && !opt->get_required() &&
+        d.find("default") == std::string::npos)
       d += " (default: " + def + ")";
     return d;
   }

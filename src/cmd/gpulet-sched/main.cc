@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       },
       "UINT64");
   sim->add_option("--seed", f.request.seed, "first seed")->check(whole_u64)->capture_default_str();
-  sim->add_option("--seeds", f.request.seeds, "number of seeds (seed, seed+1, ...)")
+  sim->add_option("--seeds", f.request.seeds, "number of seeds, counting up from --seed")
       ->capture_default_str();
   sim->add_option("--arrivals", f.request.arrivals,
                   "stop when requested GPU reaches this x capacity")
