@@ -14,6 +14,10 @@ no_leftovers() {
   check "$what: no mount under $D or on /var/lib/kubelet left" \
     bash -c '! grep -qE " ($1/|/var/lib/kubelet|/var/log/pods)" /proc/self/mountinfo' _ "$D"
   check "$what: network devices as before" [ "$(links)" = "$(cat "$STATE/links.before")" ]
+  # The pod network (testing/k8s/cluster pod_network_up): its bridge, and libcni's cache, which the
+  # mount namespace keeps off the host's /var/lib/cni (as it keeps containerd's netns pins off /run/netns).
+  check "$what: the pod network's bridge gpulet-cni0 is gone" bash -c '! ip link show gpulet-cni0 >/dev/null 2>&1'
+  check "$what: nothing of the pod network in the host's /var/lib/cni" bash -c '! grep -rqs gpulet-pods /var/lib/cni'
   check "$what: KUBE-* iptables rules as before" [ "$(kube_rules)" = "$(cat "$STATE/kube-rules.before")" ]
   check "$what: no kubepods cgroup left" bash -c '! ls -d /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods 2>/dev/null | grep -q .'
   check "$what: $D removed" [ ! -e "$D" ]
