@@ -11,6 +11,8 @@
 #   stand-in driver container's root (/run/nvidia/driver): install finds it there and the agent's
 #   validation probe mounts its files (this overlay's pods get device specs, not the shim: no
 #   libraries; cluster.dra_daemonset checks them in a claim's container);
+# - the vGPU path (vgpu_checks.sh, vgpu_restart_checks.sh), and examples/05-vgpu.yaml as printed on
+#   the cluster's pod network: its container gets one GPU and the example's limits;
 # - uninstall as docs/install.md says: `kubectl debug node/... --profile=sysadmin -- gpulet
 #   uninstall --host-root /host`, then `kubectl delete -k`: containerd's config.toml is byte for
 #   byte what it was, nothing of gpulet is left on the node, nvidia.com/gpu is gone;
@@ -33,7 +35,7 @@ cleanup() {
   kc taint node "$NODE" gpulet.io/gpu-stack-not-ready- >/dev/null 2>&1
   kc delete deployment gpu-reboot --ignore-not-found >/dev/null 2>&1
   [ -n "$(cat "$D/pids/kubelet" 2>/dev/null)" ] && kill -0 "$(cat "$D/pids/kubelet")" 2>/dev/null || "$cluster" kubelet-start "$build" >/dev/null 2>&1
-  kc delete pod vgpu-a vgpu-b gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
+  kc delete pod vgpu-a vgpu-b vgpu-inference gpu-installed --ignore-not-found --grace-period=0 >/dev/null 2>&1
   [ ! -f "$D/kube-scheduler-config.yaml" ] || "$cluster" scheduler "$build" >/dev/null 2>&1
   restart_plugin
   rm -rf "$D/fixed/run/nvidia/driver"
@@ -106,6 +108,28 @@ clean_pods gpu-installed
 
 # --- vGPU: the real API server calls the webhook, the real kube-scheduler the extender ------------
 . "$src/tests/cluster/vgpu_checks.sh"
+# examples/05-vgpu.yaml as printed (on the pod network; its image is the cluster's vectoradd
+# stand-in, which lists the GPU and limits it got and exits 0, so the pod, restartPolicy Always,
+# runs it again): 30 cores and 20 units of one GPU of the vGPU pool. Deleted before the restart
+# checks, whose binpack expectation counts only their own pods.
+clean_pods vgpu-inference
+out=$(kc apply -f "$src/examples/05-vgpu.yaml" 2>&1)
+check "kubectl apply -f examples/05-vgpu.yaml ($out)" [ "$out" = "pod/vgpu-inference created" ]
+vlogs() { kc logs vgpu-inference 2>/dev/null; kc logs vgpu-inference --previous 2>/dev/null; }
+passed() { vlogs | grep -q 'Test PASSED'; }
+wait_until 60 passed
+logs=$(vlogs)
+check "vgpu-inference ran: \"Test PASSED\" on 1 GPU ($(grep -m1 '^GPUs' <<< "$logs"))" \
+  bash -c '[[ "$1" == *"Test PASSED"* && "$1" == *"GPUs: 1 "* ]]' _ "$logs"
+check "... with GPULET_VGPU_CORE_LIMIT=30 and a 5 GiB memory limit" \
+  bash -c 'grep -qx GPULET_VGPU_CORE_LIMIT=30 <<< "$1" && grep -qx GPULET_VGPU_MEMORY_LIMIT=$((20 * 268435456)) <<< "$1"' _ "$logs"
+vip=$(kc get pod vgpu-inference -o 'jsonpath={.status.podIP}')
+check "vgpu-inference is on the pod network ($vip, hostNetwork: $(kc get pod vgpu-inference -o 'jsonpath={.spec.hostNetwork}'))" \
+  python3 -c 'import ipaddress, json, sys
+r = json.load(open(sys.argv[1]))["plugins"][0]["ipam"]["ranges"][0][0]
+sys.exit(0 if ipaddress.ip_address(sys.argv[2]) in ipaddress.ip_network(r["subnet"]) else 1)' "$D/cni/10-gpulet-pods.conflist" "$vip"
+passed || { kc describe pod vgpu-inference | tail -n 10; }
+clean_pods vgpu-inference
 . "$src/tests/cluster/vgpu_restart_checks.sh"
 
 # --- the reboot order: kubelet first, then the agent -------------------------------------------------
