@@ -63,6 +63,9 @@ wait_until 60 succeeded cuda-vectoradd
 t1=$(now)
 check "cuda-vectoradd Succeeded (phase: $(phase cuda-vectoradd))" succeeded cuda-vectoradd
 succeeded cuda-vectoradd && echo "figure: kubectl apply -f examples/ -> cuda-vectoradd Succeeded: $(elapsed "$t0" "$t1") s"
+# The README's and docs/cluster.md's command for it.
+check "kubectl wait pod/cuda-vectoradd --for=jsonpath='{.status.phase}'=Succeeded, as printed" \
+  kc wait pod/cuda-vectoradd --for=jsonpath='{.status.phase}'=Succeeded --timeout=10s
 logs=$(kc logs cuda-vectoradd 2>&1)
 check "kubectl logs cuda-vectoradd: 1 GPU, \"Test PASSED\" ($(tr '\n' ';' <<< "$logs"))" \
   bash -c '[[ "$1" == *"GPUs: 1 "* && "$1" == *"Test PASSED"* ]]' _ "$logs"
@@ -111,6 +114,9 @@ kc delete -f "$ex/" --grace-period=0 --force --wait=true --timeout=60s >/dev/nul
 no_veths() { [ -z "$(ip -o link show master "$bridge" 2>/dev/null)" ]; }
 wait_until 30 no_veths
 check "pods deleted: no veth left on $bridge" no_veths
-left=$(cd "$D/cni-state" 2>/dev/null && for a in $ips; do ls -- */"$a" 2>/dev/null; done)
-check "pods deleted: host-local released their addresses ($left)" [ -z "$left" ]
+# The bridge plugin deletes the veth first, then asks host-local to release the address.
+held() { (cd "$D/cni-state" 2>/dev/null && for a in $ips; do ls -- */"$a" 2>/dev/null; done); }
+released() { [ -z "$(held)" ]; }
+wait_until 30 released
+check "pods deleted: host-local released their addresses ($(held))" released
 finish
