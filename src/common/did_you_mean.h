@@ -29,13 +29,20 @@ inline size_t Distance(const std::string& a, const std::string& b) {
 
 }  // namespace internal
 
-// The closest of `names` (known flags and commands) to `word` (empty when nothing is close).
+// The closest of `names` (known flags and commands) to `word` (empty when nothing is close); else
+// the one name that `word` begins (--power for --power-mw: a unit left out is three edits).
 inline std::string DidYouMean(const std::vector<std::string>& names, const std::string& word) {
   std::string best;
   size_t best_d = std::max<size_t>(2, word.size() / 4) + 1;
   for (const auto& n : names) {
     size_t d = internal::Distance(word, n);
     if (d < best_d) best_d = d, best = n;
+  }
+  if (!best.empty() || word.size() < 4) return best;
+  for (const auto& n : names) {
+    if (n.size() <= word.size() || n.compare(0, word.size(), word) != 0) continue;
+    if (!best.empty()) return "";  // two names begin so: no guess
+    best = n;
   }
   return best;
 }

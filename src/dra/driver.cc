@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "k8s/dra/v1/api.grpc.pb.h"
@@ -289,7 +290,7 @@ absl::Status Driver::Start() {
   // A slice the API refuses must not keep the kubelet plugin from serving claims already
   // prepared: logged, retried by the sync thread.
   absl::Status first = Sync();
-  if (!first.ok()) spdlog::warn("DRA: {}", first.ToString());
+  if (!first.ok()) spdlog::warn("DRA: {}", std::string(first.message()));
   if (!options_.kubelet_dir.empty()) {
     auto served = std::make_unique<Served>();
     std::string svc = service_socket(), reg = registration_socket();
@@ -358,7 +359,7 @@ void Driver::Loop(uint64_t seen, bool failed) {
     seen = now_gen;
     last = options_.clock->Now();
     absl::Status s = Sync();
-    if (!s.ok() && !failed) spdlog::warn("DRA: {}", s.ToString());
+    if (!s.ok() && !failed) spdlog::warn("DRA: {}", std::string(s.message()));
     failed = !s.ok();
   }
 }
@@ -642,7 +643,7 @@ absl::Status Driver::LoadCheckpoint() {
         c.devices.push_back(std::move(pd));
       }
     } catch (const nlohmann::json::exception& ex) {
-      return absl::DataLossError(absl::StrCat(path, ": ", ex.what()));
+      return absl::DataLossError(JsonErrorText(path, ex.what()));
     }
     if (!RootedFilesystem().Exists(c.spec_file) && !c.spec_text.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(c.spec_file, c.spec_text, 0644));

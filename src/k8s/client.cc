@@ -14,8 +14,8 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "http/tls.h"
 #include "httplib.h"
-#include "k8s/tls.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::k8s {
@@ -188,7 +188,7 @@ Client::Client(Config config, Clock* clock)
     tls_->cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
     BIO_free(b);
     b = BIO_new_mem_buf(config_.client_key_pem.data(), -1);
-    tls_->key = PEM_read_bio_PrivateKey(b, nullptr, &NoPassphrase, nullptr);
+    tls_->key = PEM_read_bio_PrivateKey(b, nullptr, &http::NoPassphrase, nullptr);
     BIO_free(b);
     if (!tls_->cert || !tls_->key) spdlog::warn("kubeconfig client certificate/key unreadable");
   }
@@ -605,7 +605,7 @@ void Reflector::Run() {
     auto list = client_->Call(
         "GET", path_ + QueryString(ListOptions{opts_.label_selector, opts_.field_selector}, false));
     if (!list.ok()) {
-      spdlog::warn("list {}: {}", path_, list.status().ToString());
+      spdlog::warn("list {}: {}", path_, std::string(list.status().message()));
       std::this_thread::sleep_for(backoff);
       grow();
       continue;
@@ -632,7 +632,8 @@ void Reflector::Run() {
         return !stop_.load();
       });
       if (!ended.ok()) {
-        if (!stop_) spdlog::info("watch {} ended: {}; re-listing", path_, ended.ToString());
+        if (!stop_)
+          spdlog::info("watch {} ended: {}; re-listing", path_, std::string(ended.message()));
         break;
       }
       progressed = true;

@@ -42,7 +42,8 @@ absl::StatusOr<std::vector<VgpuContainerUsage>> AccountingDirUsageSource::Read()
     absl::StatusOr<vgpu::AccountingSnapshot> read = vgpu::ReadAccountingFile(path, &cut);
     if (cut) spdlog::warn("vGPU: {} had grown past its region; cut back", path);
     if (!read.ok()) {
-      if (!absl::IsNotFound(read.status())) spdlog::debug("vGPU: {}", read.status().ToString());
+      if (!absl::IsNotFound(read.status()))
+        spdlog::debug("vGPU: {}", std::string(read.status().message()));
       continue;
     }
     const vgpu::AccountingSnapshot& a = *read;
@@ -177,7 +178,7 @@ gpu::GpuLayer* Sampler::Layer() {
   if (!layer && opener_) {
     absl::StatusOr<std::unique_ptr<gpu::GpuLayer>> opened = opener_();
     if (!opened.ok()) {
-      spdlog::warn("metrics: GPU layer unavailable: {}", opened.status().ToString());
+      spdlog::warn("metrics: GPU layer unavailable: {}", std::string(opened.status().message()));
       return nullptr;
     }
     owned_gpu_ = *std::move(opened);

@@ -25,36 +25,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "http/listen_address.h"
 
 namespace gpulet::metrics {
-
-absl::StatusOr<std::pair<std::string, int>> ParseListenAddress(std::string_view saddr) {
-  absl::string_view address(saddr.data(), saddr.size()), host, port;
-  if (!address.empty() && address.front() == '[') {
-    size_t close = address.find(']');
-    if (close == absl::string_view::npos || close + 1 >= address.size() ||
-        address[close + 1] != ':') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("listen address '", address, "': expected [ipv6]:port"));
-    }
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("listen address '", address, "': expected host:port or :port"));
-    }
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  int p = 0;
-  if (!absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen address '", address, "': port '", port, "' is not 0..65535"));
-  }
-  return std::make_pair(host.empty() ? std::string("0.0.0.0") : std::string(host), p);
-}
 
 using Clk = std::chrono::steady_clock;
 
@@ -593,7 +566,7 @@ std::unique_ptr<GuardedServer> NewServer(ServerOptions o, int threads,
 }
 
 absl::StatusOr<int> Bind(GuardedServer& s, const std::string& address) {
-  auto hp = ParseListenAddress(address);
+  auto hp = http::ParseListenAddress(address);
   if (!hp.ok()) return hp.status();
   auto [host, port] = *hp;
   // httplib says only that binding failed; the probe says which of in use, no permission or no

@@ -58,9 +58,6 @@ struct ServerOptions {
   int max_connections_per_peer = 16;                // of those, from one IP address
 };
 
-// "host:port", ":port" or "[v6]:port" -> (host, port). InvalidArgument naming the flag value.
-absl::StatusOr<std::pair<std::string, int>> ParseListenAddress(std::string_view address);
-
 class MetricsServer {
  public:
   MetricsServer(Sampler* sampler, ServerOptions options);

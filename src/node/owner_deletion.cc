@@ -102,7 +102,7 @@ void OwnerDeletion::Run(std::chrono::milliseconds retry) {
     auto pod = client_->GetPod(ns_, pod_);
     absl::Status st = pod.ok() ? LearnOwner(*pod) : pod.status();
     if (st.ok()) break;
-    spdlog::warn("uninstall-on-delete: {} (retrying)", st.ToString());
+    spdlog::warn("uninstall-on-delete: {} (retrying)", std::string(st.message()));
     std::unique_lock<std::mutex> l(mu_);
     if (cv_.wait_for(l, retry, [this] { return stop_; })) return;
   }

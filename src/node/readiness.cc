@@ -217,7 +217,7 @@ void ReadinessController::Start() {
     while (!stop_) {
       lock.unlock();
       auto r = ReconcileOnce();
-      if (!r.ok()) spdlog::warn("gpu-stack readiness: {}", r.status().ToString());
+      if (!r.ok()) spdlog::warn("gpu-stack readiness: {}", std::string(r.status().message()));
       lock.lock();
       cv_.wait_for(lock, options_.interval, [this] { return stop_ || wake_; });
       wake_ = false;

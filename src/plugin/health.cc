@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
+#include "common/json.h"
 
 namespace gpulet::plugin {
 namespace {
@@ -91,7 +92,7 @@ absl::StatusOr<Isolation> ParseIsolation(const std::string& text, const std::str
   } catch (const nlohmann::json::exception& e) {
     // Valid syntax the library still refuses, e.g. a number too large for a double (1e999 is
     // out_of_range, not parse_error): an error like any other, never an abort of the agent.
-    return absl::InvalidArgumentError(absl::StrCat(where, ": not usable JSON: ", e.what()));
+    return absl::InvalidArgumentError(JsonErrorText(where, e.what(), "not usable JSON"));
   }
   if (!j.is_object())
     return absl::InvalidArgumentError(absl::StrCat(where,
@@ -273,7 +274,8 @@ void HealthMonitor::CheckIsolationFile() {
   auto parsed = ParseIsolation(content, path);
   if (!parsed.ok()) {
     // Keep the last good list: a half-edited file must not put isolated GPUs back in service.
-    spdlog::error("{} (keeping the previous isolation list)", parsed.status().ToString());
+    spdlog::error("{} (keeping the previous isolation list)",
+                  std::string(parsed.status().message()));
     isolation_status_ = parsed.status();
     return;
   }

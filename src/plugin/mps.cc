@@ -300,7 +300,7 @@ absl::Status MpsDaemon::Start() {
   RETURN_IF_ERROR(Command("get_default_active_thread_percentage").status());
   std::string started = Join(options_.root, share_.resource, ".started");
   if (absl::Status s = WriteFileAtomic(started, ""); !s.ok())
-    spdlog::warn("MPS {}: {}", share_.resource, s.ToString());
+    spdlog::warn("MPS {}: {}", share_.resource, std::string(s.message()));
   (void)WriteFileAtomic(Join(options_.root, ".ready"), "");
   spdlog::info("MPS {}: control daemon ready ({} GPUs, {} replicas: {}% threads each)",
                share_.resource, share_.gpus.size(), share_.replicas, 100 / share_.replicas);
@@ -349,7 +349,7 @@ void MpsDaemon::Supervise() {
       SetHealthy(true);
       wait = options_.probe_interval;
     } else {
-      spdlog::error("MPS {}: restart failed: {}", share_.resource, s.ToString());
+      spdlog::error("MPS {}: restart failed: {}", share_.resource, std::string(s.message()));
       wait = std::min(wait * 2, options_.max_backoff);
     }
   }
@@ -364,9 +364,9 @@ void MpsDaemon::Stop() {
   }
   if (supervisor_.joinable()) supervisor_.join();
   if (auto q = Command("quit"); !q.ok())
-    spdlog::warn("MPS {}: {}", share_.resource, q.status().ToString());
+    spdlog::warn("MPS {}: {}", share_.resource, std::string(q.status().message()));
   if (absl::Status s = SetComputeMode("DEFAULT"); !s.ok())
-    spdlog::warn("MPS {}: {}", share_.resource, s.ToString());
+    spdlog::warn("MPS {}: {}", share_.resource, std::string(s.message()));
   std::error_code ec;
   std::filesystem::remove(Join(options_.root, share_.resource, ".started"), ec);
   std::filesystem::remove_all(MpsLogDir(options_.root, share_.resource), ec);

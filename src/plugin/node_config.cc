@@ -65,7 +65,8 @@ void NodeConfigWatcher::Report(const std::string& type, const std::string& reaso
   auto ev = options_.api->CreateEvent(
       "default",
       k8s::MakeEvent(node_, type, reason, message, options_.component, options_.node_name));
-  if (!ev.ok()) spdlog::warn("config: cannot create the Event: {}", ev.status().ToString());
+  if (!ev.ok())
+    spdlog::warn("config: cannot create the Event: {}", std::string(ev.status().message()));
 }
 
 absl::StatusOr<std::string> NodeConfigWatcher::Initial() {
@@ -76,7 +77,7 @@ absl::StatusOr<std::string> NodeConfigWatcher::Initial() {
       node_ = *node;
     else
       spdlog::warn("config: cannot read Node {} ({}); using the default config", options_.node_name,
-                   node.status().ToString());
+                   std::string(node.status().message()));
   }
   absl::MutexLock l(&mu_);
   std::string label;

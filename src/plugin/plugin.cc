@@ -119,7 +119,8 @@ absl::Status DevicePlugin::Start() {
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
         if (mu_.AwaitWithTimeout(absl::Condition(&stop), config_.vgpu.reconcile_interval)) return;
       }
-      if (absl::Status s = ReconcileVgpu(); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+      if (absl::Status s = ReconcileVgpu(); !s.ok())
+        spdlog::warn("vGPU: {}", std::string(s.message()));
     }
   });
   if (inventory_.devices.empty()) spdlog::warn("no GPUs found; serving nothing until a reload");
@@ -207,7 +208,7 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
   auto undo = [&] {
     for (auto& d : fresh) d->Stop();
     for (auto& d : replaced)
-      if (absl::Status s = d->Start(); !s.ok()) spdlog::error("MPS: {}", s.ToString());
+      if (absl::Status s = d->Start(); !s.ok()) spdlog::error("MPS: {}", std::string(s.message()));
   };
   for (MpsShare& share : shares) {
     MpsOptions mo;

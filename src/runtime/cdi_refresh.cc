@@ -64,7 +64,7 @@ void CdiRefresher::Loop() {
     if (quick > 0) --quick;
     auto r = RefreshOnce();
     absl::MutexLock l(&mu_);
-    std::string err = r.ok() ? "" : r.status().ToString();
+    std::string err = r.ok() ? "" : std::string(r.status().message());
     if (!err.empty() && err != last_error_) spdlog::warn("CDI spec {}: {}", path_, err);
     last_error_ = err;
   }

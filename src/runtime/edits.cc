@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/status.h"
 
 namespace gpulet::runtime {
@@ -178,7 +179,7 @@ absl::StatusOr<Json> LoadOciSpec(const std::string& path) {
       (void)unused;
     } catch (const Json::exception& e) {
       // Not only parse_error: a number out of range (5e370551615) is out_of_range.
-      return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON: ", e.what()));
+      return absl::InvalidArgumentError(JsonErrorText(path, e.what(), "invalid JSON"));
     }
     return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
   }

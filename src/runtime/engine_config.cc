@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "toml++/toml.h"
@@ -327,7 +328,7 @@ absl::StatusOr<std::vector<FileChange>> Docker(const ConfigureOptions& o,
       j = Json::parse(c.before);
     } catch (const Json::exception& e) {
       // Not only parse_error: a number out of range (1e999) is out_of_range.
-      return absl::InvalidArgumentError(absl::StrCat(cfg, ": invalid JSON: ", e.what()));
+      return absl::InvalidArgumentError(JsonErrorText(cfg, e.what(), "invalid JSON"));
     }
     if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg, ": not a JSON object"));
   }

@@ -9,8 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "http/guarded_server.h"
 #include "httplib.h"
-#include "k8s/guarded_server.h"
 #include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
 
@@ -921,7 +921,7 @@ void Extender::Register(httplib::Server& server, const std::string& prefix) {
         absl::MutexLock l(&serving_mu_);
         return answer_error(503, not_serving_why_);
       }
-      auto args = k8s::ParseUntrustedJson(req.body);
+      auto args = http::ParseUntrustedJson(req.body);
       if (!args.ok()) {
         return answer_error(absl::IsResourceExhausted(args.status()) ? 503 : 400,
                             absl::StrCat("request body: ", args.status().message()));

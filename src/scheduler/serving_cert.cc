@@ -14,23 +14,23 @@
 
 namespace gpulet::scheduler {
 
-absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s::Client* api,
-                                                const k8s::PemPair* current) {
+absl::StatusOr<http::PemPair> ServingCertificate(const ServingCertOptions& o, k8s::Client* api,
+                                                 const http::PemPair* current) {
   const auto renew_before = o.renew_before;
   if (!o.cert_file.empty() || !o.key_file.empty()) {
     if (o.cert_file.empty() || o.key_file.empty()) {
       return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together");
     }
-    k8s::PemPair p;
+    http::PemPair p;
     ASSIGN_OR_RETURN(p.cert_pem, ReadFileToString(o.cert_file));
     ASSIGN_OR_RETURN(p.key_pem, ReadFileToString(o.key_file));
     return p;
   }
   if (o.secret.empty()) {
-    if (current && !k8s::CertificateExpiresWithin(current->cert_pem, renew_before, *o.clock)) {
+    if (current && !http::CertificateExpiresWithin(current->cert_pem, renew_before, *o.clock)) {
       return *current;
     }
-    return k8s::SelfIssuedCertificate(o.names);
+    return http::SelfIssuedCertificate(o.names);
   }
   std::vector<std::string> ns_name = absl::StrSplit(o.secret, '/');
   if (ns_name.size() != 2 || !api) {
@@ -45,7 +45,7 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
   // winner's pair instead of failing.
   for (int attempt = 0;; ++attempt) {
     auto secret = api->Call("GET", path);
-    k8s::PemPair p;
+    http::PemPair p;
     auto data_field = [&secret](const char* key) {
       std::string out;
       if (!secret.ok()) return out;
@@ -62,11 +62,11 @@ absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s
     // versions) the self-issued pair is replaced: the new one goes into the Secret (PUT below)
     // and, with a webhook configuration, into caBundle.
     if (!p.cert_pem.empty() && !p.key_pem.empty() && !p.ca_pem.empty() &&
-        !k8s::CertificateExpiresWithin(p.cert_pem, renew_before, *o.clock) &&
-        k8s::CertificateCovers(p.cert_pem, o.names)) {
+        !http::CertificateExpiresWithin(p.cert_pem, renew_before, *o.clock) &&
+        http::CertificateCovers(p.cert_pem, o.names)) {
       return p;
     }
-    ASSIGN_OR_RETURN(p, k8s::SelfIssuedCertificate(o.names));
+    ASSIGN_OR_RETURN(p, http::SelfIssuedCertificate(o.names));
     nlohmann::json body = {{"apiVersion", "v1"},
                            {"kind", "Secret"},
                            {"type", "kubernetes.io/tls"},
@@ -100,7 +100,7 @@ void PublishCaBundle(k8s::Client& api, const std::string& configuration,
         &patch, "application/json-patch+json");
     if (!r.ok() && !absl::IsNotFound(r.status())) {
       spdlog::warn("cannot publish caBundle into {} {}: {}", kind, configuration,
-                   r.status().ToString());
+                   std::string(r.status().message()));
     }
   }
 }
@@ -152,7 +152,7 @@ void ServingCert::PublishCa() {
 
 absl::StatusOr<bool> ServingCert::RenewOnce() {
   if (!self_issued_) return false;
-  ASSIGN_OR_RETURN(k8s::PemPair next, ServingCertificate(o_, api_, &current_));
+  ASSIGN_OR_RETURN(http::PemPair next, ServingCertificate(o_, api_, &current_));
   if (next.cert_pem == current_.cert_pem) return false;
   // The API server is told to trust the new and the old CA before the new pair is served.
   if (api_) PublishCaBundle(*api_, o_.webhook_configuration, next.ca_pem + current_.ca_pem);
@@ -168,7 +168,7 @@ void ServingCert::StartRenewal(std::chrono::milliseconds interval) {
     while (!stop_.WaitForNotificationWithTimeout(absl::FromChrono(interval))) {
       auto renewed = RenewOnce();
       if (!renewed.ok()) {
-        spdlog::warn("webhook certificate renewal: {}", renewed.status().ToString());
+        spdlog::warn("webhook certificate renewal: {}", std::string(renewed.status().message()));
       } else if (*renewed) {
         spdlog::info("webhook certificate renewed");
       }

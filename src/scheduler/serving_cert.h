@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "http/tls.h"
 #include "k8s/client.h"
-#include "k8s/tls.h"
 
 namespace gpulet::scheduler {
 
@@ -40,8 +40,8 @@ struct ServingCertOptions {
 // is kept until it is within renew_before of expiry. A Secret that is missing, unreadable, lacks
 // its CA or is near expiry is replaced with a new self-issued pair (PUT or POST).
 // REQUIRES: api != nullptr when o.secret is set.
-absl::StatusOr<k8s::PemPair> ServingCertificate(const ServingCertOptions& o, k8s::Client* api,
-                                                const k8s::PemPair* current = nullptr);
+absl::StatusOr<http::PemPair> ServingCertificate(const ServingCertOptions& o, k8s::Client* api,
+                                                 const http::PemPair* current = nullptr);
 
 // Sets the caBundle of both webhook configurations named `configuration` to `ca_pem` (one or more
 // certificates). A missing configuration is not an error; other failures are logged.
@@ -60,7 +60,7 @@ class ServingCert {
   ServingCert(const ServingCert&) = delete;
   ServingCert& operator=(const ServingCert&) = delete;
 
-  const k8s::PemPair& pem() const { return pem_; }
+  const http::PemPair& pem() const { return pem_; }
   // The files the servers reload the pair from; empty when there are none (a self-issued pair
   // that could not be written: served from memory, never renewed).
   const std::string& cert_file() const { return cert_file_; }
@@ -84,8 +84,8 @@ class ServingCert {
 
   ServingCertOptions o_;
   k8s::Client* api_;
-  k8s::PemPair pem_;      // the pair as first served (the servers reload later ones from files)
-  k8s::PemPair current_;  // the pair served now (the renewal's; its thread only once started)
+  http::PemPair pem_;      // the pair as first served (the servers reload later ones from files)
+  http::PemPair current_;  // the pair served now (the renewal's; its thread only once started)
   std::string dir_, cert_file_, key_file_;
   bool self_issued_ = false;
   absl::Notification stop_;

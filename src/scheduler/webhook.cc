@@ -4,8 +4,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "http/guarded_server.h"
 #include "httplib.h"
-#include "k8s/guarded_server.h"
 #include "scheduler/extender.h"
 #include "spdlog/spdlog.h"
 
@@ -122,7 +122,7 @@ bool AdmissionWebhook::NamespaceAllowsDisable(const std::string& ns) {
   auto obj = api_->Call("GET", "/api/v1/namespaces/" + ns);
   if (!obj.ok()) {
     spdlog::warn("webhook: cannot read namespace {} for {}: {}", ns, kLabelAllowVgpuDisable,
-                 obj.status().ToString());
+                 std::string(obj.status().message()));
     return false;
   }
   return StringMember(Member(Member(*obj, "metadata"), "labels"), kLabelAllowVgpuDisable) == "true";
@@ -136,7 +136,7 @@ int64_t AdmissionWebhook::MaxMemoryUnits() {
   auto nodes = api_->ListNodes();
   if (!nodes.ok()) {
     spdlog::warn("webhook: cannot list nodes for the GPU memory bound: {}",
-                 nodes.status().ToString());
+                 std::string(nodes.status().message()));
     return cached_units_;
   }
   int64_t best = 0;
@@ -207,7 +207,7 @@ void AdmissionWebhook::Register(httplib::Server& server) {
     server.Post(path, [fn](const httplib::Request& req, httplib::Response& res) {
       // Every failure is an HTTP error, which the API server treats per failurePolicy (Fail in
       // deploy/: the pod is refused), never an accidental "allowed".
-      auto review = k8s::ParseUntrustedJson(req.body);
+      auto review = http::ParseUntrustedJson(req.body);
       if (!review.ok()) {
         res.status = absl::IsResourceExhausted(review.status()) ? 503 : 400;
         res.set_content(absl::StrCat("request body: ", review.status().message()), "text/plain");

@@ -121,7 +121,19 @@ INSTANTIATE_TEST_SUITE_P(
     Gpulet, BadInput,
     ::testing::Values(
         // One voice: CLI11's errors carry the command, and a hint at any depth.
-        Row{"gpulet exporter --adress :1", 2, "gpulet exporter: The following argument", ""},
+        Row{"gpulet exporter --adress :1", 2,
+            "gpulet exporter: not expected: --adress :1. Did you mean --address?", ""},
+        Row{"gpulet sim fault set --gpu 0 --power 1 --sim-root $T/sim", 2,
+            "not expected: --power 1. Did you mean --power-mw?", ""},
+        // Log lines and errors without absl's code names or the JSON library's exception text.
+        Row{"printf '{\"uuid\": 5}' > $T/iso.json && " + kDevicePlugin +
+                " --unhealthy-devices-file $T/iso.json & sleep 3; kill -INT $!; wait",
+            -1, "$T/iso.json: \"uuid\" must be a list", "INVALID_ARGUMENT"},
+        Row{"gpulet validate --host-root $T/none --no-probe", 1, "no NVML library under $T/none",
+            "NOT_FOUND:"},
+        Row{"printf '{\"a\": [1,' > $T/bad.json && gpulet runtime configure --runtime docker "
+            "--config $T/bad.json --dry-run",
+            2, "$T/bad.json:1:", "json.exception"},
         Row{"gpulet cdi generat", 2, "Did you mean generate?", ""},
         Row{"gpulet runtime configure --runtime dockr", 2, "gpulet runtime configure: --runtime",
             ""},

@@ -1,6 +1,6 @@
 // AdmissionReview bodies the API server posts to the webhook, parsed as the server parses them
 // (depth-limited) and judged by Validate and Mutate; the pod inside is the pod author's.
-#include "k8s/guarded_server.h"
+#include "http/guarded_server.h"
 #include "scheduler/webhook.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.scheduler_name = "gpulet-scheduler";
     return new gpulet::scheduler::AdmissionWebhook(o, nullptr);
   }();
-  auto body = gpulet::k8s::ParseUntrustedJson(gpulet::fuzz::Input(data, size));
+  auto body = gpulet::http::ParseUntrustedJson(gpulet::fuzz::Input(data, size));
   if (!body.ok()) return 0;
   (void)webhook->Validate(body->value);
   (void)webhook->Mutate(body->value);

@@ -1,6 +1,6 @@
 // ExtenderArgs bodies kube-scheduler posts to /filter and /prioritize (the pod inside is the pod
 // author's), parsed as the server parses them, against two nodes with vGPU pools.
-#include "k8s/guarded_server.h"
+#include "http/guarded_server.h"
 #include "scheduler/extender.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                           R"({"uuid":"GPU-b","index":1,"memoryUnits":64,"healthy":true}])"}}}}}});
     return e;
   }();
-  auto body = gpulet::k8s::ParseUntrustedJson(gpulet::fuzz::Input(data, size));
+  auto body = gpulet::http::ParseUntrustedJson(gpulet::fuzz::Input(data, size));
   if (!body.ok()) return 0;
   (void)extender->FilterWire(body->value);
   (void)extender->PrioritizeWire(body->value);

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "http/tls.h"
 #include "k8s/client.h"
-#include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
 
 namespace gpulet::k8s {
@@ -338,7 +338,7 @@ class TempDir {
 // HTTPS with a kubeconfig carrying the CA and a token: verified TLS to the fake server.
 TEST(ClientTls, KubeconfigOverHttps) {
   TempDir dir;
-  auto pem = SelfIssuedCertificate({"localhost", "127.0.0.1"});
+  auto pem = http::SelfIssuedCertificate({"localhost", "127.0.0.1"});
   ASSERT_TRUE(pem.ok()) << pem.status();
   testing::FakeApiServer::Options o;
   o.cert_file = dir.Write("tls.crt", pem->cert_pem);

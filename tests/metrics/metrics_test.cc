@@ -898,10 +898,6 @@ TEST(Server, PortInUseIsAClearError) {
   absl::Status st = second.Start();
   EXPECT_FALSE(st.ok());
   EXPECT_THAT(std::string(st.message()), HasSubstr(addr));
-  EXPECT_FALSE(ParseListenAddress("9400").ok());
-  EXPECT_FALSE(ParseListenAddress(":99999").ok());
-  EXPECT_EQ(ParseListenAddress(":9400")->first, "0.0.0.0");
-  EXPECT_EQ(ParseListenAddress("[::1]:9400")->first, "::1");
 }
 
 }  // namespace

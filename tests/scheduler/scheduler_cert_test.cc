@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "k8s/tls.h"
+#include "http/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
 #include "testing/net/loopback.h"
 #include "testing/process/spawn.h"
@@ -129,7 +129,7 @@ TEST_F(SchedulerCert, SelfIssuedCertificateIsRenewedWhileServing) {
   }
   EXPECT_NE(later, first) << Log();
   EXPECT_FALSE(later.empty());
-  EXPECT_FALSE(k8s::CertificateExpiresWithin(later, std::chrono::hours(24 * 300)));
+  EXPECT_FALSE(http::CertificateExpiresWithin(later, std::chrono::hours(24 * 300)));
   EXPECT_NE(Log().find("webhook certificate renewed"), std::string::npos) << Log();
   EXPECT_EQ(Stop(), 0) << Log();
 }

@@ -89,7 +89,7 @@ TEST(ServingCert, RenewalThreadRenewsOnItsInterval) {
 
 // Given files are served as they are and never renewed here (cert-manager renews them).
 TEST(ServingCert, GivenFilesAreServedNotRenewed) {
-  auto issued = k8s::SelfIssuedCertificate({"localhost"});
+  auto issued = http::SelfIssuedCertificate({"localhost"});
   ASSERT_TRUE(issued.ok());
   std::string dir = ::testing::TempDir() + "/serving_cert_given";
   std::filesystem::create_directories(dir);

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "http/guarded_server.h"
+#include "http/tls.h"
 #include "httplib.h"
-#include "k8s/guarded_server.h"
-#include "k8s/tls.h"
 #include "testing/apiserver/fake_apiserver.h"
 
 namespace gpulet::scheduler {
@@ -36,13 +36,13 @@ json Review(json limits, json requests = nullptr) {
 class WebhookHttps : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pem = k8s::SelfIssuedCertificate({"localhost", "127.0.0.1"});
+    auto pem = http::SelfIssuedCertificate({"localhost", "127.0.0.1"});
     ASSERT_TRUE(pem.ok()) << pem.status();
     ca_ = pem->ca_pem;
     // The server `gpulet scheduler` runs the webhook on.
-    auto ctx = k8s::ServerTlsContext(pem->cert_pem, pem->key_pem);
+    auto ctx = http::ServerTlsContext(pem->cert_pem, pem->key_pem);
     ASSERT_TRUE(ctx.ok()) << ctx.status();
-    server_ = std::make_unique<k8s::GuardedServer>(k8s::ServerLimits{}, *ctx);
+    server_ = std::make_unique<http::GuardedServer>(http::ServerLimits{}, *ctx);
     ASSERT_TRUE(api_.Start());
     // One H100 node as the agent annotates it: 318 memory units per GPU.
     api_.CreateNode(
@@ -100,7 +100,7 @@ class WebhookHttps : public ::testing::Test {
   }
 
   std::string ca_;
-  std::unique_ptr<k8s::GuardedServer> server_;
+  std::unique_ptr<http::GuardedServer> server_;
   std::thread thread_;
   int port_ = 0;
   testing::FakeApiServer api_;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,15 @@ inline std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
     const std::string who = CommandPath(app);
     std::string what = e.what();
     while (!what.empty() && (what.back() == '.' || what.back() == '\n')) what.pop_back();
+    // CLI11 lists the words it did not expect last one first; the user typed them the other way.
+    const std::string extras = "The following arguments were not expected: ";
+    if (what.rfind(extras, 0) == 0) {
+      std::istringstream in(what.substr(extras.size()));
+      std::vector<std::string> words;
+      for (std::string w; in >> w;) words.insert(words.begin(), w);
+      what = "not expected:";
+      for (const std::string& w : words) what += " " + w;
+    }
     std::fprintf(stderr, "%s: %s.%s Run `%s --help` for the flags.\n", who.c_str(), what.c_str(),
                  Hint(app, e, argc, argv).c_str(), who.c_str());
     return kUsageError;

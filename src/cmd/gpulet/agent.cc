@@ -9,6 +9,7 @@
 #include "cmd/gpulet/metrics_flags.h"
 #include "cmd/gpulet/plugin_flags.h"
 #include "cmd/gpulet/stack_settings.h"
+#include "http/listen_address.h"
 #include "k8s/client.h"
 #include "metrics/server.h"
 #include "node/readiness.h"
@@ -117,14 +118,16 @@ std::function<int()> SetupAgent(CLI::App& sub) {
           dp.OnConfigApplied(
               [l = labeler.get(), base = *lo, r = readiness.get()](const plugin::Config& c) {
                 l->SetOptions(SharingFromConfig(base, c));
-                if (absl::Status st = l->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+                if (absl::Status st = l->WriteOnce(); !st.ok())
+                  spdlog::warn("{}", std::string(st.message()));
                 if (r) r->SettingsChanged();
               });
           // An unwritable feature file must not stop the device plugin; retried every interval.
-          if (absl::Status st = labeler->WriteOnce(); !st.ok()) spdlog::warn("{}", st.ToString());
+          if (absl::Status st = labeler->WriteOnce(); !st.ok())
+            spdlog::warn("{}", std::string(st.message()));
           labeler->Start();
           // Where to look, said once at start (the port is the bound one when :0 was asked for).
-          auto hp = metrics::ParseListenAddress(metrics_flags->address);
+          auto hp = http::ParseListenAddress(metrics_flags->address);
           spdlog::info(
               "metrics: http://{}:{}/metrics (and /health){}; labels: {} every {}",
               hp.ok() ? hp->first : std::string("?"), exporter->port(),

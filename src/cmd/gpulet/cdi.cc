@@ -119,8 +119,8 @@ absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const C
   auto r = std::make_unique<runtime::CdiRefresher>(&gpu, f.spec, o,
                                                    absl::ToChronoMilliseconds(interval));
   if (auto first = r->RefreshOnce(); !first.ok())
-    spdlog::warn("CDI spec {}: {} (retried every {})", f.spec, first.status().ToString(),
-                 f.interval);
+    spdlog::warn("CDI spec {}: {} (retried every {})", f.spec,
+                 std::string(first.status().message()), f.interval);
   r->Start();
   return r;
 }

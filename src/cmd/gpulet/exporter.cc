@@ -13,6 +13,7 @@
 #include "cmd/gpulet/logs.h"
 #include "cmd/gpulet/metrics_flags.h"
 #include "gpu/open.h"
+#include "http/listen_address.h"
 
 namespace gpulet::cmd {
 namespace {
@@ -37,7 +38,7 @@ std::function<int()> SetupExporter(CLI::App& sub) {
     if (!exporter.ok()) return Fail("gpulet exporter", exporter.status());
     // Tests and scripts that pass port 0 read the chosen port here (the number right after
     // "listening on port "); the rest says who can reach it and where to look.
-    auto hp = metrics::ParseListenAddress(flags->address);  // checked by ToExporterOptions
+    auto hp = http::ParseListenAddress(flags->address);  // checked by ToExporterOptions
     const std::string host = hp.ok() ? hp->first : "?";
     const int port = (*exporter)->port();
     std::cout << "gpulet exporter: listening on port " << port << " of " << host

@@ -93,8 +93,8 @@ inline void UseHostNvml(gpu::GpuOptions& o, const std::string& host_root) {
     spdlog::info("NVML: the host's {}", *lib);
     o.nvml_library = *lib;
   } else {
-    spdlog::warn("{}; trying {} on this container's loader path", lib.status().ToString(),
-                 o.nvml_library);
+    spdlog::warn("{}; trying {} on this container's loader path",
+                 std::string(lib.status().message()), o.nvml_library);
   }
 }
 

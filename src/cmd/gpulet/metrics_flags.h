@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/duration.h"
 #include "common/signals.h"
+#include "http/listen_address.h"
 #include "labels/labels.h"
 #include "metrics/exporter.h"
 #include "vgpu/node/node.h"
@@ -183,10 +184,10 @@ inline absl::StatusOr<metrics::ExporterOptions> ToExporterOptions(const Exporter
   auto pod_interval =
       ParseFlagDuration(f.prefix + "pod-resources-interval", f.pod_resources_interval);
   if (!pod_interval.ok()) return pod_interval.status();
-  if (auto a = metrics::ParseListenAddress(f.address); !a.ok())
+  if (auto a = http::ParseListenAddress(f.address); !a.ok())
     return AsTyped(a.status(), "address", f.prefix);
   if (!f.gpu_manager_address.empty()) {
-    if (auto a = metrics::ParseListenAddress(f.gpu_manager_address); !a.ok())
+    if (auto a = http::ParseListenAddress(f.gpu_manager_address); !a.ok())
       return AsTyped(a.status(), "gpu-manager-address", f.prefix);
   }
   o.server.address = f.address;

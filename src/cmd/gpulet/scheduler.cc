@@ -1,6 +1,6 @@
 // `gpulet scheduler`: the vGPU scheduler extender (kube-scheduler extender v1: loopback HTTP, or
 // HTTPS with client certificates) and the admission webhook (HTTPS, AdmissionReview v1) in one
-// process, each on a k8s::GuardedServer. Only flag parsing and wiring here.
+// process, each on a http::GuardedServer. Only flag parsing and wiring here.
 #include <malloc.h>
 #include <openssl/ssl.h>
 #include <signal.h>
@@ -22,11 +22,12 @@
 #include "common/net.h"
 #include "common/signals.h"
 #include "common/status.h"
+#include "http/guarded_server.h"
+#include "http/listen_address.h"
+#include "http/tls.h"
 #include "httplib.h"
 #include "k8s/client.h"
-#include "k8s/guarded_server.h"
 #include "k8s/lease.h"
-#include "k8s/tls.h"
 #include "placement/vgpu_policy.h"
 #include "scheduler/extender.h"
 #include "scheduler/serving_cert.h"
@@ -84,23 +85,11 @@ std::string EnvOr(const char* name, const std::string& fallback) {
   return v && *v ? std::string(v) : fallback;
 }
 
-bool SplitHostPort(const std::string& listen, std::string* host, int* port) {
-  size_t colon = listen.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = listen.substr(0, colon);
-  if (host->empty()) *host = "0.0.0.0";
-  return absl::SimpleAtoi(listen.substr(colon + 1), port) && *port >= 0 && *port < 65536;
-}
-
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
-}
-
 constexpr char kWho[] = "gpulet scheduler";
 
 // The serving side of every listener: one GuardedServer per address; `tls` (owned) or plain.
 struct Listener {
-  std::unique_ptr<k8s::GuardedServer> server;
+  std::unique_ptr<http::GuardedServer> server;
   std::thread thread;
   void Stop() {
     if (!server) return;
@@ -167,19 +156,18 @@ int RunScheduler(SchedulerFlags f) {
   }
   std::string ext_host, hook_host, health_host;
   int ext_port = 0, hook_port = 0, health_port = 0;
-  if (!SplitHostPort(f.extender_listen, &ext_host, &ext_port)) {
-    return Fail(kWho, "--extender-listen \"" + f.extender_listen + "\" is not HOST:PORT",
-                kUsageError);
-  }
-  if (!f.webhook_listen.empty() && !SplitHostPort(f.webhook_listen, &hook_host, &hook_port)) {
-    return Fail(kWho, "--webhook-listen \"" + f.webhook_listen + "\" is not HOST:PORT",
-                kUsageError);
-  }
-  if (!f.health_listen.empty() && !SplitHostPort(f.health_listen, &health_host, &health_port)) {
-    return Fail(kWho, "--health-listen \"" + f.health_listen + "\" is not HOST:PORT", kUsageError);
+  for (auto [flag, value, host, port] :
+       {std::tuple{"--extender-listen", &f.extender_listen, &ext_host, &ext_port},
+        {"--webhook-listen", &f.webhook_listen, &hook_host, &hook_port},
+        {"--health-listen", &f.health_listen, &health_host, &health_port}}) {
+    if (value->empty() && std::string_view(flag) != "--extender-listen") continue;  // off
+    auto hp = http::ParseListenAddress(*value);
+    if (!hp.ok()) return Fail(kWho, std::string(flag) + ": " + Message(hp.status()), kUsageError);
+    std::tie(*host, *port) = *hp;
   }
   // The extender binds pods: reachable from the network only with kube-scheduler's certificate.
-  if (!IsLoopback(ext_host) && f.extender_client_ca_file.empty() && !f.extender_insecure) {
+  if (!http::IsLoopbackHost(ext_host) && f.extender_client_ca_file.empty() &&
+      !f.extender_insecure) {
     return Fail(kWho,
                 "--extender-listen " + f.extender_listen +
                     " is not a loopback address: give --extender-client-ca-file (HTTPS with "
@@ -223,7 +211,7 @@ int RunScheduler(SchedulerFlags f) {
     auto key_pem = ReadFileToString(f.tls_key_file);
     if (!key_pem.ok())
       return Fail(kWho, "--tls-key-file " + Message(key_pem.status()), kUsageError);
-    auto ctx = k8s::ServerTlsContext(*cert_pem, *key_pem);
+    auto ctx = http::ServerTlsContext(*cert_pem, *key_pem);
     if (!ctx.ok())
       return Fail(kWho,
                   "--tls-cert-file " + f.tls_cert_file + " with --tls-key-file " + f.tls_key_file +
@@ -298,12 +286,12 @@ int RunScheduler(SchedulerFlags f) {
     elector->Start();
   }
 
-  k8s::ServerLimits limits;
+  http::ServerLimits limits;
   limits.max_body_bytes = static_cast<size_t>(f.max_request_bytes);
   limits.workers = static_cast<int>(f.workers);
   // One largest body at a time in parsed form: its DOM costs up to ~40x the text (2 MiB of
   // "{}," is ~80 MiB), and the Deployment's limit is 256 MiB.
-  k8s::SetUntrustedJsonBudget(limits.max_body_bytes);
+  http::SetUntrustedJsonBudget(limits.max_body_bytes);
   // glibc gives every thread that allocates its own arena and keeps freed memory there: a large
   // DOM freed on each of 50 worker threads adds up to GiBs of RSS (measured: 1.2 GiB after 24
   // concurrent 2 MiB bodies). Two arenas make freed memory reusable by every thread.
@@ -329,18 +317,19 @@ int RunScheduler(SchedulerFlags f) {
     cert = *std::move(c);
   }
   // Installed as the servers' certificate callback: declared before them, so they outlive them.
-  std::vector<std::unique_ptr<k8s::CertReloader>> reloaders;
+  std::vector<std::unique_ptr<http::CertReloader>> reloaders;
   // A TLS listener with the serving pair (reloaded from its files when they change).
   auto make_tls = [&](const std::string& ca) -> absl::StatusOr<SSL_CTX*> {
     ASSIGN_OR_RETURN(SSL_CTX * ctx,
-                     k8s::ServerTlsContext(cert->pem().cert_pem, cert->pem().key_pem, ca));
+                     http::ServerTlsContext(cert->pem().cert_pem, cert->pem().key_pem, ca));
     if (!cert->cert_file().empty()) {
-      auto r = k8s::CertReloader::Load(cert->cert_file(), cert->key_file());
+      auto r = http::CertReloader::Load(cert->cert_file(), cert->key_file());
       if (r.ok()) {
         (*r)->Install(ctx);
         reloaders.push_back(*std::move(r));
       } else {
-        spdlog::warn("serving certificate will not be reloaded: {}", r.status().ToString());
+        spdlog::warn("serving certificate will not be reloaded: {}",
+                     std::string(r.status().message()));
       }
     }
     return ctx;
@@ -355,7 +344,7 @@ int RunScheduler(SchedulerFlags f) {
     health.Stop();
   };
   {
-    k8s::ServerLimits el = limits;
+    http::ServerLimits el = limits;
     SSL_CTX* ctx = nullptr;
     if (!client_ca.empty()) {
       auto c = make_tls(client_ca);
@@ -366,7 +355,7 @@ int RunScheduler(SchedulerFlags f) {
       ctx = *c;
       el.client_names = absl::StrSplit(f.extender_client_names, ',', absl::SkipEmpty());
     }
-    ext.server = std::make_unique<k8s::GuardedServer>(el, ctx);
+    ext.server = std::make_unique<http::GuardedServer>(el, ctx);
     extender.Register(*ext.server, f.extender_prefix);
     ext.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
       r.set_content("ok", "text/plain");
@@ -378,7 +367,7 @@ int RunScheduler(SchedulerFlags f) {
     ext.thread = std::thread([&ext] { ext.server->listen_after_bind(); });
   }
   if (!f.health_listen.empty()) {
-    health.server = std::make_unique<k8s::GuardedServer>(limits);
+    health.server = std::make_unique<http::GuardedServer>(limits);
     health.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
       r.set_content("ok", "text/plain");
     });
@@ -396,7 +385,7 @@ int RunScheduler(SchedulerFlags f) {
       stop_all();
       return Fail(kWho, "webhook TLS: " + std::string(ctx.status().message()));
     }
-    hook.server = std::make_unique<k8s::GuardedServer>(limits, *ctx);
+    hook.server = std::make_unique<http::GuardedServer>(limits, *ctx);
     webhook.Register(*hook.server);
     if (!hook.server->bind_to_port(hook_host, hook_port)) {
       stop_all();

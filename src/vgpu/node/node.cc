@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/fs.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "placement/vgpu_policy.h"
 #include "spdlog/spdlog.h"
@@ -287,7 +288,7 @@ absl::StatusOr<std::vector<Grant>> ReadGrantCheckpoint(const std::string& state_
       loaded.push_back(*std::move(g));
     }
   } catch (const json::exception& e) {  // belt and braces: nothing above should throw
-    return absl::DataLossError(absl::StrCat(path, ": ", e.what()));
+    return absl::DataLossError(JsonErrorText(path, e.what()));
   }
   return loaded;
 }
@@ -524,7 +525,7 @@ void NodeAssigner::WritePodFile(const Grant& g) const {
   if (g.accounting_dir.empty() || g.pod.empty()) return;
   std::string file = absl::StrCat(options_.state_dir, "/", g.pod_uid, "/pod");
   if (absl::Status s = WriteFileAtomic(file, absl::StrCat(g.ns, "/", g.pod, "\n"), 0644); !s.ok())
-    spdlog::warn("vGPU: {}", s.ToString());  // metrics then name the pod by its UID
+    spdlog::warn("vGPU: {}", std::string(s.message()));  // metrics then name the pod by its UID
 }
 
 void NodeAssigner::PatchAnnotations(const Grant& g) {
@@ -548,7 +549,7 @@ void NodeAssigner::PatchAnnotations(const Grant& g) {
   }
   auto r =
       api_->PatchPod(g.ns, g.pod, k8s::PatchType::kMerge, {{"metadata", {{"annotations", ann}}}});
-  if (!r.ok()) spdlog::warn("annotate {}/{}: {}", g.ns, g.pod, r.status().ToString());
+  if (!r.ok()) spdlog::warn("annotate {}/{}: {}", g.ns, g.pod, std::string(r.status().message()));
 }
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
@@ -760,7 +761,8 @@ void NodeAssigner::StartWatching() {
           live_pods_ = live;
           pods_synced_ = true;
         }
-        if (absl::Status s = ReleaseAbsent(live); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+        if (absl::Status s = ReleaseAbsent(live); !s.ok())
+          spdlog::warn("vGPU: {}", std::string(s.message()));
       },
       [this](const k8s::WatchEvent& ev) {
         std::string uid = PodUid(ev.object);
@@ -779,7 +781,8 @@ void NodeAssigner::StartWatching() {
         bool held = std::any_of(grants_.begin(), grants_.end(),
                                 [&](const Grant& g) { return g.pod_uid == uid; });
         if (!held) return;
-        if (absl::Status s = ReleaseLocked({uid}); !s.ok()) spdlog::warn("vGPU: {}", s.ToString());
+        if (absl::Status s = ReleaseLocked({uid}); !s.ok())
+          spdlog::warn("vGPU: {}", std::string(s.message()));
       });
   reflector_->Start();
 }

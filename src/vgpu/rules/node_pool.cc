@@ -2,7 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "k8s/guarded_server.h"
+#include "common/json.h"
 #include "nlohmann/json.hpp"
 #include "vgpu/rules/rules.h"
 
@@ -35,7 +35,7 @@ std::string EncodeNodePool(const std::vector<PoolGpu>& gpus) {
 absl::StatusOr<std::vector<PoolGpu>> DecodeNodePool(std::string_view text) {
   const std::string what = absl::StrCat("annotation ", kAnnotationNodeGpus);
   // An annotation is anyone's text: its depth is checked before a DOM is built for it.
-  if (k8s::JsonDepth(text, 4) > 2) {
+  if (JsonDepth(text, 4) > 2) {
     return absl::InvalidArgumentError(what + ": nests deeper than a list of objects");
   }
   json list = json::parse(text.begin(), text.end(), nullptr, false);

@@ -1,11 +1,14 @@
-// nlohmann::json's exceptions as a user reads them: "FILE:LINE:COLUMN: LABEL: what" for a syntax
+// JSON helpers every reader of outside JSON shares. JsonErrorText: nlohmann::json's exceptions as
+// a user reads them: "FILE:LINE:COLUMN: LABEL: what" for a syntax
 // error, "FILE: LABEL: what" otherwise (no "LABEL: " when it is empty), without the library's
 // "[json.exception.parse_error.101] parse error at line 1, column 1: " prefix (an internal code,
 // and the position in its own words). Header-only: it needs no library but the one whose exceptions
 // it reads.
 #pragma once
 
+#include <algorithm>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -34,6 +37,35 @@ inline std::string JsonErrorText(const std::string& where, const std::string& wh
   }
   absl::ConsumePrefix(&w, "parse error: ");
   return absl::StrCat(where, ": ", l, w);
+}
+
+// Deepest array/object nesting of `text`, counting until `stop_above` is exceeded (then that
+// depth is returned at once): a check that costs no allocation, made before a DOM is built (the
+// DOM of hostile text costs up to ~30x its size, and the parser recurses).
+inline int JsonDepth(std::string_view text, int stop_above) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > stop_above) return deepest;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace gpulet

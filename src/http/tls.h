@@ -18,7 +18,7 @@
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 struct ssl_st;      // OpenSSL's SSL
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 
 struct PemPair {
   std::string cert_pem;
@@ -89,4 +89,4 @@ class CertReloader {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http

@@ -1,4 +1,4 @@
-#include "k8s/tls.h"
+#include "http/tls.h"
 
 #include <arpa/inet.h>
 #include <openssl/ec.h>
@@ -15,7 +15,7 @@
 #include "common/fs.h"
 #include "common/status.h"
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 namespace {
 
 template <typename T, void (*F)(T*)>
@@ -251,4 +251,4 @@ std::string CertReloader::last_error() const {
   return last_error_;
 }
 
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http

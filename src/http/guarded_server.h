@@ -37,7 +37,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 
 struct ServerLimits {
   size_t max_body_bytes = 1 << 20;
@@ -124,7 +124,5 @@ absl::StatusOr<UntrustedJson> ParseUntrustedJson(
 // Bytes of request text that may be in parsed form at once, process-wide (default 8 MiB; one
 // body larger than the budget is still parsed when nothing else is).
 void SetUntrustedJsonBudget(size_t bytes);
-// Deepest array/object nesting of `text`, counting until `stop_above` is exceeded.
-int JsonDepth(std::string_view text, int stop_above);
 
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http

@@ -1,4 +1,4 @@
-#include "k8s/guarded_server.h"
+#include "http/guarded_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -19,8 +19,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -552,32 +553,6 @@ absl::StatusOr<SSL_CTX*> ServerTlsContext(const std::string& cert_pem, const std
 
 // --- untrusted JSON -------------------------------------------------------------------------
 
-int JsonDepth(std::string_view text, int stop_above) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > stop_above) return deepest;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 namespace {
 
 constexpr size_t kSmallJson = 64 << 10;
@@ -638,4 +613,4 @@ absl::StatusOr<UntrustedJson> ParseUntrustedJson(std::string_view text, int max_
   return out;
 }
 
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http

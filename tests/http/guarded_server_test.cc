@@ -1,7 +1,7 @@
 // GuardedServer against hostile clients over real loopback sockets: slow clients, idle
 // connections, endless headers, oversized bodies, old TLS versions, missing or wrong client
 // certificates, passphrase-protected keys; and the JSON depth/budget gate.
-#include "k8s/guarded_server.h"
+#include "http/guarded_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -17,12 +17,13 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "k8s/tls.h"
+#include "http/tls.h"
 #include "testing/net/loopback.h"
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 namespace {
 using testing_net::Connect;
 
@@ -396,4 +397,4 @@ TEST(UntrustedJson, BudgetBoundsConcurrentParses) {
 }
 
 }  // namespace
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http

@@ -1,7 +1,7 @@
 // CertReloader: a real HTTPS server (cpp-httplib over OpenSSL) whose certificate files are replaced
 // while it serves. New handshakes get the new certificate, a request in flight and a kept-alive
 // connection finish on the old one, and bad files are refused with the old pair still serving.
-#include "k8s/tls.h"
+#include "http/tls.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -14,7 +14,7 @@
 #include "httplib.h"
 #include "testing/common/fake_clock.h"
 
-namespace gpulet::k8s {
+namespace gpulet::http {
 namespace {
 
 namespace fs = std::filesystem;
@@ -213,4 +213,4 @@ TEST(Tls, CertificateCoversItsNamesOnly) {
   EXPECT_FALSE(CertificateCovers("not a certificate", {"localhost"}));
 }
 
-}  // namespace gpulet::k8s
+}  // namespace gpulet::http
