@@ -48,6 +48,18 @@ for img in $(sed -n 's/^ *image: *//p' "$ex"/*.yaml | sort -u); do
   check "the cluster's containerd has $full (a stand-in)" grep -qxF "$full" <<< "$have"
 done
 
+# The examples fill the 8 GPUs as the README says only when no other pod holds one (the scenario
+# before may have left a pod terminating).
+gpus_in_use() {
+  kc get pods -A -o json | python3 -c 'import json, sys
+print(sum(int(c["resources"].get("limits", {}).get("nvidia.com/gpu", 0)) for p in json.load(sys.stdin)["items"]
+          if p["spec"].get("nodeName") and p["status"].get("phase") not in ("Succeeded", "Failed")
+          for c in p["spec"]["containers"]))'
+}
+gpus_free() { [ "$(gpus_in_use)" = 0 ]; }
+wait_until 90 gpus_free
+check "no other pod holds a GPU ($(gpus_in_use) in use)" gpus_free
+
 # --- kubectl apply -f examples/ --------------------------------------------------------------------
 t0=$(now)
 out=$(kc apply -f "$ex/" 2>&1); rc=$?
