@@ -1,16 +1,11 @@
 // `gpulet scheduler`: the vGPU scheduler extender (kube-scheduler extender v1: loopback HTTP, or
 // HTTPS with client certificates) and the admission webhook (HTTPS, AdmissionReview v1) in one
-// process, each on a http::GuardedServer. Only flag parsing and wiring here.
-#include <malloc.h>
-#include <openssl/ssl.h>
+// process (scheduler::Server, src/scheduler/serve.h). Only flags to options here.
 #include <signal.h>
 #include <unistd.h>
 
 #include <memory>
-#include <thread>
-#include <tuple>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -19,19 +14,11 @@
 #include "cmd/gpulet/logs.h"
 #include "common/duration.h"
 #include "common/fs.h"
-#include "common/net.h"
 #include "common/signals.h"
 #include "common/status.h"
-#include "http/guarded_server.h"
-#include "http/listen_address.h"
-#include "http/tls.h"
-#include "httplib.h"
 #include "k8s/client.h"
-#include "k8s/lease.h"
 #include "placement/vgpu_policy.h"
-#include "scheduler/extender.h"
-#include "scheduler/serving_cert.h"
-#include "scheduler/webhook.h"
+#include "scheduler/serve.h"
 #include "spdlog/spdlog.h"
 
 namespace gpulet::cmd {
@@ -76,28 +63,12 @@ struct SchedulerFlags {
   absl::Duration lease_duration_d, renew_deadline_d, retry_period_d;
 };
 
-// The label the leader puts on its own pod: the extender's Service selects it, so kube-scheduler
-// reaches the leader only (deploy/components/vgpu/scheduler.yaml).
-constexpr char kLeaderLabel[] = "gpulet.io/extender-leader";
-
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
 }
 
 constexpr char kWho[] = "gpulet scheduler";
-
-// The serving side of every listener: one GuardedServer per address; `tls` (owned) or plain.
-struct Listener {
-  std::unique_ptr<http::GuardedServer> server;
-  std::thread thread;
-  void Stop() {
-    if (!server) return;
-    server->stop();
-    if (thread.joinable()) thread.join();
-    server->Shutdown();
-  }
-};
 
 // The duration flags, each in the one syntax; bare numbers as before (hours, milliseconds,
 // milliseconds), with a deprecation warning.
@@ -143,48 +114,45 @@ absl::Status ParseDurationFlags(SchedulerFlags& f) {
   return absl::OkStatus();
 }
 
-int RunScheduler(SchedulerFlags f) {
-  const sigset_t stop = BlockStopSignals();  // before any thread, so sigwait receives them
-  UseDaemonLogs();
-
-  if (absl::Status st = ParseDurationFlags(f); !st.ok()) return Fail(kWho, st, kUsageError);
+// Flags to options; everything else is scheduler::Server's.
+absl::StatusOr<scheduler::ServeOptions> ToServeOptions(SchedulerFlags& f) {
+  RETURN_IF_ERROR(ParseDurationFlags(f));
   if (!vgpu::MakeVgpuPolicy(f.policy).ok()) {
-    return Fail(kWho,
-                "--policy \"" + f.policy + "\" is not a policy (known: " +
-                    absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")",
-                kUsageError);
+    return absl::InvalidArgumentError("--policy \"" + f.policy + "\" is not a policy (known: " +
+                                      absl::StrJoin(vgpu::VgpuPolicyNames(), ", ") + ")");
   }
-  std::string ext_host, hook_host, health_host;
-  int ext_port = 0, hook_port = 0, health_port = 0;
-  for (auto [flag, value, host, port] :
-       {std::tuple{"--extender-listen", &f.extender_listen, &ext_host, &ext_port},
-        {"--webhook-listen", &f.webhook_listen, &hook_host, &hook_port},
-        {"--health-listen", &f.health_listen, &health_host, &health_port}}) {
-    if (value->empty() && std::string_view(flag) != "--extender-listen") continue;  // off
-    auto hp = http::ParseListenAddress(*value);
-    if (!hp.ok()) return Fail(kWho, std::string(flag) + ": " + Message(hp.status()), kUsageError);
-    std::tie(*host, *port) = *hp;
-  }
-  // The extender binds pods: reachable from the network only with kube-scheduler's certificate.
-  if (!http::IsLoopbackHost(ext_host) && f.extender_client_ca_file.empty() &&
-      !f.extender_insecure) {
-    return Fail(kWho,
-                "--extender-listen " + f.extender_listen +
-                    " is not a loopback address: give --extender-client-ca-file (HTTPS with "
-                    "kube-scheduler's client certificate) or, knowingly, --extender-insecure",
-                kUsageError);
-  }
-  std::string client_ca;
+  scheduler::ServeOptions o;
+  o.extender_listen = f.extender_listen;
+  o.extender_prefix = f.extender_prefix;
+  o.extender_insecure = f.extender_insecure;
+  o.extender_client_names = absl::StrSplit(f.extender_client_names, ',', absl::SkipEmpty());
   if (!f.extender_client_ca_file.empty()) {
     auto ca = ReadFileToString(f.extender_client_ca_file);
-    if (!ca.ok()) {
-      return Fail(kWho, "--extender-client-ca-file: " + std::string(ca.status().message()),
-                  kUsageError);
-    }
-    client_ca = *ca;
+    if (!ca.ok())
+      return absl::InvalidArgumentError("--extender-client-ca-file: " + Message(ca.status()));
+    o.extender_client_ca = *ca;
   }
-  k8s::LeaseOptions lease;
+  o.webhook_listen = f.webhook_listen;
+  o.health_listen = f.health_listen;
+  o.limits.max_body_bytes = static_cast<size_t>(f.max_request_bytes);
+  o.limits.workers = static_cast<int>(f.workers);
+  o.cert.cert_file = f.tls_cert_file;
+  o.cert.key_file = f.tls_key_file;
+  o.cert.secret = f.tls_secret;
+  o.cert.names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
+  o.cert.renew_before = absl::ToChronoSeconds(f.renew_before);
+  o.cert.webhook_configuration = f.webhook_configuration;
+  o.renew_check = absl::ToChronoMilliseconds(f.renew_check);
+  o.extender.names = f.names;
+  o.extender.default_policy = f.policy;
+  o.extender.workload_refresh = absl::ToChronoMilliseconds(f.workload_refresh_every);
+  o.extender.scheduler_names = absl::StrSplit(f.extender_scheduler_names, ',', absl::SkipEmpty());
+  if (!f.scheduler_name.empty()) o.extender.scheduler_names.push_back(f.scheduler_name);
+  o.extender.echo_node_objects = f.extender_echo_node_objects;
+  o.extender.debug_endpoints = f.extender_debug_endpoints;
+  o.webhook = {f.names, f.max_memory_units, f.scheduler_name};
   if (f.leader_elect) {
+    k8s::LeaseOptions& lease = o.lease.emplace();
     lease.name = f.lease_name;
     lease.ns =
         f.lease_namespace.empty() ? EnvOr("POD_NAMESPACE", "gpulet-system") : f.lease_namespace;
@@ -196,214 +164,33 @@ int RunScheduler(SchedulerFlags f) {
     lease.lease_duration = absl::ToChronoMilliseconds(f.lease_duration_d);
     lease.renew_deadline = absl::ToChronoMilliseconds(f.renew_deadline_d);
     lease.retry_period = absl::ToChronoMilliseconds(f.retry_period_d);
-    if (absl::Status st = k8s::ValidateLeaseOptions(lease); !st.ok()) {
-      return Fail(kWho, "--leader-elect-*: " + std::string(st.message()), kUsageError);
-    }
+    o.pod_name = EnvOr("POD_NAME", "");
+    o.pod_namespace = EnvOr("POD_NAMESPACE", "");
   }
-  // Our own inputs before the first call to the API server: the serving pair's files and the
-  // listen addresses (a busy port used to show after the initial sync, with no reason given).
-  if (!f.tls_cert_file.empty() || !f.tls_key_file.empty()) {
-    if (f.tls_cert_file.empty() || f.tls_key_file.empty())
-      return Fail(kWho, "--tls-cert-file and --tls-key-file go together", kUsageError);
-    auto cert_pem = ReadFileToString(f.tls_cert_file);
-    if (!cert_pem.ok())
-      return Fail(kWho, "--tls-cert-file " + Message(cert_pem.status()), kUsageError);
-    auto key_pem = ReadFileToString(f.tls_key_file);
-    if (!key_pem.ok())
-      return Fail(kWho, "--tls-key-file " + Message(key_pem.status()), kUsageError);
-    auto ctx = http::ServerTlsContext(*cert_pem, *key_pem);
-    if (!ctx.ok())
-      return Fail(kWho,
-                  "--tls-cert-file " + f.tls_cert_file + " with --tls-key-file " + f.tls_key_file +
-                      ": " + Message(ctx.status()),
-                  kUsageError);
-    SSL_CTX_free(*ctx);
-  }
-  // A port free at the check can be taken before the server binds it; httplib then says only
-  // that it failed, so the probe is asked again for which of in use, no permission or no address.
-  auto listen_failed = [](const std::string& flag, const std::string& host, int port) {
-    absl::Status why = ProbeTcpListen(host, port);
-    return Fail(kWho,
-                flag + ": " +
-                    (why.ok() ? absl::StrCat("cannot listen on ", host, ":", port) : Message(why)));
-  };
-  for (const auto& [flag, host, port] :
-       {std::tuple<const char*, std::string, int>{"--extender-listen", ext_host, ext_port},
-        {"--webhook-listen", hook_host, f.webhook_listen.empty() ? 0 : hook_port},
-        {"--health-listen", health_host, f.health_listen.empty() ? 0 : health_port}}) {
-    if (port == 0) continue;
-    if (absl::Status st = ProbeTcpListen(host, port); !st.ok())
-      return Fail(kWho, std::string(flag) + ": " + Message(st));
-  }
+  return o;
+}
+
+int RunScheduler(SchedulerFlags f) {
+  const sigset_t stop = BlockStopSignals();  // before any thread, so sigwait receives them
+  UseDaemonLogs();
+  auto options = ToServeOptions(f);
+  if (!options.ok()) return Fail(kWho, options.status());
+  // Our own inputs before the first call to the API server.
+  if (absl::Status st = scheduler::CheckServeOptions(*options); !st.ok()) return Fail(kWho, st);
   auto config = k8s::ResolveConfig(f.kubeconfig);
   if (!config.ok()) return Fail(kWho, config.status(), kUsageError);
   k8s::Client api(*config);
-  scheduler::ExtenderOptions eo;
-  eo.names = f.names;
-  eo.default_policy = f.policy;
-  eo.workload_refresh = absl::ToChronoMilliseconds(f.workload_refresh_every);
-  eo.scheduler_names = absl::StrSplit(f.extender_scheduler_names, ',', absl::SkipEmpty());
-  if (!f.scheduler_name.empty()) eo.scheduler_names.push_back(f.scheduler_name);
-  eo.echo_node_objects = f.extender_echo_node_objects;
-  eo.debug_endpoints = f.extender_debug_endpoints;
-  scheduler::Extender extender(&api, eo);
-  if (auto s = extender.Sync(); !s.ok()) {
-    return Fail(kWho, "initial sync with the API server failed: " + std::string(s.message()));
-  }
-  extender.StartWatching();
-  // Replicas: the leader alone answers the extender's verbs (and so alone reserves and binds);
-  // the others keep their state current from the watches, ready to take over. A new leader
-  // lists again first, so that it sees every bind of the previous one before it places a pod.
-  std::unique_ptr<k8s::LeaderElector> elector;
-  if (f.leader_elect) {
-    const std::string pod = EnvOr("POD_NAME", ""), pod_ns = EnvOr("POD_NAMESPACE", "");
-    auto label = [&api, pod, pod_ns](bool leader) {
-      if (pod.empty() || pod_ns.empty()) return;  // not in a pod: nothing routes by label
-      k8s::json patch = {
-          {"metadata", {{"labels", {{kLeaderLabel, leader ? k8s::json("true") : k8s::json()}}}}}};
-      if (auto r = api.PatchPod(pod_ns, pod, k8s::PatchType::kMerge, patch); !r.ok()) {
-        spdlog::warn("label {} on pod {}/{}: {}", kLeaderLabel, pod_ns, pod,
-                     std::string(r.status().message()));
-      }
-    };
-    const std::string follower =
-        absl::StrCat("gpulet scheduler ", lease.identity, " is not the leader (Lease ", lease.ns,
-                     "/", lease.name, "); the extender's Service routes to the leader");
-    extender.SetServing(false, follower);
-    elector = std::make_unique<k8s::LeaderElector>(
-        &api, lease,
-        [&extender, label] {
-          if (auto s = extender.Sync(); !s.ok()) {
-            spdlog::warn("re-list as leader: {}", std::string(s.message()));
-          }
-          extender.SetServing(true);
-          label(true);
-        },
-        [&extender, label, follower] {
-          extender.SetServing(false, follower);
-          label(false);
-        });
-    elector->Start();
-  }
-
-  http::ServerLimits limits;
-  limits.max_body_bytes = static_cast<size_t>(f.max_request_bytes);
-  limits.workers = static_cast<int>(f.workers);
-  // One largest body at a time in parsed form: its DOM costs up to ~40x the text (2 MiB of
-  // "{}," is ~80 MiB), and the Deployment's limit is 256 MiB.
-  http::SetUntrustedJsonBudget(limits.max_body_bytes);
-  // glibc gives every thread that allocates its own arena and keeps freed memory there: a large
-  // DOM freed on each of 50 worker threads adds up to GiBs of RSS (measured: 1.2 GiB after 24
-  // concurrent 2 MiB bodies). Two arenas make freed memory reusable by every thread.
-  mallopt(M_ARENA_MAX, 2);
-
-  // The serving certificate (webhook, and the extender when it serves HTTPS): files, a Secret, or
-  // self-issued and renewed (scheduler/serving_cert.h). Declared before the reloaders and the
-  // servers, so that its files outlive them.
-  std::unique_ptr<scheduler::ServingCert> cert;
-  if (!f.webhook_listen.empty() || !client_ca.empty()) {
-    scheduler::ServingCertOptions co;
-    co.cert_file = f.tls_cert_file;
-    co.key_file = f.tls_key_file;
-    co.secret = f.tls_secret;
-    co.names = absl::StrSplit(f.tls_names, ',', absl::SkipEmpty());
-    co.renew_before = absl::ToChronoSeconds(f.renew_before);
-    co.webhook_configuration = f.webhook_configuration;
-    auto c = scheduler::ServingCert::Create(std::move(co), &api);
-    if (!c.ok()) {
-      extender.StopWatching();
-      return Fail(kWho, "serving certificate: " + std::string(c.status().message()));
-    }
-    cert = *std::move(c);
-  }
-  // Installed as the servers' certificate callback: declared before them, so they outlive them.
-  std::vector<std::unique_ptr<http::CertReloader>> reloaders;
-  // A TLS listener with the serving pair (reloaded from its files when they change).
-  auto make_tls = [&](const std::string& ca) -> absl::StatusOr<SSL_CTX*> {
-    ASSIGN_OR_RETURN(SSL_CTX * ctx,
-                     http::ServerTlsContext(cert->pem().cert_pem, cert->pem().key_pem, ca));
-    if (!cert->cert_file().empty()) {
-      auto r = http::CertReloader::Load(cert->cert_file(), cert->key_file());
-      if (r.ok()) {
-        (*r)->Install(ctx);
-        reloaders.push_back(*std::move(r));
-      } else {
-        spdlog::warn("serving certificate will not be reloaded: {}",
-                     std::string(r.status().message()));
-      }
-    }
-    return ctx;
-  };
-
-  Listener ext, hook, health;
-  auto stop_all = [&] {
-    if (elector) elector->Stop();  // hands the Lease over at once
-    extender.StopWatching();
-    ext.Stop();
-    hook.Stop();
-    health.Stop();
-  };
-  {
-    http::ServerLimits el = limits;
-    SSL_CTX* ctx = nullptr;
-    if (!client_ca.empty()) {
-      auto c = make_tls(client_ca);
-      if (!c.ok()) {
-        stop_all();
-        return Fail(kWho, "extender TLS: " + std::string(c.status().message()), kUsageError);
-      }
-      ctx = *c;
-      el.client_names = absl::StrSplit(f.extender_client_names, ',', absl::SkipEmpty());
-    }
-    ext.server = std::make_unique<http::GuardedServer>(el, ctx);
-    extender.Register(*ext.server, f.extender_prefix);
-    ext.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
-      r.set_content("ok", "text/plain");
-    });
-    if (!ext.server->bind_to_port(ext_host, ext_port)) {
-      stop_all();
-      return listen_failed("--extender-listen " + f.extender_listen, ext_host, ext_port);
-    }
-    ext.thread = std::thread([&ext] { ext.server->listen_after_bind(); });
-  }
-  if (!f.health_listen.empty()) {
-    health.server = std::make_unique<http::GuardedServer>(limits);
-    health.server->Get("/healthz", [](const httplib::Request&, httplib::Response& r) {
-      r.set_content("ok", "text/plain");
-    });
-    if (!health.server->bind_to_port(health_host, health_port)) {
-      stop_all();
-      return listen_failed("--health-listen " + f.health_listen, health_host, health_port);
-    }
-    health.thread = std::thread([&health] { health.server->listen_after_bind(); });
-  }
-
-  scheduler::AdmissionWebhook webhook({f.names, f.max_memory_units, f.scheduler_name}, &api);
-  if (!f.webhook_listen.empty()) {
-    auto ctx = make_tls("");
-    if (!ctx.ok()) {
-      stop_all();
-      return Fail(kWho, "webhook TLS: " + std::string(ctx.status().message()));
-    }
-    hook.server = std::make_unique<http::GuardedServer>(limits, *ctx);
-    webhook.Register(*hook.server);
-    if (!hook.server->bind_to_port(hook_host, hook_port)) {
-      stop_all();
-      return listen_failed("--webhook-listen " + f.webhook_listen, hook_host, hook_port);
-    }
-    hook.thread = std::thread([&hook] { hook.server->listen_after_bind(); });
-    cert->PublishCa();
-  }
-  // Renewed pairs reach the servers through the reloaders' files: without one, no renewal.
-  if (cert && !reloaders.empty()) cert->StartRenewal(absl::ToChronoMilliseconds(f.renew_check));
+  auto server = scheduler::Server::Start(*std::move(options), &api);
+  if (!server.ok()) return Fail(kWho, server.status());
   spdlog::info("gpulet scheduler: extender on {}{} ({}), webhook on {}", f.extender_listen,
-               f.extender_prefix, client_ca.empty() ? "HTTP" : "HTTPS, client certificates",
+               f.extender_prefix,
+               f.extender_client_ca_file.empty() ? "HTTP" : "HTTPS, client certificates",
                f.webhook_listen.empty() ? "(off)" : f.webhook_listen);
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("gpulet scheduler: signal {}, stopping", sig);
-  stop_all();
-  return 0;  // `cert` goes last: it stops the renewal and removes the self-issued pair's files
+  (*server)->Stop();
+  return 0;  // the server's certificate goes last: it removes the self-issued pair's files
 }
 
 std::function<int()> SetupScheduler(CLI::App& sub) {
@@ -494,7 +281,7 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
   sub.add_flag("--leader-elect", f->leader_elect,
                "Elect a leader among replicas on a coordination.k8s.io Lease: only the leader "
                "answers the extender's verbs and labels its pod " +
-                   std::string(kLeaderLabel) + "=true (run 2+ replicas only with this)");
+                   std::string(scheduler::kLeaderLabel) + "=true (run 2+ replicas only with this)");
   sub.add_option("--leader-elect-lease-name", f->lease_name, "Name of the Lease")
       ->capture_default_str();
   sub.add_option("--leader-elect-namespace", f->lease_namespace,
