@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gpu/selection.h"
 #include "vgpu/rules/rules.h"
 
 namespace gpulet::dra {
@@ -98,37 +99,9 @@ std::vector<int> NvlinkDomains(const gpu::Inventory& inv) {
   return out;
 }
 
-absl::StatusOr<std::vector<uint32_t>> SelectGpus(const gpu::Inventory& inv,
-                                                 const std::string& selection) {
-  std::vector<uint32_t> out;
-  std::string sel(absl::StripAsciiWhitespace(selection));
-  if (sel.empty()) return out;
-  if (sel == "all") {
-    for (uint32_t i = 0; i < inv.devices.size(); ++i) out.push_back(i);
-    return out;
-  }
-  for (absl::string_view part : absl::StrSplit(sel, ',', absl::SkipWhitespace())) {
-    std::string item(absl::StripAsciiWhitespace(part));
-    uint32_t idx = 0;
-    bool by_index = absl::SimpleAtoi(item, &idx);
-    bool found = false;
-    for (uint32_t i = 0; i < inv.devices.size(); ++i) {
-      const auto& d = inv.devices[i];
-      if ((by_index && d.index == idx) || (!by_index && d.uuid == item)) {
-        if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
-        found = true;
-      }
-    }
-    if (!found)
-      return absl::NotFoundError(absl::StrCat("DRA GPU \"", item, "\" is not on this node"));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
                                                     const DeviceOptions& opt) {
-  auto gpus = SelectGpus(inv, opt.selection);
+  auto gpus = gpu::SelectGpus(inv, opt.selection);
   if (!gpus.ok()) return gpus.status();
   std::vector<int> domains = NvlinkDomains(inv);
   std::vector<DraDevice> out;
@@ -200,23 +173,6 @@ absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
       if (mig.sm_count > 0) cap["multiprocessors"] = {{"value", absl::StrCat(mig.sm_count)}};
       dev.entry = {{"name", dev.name}, {"attributes", attrs}, {"capacity", cap}};
       out.push_back(std::move(dev));
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<std::set<std::string>> DevicePluginIds(const gpu::Inventory& inv,
-                                                      const std::string& selection) {
-  auto gpus = SelectGpus(inv, selection);
-  if (!gpus.ok()) return gpus.status();
-  std::set<std::string> out;
-  for (uint32_t g : *gpus) {
-    const gpu::Device& d = inv.devices[g];
-    out.insert(d.uuid);
-    out.insert(absl::StrCat(d.index));
-    for (const auto& mig : d.mig_devices) {
-      out.insert(mig.uuid);
-      out.insert(absl::StrCat(d.index, ":", mig.index));
     }
   }
   return out;

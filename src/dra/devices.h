@@ -50,18 +50,9 @@ struct DeviceOptions {
 // that names no memory consumes, i.e. the whole GPU (81559Mi -> 81408Mi).
 uint64_t WholeShareBytes(uint64_t memory_bytes);
 
-// The GPUs (positions in inv.devices) that `selection` names.
-absl::StatusOr<std::vector<uint32_t>> SelectGpus(const gpu::Inventory& inv,
-                                                 const std::string& selection);
-
 // Every device DRA serves on this inventory, healthy or not, in a stable order.
 absl::StatusOr<std::vector<DraDevice>> BuildDevices(const gpu::Inventory& inv,
                                                     const DeviceOptions& opt);
-
-// The device-plugin IDs (UUIDs, "3", "1:0") that belong to `selection`'s GPUs and MIG devices:
-// the device plugin leaves them out so one GPU is never served by both.
-absl::StatusOr<std::set<std::string>> DevicePluginIds(const gpu::Inventory& inv,
-                                                      const std::string& selection);
 
 // NVIDIA's "580.159.04" as a semantic version ("580.159.4"); CUDA 13000 -> "13.0.0";
 // compute capability 9.0 -> "9.0.0". Empty when the input has no number.

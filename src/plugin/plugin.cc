@@ -9,7 +9,7 @@
 #include "common/fs.h"
 #include "common/signals.h"
 #include "common/status.h"
-#include "dra/devices.h"
+#include "gpu/selection.h"
 #include "placement/vgpu_policy.h"
 #include "plugin/resources.h"
 #include "vgpu/node/node.h"
@@ -138,7 +138,7 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
   if (!cfg.dra.gpus.empty()) {
     // The DRA driver serves these GPUs and their MIG devices (agent, src/dra): the kubelet must
     // never also book them through the device plugin.
-    auto dra_ids = dra::DevicePluginIds(inventory_, cfg.dra.gpus);
+    auto dra_ids = gpu::DevicePluginIds(inventory_, cfg.dra.gpus);
     if (!dra_ids.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("gpulet.dra.gpus: ", dra_ids.status().message()));

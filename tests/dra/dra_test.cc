@@ -14,6 +14,7 @@
 #include "dra/devices.h"
 #include "dra/driver.h"
 #include "gmock/gmock.h"
+#include "gpu/selection.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "k8s/dra/v1/api.grpc.pb.h"
@@ -231,7 +232,7 @@ TEST(DraDevicesTest, AttributesCapacityAndNames) {
   sel.selection = "1,GPU-nope";
   EXPECT_THAT(std::string(BuildDevices(Inventory(), sel).status().message()),
               HasSubstr("\"GPU-nope\" is not on this node"));
-  auto ids = DevicePluginIds(Inventory(), "3");
+  auto ids = gpu::DevicePluginIds(Inventory(), "3");
   ASSERT_TRUE(ids.ok());
   EXPECT_TRUE(ids->count("3") && ids->count("3:0") && ids->count("3:1"));
   EXPECT_TRUE(ids->count(Inventory().devices[3].mig_devices[1].uuid));
