@@ -129,8 +129,13 @@ INSTANTIATE_TEST_SUITE_P(
         Row{"printf '{\"uuid\": 5}' > $T/iso.json && " + kDevicePlugin +
                 " --unhealthy-devices-file $T/iso.json & sleep 3; kill -INT $!; wait",
             -1, "$T/iso.json: \"uuid\" must be a list", "INVALID_ARGUMENT"},
-        Row{"gpulet validate --host-root $T/none --no-probe", 1, "no NVML library under $T/none",
-            "NOT_FOUND:"},
+        Row{"mkdir $T/empty && gpulet validate --host-root $T/empty --no-probe", 1,
+            "no NVML library under $T/empty", "NOT_FOUND:"},
+        // A host root that is not there is a typing mistake, said before anything is looked for.
+        Row{"gpulet validate --host-root $T/none --no-probe", 2,
+            "gpulet validate: --host-root: Directory does not exist: $T/none", "NVML"},
+        Row{"gpulet install --host-root $T/none --runtime containerd", 2,
+            "gpulet install: --host-root: Directory does not exist: $T/none", "NVML"},
         Row{"printf '{\"a\": [1,' > $T/bad.json && gpulet runtime configure --runtime docker "
             "--config $T/bad.json --dry-run",
             2, "$T/bad.json:1:", "json.exception"},

@@ -36,7 +36,8 @@ void AddRestart(CLI::App& sub, std::string& restart) {
 std::function<int()> SetupInstall(CLI::App& sub) {
   auto o = std::make_shared<node::InstallOptions>();
   sub.add_option("--host-root", o->host_root, "Where the host's root filesystem is mounted")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::ExistingDirectory);  // before NVML is looked for under it
   sub.add_option("--runtime", o->runtime, "containerd, docker, crio or auto (detect)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "containerd", "docker", "crio"}));

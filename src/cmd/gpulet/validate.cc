@@ -58,7 +58,8 @@ int Run(ValidateFlags& f) {
 std::function<int()> SetupValidate(CLI::App& sub) {
   auto f = std::make_shared<ValidateFlags>();
   sub.add_option("--host-root", f->o.host_root, "Where the host's root filesystem is mounted")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::ExistingDirectory);
   sub.add_option("--runtime", f->o.runtime, "Engine to check: containerd, docker, crio or auto")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "containerd", "docker", "crio"}));
