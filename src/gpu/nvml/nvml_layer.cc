@@ -30,6 +30,108 @@ namespace {
 // long Reinit and shutdown wait for the event thread to notice it should stop.
 constexpr unsigned kEventWaitMs = 50;
 
+// Every NVML entry point gpulet calls, listed once: X(field, type, exported names...). From it come
+// NvmlLib's function pointers and their resolution in LoadLibrary. The names are tried in order,
+// the newest version first; a library exporting none of them lacks the first.
+// clang-format would pack the entries several to a line.
+// clang-format off
+// Required: a library that lacks one is refused (the driver is too old for gpulet).
+#define GPULET_NVML_REQUIRED(X) \
+  X(init, nvmlInitFn, "nvmlInit_v2", "nvmlInit") \
+  X(shutdown, nvmlShutdownFn, "nvmlShutdown") \
+  X(count, nvmlDeviceGetCountFn, "nvmlDeviceGetCount_v2", "nvmlDeviceGetCount") \
+  X(handle_by_index, nvmlDeviceGetHandleByIndexFn, "nvmlDeviceGetHandleByIndex_v2", \
+    "nvmlDeviceGetHandleByIndex") \
+  X(uuid, nvmlDeviceGetStringFn, "nvmlDeviceGetUUID")
+
+// Optional: a missing one leaves its field null and its data unset; one warning names it.
+#define GPULET_NVML_OPTIONAL(X) \
+  X(error_string, nvmlErrorStringFn, "nvmlErrorString") \
+  X(driver_version, nvmlSystemGetStringFn, "nvmlSystemGetDriverVersion") \
+  X(nvml_version, nvmlSystemGetStringFn, "nvmlSystemGetNVMLVersion") \
+  X(cuda_version, nvmlSystemGetCudaDriverVersionFn, "nvmlSystemGetCudaDriverVersion_v2", \
+    "nvmlSystemGetCudaDriverVersion") \
+  X(name, nvmlDeviceGetStringFn, "nvmlDeviceGetName") \
+  X(brand, nvmlDeviceGetIntFn, "nvmlDeviceGetBrand") \
+  X(arch, nvmlDeviceGetUintFn, "nvmlDeviceGetArchitecture") \
+  X(minor, nvmlDeviceGetUintFn, "nvmlDeviceGetMinorNumber") \
+  X(pci, nvmlDeviceGetPciInfoFn, "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2") \
+  X(memory_v2, nvmlDeviceGetMemoryInfoV2Fn, "nvmlDeviceGetMemoryInfo_v2") \
+  X(memory, nvmlDeviceGetMemoryInfoFn, "nvmlDeviceGetMemoryInfo") \
+  X(cc, nvmlDeviceGetCudaComputeCapabilityFn, "nvmlDeviceGetCudaComputeCapability") \
+  X(attributes, nvmlDeviceGetAttributesFn, "nvmlDeviceGetAttributes_v2") \
+  X(power_limit, nvmlDeviceGetUintFn, "nvmlDeviceGetEnforcedPowerLimit", \
+    "nvmlDeviceGetPowerManagementLimit") \
+  X(mig_mode, nvmlDeviceGetMigModeFn, "nvmlDeviceGetMigMode") \
+  X(max_mig, nvmlDeviceGetUintFn, "nvmlDeviceGetMaxMigDeviceCount") \
+  X(mig_handle, nvmlDeviceGetMigDeviceHandleByIndexFn, "nvmlDeviceGetMigDeviceHandleByIndex") \
+  X(gi_id, nvmlDeviceGetUintFn, "nvmlDeviceGetGpuInstanceId") \
+  X(ci_id, nvmlDeviceGetUintFn, "nvmlDeviceGetComputeInstanceId") \
+  X(common_ancestor, nvmlDeviceGetTopologyCommonAncestorFn, "nvmlDeviceGetTopologyCommonAncestor") \
+  X(nvlink_state, nvmlDeviceGetNvLinkStateFn, "nvmlDeviceGetNvLinkState") \
+  X(nvlink_remote_pci, nvmlDeviceGetNvLinkRemotePciInfoFn, "nvmlDeviceGetNvLinkRemotePciInfo_v2") \
+  X(nvlink_remote_type, nvmlDeviceGetNvLinkRemoteDeviceTypeFn, \
+    "nvmlDeviceGetNvLinkRemoteDeviceType") \
+  X(temperature, nvmlDeviceGetTemperatureFn, "nvmlDeviceGetTemperature") \
+  X(field_values, nvmlDeviceGetFieldValuesFn, "nvmlDeviceGetFieldValues") \
+  X(clock, nvmlDeviceGetClockInfoFn, "nvmlDeviceGetClockInfo") \
+  X(power, nvmlDeviceGetUintFn, "nvmlDeviceGetPowerUsage") \
+  X(energy, nvmlDeviceGetUllFn, "nvmlDeviceGetTotalEnergyConsumption") \
+  X(utilization, nvmlDeviceGetUtilizationRatesFn, "nvmlDeviceGetUtilizationRates") \
+  X(encoder, nvmlDeviceGetCodecUtilizationFn, "nvmlDeviceGetEncoderUtilization") \
+  X(decoder, nvmlDeviceGetCodecUtilizationFn, "nvmlDeviceGetDecoderUtilization") \
+  X(ecc, nvmlDeviceGetTotalEccErrorsFn, "nvmlDeviceGetTotalEccErrors") \
+  X(throttle, nvmlDeviceGetUllFn, "nvmlDeviceGetCurrentClocksEventReasons", \
+    "nvmlDeviceGetCurrentClocksThrottleReasons") \
+  X(pcie_replay, nvmlDeviceGetUintFn, "nvmlDeviceGetPcieReplayCounter") \
+  X(pcie_throughput, nvmlDeviceGetPcieThroughputFn, "nvmlDeviceGetPcieThroughput") \
+  X(fan, nvmlDeviceGetUintFn, "nvmlDeviceGetFanSpeed") \
+  X(pstate, nvmlDeviceGetIntFn, "nvmlDeviceGetPerformanceState") \
+  X(processes, nvmlDeviceGetProcessesFn, "nvmlDeviceGetComputeRunningProcesses_v3", \
+    "nvmlDeviceGetComputeRunningProcesses_v2") \
+  X(event_set_create, nvmlEventSetCreateFn, "nvmlEventSetCreate") \
+  X(event_set_free, nvmlEventSetFreeFn, "nvmlEventSetFree") \
+  X(register_events, nvmlDeviceRegisterEventsFn, "nvmlDeviceRegisterEvents") \
+  X(supported_events, nvmlDeviceGetUllFn, "nvmlDeviceGetSupportedEventTypes") \
+  X(event_wait, nvmlEventSetWaitFn, "nvmlEventSetWait_v2", "nvmlEventSetWait") \
+  /* The nvidia-smi set. */ \
+  X(serial, nvmlDeviceGetStringFn, "nvmlDeviceGetSerial") \
+  X(vbios, nvmlDeviceGetStringFn, "nvmlDeviceGetVbiosVersion") \
+  X(inforom, nvmlDeviceGetInforomVersionFn, "nvmlDeviceGetInforomVersion") \
+  X(max_clock, nvmlDeviceGetClockInfoFn, "nvmlDeviceGetMaxClockInfo") \
+  X(supported_reasons, nvmlDeviceGetUllFn, "nvmlDeviceGetSupportedClocksEventReasons", \
+    "nvmlDeviceGetSupportedClocksThrottleReasons") \
+  X(pcie_gen, nvmlDeviceGetUintFn, "nvmlDeviceGetCurrPcieLinkGeneration") \
+  X(pcie_gen_max, nvmlDeviceGetUintFn, "nvmlDeviceGetMaxPcieLinkGeneration") \
+  X(pcie_gen_gpu_max, nvmlDeviceGetUintFn, "nvmlDeviceGetGpuMaxPcieLinkGeneration") \
+  X(pcie_width, nvmlDeviceGetUintFn, "nvmlDeviceGetCurrPcieLinkWidth") \
+  X(pcie_width_max, nvmlDeviceGetUintFn, "nvmlDeviceGetMaxPcieLinkWidth") \
+  X(power_default, nvmlDeviceGetUintFn, "nvmlDeviceGetPowerManagementDefaultLimit") \
+  X(power_mgmt_limit, nvmlDeviceGetUintFn, "nvmlDeviceGetPowerManagementLimit") \
+  X(power_constraints, nvmlDeviceGetTwoUintFn, "nvmlDeviceGetPowerManagementLimitConstraints") \
+  X(accounting_buffer, nvmlDeviceGetUintFn, "nvmlDeviceGetAccountingBufferSize") \
+  X(gsp_mode, nvmlDeviceGetTwoUintFn, "nvmlDeviceGetGspFirmwareMode") \
+  X(persistence, nvmlDeviceGetEnableStateFn, "nvmlDeviceGetPersistenceMode") \
+  X(display_active, nvmlDeviceGetEnableStateFn, "nvmlDeviceGetDisplayActive") \
+  X(display_mode, nvmlDeviceGetEnableStateFn, "nvmlDeviceGetDisplayMode") \
+  X(accounting_mode, nvmlDeviceGetEnableStateFn, "nvmlDeviceGetAccountingMode") \
+  X(compute_mode, nvmlDeviceGetIntFn, "nvmlDeviceGetComputeMode") \
+  X(ecc_mode, nvmlDeviceGetEccModeFn, "nvmlDeviceGetEccMode") \
+  X(memory_errors, nvmlDeviceGetMemoryErrorCounterFn, "nvmlDeviceGetMemoryErrorCounter") \
+  X(remapped_rows, nvmlDeviceGetRemappedRowsFn, "nvmlDeviceGetRemappedRows") \
+  X(remap_histogram, nvmlDeviceGetRowRemapperHistogramFn, "nvmlDeviceGetRowRemapperHistogram") \
+  X(jpeg, nvmlDeviceGetCodecUtilizationFn, "nvmlDeviceGetJpgUtilization") \
+  X(ofa, nvmlDeviceGetCodecUtilizationFn, "nvmlDeviceGetOfaUtilization") \
+  X(encoder_stats, nvmlDeviceGetEncoderStatsFn, "nvmlDeviceGetEncoderStats") \
+  /* GPM. */ \
+  X(gpm_support, nvmlGpmQueryDeviceSupportFn, "nvmlGpmQueryDeviceSupport") \
+  X(gpm_alloc, nvmlGpmSampleAllocFn, "nvmlGpmSampleAlloc") \
+  X(gpm_free, nvmlGpmSampleFreeFn, "nvmlGpmSampleFree") \
+  X(gpm_sample, nvmlGpmSampleGetFn, "nvmlGpmSampleGet") \
+  X(gpm_mig_sample, nvmlGpmMigSampleGetFn, "nvmlGpmMigSampleGet") \
+  X(gpm_metrics, nvmlGpmMetricsGetFn, "nvmlGpmMetricsGet")
+// clang-format on
+
 // The loaded library and every entry point gpulet uses. Owns the dlopen handle; immutable after
 // Load(), so it is shared freely between threads.
 struct NvmlLib {
@@ -38,68 +140,10 @@ struct NvmlLib {
   bool simulate = false;
   std::vector<std::string> missing;  // optional symbols this library lacks
 
-  nvmlInitFn init = nullptr;
-  nvmlShutdownFn shutdown = nullptr;
-  nvmlErrorStringFn error_string = nullptr;
-  nvmlSystemGetStringFn driver_version = nullptr, nvml_version = nullptr;
-  nvmlSystemGetCudaDriverVersionFn cuda_version = nullptr;
-  nvmlDeviceGetCountFn count = nullptr;
-  nvmlDeviceGetHandleByIndexFn handle_by_index = nullptr;
-  nvmlDeviceGetStringFn uuid = nullptr, name = nullptr;
-  nvmlDeviceGetIntFn brand = nullptr, pstate = nullptr;
-  nvmlDeviceGetUintFn arch = nullptr, minor = nullptr, power_limit = nullptr, power = nullptr,
-                      pcie_replay = nullptr, fan = nullptr, max_mig = nullptr, gi_id = nullptr,
-                      ci_id = nullptr;
-  nvmlDeviceGetPciInfoFn pci = nullptr;
-  nvmlDeviceGetMemoryInfoFn memory = nullptr;
-  nvmlDeviceGetMemoryInfoV2Fn memory_v2 = nullptr;
-  nvmlDeviceGetCudaComputeCapabilityFn cc = nullptr;
-  nvmlDeviceGetAttributesFn attributes = nullptr;
-  nvmlDeviceGetMigModeFn mig_mode = nullptr;
-  nvmlDeviceGetMigDeviceHandleByIndexFn mig_handle = nullptr;
-  nvmlDeviceGetTopologyCommonAncestorFn common_ancestor = nullptr;
-  nvmlDeviceGetNvLinkStateFn nvlink_state = nullptr;
-  nvmlDeviceGetNvLinkRemotePciInfoFn nvlink_remote_pci = nullptr;
-  nvmlDeviceGetNvLinkRemoteDeviceTypeFn nvlink_remote_type = nullptr;
-  nvmlDeviceGetTemperatureFn temperature = nullptr;
-  nvmlDeviceGetFieldValuesFn field_values = nullptr;
-  nvmlDeviceGetClockInfoFn clock = nullptr;
-  nvmlDeviceGetUllFn energy = nullptr, throttle = nullptr;
-  nvmlDeviceGetUtilizationRatesFn utilization = nullptr;
-  nvmlDeviceGetCodecUtilizationFn encoder = nullptr, decoder = nullptr;
-  nvmlDeviceGetTotalEccErrorsFn ecc = nullptr;
-  nvmlDeviceGetPcieThroughputFn pcie_throughput = nullptr;
-  nvmlDeviceGetProcessesFn processes = nullptr;
-  nvmlEventSetCreateFn event_set_create = nullptr;
-  nvmlEventSetFreeFn event_set_free = nullptr;
-  nvmlDeviceRegisterEventsFn register_events = nullptr;
-  nvmlDeviceGetUllFn supported_events = nullptr;
-  nvmlEventSetWaitFn event_wait = nullptr;
-  // The nvidia-smi set.
-  nvmlDeviceGetStringFn serial = nullptr, vbios = nullptr;
-  nvmlDeviceGetInforomVersionFn inforom = nullptr;
-  nvmlDeviceGetClockInfoFn max_clock = nullptr;
-  nvmlDeviceGetUllFn supported_reasons = nullptr;
-  nvmlDeviceGetUintFn pcie_gen = nullptr, pcie_gen_max = nullptr, pcie_gen_gpu_max = nullptr,
-                      pcie_width = nullptr, pcie_width_max = nullptr, power_default = nullptr,
-                      power_mgmt_limit = nullptr, accounting_buffer = nullptr;
-  nvmlDeviceGetTwoUintFn power_constraints = nullptr, gsp_mode = nullptr;
-  nvmlDeviceGetEnableStateFn persistence = nullptr, display_active = nullptr,
-                             display_mode = nullptr, accounting_mode = nullptr;
-  nvmlDeviceGetIntFn compute_mode = nullptr;
-  nvmlDeviceGetEccModeFn ecc_mode = nullptr;
-  nvmlDeviceGetMemoryErrorCounterFn memory_errors = nullptr;
-  nvmlDeviceGetRemappedRowsFn remapped_rows = nullptr;
-  nvmlDeviceGetRowRemapperHistogramFn remap_histogram = nullptr;
-  nvmlDeviceGetCodecUtilizationFn jpeg = nullptr, ofa = nullptr;
-  nvmlDeviceGetEncoderStatsFn encoder_stats = nullptr;
-  // GPM.
-  nvmlGpmQueryDeviceSupportFn gpm_support = nullptr;
-  nvmlGpmSampleAllocFn gpm_alloc = nullptr;
-  nvmlGpmSampleFreeFn gpm_free = nullptr;
-  nvmlGpmSampleGetFn gpm_sample = nullptr;
-  nvmlGpmMigSampleGetFn gpm_mig_sample = nullptr;
-  nvmlGpmMetricsGetFn gpm_metrics = nullptr;
+#define GPULET_NVML_FIELD(field, type, ...) type field = nullptr;
+  GPULET_NVML_REQUIRED(GPULET_NVML_FIELD)
+  GPULET_NVML_OPTIONAL(GPULET_NVML_FIELD)
+#undef GPULET_NVML_FIELD
   const char* (*sim_last_error)() = nullptr;
   void (*sim_configure)(const char*, const char*) = nullptr;
 
@@ -184,96 +228,15 @@ absl::StatusOr<std::shared_ptr<NvmlLib>> LoadLibrary(const NvmlBackendOptions& o
                      "without a GPU use --simulate PROFILE)"));
   }
   NvmlLib& l = *lib;
-  l.Resolve(l.init, {"nvmlInit_v2", "nvmlInit"});
-  l.Resolve(l.shutdown, {"nvmlShutdown"});
-  l.Resolve(l.count, {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
-  l.Resolve(l.handle_by_index, {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
-  l.Resolve(l.uuid, {"nvmlDeviceGetUUID"});
-  for (const std::string& m : l.missing) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NVML library '", o.library, "' lacks the required symbol ", m, " (driver too old?)"));
+#define GPULET_NVML_RESOLVE(field, type, ...) l.Resolve(l.field, {__VA_ARGS__});
+  GPULET_NVML_REQUIRED(GPULET_NVML_RESOLVE)
+  if (!l.missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("NVML library '", o.library,
+                                                      "' lacks the required symbol ",
+                                                      l.missing.front(), " (driver too old?)"));
   }
-  l.Resolve(l.error_string, {"nvmlErrorString"});
-  l.Resolve(l.driver_version, {"nvmlSystemGetDriverVersion"});
-  l.Resolve(l.nvml_version, {"nvmlSystemGetNVMLVersion"});
-  l.Resolve(l.cuda_version,
-            {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
-  l.Resolve(l.name, {"nvmlDeviceGetName"});
-  l.Resolve(l.brand, {"nvmlDeviceGetBrand"});
-  l.Resolve(l.arch, {"nvmlDeviceGetArchitecture"});
-  l.Resolve(l.minor, {"nvmlDeviceGetMinorNumber"});
-  l.Resolve(l.pci, {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"});
-  l.Resolve(l.memory_v2, {"nvmlDeviceGetMemoryInfo_v2"});
-  l.Resolve(l.memory, {"nvmlDeviceGetMemoryInfo"});
-  l.Resolve(l.cc, {"nvmlDeviceGetCudaComputeCapability"});
-  l.Resolve(l.attributes, {"nvmlDeviceGetAttributes_v2"});
-  l.Resolve(l.power_limit,
-            {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
-  l.Resolve(l.mig_mode, {"nvmlDeviceGetMigMode"});
-  l.Resolve(l.max_mig, {"nvmlDeviceGetMaxMigDeviceCount"});
-  l.Resolve(l.mig_handle, {"nvmlDeviceGetMigDeviceHandleByIndex"});
-  l.Resolve(l.gi_id, {"nvmlDeviceGetGpuInstanceId"});
-  l.Resolve(l.ci_id, {"nvmlDeviceGetComputeInstanceId"});
-  l.Resolve(l.common_ancestor, {"nvmlDeviceGetTopologyCommonAncestor"});
-  l.Resolve(l.nvlink_state, {"nvmlDeviceGetNvLinkState"});
-  l.Resolve(l.nvlink_remote_pci, {"nvmlDeviceGetNvLinkRemotePciInfo_v2"});
-  l.Resolve(l.nvlink_remote_type, {"nvmlDeviceGetNvLinkRemoteDeviceType"});
-  l.Resolve(l.temperature, {"nvmlDeviceGetTemperature"});
-  l.Resolve(l.field_values, {"nvmlDeviceGetFieldValues"});
-  l.Resolve(l.clock, {"nvmlDeviceGetClockInfo"});
-  l.Resolve(l.power, {"nvmlDeviceGetPowerUsage"});
-  l.Resolve(l.energy, {"nvmlDeviceGetTotalEnergyConsumption"});
-  l.Resolve(l.utilization, {"nvmlDeviceGetUtilizationRates"});
-  l.Resolve(l.encoder, {"nvmlDeviceGetEncoderUtilization"});
-  l.Resolve(l.decoder, {"nvmlDeviceGetDecoderUtilization"});
-  l.Resolve(l.ecc, {"nvmlDeviceGetTotalEccErrors"});
-  l.Resolve(l.throttle, {"nvmlDeviceGetCurrentClocksEventReasons",
-                         "nvmlDeviceGetCurrentClocksThrottleReasons"});
-  l.Resolve(l.pcie_replay, {"nvmlDeviceGetPcieReplayCounter"});
-  l.Resolve(l.pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
-  l.Resolve(l.fan, {"nvmlDeviceGetFanSpeed"});
-  l.Resolve(l.pstate, {"nvmlDeviceGetPerformanceState"});
-  l.Resolve(l.processes,
-            {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
-  l.Resolve(l.event_set_create, {"nvmlEventSetCreate"});
-  l.Resolve(l.event_set_free, {"nvmlEventSetFree"});
-  l.Resolve(l.register_events, {"nvmlDeviceRegisterEvents"});
-  l.Resolve(l.supported_events, {"nvmlDeviceGetSupportedEventTypes"});
-  l.Resolve(l.event_wait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});
-  l.Resolve(l.serial, {"nvmlDeviceGetSerial"});
-  l.Resolve(l.vbios, {"nvmlDeviceGetVbiosVersion"});
-  l.Resolve(l.inforom, {"nvmlDeviceGetInforomVersion"});
-  l.Resolve(l.max_clock, {"nvmlDeviceGetMaxClockInfo"});
-  l.Resolve(l.supported_reasons, {"nvmlDeviceGetSupportedClocksEventReasons",
-                                  "nvmlDeviceGetSupportedClocksThrottleReasons"});
-  l.Resolve(l.pcie_gen, {"nvmlDeviceGetCurrPcieLinkGeneration"});
-  l.Resolve(l.pcie_gen_max, {"nvmlDeviceGetMaxPcieLinkGeneration"});
-  l.Resolve(l.pcie_gen_gpu_max, {"nvmlDeviceGetGpuMaxPcieLinkGeneration"});
-  l.Resolve(l.pcie_width, {"nvmlDeviceGetCurrPcieLinkWidth"});
-  l.Resolve(l.pcie_width_max, {"nvmlDeviceGetMaxPcieLinkWidth"});
-  l.Resolve(l.power_default, {"nvmlDeviceGetPowerManagementDefaultLimit"});
-  l.Resolve(l.power_mgmt_limit, {"nvmlDeviceGetPowerManagementLimit"});
-  l.Resolve(l.power_constraints, {"nvmlDeviceGetPowerManagementLimitConstraints"});
-  l.Resolve(l.accounting_buffer, {"nvmlDeviceGetAccountingBufferSize"});
-  l.Resolve(l.gsp_mode, {"nvmlDeviceGetGspFirmwareMode"});
-  l.Resolve(l.persistence, {"nvmlDeviceGetPersistenceMode"});
-  l.Resolve(l.display_active, {"nvmlDeviceGetDisplayActive"});
-  l.Resolve(l.display_mode, {"nvmlDeviceGetDisplayMode"});
-  l.Resolve(l.accounting_mode, {"nvmlDeviceGetAccountingMode"});
-  l.Resolve(l.compute_mode, {"nvmlDeviceGetComputeMode"});
-  l.Resolve(l.ecc_mode, {"nvmlDeviceGetEccMode"});
-  l.Resolve(l.memory_errors, {"nvmlDeviceGetMemoryErrorCounter"});
-  l.Resolve(l.remapped_rows, {"nvmlDeviceGetRemappedRows"});
-  l.Resolve(l.remap_histogram, {"nvmlDeviceGetRowRemapperHistogram"});
-  l.Resolve(l.jpeg, {"nvmlDeviceGetJpgUtilization"});
-  l.Resolve(l.ofa, {"nvmlDeviceGetOfaUtilization"});
-  l.Resolve(l.encoder_stats, {"nvmlDeviceGetEncoderStats"});
-  l.Resolve(l.gpm_support, {"nvmlGpmQueryDeviceSupport"});
-  l.Resolve(l.gpm_alloc, {"nvmlGpmSampleAlloc"});
-  l.Resolve(l.gpm_free, {"nvmlGpmSampleFree"});
-  l.Resolve(l.gpm_sample, {"nvmlGpmSampleGet"});
-  l.Resolve(l.gpm_mig_sample, {"nvmlGpmMigSampleGet"});
-  l.Resolve(l.gpm_metrics, {"nvmlGpmMetricsGet"});
+  GPULET_NVML_OPTIONAL(GPULET_NVML_RESOLVE)
+#undef GPULET_NVML_RESOLVE
   if (o.simulate) {  // gpulet's own extensions, present only in the fake library
     l.sim_last_error = reinterpret_cast<const char* (*)()>(dlsym(l.handle, "gpuletSimLastError"));
     l.sim_configure =
