@@ -25,7 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "k8s/dra/v1/api.grpc.pb.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
 
 using namespace gpulet;

@@ -57,8 +57,8 @@
 #include "benchmark/benchmark.h"
 #include "gpu/open.h"
 #include "metrics/sampler.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/metrics/expo_util.h"
-#include "testing/metrics/fake_gpu.h"
 #include "testing/metrics/pod_server.h"
 #include "testing/process/spawn.h"
 
@@ -363,13 +363,13 @@ void BM_SampleCycle_SimulatedNvml(benchmark::State& state) {
 BENCHMARK(BM_SampleCycle_SimulatedNvml)->Unit(benchmark::kMicrosecond);
 
 void BM_SampleCycle_InProcessLayer(benchmark::State& state) {
-  testing_metrics::FakeGpuLayer g(kGpus);
+  testing::FakeGpuLayer g(kGpus);
   SampleCycle(state, &g);
 }
 BENCHMARK(BM_SampleCycle_InProcessLayer)->Unit(benchmark::kMicrosecond);
 
 void BM_SampleCycle_InProcessLayer_GzipOpenMetrics(benchmark::State& state) {
-  testing_metrics::FakeGpuLayer g(kGpus);
+  testing::FakeGpuLayer g(kGpus);
   SampleCycle(state, &g, /*gzip=*/true);
 }
 BENCHMARK(BM_SampleCycle_InProcessLayer_GzipOpenMetrics)->Unit(benchmark::kMicrosecond);

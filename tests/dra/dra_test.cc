@@ -23,7 +23,7 @@
 #include "plugin/config.h"
 #include "runtime/cdi.h"
 #include "testing/apiserver/fake_apiserver.h"
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
 
 namespace gpulet::dra {

@@ -8,13 +8,13 @@
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/metrics/expo_util.h"
-#include "testing/metrics/fake_gpu.h"
 
 namespace gpulet::labels {
 namespace {
 
-using testing_metrics::FakeGpuLayer;
+using testing::FakeGpuLayer;
 
 // A DGX H100: product sanitised, memory in MiB, driver and CUDA versions split, hopper family.
 TEST(Labels, DgxH100) {

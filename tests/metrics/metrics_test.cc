@@ -23,17 +23,18 @@
 #include "metrics/sampler.h"
 #include "metrics/server.h"
 #include "testing/common/fake_clock.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/metrics/expo_util.h"
-#include "testing/metrics/fake_gpu.h"
 #include "testing/metrics/pod_server.h"
+#include "testing/metrics/sample.h"
 
 namespace gpulet::metrics {
 namespace {
 
+using testing::FakeGpuLayer;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing_metrics::FakeContainer;
-using testing_metrics::FakeGpuLayer;
 using testing_metrics::PodResourcesServer;
 using testing_metrics::SampleOf;
 
@@ -445,7 +446,7 @@ TEST(Sampler, NvmlFailingMidRunThenRecovering) {
   sampler.SampleOnce();
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("gpulet_exporter_nvml_up 1\n"));
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("gpulet_gpu_utilization_ratio{"));
-  g->SetFailing(true);
+  g->SetNvmlDown(true);
   sampler.SampleOnce();
   std::string down = sampler.snapshot()->text;
   EXPECT_THAT(down, HasSubstr("gpulet_exporter_nvml_up 0\n"));
@@ -455,7 +456,7 @@ TEST(Sampler, NvmlFailingMidRunThenRecovering) {
     auto r = testing_metrics::PromtoolCheckMetrics(down);  // only gpulet_exporter_* remain
     EXPECT_EQ(r.rc, 0) << r.output;
   }
-  g->SetFailing(false);
+  g->SetNvmlDown(false);
   sampler.SampleOnce();
   EXPECT_GE(g->reinits(), 1);
   EXPECT_THAT(sampler.snapshot()->text, HasSubstr("gpulet_exporter_nvml_up 1\n"));
@@ -499,7 +500,7 @@ TEST(Sampler, NvmlMissingAtStart) {
 // A lost GPU is reported unhealthy while the others keep their series.
 TEST(Sampler, LostGpuIsUnhealthy) {
   FakeGpuLayer g(2);
-  g.SetLost(1);
+  g.SetDeviceError(1, absl::UnavailableError("GPU is lost"));
   Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, {});
   sampler.SampleOnce();
   std::string t = sampler.snapshot()->text;
@@ -514,9 +515,9 @@ TEST(Sampler, CountsXidEvents) {
   FakeGpuLayer g(2);
   Sampler sampler(&g, nullptr, nullptr, nullptr, nullptr, {});
   sampler.SampleOnce();  // subscribes
-  g.EmitXid(1, 79);
-  g.EmitXid(1, 48);
-  g.EmitXid(1, 48);
+  g.Emit(1, 79);
+  g.Emit(1, 48);
+  g.Emit(1, 48);
   sampler.SampleOnce();
   std::string t = sampler.snapshot()->text;
   std::string labels = "{gpu=\"1\",uuid=\"" + g.inventory().devices[1].uuid + "\"}";

@@ -17,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "metrics/sampler.h"
 #include "testing/common/fake_clock.h"
-#include "testing/metrics/fake_gpu.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {

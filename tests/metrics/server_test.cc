@@ -22,12 +22,12 @@
 #include "gtest/gtest.h"
 #include "metrics/render.h"
 #include "metrics/sampler.h"
-#include "testing/metrics/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 
 namespace gpulet::metrics {
 namespace {
 
-using testing_metrics::FakeGpuLayer;
+using testing::FakeGpuLayer;
 using Clk = std::chrono::steady_clock;
 
 int64_t RssKiB() {

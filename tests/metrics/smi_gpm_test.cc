@@ -24,16 +24,17 @@
 #include "metrics/render.h"
 #include "metrics/sampler.h"
 #include "testing/common/fake_clock.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/metrics/expo_util.h"
-#include "testing/metrics/fake_gpu.h"
+#include "testing/metrics/sample.h"
 #include "tests/metrics/sim_node.h"
 
 namespace gpulet::metrics {
 namespace {
 
+using testing::FakeGpuLayer;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing_metrics::FakeGpuLayer;
 using testing_metrics::SampleOf;
 
 std::string Line(const std::string& text, const std::string& prefix) {

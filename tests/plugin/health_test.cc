@@ -7,7 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "testing/plugin/fake_gpu.h"
+#include "testing/common/fake_clock.h"
+#include "testing/gpu/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {
@@ -75,10 +76,10 @@ TEST_F(Fixture, XidMarksThenRecoversAfterHoldDown) {
   EXPECT_THAT(mon->Reason(3), HasSubstr("XID 79 (RESTART_BM)"));
   EXPECT_GT(mon->changes()->generation(), g0);
   mon->Stop();  // drive the checker by hand from here
-  layer->SetProbe(3, absl::UnavailableError("GPU is lost"));
+  layer->SetDeviceError(3, absl::UnavailableError("GPU is lost"));
   for (int i = 0; i < 30; ++i) Tick();
-  EXPECT_FALSE(mon->Healthy(3));         // lost: never recovers while the probe fails
-  layer->SetProbe(3, absl::OkStatus());  // reset
+  EXPECT_FALSE(mon->Healthy(3));               // lost: never recovers while the probe fails
+  layer->SetDeviceError(3, absl::OkStatus());  // reset
   Tick();
   EXPECT_FALSE(mon->Healthy(3));
   for (int i = 0; i < 9; ++i) Tick();
@@ -110,12 +111,12 @@ TEST_F(Fixture, NvmlDownThenRecovery) {
   EXPECT_TRUE(mon->nvml_down());
   for (uint32_t i = 0; i < 4; ++i) EXPECT_FALSE(mon->Healthy(i));
   EXPECT_FALSE(mon->Healthy(2, 1));
-  int before = layer->reinits;
+  int before = layer->reinits();
   for (int i = 0; i < 20; ++i) {
     clock.Advance(std::chrono::milliseconds(100));
     mon->CheckOnce();
   }
-  int tries = layer->reinits - before;
+  int tries = layer->reinits() - before;
   EXPECT_GE(tries, 3);
   EXPECT_LE(tries, 6);  // backoff 100ms, 200ms, 400ms, 800ms ... not 20 tries
   layer->SetNvmlDown(false);
@@ -127,7 +128,7 @@ TEST_F(Fixture, NvmlDownThenRecovery) {
 // One lost GPU is that GPU only, not the whole node.
 TEST_F(Fixture, OneLostGpuIsNotNvmlDown) {
   mon = Make();
-  layer->SetProbe(1, absl::UnavailableError("GPU is lost"));
+  layer->SetDeviceError(1, absl::UnavailableError("GPU is lost"));
   Tick();
   EXPECT_FALSE(mon->nvml_down());
   EXPECT_FALSE(mon->Healthy(1));

@@ -16,8 +16,8 @@
 
 #include "plugin/plugin.h"
 #include "plugin/resources.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/kubelet/emulator.h"
-#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

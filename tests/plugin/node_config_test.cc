@@ -14,8 +14,8 @@
 #include "k8s/client.h"
 #include "plugin/plugin.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/kubelet/emulator.h"
-#include "testing/plugin/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

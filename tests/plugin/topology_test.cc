@@ -5,7 +5,7 @@
 #include <bit>
 #include <random>
 
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 
 namespace gpulet::plugin {
 namespace {

@@ -16,7 +16,7 @@
 #include "plugin/resources.h"
 #include "runtime/cdi.h"
 #include "runtime/engine_config.h"
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
 
 namespace gpulet::runtime {

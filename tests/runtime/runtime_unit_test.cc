@@ -25,7 +25,7 @@
 #include "runtime/request.h"
 #include "runtime/rootfs.h"
 #include "runtime/shim.h"
-#include "testing/plugin/fake_gpu.h"
+#include "testing/gpu/fake_gpu.h"
 #include "testing/runtime/fixtures.h"
 
 namespace gpulet::runtime {
@@ -1177,25 +1177,6 @@ TEST_F(TempDirTest, CrioDropIn) {
   EXPECT_THAT(drop, HasSubstr("default_runtime = 'nvidia'"));
 }
 
-// The device-plugin tests' fake GPU layer, with an inventory the test changes (as an NVML
-// re-init would).
-class SwitchableGpuLayer : public gpulet::testing::FakeGpuLayer {
- public:
-  explicit SwitchableGpuLayer(gpu::Inventory inv) : FakeGpuLayer(inv), inv_(std::move(inv)) {}
-  void Set(gpu::Inventory inv) {
-    std::lock_guard<std::mutex> l(mu_);
-    inv_ = std::move(inv);
-  }
-  absl::StatusOr<gpu::Inventory> GetInventory() override {
-    std::lock_guard<std::mutex> l(mu_);
-    return inv_;
-  }
-
- private:
-  std::mutex mu_;
-  gpu::Inventory inv_;
-};
-
 std::vector<std::string> SpecDeviceNames(const std::string& path) {
   std::vector<std::string> names;
   auto spec = ParseCdiSpec(ReadFile(path), path);
@@ -1213,7 +1194,7 @@ TEST_F(TempDirTest, CdiRefresherFollowsTheGpuSet) {
   WriteFile(
       dir_ + "/driver/proc/driver/nvidia-caps/mig-minors",
       "gpu0/gi1/access 21\ngpu0/gi1/ci0/access 22\ngpu0/gi2/access 30\ngpu0/gi2/ci0/access 31\n");
-  SwitchableGpuLayer gpu(FakeInventory(2));
+  gpulet::testing::FakeGpuLayer gpu(FakeInventory(2));
   CdiGenerateOptions o;
   o.driver_root = dir_ + "/driver";
   o.names = NameStrategy::kIndex;
@@ -1230,19 +1211,19 @@ TEST_F(TempDirTest, CdiRefresherFollowsTheGpuSet) {
   ASSERT_EQ(::stat(path.c_str(), &after), 0);
   EXPECT_EQ(before.st_ino, after.st_ino);
 
-  gpu.Set(FakeInventory(2, /*mig=*/true));  // MIG reconfiguration, seen after re-init
+  gpu.SetInventory(FakeInventory(2, /*mig=*/true));  // MIG reconfiguration, seen after re-init
   ASSERT_EQ(r.RefreshOnce().value_or(false), true);
   EXPECT_THAT(SpecDeviceNames(path), ::testing::ElementsAre("0", "0:0", "0:1", "1", "all"));
 
   gpu::Inventory none = FakeInventory(0);
-  gpu.Set(none);  // nothing to describe: an error, the last good spec stays
+  gpu.SetInventory(none);  // nothing to describe: an error, the last good spec stays
   EXPECT_FALSE(r.RefreshOnce().ok());
   EXPECT_THAT(SpecDeviceNames(path), ::testing::ElementsAre("0", "0:0", "0:1", "1", "all"));
 
   r.Start();
   gpu::Inventory lost = FakeInventory(2);
   lost.devices.erase(lost.devices.begin());  // GPU 0 fell off the bus; NVML re-initialised
-  gpu.Set(lost);
+  gpu.SetInventory(lost);
   gpu.Emit(0, 79);
   std::vector<std::string> names;
   for (int i = 0; i < 100 && names != std::vector<std::string>{"1", "all"}; ++i) {
