@@ -239,12 +239,12 @@ void Extender::Reserve(const json& pod, const std::string& node, placement::PodR
             true,
             false};
   ApplyLocked(uid, std::move(b));
-  reserved_[uid] = std::chrono::steady_clock::now() + options_.reservation_ttl;
+  reserved_[uid] = options_.clock->Now() + options_.reservation_ttl;
 }
 
 void Extender::ExpireLocked() {
   if (reserved_.empty()) return;
-  auto now = std::chrono::steady_clock::now();
+  Clock::TimePoint now = options_.clock->Now();
   std::vector<std::string> due;
   for (const auto& [uid, at] : reserved_) {
     if (at <= now) due.push_back(uid);
@@ -480,7 +480,7 @@ void Extender::RebuildWorkload() {
   for (auto& [name, p] : policies_) p->SetWorkload(workload_);
   workload_dirty_ = false;
   workload_built_ = true;
-  workload_at_ = std::chrono::steady_clock::now();
+  workload_at_ = options_.clock->Now();
   ++generation_;
 }
 
@@ -488,8 +488,7 @@ void Extender::MaybeRebuildWorkload() {
   {
     absl::ReaderMutexLock l(&mu_);
     if (!workload_dirty_) return;
-    if (workload_built_ &&
-        std::chrono::steady_clock::now() - workload_at_ < options_.workload_refresh) {
+    if (workload_built_ && options_.clock->Now() - workload_at_ < options_.workload_refresh) {
       return;
     }
   }

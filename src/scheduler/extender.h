@@ -42,6 +42,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/parallel.h"
 #include "k8s/client.h"
 #include "placement/placement.h"
@@ -84,6 +85,8 @@ struct ExtenderOptions {
   int score_threads = -1;
   // How long a reservation made at prioritize waits for its bind (see above).
   std::chrono::milliseconds reservation_ttl{30000};
+  // Whose time reservations expire and `workload_refresh` passes in.
+  Clock* clock = RealClock();
 };
 
 // One pod's booking.
@@ -209,13 +212,12 @@ class Extender {
   std::unordered_map<std::string, PodFacts> pending_ ABSL_GUARDED_BY(mu_);
   // The bookings that are reservations made at prioritize (no bind yet), by uid, with their
   // expiry.
-  absl::flat_hash_map<std::string, std::chrono::steady_clock::time_point> reserved_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Clock::TimePoint> reserved_ ABSL_GUARDED_BY(mu_);
   // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
   std::unordered_map<std::string, placement::PodRequest> shapes_ ABSL_GUARDED_BY(mu_);
   bool workload_dirty_ ABSL_GUARDED_BY(mu_) = true;
   bool workload_built_ ABSL_GUARDED_BY(mu_) = false;
-  std::chrono::steady_clock::time_point workload_at_ ABSL_GUARDED_BY(mu_){};
+  Clock::TimePoint workload_at_ ABSL_GUARDED_BY(mu_){};
   placement::Workload workload_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> serving_{true};
   absl::Mutex serving_mu_;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -152,6 +153,25 @@ TEST(Extender, FgdAndGpuletRankByDerivedWorkload) {
   EXPECT_EQ(after["busy"], 10);
   EXPECT_EQ(after["idle"], 9);
   ASSERT_EQ(e.workload().classes.size(), 1u);
+}
+
+// A changed pod set rebuilds the workload at most once per workload_refresh, timed by the
+// extender's clock: within the interval a decision uses the last workload, after it a new one.
+TEST(Extender, WorkloadRefreshRunsOnItsClock) {
+  testing::FakeClock clock;
+  Extender e(nullptr, {.workload_refresh = std::chrono::seconds(1), .clock = &clock});
+  e.UpsertNode(Node("n", 1, 64));
+  e.UpsertPod(Pod("a", 30, 4));
+  json args = Args(Pod("p", 30, 4, "fgd"), {"n"});
+  e.Prioritize(args);  // the first decision builds it
+  ASSERT_EQ(e.workload().classes.size(), 1u);
+  e.UpsertPod(Pod("b", 60, 8));
+  clock.Advance(std::chrono::milliseconds(999));
+  e.Prioritize(args);
+  EXPECT_EQ(e.workload().classes.size(), 1u);
+  clock.Advance(std::chrono::milliseconds(2));
+  e.Prioritize(args);
+  EXPECT_EQ(e.workload().classes.size(), 2u);
 }
 
 // prioritize reuses filter's scores for the same pod only while nothing changed: a pod bound in

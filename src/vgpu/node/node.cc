@@ -23,6 +23,11 @@ namespace {
 
 using nlohmann::json;
 
+// A grant's time (Grant::time_ns, checkpointed across restarts) is wall time from the assigner's
+// Clock, in its whole seconds: the grace before a grant the kubelet or the API server does not
+// show yet is released is decided on it, so a test's clock decides it too.
+constexpr int64_t kNanosPerSecond = 1'000'000'000;
+
 // A pod as listed or watched: its uid ("" when absent), and whether it has ended (Succeeded or
 // Failed). Either is false/empty for a value that is not an object.
 std::string PodUid(const json& pod) {
@@ -498,9 +503,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
   g.ceiling = c.ceiling;
   g.device_ids = std::move(ids);
   g.inject = c.inject;
-  g.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::system_clock::now().time_since_epoch())
-                  .count();
+  g.time_ns = clock_->UnixSeconds() * kNanosPerSecond;
   if (cores < kCoresPerGpu) {
     std::string pod_dir = absl::StrCat(options_.state_dir, "/", c.uid);
     RETURN_IF_ERROR(MakeDirs(pod_dir, 0700));  // sets 0700 on an existing one too
@@ -674,9 +677,7 @@ absl::Status NodeAssigner::ReleaseNotHeld(const std::set<std::string>& held,
 
 absl::Status NodeAssigner::ReleaseOlder(std::chrono::nanoseconds grace,
                                         const std::function<bool(const Grant&)>& gone) {
-  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
+  int64_t now = clock_->UnixSeconds() * kNanosPerSecond;
   absl::MutexLock l(&mu_);
   std::set<std::string> uids;
   for (const auto& g : grants_) {

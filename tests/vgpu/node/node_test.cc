@@ -14,6 +14,7 @@
 #include "abi/vgpu_accounting.h"
 #include "common/fs.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::vgpu {
 namespace {
@@ -490,18 +491,21 @@ TEST_F(NodeTest, PublishPool) {
 }
 
 // Without an API server, grants the kubelet no longer holds are released after the grace period,
-// with their accounting directories; held ones stay.
+// with their accounting directories; held ones stay. The grace runs on the assigner's clock.
 TEST_F(NodeTest, ReleaseNotHeld) {
-  NodeAssigner a(opts_, pool_, nullptr);
+  testing::FakeClock clock;
+  NodeAssigner a(opts_, pool_, nullptr, &clock);
   ASSERT_TRUE(a.Load().ok());
   AllocPair(a, "GPU-0", 30, 2);
   AllocPair(a, "GPU-1", 40, 2);
   ASSERT_EQ(a.grants().size(), 2u);
   std::string gone_dir = a.grants()[1].accounting_dir;
   ASSERT_TRUE(std::filesystem::exists(gone_dir));
+  clock.Advance(std::chrono::minutes(59));
   ASSERT_TRUE(a.ReleaseNotHeld({"GPU-0::vc0"}, std::chrono::hours(1)).ok());
   EXPECT_EQ(a.grants().size(), 2u);  // within the grace period nothing goes
-  ASSERT_TRUE(a.ReleaseNotHeld({"GPU-0::vc0"}, std::chrono::nanoseconds(0)).ok());
+  clock.Advance(std::chrono::minutes(2));
+  ASSERT_TRUE(a.ReleaseNotHeld({"GPU-0::vc0"}, std::chrono::hours(1)).ok());
   ASSERT_EQ(a.grants().size(), 1u);
   EXPECT_EQ(a.grants()[0].gpus[0], "GPU-0");
   EXPECT_FALSE(std::filesystem::exists(gone_dir));
