@@ -152,6 +152,7 @@ INSTANTIATE_TEST_SUITE_P(
         Row{kSchedulerNoApi + " --webhook-listen 127.0.0.1:0 --tls-cert-file $T/no.crt "
                               "--tls-key-file $T/no.key",
             2, "gpulet scheduler: --tls-cert-file cannot open", "kubeconfig"},
+        Row{kSchedulerNoApi + " --max-memory-units -1", 2, "--max-memory-units", "kubeconfig"},
         Row{kSchedulerNoApi + " --extender-listen 127.0.0.1:$BUSY", 1,
             "--extender-listen: cannot listen on 127.0.0.1:", "kubeconfig"},
         // Which bind error it was.

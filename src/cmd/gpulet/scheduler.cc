@@ -277,7 +277,8 @@ std::function<int()> SetupScheduler(CLI::App& sub) {
   sub.add_option("--max-memory-units", f->max_memory_units,
                  "Largest GPU in 256 MiB units for the webhook's memory check; 0: learn from "
                  "the nodes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sub.add_flag("--leader-elect", f->leader_elect,
                "Elect a leader among replicas on a coordination.k8s.io Lease: only the leader "
                "answers the extender's verbs and labels its pod " +
