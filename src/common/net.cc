@@ -69,6 +69,12 @@ absl::Status ProbeTcpListen(const std::string& host, int port) {
       absl::StrCat("cannot listen on ", where, ": ", BindReason(err, false)));
 }
 
+absl::Status TcpListenFailed(const std::string& host, int port) {
+  absl::Status why = ProbeTcpListen(host, port);
+  return absl::UnavailableError(why.ok() ? absl::StrCat("cannot listen on ", host, ":", port)
+                                         : std::string(why.message()));
+}
+
 absl::Status ProbeUnixListen(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

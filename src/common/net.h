@@ -13,6 +13,11 @@ namespace gpulet {
 // "cannot listen on HOST:PORT: address in use (...)" and the like. Closes what it opened.
 absl::Status ProbeTcpListen(const std::string& host, int port);
 
+// After a server failed to bind TCP `host`:`port` and said only that it failed (cpp-httplib):
+// Unavailable "cannot listen on HOST:PORT: <why>", the reason found by trying the bind again, or
+// without a reason when that try succeeds (the port was freed in between).
+absl::Status TcpListenFailed(const std::string& host, int port);
+
 // The same for a unix socket at `path` (created and removed again; call it only where nothing
 // else may be serving there, e.g. after the server failed to).
 absl::Status ProbeUnixListen(const std::string& path);

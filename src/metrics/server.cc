@@ -569,20 +569,13 @@ absl::StatusOr<int> Bind(GuardedServer& s, const std::string& address) {
   auto hp = http::ParseListenAddress(address);
   if (!hp.ok()) return hp.status();
   auto [host, port] = *hp;
-  // httplib says only that binding failed; the probe says which of in use, no permission or no
-  // such address it was.
-  auto failed = [&, host = host, port = port] {
-    absl::Status why = ProbeTcpListen(host, port);
-    return absl::UnavailableError(why.ok() ? absl::StrCat("cannot listen on ", address)
-                                           : std::string(why.message()));
-  };
   if (port == 0) {
     int p = s.bind_to_any_port(host);
-    if (p <= 0) return failed();
+    if (p <= 0) return TcpListenFailed(host, port);
     s.WidenBacklog();
     return p;
   }
-  if (!s.bind_to_port(host, port)) return failed();
+  if (!s.bind_to_port(host, port)) return TcpListenFailed(host, port);
   s.WidenBacklog();
   return port;
 }

@@ -27,16 +27,6 @@ struct Server::Listener {
   }
 };
 
-namespace {
-
-// "FLAG VALUE: what" for one listen address.
-absl::Status AddressError(const std::string& flag, const std::string& value,
-                          const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat(flag, " ", value, ": ", s.message()));
-}
-
-}  // namespace
-
 absl::Status CheckServeOptions(const ServeOptions& o) {
   for (const auto& [flag, value] :
        {std::pair<const char*, std::string>{"--extender-listen", o.extender_listen},
@@ -132,12 +122,9 @@ absl::StatusOr<SSL_CTX*> Server::TlsContext(const std::string& client_ca) {
 absl::Status Server::Listen(Listener& l, const std::string& flag, const std::string& address) {
   auto [host, port] = *http::ParseListenAddress(address);  // checked by CheckServeOptions
   if (!l.server->bind_to_port(host, port)) {
-    // A port free at the check can be taken before the server binds it; httplib then says only
-    // that it failed, so the probe is asked again for which of in use, no permission, no address.
-    absl::Status why = ProbeTcpListen(host, port);
-    return absl::UnavailableError(absl::StrCat(
-        flag, " ", address, ": ",
-        why.ok() ? absl::StrCat("cannot listen on ", host, ":", port) : why.message()));
+    // A port free at the check can be taken before the server binds it.
+    absl::Status why = TcpListenFailed(host, port);
+    return absl::Status(why.code(), absl::StrCat(flag, " ", address, ": ", why.message()));
   }
   l.thread = std::thread([&l] { l.server->listen_after_bind(); });
   return absl::OkStatus();

@@ -123,11 +123,19 @@ class MetricsE2E : public ::testing::Test {
     sim_ = dir_ + "/sim";
     std::filesystem::create_directories(dir_ + "/dp");
     std::filesystem::create_directories(dir_ + "/pod-resources");
+    eo_.device_plugin_dir = dir_ + "/dp";
+    eo_.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
+  }
+  // `gpulet device-plugin` on the simulated node, registering with the emulator of eo_.
+  std::vector<std::string> DevicePluginArgv() const {
+    return {bin_, "device-plugin",       "--simulate",         "dgx-h100", "--sim-root",
+            sim_, "--device-plugin-dir", eo_.device_plugin_dir};
   }
   void TearDown() override {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   std::string bin_, dir_, sim_;
+  emu::EmulatorOptions eo_;  // the kubelet emulator's sockets under dir_
 };
 
 // The Done-when chain: pods allocated by the kubelet emulator through the device plugin; the
@@ -135,14 +143,9 @@ class MetricsE2E : public ::testing::Test {
 // PromQL query returns GPU utilisation per pod, equal to the utilisation set on the pod's GPUs;
 // NVML failing and the kubelet going away keep the exposition valid, and it recovers.
 TEST_F(MetricsE2E, PrometheusGetsPerPodUtilizationFromEmulatedKubelet) {
-  emu::EmulatorOptions eo;
-  eo.device_plugin_dir = dir_ + "/dp";
-  eo.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
-  emu::KubeletEmulator kubelet(eo);
+  emu::KubeletEmulator kubelet(eo_);
   ASSERT_TRUE(kubelet.Start().ok());
-  Child plugin({bin_, "device-plugin", "--simulate", "dgx-h100", "--sim-root", sim_,
-                "--device-plugin-dir", eo.device_plugin_dir},
-               dir_ + "/plugin.log");
+  Child plugin(DevicePluginArgv(), dir_ + "/plugin.log");
   ASSERT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 8, 30s).ok()) << plugin.output();
 
   // Two pods through the emulator's admission and the plugin's Allocate.
@@ -201,7 +204,7 @@ spec:
 
   Child exporter({bin_, "exporter", "--simulate", "dgx-h100", "--sim-root", sim_, "--address",
                   "127.0.0.1:0", "--interval", "500ms", "--pod-resources-interval", "1s",
-                  "--pod-resources-socket", eo.pod_resources_socket, "--vgpu-accounting-dir", ""},
+                  "--pod-resources-socket", eo_.pod_resources_socket, "--vgpu-accounting-dir", ""},
                  dir_ + "/exporter.log");
   int port = 0;
   ASSERT_TRUE(Eventually(
@@ -347,19 +350,14 @@ std::string HealthySample(const std::string& scrape, int gpu, const std::string&
 // PodResources timers at one hour and no checkpoint to watch, the first scrape after a pod's
 // GPUs are allocated carries its labels (it took up to both timers, 20 s by default).
 TEST_F(MetricsE2E, ExporterAttributesANewPodAtTheFirstScrape) {
-  emu::EmulatorOptions eo;
-  eo.device_plugin_dir = dir_ + "/dp";
-  eo.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
-  emu::KubeletEmulator kubelet(eo);
+  emu::KubeletEmulator kubelet(eo_);
   ASSERT_TRUE(kubelet.Start().ok());
-  Child plugin({bin_, "device-plugin", "--simulate", "dgx-h100", "--sim-root", sim_,
-                "--device-plugin-dir", eo.device_plugin_dir},
-               dir_ + "/plugin.log");
+  Child plugin(DevicePluginArgv(), dir_ + "/plugin.log");
   ASSERT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 8, 30s).ok()) << plugin.output();
   Child exporter(
       {bin_, "exporter", "--simulate", "dgx-h100", "--sim-root", sim_, "--address", "127.0.0.1:0",
        "--interval", "1h", "--pod-resources-interval", "1h", "--pod-resources-socket",
-       eo.pod_resources_socket, "--kubelet-checkpoint", "", "--vgpu-accounting-dir", ""},
+       eo_.pod_resources_socket, "--kubelet-checkpoint", "", "--vgpu-accounting-dir", ""},
       dir_ + "/exporter.log");
   const int port = PortAfter(exporter, "listening on port ");
   ASSERT_GT(port, 0) << exporter.output();
@@ -437,17 +435,14 @@ TEST_F(MetricsE2E, HealthIsTheDevicePluginsInTheAgentAndAlone) {
     check(exporter, PortAfter(exporter, "listening on port "), sim_);
   }
 
-  emu::EmulatorOptions eo;
-  eo.device_plugin_dir = dir_ + "/dp";
-  eo.pod_resources_socket = dir_ + "/pod-resources/kubelet.sock";
-  emu::KubeletEmulator kubelet(eo);
+  emu::KubeletEmulator kubelet(eo_);
   ASSERT_TRUE(kubelet.Start().ok());
   const std::string sim2 = dir_ + "/sim2";
-  Child agent(
-      {bin_, "agent", "--simulate", "dgx-h100", "--sim-root", sim2, "--device-plugin-dir",
-       eo.device_plugin_dir, "--pod-resources-socket", eo.pod_resources_socket, "--metrics-address",
-       "127.0.0.1:0", "--metrics-interval", "200ms", "--labels-output", dir_ + "/features"},
-      dir_ + "/agent.log");
+  Child agent({bin_, "agent", "--simulate", "dgx-h100", "--sim-root", sim2, "--device-plugin-dir",
+               eo_.device_plugin_dir, "--pod-resources-socket", eo_.pod_resources_socket,
+               "--metrics-address", "127.0.0.1:0", "--metrics-interval", "200ms", "--labels-output",
+               dir_ + "/features"},
+              dir_ + "/agent.log");
   ASSERT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 8, 30s).ok()) << agent.output();
   check(agent, PortAfter(agent, "metrics: http://127.0.0.1:"), sim2);
   EXPECT_TRUE(kubelet.WaitForAllocatable("nvidia.com/gpu", 7, 10s).ok())
