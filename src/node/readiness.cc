@@ -207,7 +207,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   StartRemediation(boot_id);
   RETURN_IF_ERROR(RemediateRejectedPods());
   last_failure_logged_.clear();
-  spdlog::info("node {}: GPU stack validated for boot {}", options_.node_name, boot_id);
+  spdlog::info("node {}: GPU stack validated for boot {} ({})", options_.node_name, boot_id,
+               last_report_.Summary());
   return NodeStackState::kReady;
 }
 

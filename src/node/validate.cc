@@ -241,8 +241,10 @@ absl::StatusOr<EngineToCheck> EngineOptions(const ValidateOptions& o) {
   return EngineToCheck{engine, co};
 }
 
-// Whether what the device plugin hands out (o.delivery) reaches containers on the engine `co`.
-absl::Status DeliveryReaches(const ValidateOptions& o, const runtime::ConfigureOptions& co) {
+// Whether what the device plugin hands out (o.delivery) reaches containers on the engine `co`; on
+// success `how` (when given) says what it was judged on, for the step's detail.
+absl::Status DeliveryReaches(const ValidateOptions& o, const runtime::ConfigureOptions& co,
+                             std::string* how = nullptr) {
   if (!o.delivery) return absl::OkStatus();
   // The shim is the default runtime when making it so would change nothing.
   runtime::ConfigureOptions as_default = co;
@@ -251,11 +253,23 @@ absl::Status DeliveryReaches(const ValidateOptions& o, const runtime::ConfigureO
   bool shim_default =
       p.ok() && std::none_of(p->begin(), p->end(), [](const auto& c) { return c.changed(); });
   std::string version;
-  if (o.client && !o.node_name.empty())
-    if (auto n = o.client->GetNode(o.node_name); n.ok())
-      version =
-          n->value(nlohmann::json::json_pointer("/status/nodeInfo/containerRuntimeVersion"), "");
-  return CheckGpuDelivery(*o.delivery, version, shim_default);
+  if (o.client && !o.node_name.empty()) {
+    // A failed read is not "unknown, so allowed": the check waits for the next pass instead.
+    auto n = o.client->GetNode(o.node_name);
+    if (!n.ok())
+      return absl::UnavailableError(
+          absl::StrCat("cannot read node ", o.node_name,
+                       "'s container engine version from the API: ", n.status().message()));
+    version =
+        n->value(nlohmann::json::json_pointer("/status/nodeInfo/containerRuntimeVersion"), "");
+  }
+  RETURN_IF_ERROR(CheckGpuDelivery(*o.delivery, version, shim_default));
+  if (how)
+    *how = absl::StrCat("delivery checked against ",
+                        version.empty() ? "an unknown engine version" : version,
+                        shim_default ? ", gpulet's shim the default runtime" : "",
+                        o.delivery->device_specs ? ", device specs" : "");
+  return absl::OkStatus();
 }
 
 StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
@@ -285,7 +299,8 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
                        " lacks the runtime; run `gpulet install`)");
       return s;
     }
-  if (absl::Status d = DeliveryReaches(o, co); !d.ok()) {
+  std::string delivery;
+  if (absl::Status d = DeliveryReaches(o, co, &delivery); !d.ok()) {
     s.detail = std::string(d.message());
     return s;
   }
@@ -320,6 +335,7 @@ StepResult Runtime(const ValidateOptions& o, const gpu::Inventory& inv) {
   s.detail = absl::StrCat(engine, " runs ", shim, "; ", first, " gives ", want, ", ",
                           edits->device_nodes.size() - 1, " other device nodes and ",
                           edits->mounts.size(), " driver mounts");
+  if (!delivery.empty()) absl::StrAppend(&s.detail, "; ", delivery);
   if (!o.container_probe) {
     s.ok = true;
     s.detail += "; no probe container (--no-probe)";

@@ -21,6 +21,12 @@ struct ValidationReport {
       if (!s.ok) return false;
     return true;
   }
+  // Every step's "name: detail", in order: what a passed validation was judged on.
+  std::string Summary() const {
+    std::string out;
+    for (const auto& s : steps) out += (out.empty() ? "" : "; ") + s.name + ": " + s.detail;
+    return out;
+  }
   // First failing step's "name: detail", or "" when all passed.
   std::string FirstFailure() const {
     for (const auto& s : steps)

@@ -195,7 +195,11 @@ wait_until 120 said
 check "the agent says GPU containers would start without their GPUs (no CDI in containerd 1.6's CRI, runc the default)" said
 tainted() { ! untainted; }
 check "the node keeps the gpulet.io/gpu-stack-not-ready taint" tainted
-said || tail -n 5 "$work/agent-defaults.log"
+if ! said; then  # what the agent judged, on what (its validation summary names the engine version)
+  echo "--- the defaults agent's log"; cat "$work/agent-defaults.log"
+  echo "--- the Node's engine: $(kc get node "$NODE" -o 'jsonpath={.status.nodeInfo.containerRuntimeVersion}')"
+  echo "--- the agent's config:"; kc -n "$NS" exec "$(kc -n "$NS" get pods -l app.kubernetes.io/name=gpulet-node -o 'jsonpath={.items[0].metadata.name}')" -c agent -- cat /etc/gpulet/config.yaml 2>&1 | head -30
+fi
 check "kubectl delete -k tests/cluster/deploy/defaults" \
   bash -c "$K/kubectl --kubeconfig $D/admin.kubeconfig delete -k $DEFAULTS --wait=true --timeout=90s > $work/delete-defaults.log 2>&1"
 check "containerd's config.toml is byte for byte as before, again" cmp "$work/config.before" "$CONFIG"

@@ -177,6 +177,13 @@ TEST_F(DevicePluginStep, DeliveryFollowsTheNodesEngineAndItsDefaultRuntime) {
   ASSERT_TRUE(runtime::ApplyChanges(*plan).ok());
   EXPECT_TRUE(ValidateGpuDelivery(o_).ok()) << "the shim is the default runtime";
 
+  // The version unread (the API server failing) is not "unknown, so allowed".
+  api_.InjectFailures(100, 500);
+  absl::Status unread = ValidateGpuDelivery(o_);
+  EXPECT_EQ(unread.code(), absl::StatusCode::kUnavailable) << unread;
+  EXPECT_THAT(unread.message(), HasSubstr("cannot read node node-1's container engine version"));
+  api_.InjectFailures(0, 500);
+
   o_.host_root = dir_ + "/no-engine";
   absl::Status none = ValidateGpuDelivery(o_);
   EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
