@@ -19,29 +19,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/json.h"
 
 namespace gpulet::http {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int MillisLeft(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
-
-// Waits for `events` on `fd` until `deadline`; false on timeout or error.
-bool WaitFd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    int ms = MillisLeft(deadline);
-    if (ms == 0) return false;
-    pollfd p{fd, events, 0};
-    int r = poll(&p, 1, ms);
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
-  }
-}
 
 // Never prompts: an encrypted key is an error, not a question on the terminal.
 int NoPassphrase(char*, int, int, void*) { return -1; }
@@ -64,6 +48,13 @@ struct GuardedServer::Conn {
   int served = 0;
   std::string in;  // received bytes; a worker consumes from `pos`
   size_t pos = 0;
+  // Response bytes the socket did not take at once, sent by the poller from `out_pos` as the
+  // client reads (counted in held_); nothing more is read from the connection meanwhile.
+  std::string out;
+  size_t out_pos = 0;
+  Clock::time_point write_started;
+  bool close_after = false;  // close once `out` is sent
+  bool holding() const { return out_pos < out.size(); }
 };
 
 namespace {
@@ -89,16 +80,28 @@ std::string_view HeaderValue(std::string_view head, std::string_view name) {
   return std::string_view(nullptr, 0);
 }
 
-enum class Completeness { kIncomplete, kComplete, kTooLarge, kHeadersTooLarge, kNeedsLength };
+enum class Completeness {
+  kIncomplete,
+  kComplete,
+  kTooLarge,
+  kHeadersTooLarge,
+  kNeedsLength,
+  kMethodNotAllowed
+};
 
-// Whether `in` holds one whole request (head plus Content-Length body).
-Completeness RequestIn(std::string_view in, const ServerLimits& l) {
+// Whether `in` holds one whole request (head plus Content-Length body); `bytes` its size then.
+Completeness RequestIn(std::string_view in, const ServerLimits& l, size_t* bytes = nullptr) {
   size_t head_end = in.substr(0, l.max_header_bytes + 4).find("\r\n\r\n");
   if (head_end == std::string_view::npos) {
-    return in.size() > l.max_header_bytes ? Completeness::kHeadersTooLarge
-                                          : Completeness::kIncomplete;
+    return in.size() >= l.max_header_bytes + 4 ? Completeness::kHeadersTooLarge
+                                               : Completeness::kIncomplete;
   }
   std::string_view head = in.substr(0, head_end + 2);
+  if (!l.methods.empty()) {
+    std::string_view method = head.substr(0, head.find(' '));
+    if (std::find(l.methods.begin(), l.methods.end(), method) == l.methods.end())
+      return Completeness::kMethodNotAllowed;
+  }
   // Chunked bodies cannot be bounded before they are read; API servers and kube-scheduler send
   // Content-Length.
   if (HeaderValue(head, "transfer-encoding").data() != nullptr) return Completeness::kNeedsLength;
@@ -112,79 +115,40 @@ Completeness RequestIn(std::string_view in, const ServerLimits& l) {
     length = std::stoull(std::string(cl));
     if (length > l.max_body_bytes) return Completeness::kTooLarge;
   }
-  return in.size() >= head_end + 4 + length ? Completeness::kComplete : Completeness::kIncomplete;
+  if (in.size() < head_end + 4 + length) return Completeness::kIncomplete;
+  if (bytes) *bytes = head_end + 4 + length;
+  return Completeness::kComplete;
 }
 
-// Reads from the connection's buffer only: the poller has received the whole request.
-class BufferStream : public httplib::Stream {
- public:
-  BufferStream(int fd, SSL* ssl, std::string* in, size_t* pos, Clock::time_point deadline,
-               const std::string& ip, int port)
-      : fd_(fd), ssl_(ssl), in_(in), pos_(pos), deadline_(deadline), ip_(ip), port_(port) {}
-
-  bool is_readable() const override { return *pos_ < in_->size(); }
-  bool is_writable() const override { return WaitFd(fd_, POLLOUT, deadline_); }
-
-  ssize_t read(char* ptr, size_t size) override {
-    if (*pos_ >= in_->size()) return -1;
-    size_t n = std::min(size, in_->size() - *pos_);
-    memcpy(ptr, in_->data() + *pos_, n);
-    *pos_ += n;
-    return static_cast<ssize_t>(n);
-  }
-
-  // Responses are written within the deadline (a client that does not read is cut).
-  ssize_t write(const char* ptr, size_t size) override {
-    size_t done = 0;
-    while (done < size) {
-      if (MillisLeft(deadline_) == 0) return -1;
-      size_t chunk = std::min<size_t>(size - done, 1 << 20);
-      if (ssl_) {
-        ERR_clear_error();
-        int n = SSL_write(ssl_, ptr + done, static_cast<int>(chunk));
-        if (n > 0) {
-          done += static_cast<size_t>(n);
-          continue;
-        }
-        int e = SSL_get_error(ssl_, n);
-        if (e == SSL_ERROR_WANT_WRITE  ? !WaitFd(fd_, POLLOUT, deadline_)
-            : e == SSL_ERROR_WANT_READ ? !WaitFd(fd_, POLLIN, deadline_)
-                                       : true) {
-          return -1;
-        }
-      } else {
-        ssize_t n = ::send(fd_, ptr + done, chunk, MSG_NOSIGNAL);
-        if (n > 0) {
-          done += static_cast<size_t>(n);
-        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-          if (!WaitFd(fd_, POLLOUT, deadline_)) return -1;
-        } else {
-          return -1;
-        }
+// Sends from `data` without blocking: bytes taken (>= 0), or -1 when the connection is dead.
+ssize_t SendSome(int fd, SSL* ssl, const char* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    size_t chunk = std::min<size_t>(size - done, 1 << 20);
+    if (ssl) {
+      ERR_clear_error();
+      int n = SSL_write(ssl, data + done, static_cast<int>(chunk));
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
       }
+      int e = SSL_get_error(ssl, n);
+      if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) break;
+      return -1;
     }
-    return static_cast<ssize_t>(size);
+    ssize_t n = ::send(fd, data + done, chunk, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else {
+      return -1;
+    }
   }
-
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    ip = ip_;
-    port = port_;
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    ip.clear();
-    port = -1;
-  }
-  socket_t socket() const override { return fd_; }
-
- private:
-  int fd_;
-  SSL* ssl_;
-  std::string* in_;
-  size_t* pos_;
-  Clock::time_point deadline_;
-  std::string ip_;
-  int port_;
-};
+  return static_cast<ssize_t>(done);
+}
 
 // Runs the accept loop's per-connection task at once on the accepting thread: the task only
 // hands the socket to the poller.
@@ -213,9 +177,77 @@ void PeerOf(int fd, std::string* ip, int* port) {
 
 }  // namespace
 
+// A worker's view of its connection: reads come from the buffer (the poller has received the
+// whole request); writes send what the socket takes now and hold the rest (and everything after
+// it, to keep the order) for the poller, so a client that does not read never holds a worker.
+class GuardedServer::ConnStream final : public httplib::Stream {
+ public:
+  ConnStream(GuardedServer& s, Conn& c) : s_(s), c_(c) {}
+
+  bool is_readable() const override { return c_.pos < c_.in.size(); }
+  bool is_writable() const override { return c_.fd >= 0; }  // what it does not take is held
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (c_.pos >= c_.in.size()) return -1;
+    size_t n = std::min(size, c_.in.size() - c_.pos);
+    memcpy(ptr, c_.in.data() + c_.pos, n);
+    c_.pos += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  // Fails only on a dead connection, or when the held bytes of all connections would pass their
+  // cap (that client is cut off).
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t done = 0;
+    if (!c_.holding()) {
+      ssize_t n = SendSome(c_.fd, c_.ssl, ptr, size);
+      if (n < 0) return -1;
+      done = static_cast<size_t>(n);
+    }
+    size_t rest = size - done;
+    if (rest == 0) return static_cast<ssize_t>(size);
+    if (s_.held_.fetch_add(rest) + rest > kMaxHeldBytes) {
+      s_.held_.fetch_sub(rest);
+      return -1;
+    }
+    if (!c_.holding()) {
+      c_.out.clear();
+      c_.out_pos = 0;
+      c_.write_started = Clock::now();
+    }
+    c_.out.append(ptr + done, rest);
+    return static_cast<ssize_t>(size);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = c_.peer_ip;
+    port = c_.peer_port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip.clear();
+    port = -1;
+  }
+  socket_t socket() const override { return c_.fd; }
+
+ private:
+  GuardedServer& s_;
+  Conn& c_;
+};
+
 GuardedServer::GuardedServer(ServerLimits limits, SSL_CTX* tls)
     : limits_(std::move(limits)), tls_(tls) {
   set_payload_max_length(limits_.max_body_bytes);
+  // Announced in the Keep-Alive header and enforced in Serve(). A kept-alive connection costs no
+  // worker while idle (it waits in the poller), so reconnecting every few requests buys nothing.
+  set_keep_alive_max_count(static_cast<size_t>(std::max(1, limits_.max_requests_per_connection)));
+  set_keep_alive_timeout(std::max<time_t>(
+      1, std::chrono::duration_cast<std::chrono::seconds>(limits_.idle_timeout).count()));
+  // httplib's default also sets SO_REUSEPORT, which lets a second process bind the same port and
+  // silently take half the requests; keep only SO_REUSEADDR so a busy port is an error.
+  set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   new_task_queue = [] { return new InlineQueue; };
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -232,6 +264,12 @@ GuardedServer::GuardedServer(ServerLimits limits, SSL_CTX* tls)
 GuardedServer::~GuardedServer() {
   Shutdown();
   if (tls_) SSL_CTX_free(tls_);
+}
+
+void GuardedServer::SetProbe(std::string path, Probe probe) {
+  std::lock_guard<std::mutex> l(mu_);
+  probe_path_ = std::move(path);
+  probe_ = std::move(probe);
 }
 
 void GuardedServer::Shutdown() {
@@ -270,6 +308,34 @@ size_t GuardedServer::open_connections() const {
   return conns_.size();
 }
 
+// Makes room for `c`: at max_connections the longest-idle connection not being served is closed,
+// and at max_connections_per_peer the longest-idle one of c's address, so a new client always
+// gets in (an attacker's idle connections cannot lock everyone out).
+void GuardedServer::AdmitLocked(const Conn& c) {
+  const size_t per_peer = static_cast<size_t>(std::max(0, limits_.max_connections_per_peer));
+  Conn* oldest = nullptr;
+  Conn* oldest_of_peer = nullptr;
+  size_t of_peer = 0;
+  for (auto& [fd, cc] : conns_) {
+    bool same = per_peer > 0 && cc->peer_ip == c.peer_ip;
+    of_peer += same;
+    if (cc->busy) continue;
+    if (!oldest || cc->idle_since < oldest->idle_since) oldest = cc.get();
+    if (same && (!oldest_of_peer || cc->idle_since < oldest_of_peer->idle_since))
+      oldest_of_peer = cc.get();
+  }
+  if (per_peer > 0 && of_peer >= per_peer && oldest_of_peer) {
+    ++dropped_;
+    if (oldest == oldest_of_peer) oldest = nullptr;
+    CloseLocked(oldest_of_peer);
+    return;
+  }
+  if (conns_.size() >= static_cast<size_t>(std::max(1, limits_.max_connections)) && oldest) {
+    ++dropped_;
+    CloseLocked(oldest);
+  }
+}
+
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   if (stopping_) {
     ::close(sock);
@@ -289,22 +355,16 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
       return false;
     }
     SSL_set_fd(c->ssl, sock);
-    SSL_set_mode(c->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_set_mode(c->ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
   }
   c->accepted = c->idle_since = c->request_started = Clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  if (conns_.size() >= static_cast<size_t>(std::max(1, limits_.max_connections))) {
-    // Full: the longest-idle connection not being served makes room, so a new client always
-    // gets in (an attacker's idle connections cannot lock everyone out).
-    Conn* oldest = nullptr;
-    for (auto& [fd, cc] : conns_) {
-      if (!cc->busy && (!oldest || cc->idle_since < oldest->idle_since)) oldest = cc.get();
-    }
-    if (oldest) {
-      ++dropped_;
-      CloseLocked(oldest);
-    }
+  if (stopping_) {  // Shutdown() may have run since the check above: epfd_ is gone
+    if (c->ssl) SSL_free(c->ssl);
+    ::close(sock);
+    return false;
   }
+  AdmitLocked(*c);
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.fd = sock;
@@ -321,6 +381,7 @@ void GuardedServer::CloseLocked(Conn* c) {
   std::erase(ready_, c);
   epoll_ctl(epfd_, EPOLL_CTL_DEL, owned->fd, nullptr);
   buffered_ -= owned->in.size();
+  held_ -= owned->out.size();
   if (owned->ssl) {
     if (owned->handshaken) SSL_shutdown(owned->ssl);  // best effort, non-blocking
     SSL_free(owned->ssl);
@@ -328,16 +389,75 @@ void GuardedServer::CloseLocked(Conn* c) {
   ::close(owned->fd);
 }
 
+void GuardedServer::WatchLocked(Conn* c, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = c->fd;
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
 // A fixed answer straight from the poller, then close (the request is not worth a worker).
 void GuardedServer::RefuseLocked(Conn* c, int status, const char* reason) {
-  std::string out = absl::StrCat("HTTP/1.1 ", status, " ", reason,
-                                 "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-  if (c->ssl) {
-    (void)SSL_write(c->ssl, out.data(), static_cast<int>(out.size()));
-  } else {
-    (void)!::send(c->fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
+  std::string extra;
+  if (status == 405) extra = absl::StrCat("Allow: ", absl::StrJoin(limits_.methods, ", "), "\r\n");
+  std::string out = absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\n", extra,
+                                 "Content-Length: 0\r\nConnection: close\r\n\r\n");
+  (void)SendSome(c->fd, c->ssl, out.data(), out.size());
+  if (!c->ssl) ::shutdown(c->fd, SHUT_WR);  // the answer before the close, not after a reset
   CloseLocked(c);
+}
+
+// The probe path, answered here with `Connection: close`; false when the request is not a probe.
+bool GuardedServer::AnswerProbeLocked(Conn* c, size_t request_bytes) {
+  if (!probe_) return false;
+  std::string_view line(c->in.data() + c->pos, c->in.size() - c->pos);
+  line = line.substr(0, line.find("\r\n"));
+  bool head = false, probe = false;
+  for (std::string_view m : {"GET ", "HEAD "}) {
+    if (line.substr(0, m.size()) != m) continue;
+    std::string_view target = line.substr(m.size());
+    target = target.substr(0, target.find(' '));
+    if (target.substr(0, target.find('?')) != probe_path_) continue;
+    probe = true;
+    head = m[0] == 'H';
+  }
+  if (!probe) return false;
+  buffered_ -= request_bytes;
+  c->in.erase(0, c->pos + request_bytes);
+  c->pos = 0;
+  auto [status, body] = probe_();
+  std::string r =
+      absl::StrCat("HTTP/1.1 ", status, status == 200 ? " OK" : " Service Unavailable",
+                   "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ", body.size(),
+                   "\r\nConnection: close\r\n\r\n", head ? "" : body);
+  held_ += r.size();
+  c->out = std::move(r);
+  c->out_pos = 0;
+  c->write_started = Clock::now();
+  c->close_after = true;
+  FlushLocked(c);
+  return true;
+}
+
+// Sends held bytes as the socket takes them; once all are out the connection closes or waits
+// for its next request. Called by the poller with mu_ held.
+void GuardedServer::FlushLocked(Conn* c) {
+  ssize_t n = SendSome(c->fd, c->ssl, c->out.data() + c->out_pos, c->out.size() - c->out_pos);
+  if (n < 0) return CloseLocked(c);
+  c->out_pos += static_cast<size_t>(n);
+  if (c->holding()) return WatchLocked(c, EPOLLOUT);
+  held_ -= c->out.size();
+  c->out.clear();
+  c->out_pos = 0;
+  if (c->close_after) {
+    if (!c->ssl) ::shutdown(c->fd, SHUT_WR);
+    return CloseLocked(c);
+  }
+  c->idle_since = c->request_started = Clock::now();
+  WatchLocked(c, EPOLLIN | EPOLLRDHUP);
+  // Bytes of the next request that came with the last one: check them (and read more) now,
+  // since epoll reports only new arrivals.
+  if (!c->in.empty()) ReceiveLocked(c);
 }
 
 // Reads what is there (non-blocking), advances a TLS handshake, and queues the connection for a
@@ -354,7 +474,9 @@ void GuardedServer::ReceiveLocked(Conn* c) {
     c->handshaken = true;
     if (!Authorized(c)) return CloseLocked(c);
   }
-  const size_t allowance = limits_.max_header_bytes + limits_.max_body_bytes;
+  // A whole request at most: the head, its blank line, the body (reading stops there, so a head
+  // without its blank line within the limit is seen as too large, not waited for).
+  const size_t allowance = limits_.max_header_bytes + 4 + limits_.max_body_bytes;
   char buf[16384];
   for (;;) {
     if (c->in.size() - c->pos >= allowance) break;
@@ -382,16 +504,16 @@ void GuardedServer::ReceiveLocked(Conn* c) {
     c->in.append(buf, static_cast<size_t>(n));
     buffered_ += static_cast<size_t>(n);
   }
-  switch (RequestIn(std::string_view(c->in).substr(c->pos), limits_)) {
+  size_t bytes = 0;
+  switch (RequestIn(std::string_view(c->in).substr(c->pos), limits_, &bytes)) {
     case Completeness::kIncomplete:
       return;
     case Completeness::kComplete: {
+      if (AnswerProbeLocked(c, bytes)) return;
       c->busy = true;
       // Level-triggered: while a worker holds it, a half-closed or pipelining client would
       // otherwise wake the poller in a loop.
-      epoll_event ev{};
-      ev.data.fd = c->fd;
-      epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+      WatchLocked(c, 0);
       ready_.push_back(c);
       work_cv_.notify_one();
       return;
@@ -402,6 +524,8 @@ void GuardedServer::ReceiveLocked(Conn* c) {
       return RefuseLocked(c, 431, "Request Header Fields Too Large");
     case Completeness::kNeedsLength:
       return RefuseLocked(c, 411, "Length Required");
+    case Completeness::kMethodNotAllowed:
+      return RefuseLocked(c, 405, "Method Not Allowed");
   }
 }
 
@@ -415,20 +539,27 @@ void GuardedServer::PollLoop() {
       if (evs[i].data.fd == wake_fd_) continue;
       auto it = conns_.find(evs[i].data.fd);
       if (it == conns_.end() || it->second->busy) continue;
-      ReceiveLocked(it->second.get());
+      Conn* c = it->second.get();
+      if (c->holding()) {
+        FlushLocked(c);
+      } else {
+        ReceiveLocked(c);
+      }
     }
     auto now = Clock::now();
     if (now < next_sweep) continue;
     next_sweep = now + std::chrono::milliseconds(100);
-    // Deadlines of connections the poller holds: a request (and a first handshake) must arrive
-    // within request_timeout of its first byte (of the accept); an idle one waits idle_timeout.
+    // Deadlines of connections the poller holds: a held response must be taken within
+    // write_timeout; a request (and a first handshake) must arrive within request_timeout of its
+    // first byte (of the accept); an idle one waits idle_timeout.
     std::vector<Conn*> expired;
     for (auto& [fd, c] : conns_) {
       if (c->busy) continue;
       bool idle = c->in.size() == c->pos && c->served > 0;
       Clock::time_point limit =
-          idle ? c->idle_since + limits_.idle_timeout
-               : (c->served == 0 ? c->accepted : c->request_started) + limits_.request_timeout;
+          c->holding() ? c->write_started + limits_.write_timeout
+          : idle       ? c->idle_since + limits_.idle_timeout
+                 : (c->served == 0 ? c->accepted : c->request_started) + limits_.request_timeout;
       if (now >= limit) expired.push_back(c.get());
     }
     for (Conn* c : expired) CloseLocked(c);
@@ -468,12 +599,12 @@ bool GuardedServer::Authorized(Conn* c) const {
   return ok;
 }
 
-// A worker: answers the complete request(s) in the buffer, then hands the connection back.
+// A worker: answers the complete request(s) in the buffer, then hands the connection back (with
+// what the socket did not take of the response, for the poller to send).
 void GuardedServer::Serve(Conn* c) {
   // `c` is ours while busy: the poller neither reads it nor expires it, no eviction picks it.
   for (;;) {
-    Clock::time_point deadline = Clock::now() + limits_.request_timeout;
-    BufferStream strm(c->fd, c->ssl, &c->in, &c->pos, deadline, c->peer_ip, c->peer_port);
+    ConnStream strm(*this, *c);
     ++c->served;
     bool last = stopping_ || c->served >= limits_.max_requests_per_connection;
     bool closed = false;
@@ -484,14 +615,24 @@ void GuardedServer::Serve(Conn* c) {
     buffered_ -= c->pos;
     c->in.erase(0, c->pos);
     c->pos = 0;
-    if (!ok || closed || last) return CloseLocked(c);
-    c->idle_since = c->request_started = Clock::now();
-    if (RequestIn(c->in, limits_) == Completeness::kComplete) continue;  // pipelined
+    if (!ok) return CloseLocked(c);
     c->busy = false;
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = c->fd;
-    epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+    if (c->holding()) {
+      c->close_after = closed || last;
+      return WatchLocked(c, EPOLLOUT);
+    }
+    if (closed || last) {
+      if (!c->ssl) ::shutdown(c->fd, SHUT_WR);
+      return CloseLocked(c);
+    }
+    c->idle_since = c->request_started = Clock::now();
+    size_t bytes = 0;
+    if (RequestIn(c->in, limits_, &bytes) == Completeness::kComplete) {
+      if (AnswerProbeLocked(c, bytes)) return;  // `c` may be closed and gone now
+      c->busy = true;                           // pipelined: the next one at once
+      continue;
+    }
+    WatchLocked(c, EPOLLIN | EPOLLRDHUP);
     // Bytes of the next request that came with this one: check them (and read more) now, since
     // epoll reports only new arrivals.
     if (!c->in.empty()) ReceiveLocked(c);

@@ -1,6 +1,6 @@
-// An HTTP(S) server for endpoints that anyone on the network can reach (the scheduler extender, the
-// admission webhook): cpp-httplib's routing and request parsing, with the connection handling
-// replaced so that no client can exhaust it.
+// An HTTP(S) server for endpoints that anyone on the network (or on the node) can reach: the
+// scheduler extender, the admission webhook, the exporter's /metrics. cpp-httplib's routing and
+// request parsing, with the connection handling replaced so that no client can exhaust it.
 //
 // cpp-httplib 0.11 (Debian's) gives every connection a worker thread from the moment it is
 // accepted until it closes, applies its read timeout per recv() (a client sending one byte every
@@ -8,13 +8,22 @@
 //   * one epoll thread receives: it does TLS handshakes and reads requests without blocking into
 //     the connection's buffer, and hands a connection to a worker only once a whole request (head
 //     and Content-Length body) is there, so slow clients hold buffers, never workers; idle and
-//     keep-alive connections cost a file descriptor, and at `max_connections` the longest-idle one
-//     is closed to admit the newest;
+//     keep-alive connections cost a file descriptor;
+//   * at `max_connections` the longest-idle connection is closed to admit the newest, and at
+//     `max_connections_per_peer` from one address that address's longest-idle one (a flood from
+//     one pod cannot crowd out the kubelet's probe, which always comes on a new connection);
 //   * a request (the first one with its TLS handshake) must arrive within `request_timeout` of its
 //     first byte, its head within `max_header_bytes` (else 431); all connections together hold at
 //     most 32 MiB of request bytes;
-//   * a Content-Length above `max_body_bytes` is answered 413 before the body is read; chunked
-//     bodies are refused (411): they cannot be bounded before they are read;
+//   * a method outside `methods` is answered 405, a Content-Length above `max_body_bytes` 413,
+//     both before the body is read; chunked bodies are refused (411): they cannot be bounded
+//     before they are read;
+//   * no worker waits on a client that does not read: what the socket does not take at once is
+//     held for the poller, which sends it as the client reads (reading nothing more from it
+//     meanwhile) within `write_timeout`; held responses are at most 16 MiB in all, past which
+//     such a client is cut off;
+//   * the probe path (SetProbe) is answered by the poller itself, never queued behind the
+//     workers, so clients that keep every worker busy cannot fail a liveness probe;
 //   * TLS (when given a context) is TLS 1.2 or newer; a context with client verification makes the
 //     handshake demand a certificate, and `client_names` then also restricts its subject.
 // ParseUntrustedJson() is the other half: bodies are parsed only below a nesting depth and within
@@ -25,12 +34,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,9 +55,12 @@ struct ServerLimits {
   size_t max_header_bytes = 64 << 10;               // request line and headers
   std::chrono::milliseconds request_timeout{5000};  // handshake + one request, first byte to last
   std::chrono::milliseconds idle_timeout{30000};    // keep-alive wait for the next request
+  std::chrono::milliseconds write_timeout{10000};   // one response, first byte to last
   int workers = 8;
   int max_connections = 1024;
+  int max_connections_per_peer = 0;  // from one IP address; 0: only max_connections
   int max_requests_per_connection = 1000;
+  std::vector<std::string> methods;  // the methods served; empty: any
   // TLS client certificates: when non-empty, the certificate's subject CN (or a DNS SAN) must be
   // one of these (the context must verify client certificates for this to mean anything).
   std::vector<std::string> client_names;
@@ -61,6 +75,11 @@ class GuardedServer : public httplib::Server {
   GuardedServer& operator=(const GuardedServer&) = delete;
 
   bool is_valid() const override { return true; }
+  // The liveness probe's answer (status and body), computed on the poller thread: it must be cheap
+  // and never block. GET and HEAD of `path` (with or without a query) get it with
+  // `Connection: close`. Set before listening.
+  using Probe = std::function<std::pair<int, std::string>()>;
+  void SetProbe(std::string path, Probe probe);
   // As httplib's, then a listen backlog of SOMAXCONN instead of the library's compiled-in 5 (a
   // burst of connections would otherwise wait in SYN retries, seconds each).
   bool bind_to_port(const std::string& host, int port, int socket_flags = 0);
@@ -78,17 +97,28 @@ class GuardedServer : public httplib::Server {
   struct Conn;
   // Request bytes all connections together may hold in their buffers.
   static constexpr size_t kMaxBufferedBytes = 32 << 20;
+  // Response bytes held for clients that do not read, all connections together (an uncompressed
+  // /metrics of 8 GPUs x 128 containers is about 1 MiB, gzip 43 KiB).
+  static constexpr size_t kMaxHeldBytes = 16 << 20;
+  class ConnStream;
   bool process_and_close_socket(socket_t sock) override;
   void PollLoop();
   void WorkLoop();
   void Serve(Conn* c);
   void ReceiveLocked(Conn* c);
   void RefuseLocked(Conn* c, int status, const char* reason);
+  bool AnswerProbeLocked(Conn* c, size_t request_bytes);
+  void FlushLocked(Conn* c);
+  void WatchLocked(Conn* c, uint32_t events);
+  void AdmitLocked(const Conn& c);
   void CloseLocked(Conn* c);
   bool Authorized(Conn* c) const;
 
   const ServerLimits limits_;
   SSL_CTX* tls_;
+  std::string probe_path_;
+  Probe probe_;
+  std::atomic<size_t> held_{0};  // bytes in every connection's `out`
   int epfd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stopping_{false};

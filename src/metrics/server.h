@@ -42,9 +42,11 @@
 #include "absl/status/statusor.h"
 #include "metrics/sampler.h"
 
-namespace gpulet::metrics {
+namespace gpulet::http {
+class GuardedServer;  // the one guarded front end (http/guarded_server.h), with the limits above
+}  // namespace gpulet::http
 
-class GuardedServer;  // cpp-httplib server with the limits above (server.cc)
+namespace gpulet::metrics {
 
 struct ServerOptions {
   std::string address = ":9400";    // [host]:port; ":9400" = every IPv4 address; port 0 = any
@@ -74,7 +76,7 @@ class MetricsServer {
   std::pair<int, std::string> Health() const;  // /health's status and body
   Sampler* sampler_;
   ServerOptions options_;
-  std::unique_ptr<GuardedServer> http_, gpu_manager_http_;
+  std::unique_ptr<http::GuardedServer> http_, gpu_manager_http_;
   std::thread thread_, gpu_manager_thread_;
   int port_ = 0, gpu_manager_port_ = 0;
   std::atomic<double> last_scrape_seconds_{0}, last_gpu_manager_scrape_seconds_{0};

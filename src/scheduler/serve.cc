@@ -196,16 +196,15 @@ absl::Status Server::Run() {
     ctx = *c;
     el.client_names = o_.extender_client_names;
   }
-  auto healthz = [](const httplib::Request&, httplib::Response& r) {
-    r.set_content("ok", "text/plain");
-  };
+  // Answered by the servers' pollers: workers busy with binds cannot fail the kubelet's probes.
+  auto healthz = [] { return std::pair<int, std::string>(200, "ok"); };
   ext_->server = std::make_unique<http::GuardedServer>(el, ctx);
   extender_->Register(*ext_->server, o_.extender_prefix);
-  ext_->server->Get("/healthz", healthz);
+  ext_->server->SetProbe("/healthz", healthz);
   RETURN_IF_ERROR(Listen(*ext_, "--extender-listen", o_.extender_listen));
   if (!o_.health_listen.empty()) {
     health_->server = std::make_unique<http::GuardedServer>(o_.limits);
-    health_->server->Get("/healthz", healthz);
+    health_->server->SetProbe("/healthz", healthz);
     RETURN_IF_ERROR(Listen(*health_, "--health-listen", o_.health_listen));
   }
   webhook_ = std::make_unique<AdmissionWebhook>(o_.webhook, api_);

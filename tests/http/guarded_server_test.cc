@@ -282,6 +282,129 @@ TEST_F(GuardedServerTest, ClientCertificatesRequiredAndNamed) {
   EXPECT_TRUE(TlsGet(port_, TLS1_2_VERSION, &pki.client));
 }
 
+// GET `path` over TLS; the whole response (until the server closes), or "" when the handshake
+// fails. `rcvbuf` > 0: a receive buffer that small, and nothing read (the response is left
+// unread; the open SSL and socket are handed back in `*kept` for the caller to close).
+std::string TlsFetch(int port, const std::string& path, int rcvbuf = 0,
+                     std::pair<SSL*, int>* kept = nullptr) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  SSL* ssl = SSL_new(ctx);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    SSL_set_fd(ssl, fd);
+    if (SSL_connect(ssl) == 1) {
+      std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+      SSL_write(ssl, req.data(), static_cast<int>(req.size()));
+      if (kept) {
+        *kept = {ssl, fd};
+        SSL_CTX_free(ctx);  // the SSL holds its own reference
+        return "sent";
+      }
+      char buf[16384];
+      for (int n; (n = SSL_read(ssl, buf, sizeof buf)) > 0;)
+        got.append(buf, static_cast<size_t>(n));
+    }
+  }
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(fd);
+  return got;
+}
+
+// Clients that ask for a large response over TLS and never read it hold no worker: with one
+// worker, three such clients and then a normal client are all served at once (the responses the
+// sockets do not take wait in the poller), the normal client gets the whole body, and the stuck
+// ones are cut at write_timeout.
+TEST_F(GuardedServerTest, ClientsThatNeverReadHoldNoWorker) {
+  Pki pki;
+  auto ctx = ServerTlsContext(pki.server.cert_pem, pki.server.key_pem);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ServerLimits l;
+  l.workers = 1;
+  l.write_timeout = std::chrono::milliseconds(800);
+  Start(l, *ctx);
+  const std::string big(2 << 20, 'x');
+  server_->Get("/big", [&](const httplib::Request&, httplib::Response& r) {
+    r.set_content(big, "text/plain");
+  });
+  std::vector<std::pair<SSL*, int>> stuck(3);
+  for (auto& s : stuck) ASSERT_EQ(TlsFetch(port_, "/big", 4096, &s), "sent");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto t0 = Clock::now();
+  std::string whole = TlsFetch(port_, "/big");
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  EXPECT_LT(took.count(), 1000) << "the one worker waited on a client that does not read";
+  ASSERT_GT(whole.size(), big.size());
+  EXPECT_EQ(whole.substr(whole.size() - big.size()), big) << "the body arrived whole";
+  EXPECT_TRUE(TlsGet(port_, TLS1_3_VERSION, nullptr));
+  // Past write_timeout (and a sweep) the three are closed.
+  auto until = Clock::now() + std::chrono::seconds(3);
+  while (server_->open_connections() > 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(server_->open_connections(), 0u);
+  for (auto& [ssl, fd] : stuck) {
+    SSL_free(ssl);
+    close(fd);
+  }
+}
+
+// The probe path is answered by the poller while the only worker is busy; HEAD gets no body, a
+// query is the same probe, another path is not; a method outside `methods` is 405 with Allow.
+TEST_F(GuardedServerTest, ProbeOnThePollerAndMethods) {
+  ServerLimits l;
+  l.workers = 1;
+  l.methods = {"GET", "HEAD"};
+  Start(l);
+  server_->SetProbe("/livez", [] { return std::pair<int, std::string>(200, "alive\n"); });
+  server_->Get("/slow", [](const httplib::Request&, httplib::Response& r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    r.set_content("late", "text/plain");
+  });
+  std::thread slow([&] {
+    httplib::Client cli("127.0.0.1", port_);
+    cli.set_read_timeout(std::chrono::seconds(5));
+    EXPECT_TRUE(cli.Get("/slow"));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto raw = [&](const std::string& req) {
+    int fd = Connect(port_);
+    send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    std::string got;
+    char buf[4096];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 1000) <= 0) break;
+      ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    return got;
+  };
+  auto t0 = Clock::now();
+  std::string get = raw("GET /livez HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(), 500);
+  EXPECT_THAT(get, ::testing::StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(get, HasSubstr("Connection: close"));
+  EXPECT_THAT(get, ::testing::EndsWith("\r\n\r\nalive\n"));
+  std::string head = raw("HEAD /livez?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(head, ::testing::StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(head, ::testing::EndsWith("Content-Length: 6\r\nConnection: close\r\n\r\n"));
+  std::string post = raw("POST /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  EXPECT_THAT(post,
+              ::testing::StartsWith("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n"));
+  slow.join();
+  // Not the probe: routed to the workers (here: no such route).
+  EXPECT_THAT(raw("GET /livezz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 404"));
+}
+
 // The self-issued pair is a CA and a leaf: the leaf cannot sign (CA:FALSE), the CA verifies it.
 TEST(SelfIssued, LeafIsNotACa) {
   auto p = SelfIssuedCertificate({"localhost"});

@@ -6,7 +6,7 @@
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/device_health.h"
 #include "cmd/gpulet/dra_flags.h"
-#include "cmd/gpulet/metrics_flags.h"
+#include "cmd/gpulet/metrics_options.h"
 #include "cmd/gpulet/plugin_flags.h"
 #include "cmd/gpulet/stack_settings.h"
 #include "http/listen_address.h"

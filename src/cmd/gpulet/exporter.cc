@@ -11,7 +11,7 @@
 #include "cmd/gpulet/device_health.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/logs.h"
-#include "cmd/gpulet/metrics_flags.h"
+#include "cmd/gpulet/metrics_options.h"
 #include "gpu/open.h"
 #include "http/listen_address.h"
 

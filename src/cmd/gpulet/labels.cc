@@ -9,7 +9,7 @@
 #include "cmd/gpulet/command.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/logs.h"
-#include "cmd/gpulet/metrics_flags.h"
+#include "cmd/gpulet/metrics_options.h"
 #include "gpu/open.h"
 
 namespace gpulet::cmd {

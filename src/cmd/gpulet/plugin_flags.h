@@ -17,6 +17,7 @@
 #include "cmd/common/exit.h"
 #include "cmd/gpulet/gpu_flags.h"
 #include "cmd/gpulet/logs.h"
+#include "cmd/gpulet/nvidia_only_flags.h"
 #include "gpu/open.h"
 #include "k8s/client.h"
 #include "placement/vgpu_policy.h"
@@ -44,44 +45,6 @@ struct PluginFlags : plugin::RunOptions {
   // plugin starts (flag name -> value of those given; see NvidiaOnlyFlagNotes()).
   std::map<std::string, std::string> nvidia_only;
 };
-
-// What gpulet does with each NVIDIA-only flag: nothing (said once at start, with why), except a
-// discovery strategy it cannot honour, which stops the start.
-struct NvidiaOnlyFlag {
-  const char* flag;
-  const char* env;
-  const char* why;
-};
-inline const std::vector<NvidiaOnlyFlag>& NvidiaOnlyFlags() {
-  static const std::vector<NvidiaOnlyFlag> k = {
-      {"container-driver-root", "CONTAINER_DRIVER_ROOT",
-       "gpulet finds the driver through --nvidia-driver-root (the host path) only"},
-      {"device-discovery-strategy", "DEVICE_DISCOVERY_STRATEGY",
-       "gpulet discovers GPUs through NVML (auto and nvml mean that; tegra is not supported)"},
-      {"imex-channel-ids", "IMEX_CHANNEL_IDS", "IMEX channels are not supported by gpulet"},
-      {"nvidia-ctk-path", "NVIDIA_CTK_PATH",
-       "gpulet writes its CDI specs itself, without nvidia-ctk"},
-  };
-  return k;
-}
-
-// One line per NVIDIA-only flag given ("--mps-root=/x is accepted and ignored: ..."), or an error
-// for a discovery strategy other than auto/nvml.
-inline absl::StatusOr<std::vector<std::string>> NvidiaOnlyFlagNotes(const PluginFlags& f) {
-  std::vector<std::string> notes;
-  for (const auto& n : NvidiaOnlyFlags()) {
-    auto it = f.nvidia_only.find(n.flag);
-    if (it == f.nvidia_only.end()) continue;
-    if (std::string(n.flag) == "device-discovery-strategy" && it->second != "auto" &&
-        it->second != "nvml") {
-      return absl::InvalidArgumentError(std::string("--device-discovery-strategy ") + it->second +
-                                        ": " + n.why);
-    }
-    notes.push_back(std::string("--") + n.flag + "=" + it->second +
-                    " (NVIDIA device-plugin flag) is accepted and ignored: " + n.why);
-  }
-  return notes;
-}
 
 inline void AddPluginFlags(CLI::App& sub, PluginFlags& f) {
   AddGpuFlags(sub, f.gpu);
@@ -221,7 +184,7 @@ inline int RunDevicePlugin(
                 "gpulet.vgpu.policy (--vgpu-policy, $GPULET_VGPU_POLICY or the config file): " +
                     std::string(p.status().message()),
                 kUsageError);
-  auto notes = NvidiaOnlyFlagNotes(f);
+  auto notes = NvidiaOnlyFlagNotes(f.nvidia_only);
   if (!notes.ok()) return Fail(who, notes.status(), kUsageError);
   for (const std::string& n : *notes) std::cerr << who << ": warning: " << n << "\n";
   absl::Status s =
