@@ -111,9 +111,16 @@ RootedFilesystem::RootedFilesystem(std::string root) : root_(std::move(root)) {
   while (!root_.empty() && root_.back() == '/') root_.pop_back();
 }
 
+std::string JoinRoot(const std::string& root, const std::string& path) {
+  size_t n = root.size();
+  while (n > 0 && root[n - 1] == '/') --n;
+  if (n == 0) return path;
+  std::string r = root.substr(0, n);
+  return path.empty() || path[0] != '/' ? absl::StrCat(r, "/", path) : r + path;
+}
+
 std::string RootedFilesystem::Resolve(const std::string& path) const {
-  if (root_.empty()) return path;
-  return path.empty() || path[0] != '/' ? absl::StrCat(root_, "/", path) : root_ + path;
+  return JoinRoot(root_, path);
 }
 
 absl::StatusOr<std::string> RootedFilesystem::ReadFile(const std::string& path) const {

@@ -17,6 +17,11 @@
 
 namespace gpulet {
 
+// `path` under `root`, lexically ("/" or "": `path` unchanged; "/sim" and "/dev/x": "/sim/dev/x"):
+// the one way rooted paths are joined (a simulated node, the host under --host-root, a driver
+// container's root). Symlinks are not followed; node::UnderRoot follows the host's.
+std::string JoinRoot(const std::string& root, const std::string& path);
+
 // The filesystem seen through `root`: with root "/sim" a read of "/sys/x" reads "/sim/sys/x".
 // Used with "/" in production and a temporary tree for simulated nodes and tests. Thread-safe.
 class RootedFilesystem {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/fs.h"
 #include "gpu/selection.h"
 #include "vgpu/rules/rules.h"
 
@@ -35,8 +36,8 @@ std::string SysfsPciName(const std::string& bus_id) {
 std::string PcieRoot(const std::string& host_root, const std::string& bus_id) {
   if (bus_id.empty()) return "";
   std::error_code ec;
-  std::string root = host_root == "/" ? "" : host_root;
-  auto real = std::filesystem::canonical(root + "/sys/bus/pci/devices/" + SysfsPciName(bus_id), ec);
+  auto real = std::filesystem::canonical(
+      JoinRoot(host_root, "/sys/bus/pci/devices/" + SysfsPciName(bus_id)), ec);
   if (ec) return "";
   for (const auto& part : real) {
     std::string p = part.string();

@@ -54,11 +54,6 @@ struct Node {
   }
 };
 
-std::string JoinPath(const std::string& root, const std::string& p) {
-  if (root.empty() || root == "/") return p;
-  return (root.back() == '/' ? root.substr(0, root.size() - 1) : root) + p;
-}
-
 // The device nodes of `units` (and the control nodes, MIG capability nodes) as device specs.
 void DeviceSpecs(const Node& node, const std::vector<Unit>& units,
                  v1beta1::ContainerAllocateResponse* r) {
@@ -68,7 +63,7 @@ void DeviceSpecs(const Node& node, const std::vector<Unit>& units,
       if (d.container_path() == p) return;
     auto* d = r->add_devices();
     d->set_container_path(p);
-    d->set_host_path(JoinPath(root, p));
+    d->set_host_path(JoinRoot(root, p));
     d->set_permissions("rw");
   };
   for (const auto& p : node.control_nodes) add(p);
@@ -122,7 +117,7 @@ void AddDevices(const Node& node, const std::string& resource, const std::vector
       for (const auto& id : imex) {
         auto* d = r->add_devices();
         d->set_container_path(absl::StrCat(kImexChannels, "/channel", id));
-        d->set_host_path(JoinPath(c.DevRoot(), d->container_path()));
+        d->set_host_path(JoinRoot(c.DevRoot(), d->container_path()));
         d->set_permissions("rw");
       }
     }
@@ -424,13 +419,13 @@ absl::StatusOr<std::shared_ptr<Node>> NewNode(const gpu::Inventory& inv, const C
   }
   for (const char* p :
        {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"})
-    if (host.Exists(JoinPath(cfg.DevRoot(), p))) node->control_nodes.push_back(p);
+    if (host.Exists(JoinRoot(cfg.DevRoot(), p))) node->control_nodes.push_back(p);
   // IMEX channels are injected only when their device node exists (as NVIDIA's); imex.required
   // makes a missing one an error.
   for (int id : cfg.imex_channels) {
     const std::string path = absl::StrCat(kImexChannels, "/channel", id);
     std::error_code ec;
-    if (std::filesystem::is_character_file(JoinPath(host_root, JoinPath(cfg.DevRoot(), path)),
+    if (std::filesystem::is_character_file(JoinRoot(host_root, JoinRoot(cfg.DevRoot(), path)),
                                            ec)) {
       node->imex_channels.push_back(std::to_string(id));
     } else if (cfg.imex_required) {

@@ -455,7 +455,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   };
   const bool mounted_host = !opt.host_root.empty() && opt.host_root != "/";
   auto from_here = [&](const std::string& host_path) {
-    return mounted_host ? InRoot(opt.host_root, host_path) : host_path;
+    return mounted_host ? JoinRoot(opt.host_root, host_path) : host_path;
   };
   std::string root = from_here(opt.driver_root.empty() ? "/" : opt.driver_root);
   absl::StatusOr<DriverFiles> found = DiscoverDriver(root, inv.driver_version);
@@ -480,7 +480,7 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   auto node = [&](const std::string& path) {
     DeviceNode d;
     d.path = path;
-    if (InRoot(root, path) != path) d.host_path = InRoot(root, path);
+    if (JoinRoot(root, path) != path) d.host_path = JoinRoot(root, path);
     return d;
   };
   auto add = [&](const std::string& index_name, const std::string& uuid, ContainerEdits e) {
@@ -492,8 +492,8 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   // Kernel state: the driver root's /proc when it has one (tests), else this host's.
   absl::StatusOr<std::string> minors = absl::NotFoundError("");
   if (!opt.proc_root.empty())
-    minors = ReadFileToString(InRoot(opt.proc_root, "/proc/driver/nvidia-caps/mig-minors"));
-  if (!minors.ok()) minors = ReadFileToString(InRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
+    minors = ReadFileToString(JoinRoot(opt.proc_root, "/proc/driver/nvidia-caps/mig-minors"));
+  if (!minors.ok()) minors = ReadFileToString(JoinRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
   if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
   if (auto& f = minors; f.ok()) {
     for (absl::string_view line : absl::StrSplit(*f, '\n')) {

@@ -137,11 +137,6 @@ bool ControlNodeWanted(const std::string& path, const std::set<std::string>& cap
   return true;
 }
 
-std::string InRoot(const std::string& root, const std::string& path) {
-  std::string r(absl::StripSuffix(root, "/"));
-  return r.empty() ? path : r + path;
-}
-
 namespace {
 
 // Where driver packages put their libraries and binaries, most specific first: GKE-style
@@ -174,7 +169,7 @@ size_t LibDirRank(const std::string& path) {
 std::string ResolveInRoot(const std::string& root, std::string p) {
   for (int hops = 0; hops < 8; ++hops) {
     char target[4096];
-    ssize_t n = ::readlink(InRoot(root, p).c_str(), target, sizeof target - 1);
+    ssize_t n = ::readlink(JoinRoot(root, p).c_str(), target, sizeof target - 1);
     if (n <= 0) break;
     std::string t(target, static_cast<size_t>(n));
     p = CleanPath(t[0] == '/' ? t : p.substr(0, p.rfind('/') + 1) + t);
@@ -205,14 +200,14 @@ int FileKind(const std::string& host_path) {
 absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string version) {
   DriverFiles out;
   out.root = root;
-  std::string cache_path = InRoot(root, "/etc/ld.so.cache");
+  std::string cache_path = JoinRoot(root, "/etc/ld.so.cache");
   auto data = ReadFileToString(cache_path);
   if (!data.ok())
     return absl::NotFoundError(
         absl::StrCat("driver root ", root, ": no ld cache (", data.status().message(), ")"));
   ASSIGN_OR_RETURN(auto entries, ParseLdCache(*data, cache_path));
   if (version.empty()) {
-    if (auto v = ReadFileToString(InRoot(root, "/proc/driver/nvidia/version")); v.ok()) {
+    if (auto v = ReadFileToString(JoinRoot(root, "/proc/driver/nvidia/version")); v.ok()) {
       // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
       std::vector<std::string> words = absl::StrSplit(*v, ' ', absl::SkipEmpty());
       for (size_t i = 0; i + 1 < words.size() && version.empty(); ++i)
@@ -243,10 +238,10 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
   // the driver was installed under /usr/local/nvidia).
   std::string suffix = ".so." + version;
   for (size_t i = 0; i < kScannedLibDirs; ++i)
-    if (DIR* d = ::opendir(InRoot(root, kLibDirs[i]).c_str())) {
+    if (DIR* d = ::opendir(JoinRoot(root, kLibDirs[i]).c_str())) {
       while (dirent* e = ::readdir(d)) {
         std::string p = absl::StrCat(kLibDirs[i], "/", e->d_name);
-        if (absl::EndsWith(e->d_name, suffix) && FileKind(InRoot(root, p)) == 1)
+        if (absl::EndsWith(e->d_name, suffix) && FileKind(JoinRoot(root, p)) == 1)
           resolved.push_back(p);
       }
       ::closedir(d);
@@ -264,7 +259,7 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
   std::set<std::pair<dev_t, ino_t>> seen_file;
   for (const auto& path : libs) {
     struct stat st;
-    if (!seen_path.insert(path).second || ::stat(InRoot(root, path).c_str(), &st) != 0 ||
+    if (!seen_path.insert(path).second || ::stat(JoinRoot(root, path).c_str(), &st) != 0 ||
         !S_ISREG(st.st_mode) || !seen_file.insert({st.st_dev, st.st_ino}).second)
       continue;
     out.libraries.push_back(path);
@@ -282,17 +277,17 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     for (const char* dir : kBinDirs) {
       struct stat st;
       std::string p = std::string(dir) + "/" + name;
-      if (::stat(InRoot(root, p).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      if (::stat(JoinRoot(root, p).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
           ids.insert({st.st_dev, st.st_ino}).second)
         found.push_back(p);
     }
     if (found.empty()) continue;
-    if (FileKind(InRoot(root, found[0])) == 1) {
+    if (FileKind(JoinRoot(root, found[0])) == 1) {
       out.binaries.push_back(found[0]);
       continue;
     }
     auto elf = std::find_if(found.begin() + 1, found.end(),
-                            [&](const std::string& p) { return FileKind(InRoot(root, p)) == 1; });
+                            [&](const std::string& p) { return FileKind(JoinRoot(root, p)) == 1; });
     if (elf == found.end()) {
       out.binaries.push_back(found[0]);
       continue;
@@ -303,7 +298,7 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
   for (const char* node :
        {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}) {
     struct stat st;
-    if (::stat(InRoot(root, node).c_str(), &st) == 0 && S_ISCHR(st.st_mode))
+    if (::stat(JoinRoot(root, node).c_str(), &st) == 0 && S_ISCHR(st.st_mode))
       out.control_nodes.push_back(node);
   }
   return out;
@@ -314,16 +309,16 @@ ContainerEdits CommonEdits(const DriverFiles& driver) {
   for (const auto& n : driver.control_nodes) {
     DeviceNode d;
     d.path = n;
-    if (InRoot(driver.root, n) != n) d.host_path = InRoot(driver.root, n);
+    if (JoinRoot(driver.root, n) != n) d.host_path = JoinRoot(driver.root, n);
     e.device_nodes.push_back(d);
   }
   for (const auto* list : {&driver.libraries, &driver.binaries})
     for (const auto& p : *list)
       e.mounts.push_back(
-          Mount{InRoot(driver.root, p), p, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
+          Mount{JoinRoot(driver.root, p), p, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   for (const auto& [from, at] : driver.binary_aliases)
     e.mounts.push_back(
-        Mount{InRoot(driver.root, from), at, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
+        Mount{JoinRoot(driver.root, from), at, "", {"ro", "nosuid", "nodev", "rbind", "rprivate"}});
   return e;
 }
 
@@ -343,7 +338,7 @@ absl::StatusOr<DriverFiles> FindHostDriver(
     const std::string& host_root, const std::string& driver_container_root, const std::string& what,
     const std::function<std::string(const DriverFiles&)>& lacks) {
   std::vector<std::string> why;
-  for (const std::string& root : {host_root, InRoot(host_root, driver_container_root)}) {
+  for (const std::string& root : {host_root, JoinRoot(host_root, driver_container_root)}) {
     absl::StatusOr<DriverFiles> d = DiscoverDriver(root);
     if (!d.ok()) {
       why.push_back(std::string(d.status().message()));
@@ -355,7 +350,7 @@ absl::StatusOr<DriverFiles> FindHostDriver(
   }
   return absl::NotFoundError(
       absl::StrCat("no ", what, " under ", host_root, " or the driver container's root ",
-                   InRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
+                   JoinRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
 }
 
 bool IsNvml(const std::string& path) {
@@ -371,7 +366,7 @@ absl::StatusOr<std::string> FindNvmlLibrary(const std::string& host_root,
       FindHostDriver(host_root, driver_container_root, "NVML library", [](const DriverFiles& f) {
         return std::any_of(f.libraries.begin(), f.libraries.end(), IsNvml) ? "" : "libnvidia-ml.so";
       }));
-  return InRoot(d.root, *std::find_if(d.libraries.begin(), d.libraries.end(), IsNvml));
+  return JoinRoot(d.root, *std::find_if(d.libraries.begin(), d.libraries.end(), IsNvml));
 }
 
 absl::StatusOr<DriverTools> LinkDriverTools(const std::string& host_root, const std::string& dir,
@@ -385,7 +380,7 @@ absl::StatusOr<DriverTools> LinkDriverTools(const std::string& host_root, const 
   // ld cache name (the soname the loader asks for) that leads to it.
   std::map<std::string, std::string> libs;
   for (const auto& l : d.libraries) libs[l.substr(l.rfind('/') + 1)] = l;
-  const std::string cache_path = InRoot(root, "/etc/ld.so.cache");
+  const std::string cache_path = JoinRoot(root, "/etc/ld.so.cache");
   ASSIGN_OR_RETURN(std::string cache, ReadFileToString(cache_path));
   ASSIGN_OR_RETURN(std::vector<LdCacheEntry> entries, ParseLdCache(cache, cache_path));
   const std::set<std::string> files(d.libraries.begin(), d.libraries.end());
@@ -406,9 +401,9 @@ absl::StatusOr<DriverTools> LinkDriverTools(const std::string& host_root, const 
     return absl::OkStatus();
   };
   for (const auto& b : d.binaries)
-    RETURN_IF_ERROR(link(InRoot(root, b), t.bin_dir + b.substr(b.rfind('/'))));
+    RETURN_IF_ERROR(link(JoinRoot(root, b), t.bin_dir + b.substr(b.rfind('/'))));
   for (const auto& [name, file] : libs)
-    RETURN_IF_ERROR(link(InRoot(root, file), t.lib_dir + "/" + name));
+    RETURN_IF_ERROR(link(JoinRoot(root, file), t.lib_dir + "/" + name));
   return t;
 }
 

@@ -92,9 +92,6 @@ absl::StatusOr<DriverTools> LinkDriverTools(
 // (the node DaemonSet; tests/node/agent_mounts_test.cc checks it).
 std::vector<std::string> DriverPaths();
 
-// Host path of a driver-root path ("/" root: unchanged).
-std::string InRoot(const std::string& root, const std::string& path);
-
 // The edits every GPU container gets (control nodes, libraries read-only, binaries), as a CDI
 // `containerEdits` block: container paths equal the paths inside the driver root.
 ContainerEdits CommonEdits(const DriverFiles& driver);
