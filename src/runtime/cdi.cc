@@ -493,7 +493,8 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   absl::StatusOr<std::string> minors = absl::NotFoundError("");
   if (!opt.proc_root.empty())
     minors = ReadFileToString(JoinRoot(opt.proc_root, "/proc/driver/nvidia-caps/mig-minors"));
-  if (!minors.ok()) minors = ReadFileToString(JoinRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
+  if (!minors.ok())
+    minors = ReadFileToString(JoinRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
   if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
   if (auto& f = minors; f.ok()) {
     for (absl::string_view line : absl::StrSplit(*f, '\n')) {

@@ -348,9 +348,9 @@ absl::StatusOr<DriverFiles> FindHostDriver(
     if (missing.empty()) return d;
     why.push_back(absl::StrCat(root, ": the driver has no ", missing));
   }
-  return absl::NotFoundError(
-      absl::StrCat("no ", what, " under ", host_root, " or the driver container's root ",
-                   JoinRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
+  return absl::NotFoundError(absl::StrCat(
+      "no ", what, " under ", host_root, " or the driver container's root ",
+      JoinRoot(host_root, driver_container_root), " (", absl::StrJoin(why, "; "), ")"));
 }
 
 bool IsNvml(const std::string& path) {
