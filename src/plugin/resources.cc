@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "gpu/device_nodes.h"
 #include "plugin/topology.h"
 
 namespace gpulet::plugin {
@@ -69,18 +70,17 @@ void DeviceSpecs(const Node& node, const std::vector<Unit>& units,
   for (const auto& p : node.control_nodes) add(p);
   for (const Unit& u : units) {
     const auto& d = node.inv.devices[u.gpu];
-    add(absl::StrCat("/dev/nvidia", d.minor));
+    add(gpu::GpuNode(d.minor));
     if (u.mig < 0) continue;
     // A MIG device also needs the capability nodes of its GPU and compute instance.
     const auto& m = d.mig_devices[u.mig];
-    std::string gi = absl::StrCat("gpu", d.minor, "/gi", m.gpu_instance_id);
     for (const auto& cap :
-         {gi + "/access", absl::StrCat(gi, "/ci", m.compute_instance_id, "/access")}) {
+         gpu::MigCapabilityKeys(d.minor, m.gpu_instance_id, m.compute_instance_id)) {
       auto it = node.mig_minors.find(cap);
       if (it != node.mig_minors.end())
-        add(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second));
+        add(gpu::CapabilityNode(it->second));
       else
-        spdlog::warn("no {} in /proc/driver/nvidia-caps/mig-minors", cap);
+        spdlog::warn("no {} in {}", cap, gpu::kMigMinorsFile);
     }
   }
 }
@@ -410,15 +410,9 @@ absl::StatusOr<std::shared_ptr<Node>> NewNode(const gpu::Inventory& inv, const C
   node->health = health;
   node->scorer = std::make_unique<TopologyScorer>(inv);
   RootedFilesystem host(host_root);
-  if (auto text = host.ReadFile("/proc/driver/nvidia-caps/mig-minors"); text.ok()) {
-    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
-      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipWhitespace());
-      int minor;
-      if (f.size() == 2 && absl::SimpleAtoi(f[1], &minor)) node->mig_minors[f[0]] = minor;
-    }
-  }
-  for (const char* p :
-       {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"})
+  if (auto text = host.ReadFile(gpu::kMigMinorsFile); text.ok())
+    node->mig_minors = gpu::ParseMigMinors(*text);
+  for (const char* p : gpu::kControlNodes)
     if (host.Exists(JoinRoot(cfg.DevRoot(), p))) node->control_nodes.push_back(p);
   // IMEX channels are injected only when their device node exists (as NVIDIA's); imex.required
   // makes a missing one an error.

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "gpu/device_nodes.h"
 #include "runtime/driver.h"
 #include "yaml-cpp/yaml.h"
 
@@ -492,37 +493,29 @@ absl::StatusOr<CdiSpec> GenerateCdiSpec(const gpu::Inventory& inv, const CdiGene
   // Kernel state: the driver root's /proc when it has one (tests), else this host's.
   absl::StatusOr<std::string> minors = absl::NotFoundError("");
   if (!opt.proc_root.empty())
-    minors = ReadFileToString(JoinRoot(opt.proc_root, "/proc/driver/nvidia-caps/mig-minors"));
-  if (!minors.ok())
-    minors = ReadFileToString(JoinRoot(root, "/proc/driver/nvidia-caps/mig-minors"));
-  if (!minors.ok()) minors = ReadFileToString("/proc/driver/nvidia-caps/mig-minors");
-  if (auto& f = minors; f.ok()) {
-    for (absl::string_view line : absl::StrSplit(*f, '\n')) {
-      std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      int m;
-      if (w.size() == 2 && absl::SimpleAtoi(w[1], &m)) cap_minors[w[0]] = m;
-    }
-  }
+    minors = ReadFileToString(JoinRoot(opt.proc_root, gpu::kMigMinorsFile));
+  if (!minors.ok()) minors = ReadFileToString(JoinRoot(root, gpu::kMigMinorsFile));
+  if (!minors.ok()) minors = ReadFileToString(gpu::kMigMinorsFile);
+  if (minors.ok()) cap_minors = gpu::ParseMigMinors(*minors);
   ContainerEdits all;
   for (const auto& dev : inv.devices) {
     if (!dev.Readable()) continue;  // lost before we knew its minor: nothing to mount
     ContainerEdits e;
-    e.device_nodes.push_back(node(absl::StrCat("/dev/nvidia", dev.minor)));
+    e.device_nodes.push_back(node(gpu::GpuNode(dev.minor)));
     all.Merge(e);
     add(absl::StrCat(dev.index), dev.uuid, e);
     for (const auto& mig : dev.mig_devices) {
       ContainerEdits me = e;
-      std::string gi = absl::StrCat("gpu", dev.minor, "/gi", mig.gpu_instance_id);
-      std::string ci = absl::StrCat(gi, "/ci", mig.compute_instance_id);
-      for (const auto& key : {gi + "/access", ci + "/access"}) {
+      for (const auto& key :
+           gpu::MigCapabilityKeys(dev.minor, mig.gpu_instance_id, mig.compute_instance_id)) {
         auto it = cap_minors.find(key);
         if (it == cap_minors.end()) {
           if (warnings)
             warnings->push_back(absl::StrCat("MIG device ", mig.uuid, ": no capability minor for ",
-                                             key, " in /proc/driver/nvidia-caps/mig-minors"));
+                                             key, " in ", gpu::kMigMinorsFile));
           continue;
         }
-        me.device_nodes.push_back(node(absl::StrCat("/dev/nvidia-caps/nvidia-cap", it->second)));
+        me.device_nodes.push_back(node(gpu::CapabilityNode(it->second)));
       }
       all.Merge(me);  // "all" includes the MIG capability nodes, as nvidia-ctk's does
       add(gpu::MigIndexName(dev.index, mig.index), mig.uuid, me);

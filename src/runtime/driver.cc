@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "common/fs.h"
 #include "common/status.h"
+#include "gpu/device_nodes.h"
 
 namespace gpulet::runtime {
 namespace {
@@ -295,8 +296,7 @@ absl::StatusOr<DriverFiles> DiscoverDriver(const std::string& root, std::string 
     out.binaries.push_back(*elf);
     out.binary_aliases.push_back({*elf, found[0]});
   }
-  for (const char* node :
-       {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}) {
+  for (const char* node : gpu::kControlNodes) {
     struct stat st;
     if (::stat(JoinRoot(root, node).c_str(), &st) == 0 && S_ISCHR(st.st_mode))
       out.control_nodes.push_back(node);
