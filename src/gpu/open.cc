@@ -40,6 +40,14 @@ std::string FakeLibraryPath() {
 
 }  // namespace
 
+absl::StatusOr<std::string> MakeTempSimRoot() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr)
+    return absl::InternalError(
+        absl::StrCat("cannot create a temporary sim root: ", strerror(errno)));
+  return tmpl;
+}
+
 absl::StatusOr<std::unique_ptr<GpuLayer>> OpenGpuLayer(const GpuOptions& options) {
   NvmlBackendOptions o;
   if (options.simulate.empty()) {
@@ -57,12 +65,9 @@ absl::StatusOr<std::unique_ptr<GpuLayer>> OpenGpuLayer(const GpuOptions& options
   o.machine = options.simulate;
   o.sim_root = options.sim_root;
   if (o.sim_root.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("cannot create a temporary sim root: ", strerror(errno)));
-    }
-    o.sim_root = o.owned_dir = tmpl;
+    auto dir = MakeTempSimRoot();
+    if (!dir.ok()) return dir.status();
+    o.sim_root = o.owned_dir = *dir;
   } else {
     std::error_code ec;
     std::filesystem::create_directories(o.sim_root, ec);

@@ -23,7 +23,14 @@ struct GpuOptions {
   // Root under which /sys and /proc are read (NUMA node of a PCI device, MIG minors). "/" in
   // production; the sim root for a simulated node.
   std::string host_root = "/";
+
+  // Where this node's /sys, /proc and /dev are read: a simulated node's sim root, else host_root.
+  // The one place that choice is made.
+  const std::string& NodeRoot() const { return simulate.empty() ? host_root : sim_root; }
 };
+
+// A new private sim root (gpulet-sim-XXXXXX in the temporary directory); the caller removes it.
+absl::StatusOr<std::string> MakeTempSimRoot();
 
 // Loads NVML (or the fake, for `simulate`), initialises it and reads the inventory. A missing
 // library, a failed nvmlInit or a bad machine file is one clear error naming the cause.

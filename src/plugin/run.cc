@@ -22,11 +22,9 @@ absl::Status RunDevicePlugin(
   // node's /proc and /dev under it; removed on exit.
   std::string owned_root;
   if (!o.gpu.simulate.empty() && o.gpu.sim_root.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpulet-sim-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      return absl::InternalError("cannot create a temporary sim root");
-    }
-    o.gpu.sim_root = owned_root = tmpl;
+    auto dir = gpu::MakeTempSimRoot();
+    if (!dir.ok()) return dir.status();
+    o.gpu.sim_root = owned_root = *dir;
   }
   struct Cleanup {
     std::string dir;
@@ -51,7 +49,7 @@ absl::Status RunDevicePlugin(
   options.manager.kubelet_socket = o.kubelet_socket;
   options.sources = std::move(o.sources);
   options.watch_file = o.watch_file;
-  options.host_root = o.gpu.simulate.empty() ? o.gpu.host_root : o.gpu.sim_root;
+  options.host_root = o.gpu.NodeRoot();
   options.api = o.api;
   options.node_name = o.node_name;
   options.mps_bin_dir = o.mps_bin_dir;

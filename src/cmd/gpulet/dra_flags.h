@@ -28,7 +28,7 @@ inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
   o.node_name = node_name;
   o.devices.selection = cfg.dra.gpus;
   o.devices.consumable_capacity = cfg.dra.consumable_capacity;
-  o.devices.host_root = flags.gpu.simulate.empty() ? flags.gpu.host_root : flags.gpu.sim_root;
+  o.devices.host_root = flags.gpu.NodeRoot();
   o.kubelet_dir = cfg.dra.kubelet_dir;
   o.cdi_dir = cfg.dra.cdi_dir;
   o.state_dir = cfg.dra.state_dir;
