@@ -98,4 +98,11 @@ inline void UseHostNvml(gpu::GpuOptions& o, const std::string& host_root) {
   }
 }
 
+// `gpulet install` and `validate` under --host-root: the GPU layer reads the host's /sys and /proc
+// there too, and loads the host's NVML (UseHostNvml).
+inline void ReadHostUnder(gpu::GpuOptions& o, const std::string& host_root) {
+  if (ReadsHostDriver(o, host_root)) o.host_root = host_root;
+  UseHostNvml(o, host_root);
+}
+
 }  // namespace gpulet::cmd

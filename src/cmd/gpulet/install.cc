@@ -51,8 +51,7 @@ std::function<int()> SetupInstall(CLI::App& sub) {
   AddGpuFlags(sub, o->gpu);
   Example(sub, "gpulet install --host-root /host --runtime containerd --set-as-default");
   return [o] {
-    if (o->gpu.simulate.empty() && o->host_root != "/") o->gpu.host_root = o->host_root;
-    UseHostNvml(o->gpu, o->host_root);
+    ReadHostUnder(o->gpu, o->host_root);
     return Report("install", node::Install(*o, Show));
   };
 }

@@ -35,8 +35,7 @@ int Run(ValidateFlags& f) {
     client = std::make_unique<k8s::Client>(*cfg);
     f.o.client = client.get();
   }
-  if (f.o.gpu.simulate.empty() && f.o.host_root != "/") f.o.gpu.host_root = f.o.host_root;
-  UseHostNvml(f.o.gpu, f.o.host_root);
+  ReadHostUnder(f.o.gpu, f.o.host_root);
   node::ValidationReport r = node::ValidateStack(f.o);
   for (const auto& s : r.steps)
     std::cout << (s.ok ? "ok   " : "FAIL ") << s.name << ": " << s.detail << "\n";
