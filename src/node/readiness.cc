@@ -106,7 +106,20 @@ bool ReadinessController::RequestsOurResources(const json& pod) const {
 void ReadinessController::StartRemediation(const std::string& boot_id) {
   remediated_boot_ = boot_id;
   remediate_until_ = clock_->Now() + options_.remediate_window;
+  next_remediation_ = {};
   reported_bare_.clear();
+}
+
+absl::Status ReadinessController::RemediateIfDue() {
+  Clock::TimePoint now = clock_->Now();
+  if (now >= remediate_until_ || now < next_remediation_) return absl::OkStatus();
+  next_remediation_ = now + options_.remediate_every;
+  return RemediateRejectedPods();
+}
+
+std::chrono::milliseconds ReadinessController::NextWait() const {
+  if (!ready_) return options_.interval;
+  return clock_->Now() < remediate_until_ ? options_.remediate_every : options_.steady_interval;
 }
 
 absl::Status ReadinessController::RemediateRejectedPods() {
@@ -178,17 +191,26 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
         absl::Status taint = SetTaint(true);
         if (taint.ok()) taint = ClearReadyLabel();
         if (!taint.ok()) recheck_settings_ = true;  // not done: the next pass tries again
+        ready_ = false;
         RETURN_IF_ERROR(taint);
         return NodeStackState::kNotReady;
       }
     }
-    RETURN_IF_ERROR(SetTaint(false));  // e.g. a previous run died between label and untaint
+    // E.g. a previous run died between label and untaint; read from the Node already here, so a
+    // pass at rest is this one GET.
+    bool tainted = false;
+    const json& taints = Field(node, {"spec", "taints"});
+    if (taints.is_array())
+      for (const json& t : taints) tainted |= StringField(t, {"key"}) == options_.taint_key;
+    if (tainted) RETURN_IF_ERROR(SetTaint(false));
     if (remediated_boot_ != boot_id) StartRemediation(boot_id);
-    if (clock_->Now() < remediate_until_) RETURN_IF_ERROR(RemediateRejectedPods());
+    RETURN_IF_ERROR(RemediateIfDue());
+    ready_ = true;
     return NodeStackState::kReady;
   }
 
   // This boot is not validated yet: keep new GPU pods off the node first.
+  ready_ = false;
   RETURN_IF_ERROR(SetTaint(true));
   if (labelled) RETURN_IF_ERROR(ClearReadyLabel());
   recheck_settings_ = false;  // the whole stack is validated with the settings of now
@@ -204,8 +226,12 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
   // Order matters: label first (our pods and users can see why), then admit new pods, then heal.
   RETURN_IF_ERROR(MarkValidated(boot_id));
   RETURN_IF_ERROR(SetTaint(false));
-  StartRemediation(boot_id);
+  // The window opens once per boot and process: validated again within it (settings fixed), the
+  // pods rejected at admission were already being looked for.
+  if (remediated_boot_ != boot_id) StartRemediation(boot_id);
+  next_remediation_ = clock_->Now() + options_.remediate_every;
   RETURN_IF_ERROR(RemediateRejectedPods());
+  ready_ = true;
   last_failure_logged_.clear();
   spdlog::info("node {}: GPU stack validated for boot {} ({})", options_.node_name, boot_id,
                last_report_.Summary());
@@ -220,7 +246,7 @@ void ReadinessController::Start() {
       auto r = ReconcileOnce();
       if (!r.ok()) spdlog::warn("gpu-stack readiness: {}", std::string(r.status().message()));
       lock.lock();
-      cv_.wait_for(lock, options_.interval, [this] { return stop_ || wake_; });
+      cv_.wait_for(lock, NextWait(), [this] { return stop_ || wake_; });
       wake_ = false;
     }
   });

@@ -41,6 +41,12 @@ struct ReadinessOptions {
   // can be after the agent's first pass (tests/cluster/reboot_checks.sh); once per boot missed
   // them. Afterwards no more passes: no delete/recreate storm, no list every interval forever.
   std::chrono::milliseconds remediate_window{120000};
+  // Within that window, how often the node's pods are listed for rejected ones.
+  std::chrono::milliseconds remediate_every{10000};
+  // Once the boot is validated and the window is over, how often the Node is read again: each
+  // read is one GET per node, a thousand nodes multiply it, and what it catches at rest is only a
+  // label or taint changed by hand (a reboot restarts the agent; a settings change wakes it).
+  std::chrono::milliseconds steady_interval{30000};
   // The checks that depend on the agent's settings (which runtime acts on the device plugin's
   // delivery). A boot is validated once, but the settings can change within it: a new agent
   // process (rollout, helm upgrade) or a reloaded config. So on a validated boot this runs on the
@@ -62,7 +68,8 @@ class ReadinessController {
   // One pass: taint if this boot is not validated, validate, then label / untaint / remediate.
   absl::StatusOr<NodeStackState> ReconcileOnce();
 
-  void Start();  // reconciles every `interval` on a background thread
+  // Reconciles on a background thread (NextWait() between passes).
+  void Start();
   void Stop();
   // The agent's settings changed: the next pass reruns `settings_check` (at once when Start()ed).
   // Any thread.
@@ -78,6 +85,10 @@ class ReadinessController {
   absl::Status ClearReadyLabel();
   void StartRemediation(const std::string& boot_id);
   absl::Status RemediateRejectedPods();
+  absl::Status RemediateIfDue();  // within the window, at most every remediate_every
+  // Until the next pass: `interval` until validated, then `remediate_every` within the window
+  // (a pass has nothing else to do), then `steady_interval`.
+  std::chrono::milliseconds NextWait() const;
   bool RequestsOurResources(const k8s::json& pod) const;
 
   k8s::Client* client_;
@@ -88,6 +99,8 @@ class ReadinessController {
   std::string last_failure_logged_;
   std::string remediated_boot_;  // boot ID whose rejected pods are being (or were) handled
   Clock::TimePoint remediate_until_{};
+  Clock::TimePoint next_remediation_{};
+  std::atomic<bool> ready_{false};       // the last pass found the boot validated
   std::set<std::string> reported_bare_;  // namespace/name of bare pods reported for this boot
   std::atomic<int64_t> deleted_pods_{0};
   std::atomic<int64_t> reported_bare_pods_{0};

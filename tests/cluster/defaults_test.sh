@@ -110,6 +110,15 @@ check "the node is still validated (no gpulet.io/gpu-stack-not-ready taint)" unt
 work=$STATE
 . "$src/tests/cluster/vgpu_checks.sh"
 check "the vcuda pod has the driver's libcuda.so.$driver_version mounted and in its ld cache" driver_in_pod vgpu-a
+# Issue 30.5: what the agent costs the API server at rest (vGPU on, a vcuda pod running, nothing
+# changing): a window of the audit log, per verb and resource. Watches stay open; the readiness
+# controller reads the Node (and, in the two minutes after validating, lists the node's pods for
+# rejected ones) at most every 10 s: at most 7 of each a minute (before: 60 GETs and 30 lists).
+idle_from=$(wc -l < "$D/logs/audit.log")
+sleep 60
+tail -n +"$((idle_from + 1))" "$D/logs/audit.log" > "$STATE/idle-audit.log"
+python3 "$src/tests/cluster/idle_requests.py" "$STATE/idle-audit.log" 60 7 | tee "$STATE/idle.txt"
+check "the idle agent asks for nothing more than once per 10 s" bash -c '! grep -q "^OVER" "$1" && grep -q "^figure: idle agent" "$1"' _ "$STATE/idle.txt"
 clean_pods vgpu-a
 "$cluster" scheduler "$build" >/dev/null 2>&1 || check "kube-scheduler back to its flags" false
 

@@ -183,12 +183,42 @@ TEST_F(ReadinessTest, AgentRestartOnValidatedBootHealsLateRejections) {
   ReadinessController c(
       client_.get(), [] { return Report(true); }, Options(), &clock_);
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);  // nothing rejected yet
-  clock_.Advance(std::chrono::seconds(5));
+  clock_.Advance(std::chrono::seconds(10));  // the window's next look (remediate_every)
   server_.CreatePod(GpuPod("late", true, "Failed", "UnexpectedAdmissionError"));
   ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
   json p;
   EXPECT_FALSE(server_.GetPod("default", "late", &p))
       << "rejected after the first pass, still healed";
+}
+
+// What a validated node costs the API server: within the remediation window its pods are listed
+// at most every remediate_every (not every pass); past it a pass is one GET of the Node, nothing
+// else (the taint is checked on that Node, not re-read). Before: two GETs a pass and a list every
+// pass of the window, every 2 s.
+TEST_F(ReadinessTest, AValidatedNodeCostsOneGetAPass) {
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  auto gets = [&] { return server_.request_count("GET"); };
+  int64_t g0 = gets();
+  clock_.Advance(std::chrono::seconds(2));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(gets() - g0, 1) << "2 s later, within the window: the Node only, no list yet";
+  clock_.Advance(std::chrono::seconds(8));
+  int64_t g1 = gets();
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(gets() - g1, 2) << "10 s after the last look: the Node and one list of its pods";
+  clock_.Advance(std::chrono::minutes(3));
+  for (int i = 0; i < 3; ++i) {
+    int64_t g = gets();
+    int64_t other = server_.request_count("PATCH") + server_.request_count("POST") +
+                    server_.request_count("DELETE");
+    ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+    EXPECT_EQ(gets() - g, 1) << "past the window, pass " << i;
+    EXPECT_EQ(server_.request_count("PATCH") + server_.request_count("POST") +
+                  server_.request_count("DELETE"),
+              other);
+  }
 }
 
 // API server errors surface as a Status, never a crash; the next pass recovers.
