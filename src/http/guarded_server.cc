@@ -326,7 +326,6 @@ void GuardedServer::AdmitLocked(const Conn& c) {
   }
   if (per_peer > 0 && of_peer >= per_peer && oldest_of_peer) {
     ++dropped_;
-    if (oldest == oldest_of_peer) oldest = nullptr;
     CloseLocked(oldest_of_peer);
     return;
   }
@@ -396,6 +395,20 @@ void GuardedServer::WatchLocked(Conn* c, uint32_t events) {
   epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
+// After a connection's last answer: the FIN before the close, so the client reads the answer
+// rather than a reset.
+void GuardedServer::CloseAfterAnswerLocked(Conn* c) {
+  if (!c->ssl) ::shutdown(c->fd, SHUT_WR);
+  CloseLocked(c);
+}
+
+// Waits for the connection's next request. Bytes of it that came with the last one are checked
+// (and more read) now, since epoll reports only new arrivals.
+void GuardedServer::AwaitNextLocked(Conn* c) {
+  WatchLocked(c, EPOLLIN | EPOLLRDHUP);
+  if (!c->in.empty()) ReceiveLocked(c);
+}
+
 // A fixed answer straight from the poller, then close (the request is not worth a worker).
 void GuardedServer::RefuseLocked(Conn* c, int status, const char* reason) {
   std::string extra;
@@ -403,8 +416,7 @@ void GuardedServer::RefuseLocked(Conn* c, int status, const char* reason) {
   std::string out = absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\n", extra,
                                  "Content-Length: 0\r\nConnection: close\r\n\r\n");
   (void)SendSome(c->fd, c->ssl, out.data(), out.size());
-  if (!c->ssl) ::shutdown(c->fd, SHUT_WR);  // the answer before the close, not after a reset
-  CloseLocked(c);
+  CloseAfterAnswerLocked(c);
 }
 
 // The probe path, answered here with `Connection: close`; false when the request is not a probe.
@@ -449,15 +461,9 @@ void GuardedServer::FlushLocked(Conn* c) {
   held_ -= c->out.size();
   c->out.clear();
   c->out_pos = 0;
-  if (c->close_after) {
-    if (!c->ssl) ::shutdown(c->fd, SHUT_WR);
-    return CloseLocked(c);
-  }
+  if (c->close_after) return CloseAfterAnswerLocked(c);
   c->idle_since = c->request_started = Clock::now();
-  WatchLocked(c, EPOLLIN | EPOLLRDHUP);
-  // Bytes of the next request that came with the last one: check them (and read more) now,
-  // since epoll reports only new arrivals.
-  if (!c->in.empty()) ReceiveLocked(c);
+  AwaitNextLocked(c);
 }
 
 // Reads what is there (non-blocking), advances a TLS handshake, and queues the connection for a
@@ -621,10 +627,7 @@ void GuardedServer::Serve(Conn* c) {
       c->close_after = closed || last;
       return WatchLocked(c, EPOLLOUT);
     }
-    if (closed || last) {
-      if (!c->ssl) ::shutdown(c->fd, SHUT_WR);
-      return CloseLocked(c);
-    }
+    if (closed || last) return CloseAfterAnswerLocked(c);
     c->idle_since = c->request_started = Clock::now();
     size_t bytes = 0;
     if (RequestIn(c->in, limits_, &bytes) == Completeness::kComplete) {
@@ -632,11 +635,7 @@ void GuardedServer::Serve(Conn* c) {
       c->busy = true;                           // pipelined: the next one at once
       continue;
     }
-    WatchLocked(c, EPOLLIN | EPOLLRDHUP);
-    // Bytes of the next request that came with this one: check them (and read more) now, since
-    // epoll reports only new arrivals.
-    if (!c->in.empty()) ReceiveLocked(c);
-    return;
+    return AwaitNextLocked(c);
   }
 }
 

@@ -110,6 +110,8 @@ class GuardedServer : public httplib::Server {
   bool AnswerProbeLocked(Conn* c, size_t request_bytes);
   void FlushLocked(Conn* c);
   void WatchLocked(Conn* c, uint32_t events);
+  void CloseAfterAnswerLocked(Conn* c);
+  void AwaitNextLocked(Conn* c);
   void AdmitLocked(const Conn& c);
   void CloseLocked(Conn* c);
   bool Authorized(Conn* c) const;

@@ -108,8 +108,9 @@ MetricsServer::MetricsServer(Sampler* sampler, ServerOptions options)
 
 MetricsServer::~MetricsServer() { Stop(); }
 
-// /health, answered on the poller thread (http::GuardedServer::SetProbe): a snapshot pointer and a
-// few fields, no lock held, no I/O.
+// /health, answered on the front end's poller thread under its lock
+// (http::GuardedServer::SetProbe): a snapshot pointer and a few fields, no lock of the sampler's,
+// no I/O.
 std::pair<int, std::string> MetricsServer::Health() const {
   std::shared_ptr<const Snapshot> snap = sampler_->snapshot();
   // Unhealthy only when sampling itself is stuck; a missing NVML or kubelet is reported by the

@@ -1,5 +1,6 @@
 #include "node/readiness.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "absl/strings/match.h"
@@ -40,23 +41,24 @@ ReadinessController::ReadinessController(k8s::Client* client, Validator validate
 
 ReadinessController::~ReadinessController() { Stop(); }
 
+bool ReadinessController::HasTaint(const json& node) const {
+  const json& taints = Field(node, {"spec", "taints"});
+  if (!taints.is_array()) return false;
+  return std::any_of(taints.begin(), taints.end(),
+                     [&](const json& t) { return StringField(t, {"key"}) == options_.taint_key; });
+}
+
 // Taints are a list the API merges as a whole, so read-modify-write guarded by resourceVersion;
 // a concurrent writer (kubelet, another controller) makes us re-read rather than clobber it.
 absl::Status ReadinessController::SetTaint(bool present) {
   absl::Status last;
   for (int attempt = 0; attempt < 5; ++attempt) {
     ASSIGN_OR_RETURN(json node, client_->GetNode(options_.node_name));
+    if (HasTaint(node) == present) return absl::OkStatus();
     json taints = json::array();
-    bool has = false;
     for (const json& t :
-         Field(node, {"spec", "taints"}).is_array() ? node["spec"]["taints"] : json::array()) {
-      if (StringField(t, {"key"}) == options_.taint_key) {
-        has = true;
-        if (!present) continue;
-      }
-      taints.push_back(t);
-    }
-    if (has == present) return absl::OkStatus();
+         Field(node, {"spec", "taints"}).is_array() ? node["spec"]["taints"] : json::array())
+      if (StringField(t, {"key"}) != options_.taint_key) taints.push_back(t);
     if (present) {
       taints.push_back(
           {{"key", options_.taint_key}, {"value", "validating"}, {"effect", "NoSchedule"}});
@@ -196,13 +198,9 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
         return NodeStackState::kNotReady;
       }
     }
-    // E.g. a previous run died between label and untaint; read from the Node already here, so a
+    // E.g. a previous run died between label and untaint; checked on the Node read above, so a
     // pass at rest is this one GET.
-    bool tainted = false;
-    const json& taints = Field(node, {"spec", "taints"});
-    if (taints.is_array())
-      for (const json& t : taints) tainted |= StringField(t, {"key"}) == options_.taint_key;
-    if (tainted) RETURN_IF_ERROR(SetTaint(false));
+    if (HasTaint(node)) RETURN_IF_ERROR(SetTaint(false));
     if (remediated_boot_ != boot_id) StartRemediation(boot_id);
     RETURN_IF_ERROR(RemediateIfDue());
     ready_ = true;

@@ -80,6 +80,7 @@ class ReadinessController {
   const ValidationReport& last_report() const { return last_report_; }  // ReconcileOnce thread
 
  private:
+  bool HasTaint(const k8s::json& node) const;  // our taint is on `node`
   absl::Status SetTaint(bool present);
   absl::Status MarkValidated(const std::string& boot_id);
   absl::Status ClearReadyLabel();
