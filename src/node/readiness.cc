@@ -30,6 +30,19 @@ std::string StringField(const json& j, std::initializer_list<std::string_view> p
   return v.is_string() ? v.get<std::string>() : "";
 }
 
+// kube-apiserver's resourceVersions are etcd revisions, so a later write has a larger one. The API
+// calls them opaque; the only use here is "has the watch caught up with our own write", and a
+// version that is not a number (0) makes the controller GET instead, which is always correct.
+uint64_t Version(const json& node) {
+  std::string rv = StringField(node, {"metadata", "resourceVersion"});
+  uint64_t v = 0;
+  for (char ch : rv) {
+    if (ch < '0' || ch > '9' || v > UINT64_MAX / 10) return 0;
+    v = v * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  return v;
+}
+
 }  // namespace
 
 ReadinessController::ReadinessController(k8s::Client* client, Validator validate,
@@ -46,6 +59,53 @@ bool ReadinessController::HasTaint(const json& node) const {
   if (!taints.is_array()) return false;
   return std::any_of(taints.begin(), taints.end(),
                      [&](const json& t) { return StringField(t, {"key"}) == options_.taint_key; });
+}
+
+absl::StatusOr<json> ReadinessController::ReadNode() {
+  {
+    absl::MutexLock l(&node_mu_);
+    if (!watched_.is_null() && watched_version_ != 0 && watched_version_ >= awaited_version_)
+      return watched_;
+  }
+  return client_->GetNode(options_.node_name);
+}
+
+void ReadinessController::Wrote(const absl::StatusOr<json>& node) {
+  absl::MutexLock l(&node_mu_);
+  // Unknown (failed, or no number): GET until the watch shows a version past everything seen.
+  uint64_t v = node.ok() ? Version(*node) : 0;
+  awaited_version_ = v != 0 ? v : std::max(awaited_version_, watched_version_) + 1;
+}
+
+void ReadinessController::Watched(json node) {
+  bool ours;
+  {
+    absl::MutexLock l(&node_mu_);
+    watched_version_ = node.is_null() ? 0 : Version(node);
+    ours = watched_version_ != 0 && watched_version_ == awaited_version_;
+    watched_ = std::move(node);
+  }
+  if (ours) return;  // our own write: the pass that made it already acted on it
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool ReadinessController::WatchNode(std::chrono::milliseconds timeout) {
+  if (!node_watch_) {
+    node_watch_ = std::make_unique<k8s::Reflector>(
+        client_, "/api/v1/nodes",
+        k8s::ListOptions{.field_selector = "metadata.name=" + options_.node_name},
+        [this](const std::vector<json>& items) { Watched(items.empty() ? json() : items.front()); },
+        [this](const k8s::WatchEvent& ev) {
+          if (ev.type == "ADDED" || ev.type == "MODIFIED") Watched(ev.object);
+          if (ev.type == "DELETED") Watched(json());
+        });
+    node_watch_->Start();
+  }
+  return node_watch_->WaitSynced(timeout);
 }
 
 // Taints are a list the API merges as a whole, so read-modify-write guarded by resourceVersion;
@@ -67,6 +127,7 @@ absl::Status ReadinessController::SetTaint(bool present) {
         {"metadata", {{"resourceVersion", StringField(node, {"metadata", "resourceVersion"})}}},
         {"spec", {{"taints", taints}}}};
     auto r = client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch);
+    Wrote(r);
     if (r.ok()) {
       spdlog::info("node {}: taint {} {}", options_.node_name, options_.taint_key,
                    present ? "added" : "removed");
@@ -84,12 +145,16 @@ absl::Status ReadinessController::MarkValidated(const std::string& boot_id) {
   json patch = {{"metadata",
                  {{"labels", {{options_.ready_label, "ready"}}},
                   {"annotations", {{options_.boot_annotation, boot_id}}}}}};
-  return client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch).status();
+  auto r = client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch);
+  Wrote(r);
+  return r.status();
 }
 
 absl::Status ReadinessController::ClearReadyLabel() {
   json patch = {{"metadata", {{"labels", {{options_.ready_label, nullptr}}}}}};
-  return client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch).status();
+  auto r = client_->PatchNode(options_.node_name, k8s::PatchType::kMerge, patch);
+  Wrote(r);
+  return r.status();
 }
 
 bool ReadinessController::RequestsOurResources(const json& pod) const {
@@ -175,7 +240,7 @@ absl::Status ReadinessController::RemediateRejectedPods() {
 }
 
 absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
-  ASSIGN_OR_RETURN(json node, client_->GetNode(options_.node_name));
+  ASSIGN_OR_RETURN(json node, ReadNode());
   std::string boot_id = StringField(node, {"status", "nodeInfo", "bootID"});
   std::string validated = StringField(node, {"metadata", "annotations", options_.boot_annotation});
   bool labelled = StringField(node, {"metadata", "labels", options_.ready_label}) == "ready";
@@ -209,7 +274,7 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
 
   // This boot is not validated yet: keep new GPU pods off the node first.
   ready_ = false;
-  RETURN_IF_ERROR(SetTaint(true));
+  if (!HasTaint(node)) RETURN_IF_ERROR(SetTaint(true));
   if (labelled) RETURN_IF_ERROR(ClearReadyLabel());
   recheck_settings_ = false;  // the whole stack is validated with the settings of now
   last_report_ = validate_();
@@ -237,6 +302,8 @@ absl::StatusOr<NodeStackState> ReadinessController::ReconcileOnce() {
 }
 
 void ReadinessController::Start() {
+  // Not waited for: until it has listed, passes GET the Node as before.
+  WatchNode(std::chrono::milliseconds(0));
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
@@ -266,6 +333,7 @@ void ReadinessController::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (node_watch_) node_watch_->Stop();
 }
 
 }  // namespace gpulet::node

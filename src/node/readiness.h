@@ -21,7 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "k8s/client.h"
 #include "node/validation.h"
@@ -43,9 +45,9 @@ struct ReadinessOptions {
   std::chrono::milliseconds remediate_window{120000};
   // Within that window, how often the node's pods are listed for rejected ones.
   std::chrono::milliseconds remediate_every{10000};
-  // Once the boot is validated and the window is over, how often the Node is read again: each
-  // read is one GET per node, a thousand nodes multiply it, and what it catches at rest is only a
-  // label or taint changed by hand (a reboot restarts the agent; a settings change wakes it).
+  // Once the boot is validated and the window is over, how often a pass runs. Under Start() the
+  // Node comes from a watch (no request a pass) and a change to it wakes a pass at once; without
+  // the watch each pass is one GET, which a thousand nodes multiply.
   std::chrono::milliseconds steady_interval{30000};
   // The checks that depend on the agent's settings (which runtime acts on the device plugin's
   // delivery). A boot is validated once, but the settings can change within it: a new agent
@@ -68,8 +70,13 @@ class ReadinessController {
   // One pass: taint if this boot is not validated, validate, then label / untaint / remediate.
   absl::StatusOr<NodeStackState> ReconcileOnce();
 
-  // Reconciles on a background thread (NextWait() between passes).
+  // Reconciles on a background thread (NextWait() between passes), on the watched Node.
   void Start();
+  // Watches this node (one watch, field-selected by name): a pass then reads the Node from the
+  // watch instead of GETting it, and a change to it (a label or taint edited by hand, a new boot
+  // ID) wakes the loop. Start() calls it; tests call it to drive ReconcileOnce() by hand. True once
+  // the first list arrived within `timeout`.
+  bool WatchNode(std::chrono::milliseconds timeout);
   void Stop();
   // The agent's settings changed: the next pass reruns `settings_check` (at once when Start()ed).
   // Any thread.
@@ -81,6 +88,11 @@ class ReadinessController {
 
  private:
   bool HasTaint(const k8s::json& node) const;  // our taint is on `node`
+  // The watch's copy of the Node when it shows this controller's last write, else one GET.
+  absl::StatusOr<k8s::json> ReadNode();
+  // After a write of the Node: its copy is stale until the watch delivers that resourceVersion.
+  void Wrote(const absl::StatusOr<k8s::json>& node);
+  void Watched(k8s::json node);  // the watch's callbacks
   absl::Status SetTaint(bool present);
   absl::Status MarkValidated(const std::string& boot_id);
   absl::Status ClearReadyLabel();
@@ -106,6 +118,12 @@ class ReadinessController {
   std::atomic<int64_t> deleted_pods_{0};
   std::atomic<int64_t> reported_bare_pods_{0};
   std::atomic<bool> recheck_settings_{true};  // a new process checks its settings once
+
+  std::unique_ptr<k8s::Reflector> node_watch_;
+  absl::Mutex node_mu_;
+  k8s::json watched_ ABSL_GUARDED_BY(node_mu_);             // the Node as last watched; null: none
+  uint64_t awaited_version_ ABSL_GUARDED_BY(node_mu_) = 0;  // of our last write; 0: none
+  uint64_t watched_version_ ABSL_GUARDED_BY(node_mu_) = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

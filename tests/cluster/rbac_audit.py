@@ -6,8 +6,9 @@ MANIFESTS is the applied install (`kubectl kustomize`): its (Cluster)RoleBinding
 gpulet-system ServiceAccount holds. Prints, per account, every (verb, group, resource[/sub]) it used
 with the answers it got, and every granted verb it never used. Exits 1 when any request of a gpulet
 account was refused with 403 (RBAC or an admission policy), or when the node agent read pods
-without selecting its own node's (RBAC cannot scope list/watch by field selector, so the agent's
-ClusterRole allows reading every pod; this is the proof that it only ever asks for its node's).
+without selecting its own node's, or listed or watched nodes without selecting its own by name
+(RBAC cannot scope list/watch by field selector, so the agent's ClusterRole allows reading every
+pod and node; this is the proof that it only ever asks for its node's).
 """
 import collections, json, sys, urllib.parse, yaml
 
@@ -30,7 +31,7 @@ used = collections.defaultdict(collections.Counter)  # account -> (verb, group, 
 span = {}  # account -> [first, last] requestReceivedTimestamp (RFC 3339, sortable as text)
 codes = collections.defaultdict(collections.Counter)
 refused = []
-unscoped = []  # the node agent's pod lists and watches without spec.nodeName=<node>
+unscoped = []  # the node agent's pod (node) lists and watches without spec.nodeName= (metadata.name=)
 prefix = "system:serviceaccount:gpulet-system:"
 for line in open(log):
     e = json.loads(line)
@@ -51,10 +52,11 @@ for line in open(log):
         span[sa] = [min(first, ts), max(last, ts)]
     codes[sa][(key, code)] += 1
     uri = e.get("requestURI", "")
-    if sa == "gpulet-node" and res == "pods" and e["verb"] in ("list", "watch"):
+    scope = {"pods": "spec.nodeName=", "nodes": "metadata.name="}.get(res)
+    if sa == "gpulet-node" and scope and e["verb"] in ("list", "watch"):
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(uri).query)
         selectors = ",".join(query.get("fieldSelector", [])).split(",")
-        if not any(s.startswith("spec.nodeName=") and len(s) > len("spec.nodeName=") for s in selectors):
+        if not any(s.startswith(scope) and len(s) > len(scope) for s in selectors):
             unscoped.append(f"{sa}: {e['verb']} {uri}")
     if code == 403:
         refused.append(f"{sa}: {e['verb']} {e.get('requestURI')} -> 403 {e.get('responseStatus', {}).get('message', '')[:200]}")
@@ -94,5 +96,7 @@ for r in refused:
 for r in unscoped:
     print("UNSCOPED " + r)
 pod_reads = sum(n for (v, g, r), n in used["gpulet-node"].items() if r == "pods" and v in ("list", "watch"))
-print(f"figure: gpulet-node pod lists and watches: {pod_reads}, of them without its node's field selector: {len(unscoped)}")
+node_reads = sum(n for (v, g, r), n in used["gpulet-node"].items() if r == "nodes" and v in ("list", "watch"))
+print(f"figure: gpulet-node pod lists and watches: {pod_reads}, node lists and watches: {node_reads}, "
+      f"of them without its node's field selector: {len(unscoped)}")
 sys.exit(1 if refused or unscoped else 0)

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "testing/apiserver/fake_apiserver.h"
 
 namespace gpulet::node {
@@ -219,6 +222,60 @@ TEST_F(ReadinessTest, AValidatedNodeCostsOneGetAPass) {
                   server_.request_count("DELETE"),
               other);
   }
+}
+
+// Watched (as under Start()), a validated node costs no request a pass: the Node comes from the
+// watch, which shows the controller's own writes before it is trusted. Before: one GET a pass,
+// 2 a minute per node at rest, 2000 a minute at 1000 nodes.
+TEST_F(ReadinessTest, AWatchedNodeCostsNoRequestAPass) {
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, Options(), &clock_);
+  ASSERT_TRUE(c.WatchNode(std::chrono::seconds(5)));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);  // tainted, validated, labelled
+  clock_.Advance(std::chrono::minutes(3));                // past the remediation window
+  // The watch delivers the last write (the taint lifted) soon; until then a pass GETs.
+  for (int i = 0; i < 100 && HasTaint(Node(), "gpulet.io/gpu-stack-not-ready"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  int64_t gets = server_.request_count("GET"), patches = server_.request_count("PATCH");
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(*c.ReconcileOnce(), NodeStackState::kReady);
+  EXPECT_EQ(server_.request_count("GET") - gets, 0) << "5 passes at rest";
+  EXPECT_EQ(server_.request_count("PATCH") - patches, 0);
+}
+
+// Under Start(), a change to the Node wakes a pass at once: the ready label removed by hand is
+// back within a second, although the next pass at rest is an hour away (the old loop waited).
+TEST_F(ReadinessTest, AWatchedChangeWakesAPass) {
+  ReadinessOptions o = Options();
+  o.remediate_window = std::chrono::milliseconds(0);
+  o.steady_interval = std::chrono::hours(1);
+  ReadinessController c(
+      client_.get(), [] { return Report(true); }, o);
+  c.Start();
+  auto labelled = [&] {
+    json n = Node();
+    return n["metadata"].contains("labels") &&
+           n["metadata"]["labels"].value("gpulet.io/gpu-stack", "") == "ready" &&
+           !HasTaint(n, "gpulet.io/gpu-stack-not-ready");
+  };
+  auto within = [&](std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      if (labelled()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  ASSERT_TRUE(within(std::chrono::seconds(5))) << "validated at start";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the loop now waits an hour
+  // The label removed by hand: the node is no longer "ready", so the pass re-validates it.
+  ASSERT_TRUE(client_
+                  ->PatchNode("gpu-1", k8s::PatchType::kMerge,
+                              {{"metadata", {{"labels", {{"gpulet.io/gpu-stack", nullptr}}}}}})
+                  .ok());
+  EXPECT_TRUE(within(std::chrono::seconds(2))) << "the watch's event woke a pass";
+  c.Stop();
 }
 
 // API server errors surface as a Status, never a crash; the next pass recovers.
