@@ -1,9 +1,7 @@
 #include "plugin/run.h"
 
 #include <signal.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -16,40 +14,24 @@ namespace gpulet::plugin {
 
 absl::Status RunDevicePlugin(
     std::string_view who, RunOptions o, Config config,
-    const std::function<absl::Status(gpu::GpuLayer&, DevicePlugin&)>& with_plugin,
+    const std::function<absl::Status(gpu::Machine&, DevicePlugin&)>& with_plugin,
     const std::function<void()>& before_teardown) {
-  // A simulated node without --sim-root: make the directory here so the plugin can find the
-  // node's /proc and /dev under it; removed on exit.
-  std::string owned_root;
-  if (!o.gpu.simulate.empty() && o.gpu.sim_root.empty()) {
-    auto dir = gpu::MakeTempSimRoot();
-    if (!dir.ok()) return dir.status();
-    o.gpu.sim_root = owned_root = *dir;
-  }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{owned_root};
-
-  auto layer = gpu::OpenGpuLayer(o.gpu);
+  auto machine = gpu::Machine::Open(o.gpu);
   const sigset_t stop = StopSignals();
-  while (!layer.ok()) {
-    if (config.fail_on_init_error) return layer.status();
-    std::cerr << who << ": " << layer.status().message() << "\n";
+  while (!machine.ok()) {
+    if (config.fail_on_init_error) return machine.status();
+    std::cerr << who << ": " << machine.status().message() << "\n";
     // failOnInitError=false: wait for the driver instead of crash-looping.
     struct timespec ts = {5, 0};
     if (sigtimedwait(&stop, nullptr, &ts) > 0) return absl::OkStatus();
-    layer = gpu::OpenGpuLayer(o.gpu);
+    machine = gpu::Machine::Open(o.gpu);
   }
   DevicePlugin::Options options;
   options.manager.plugin_dir = o.plugin_dir;
   options.manager.kubelet_socket = o.kubelet_socket;
   options.sources = std::move(o.sources);
   options.watch_file = o.watch_file;
-  options.host_root = o.gpu.NodeRoot();
+  options.host_root = (*machine)->node_root();
   options.api = o.api;
   options.node_name = o.node_name;
   options.mps_bin_dir = o.mps_bin_dir;
@@ -58,7 +40,7 @@ absl::Status RunDevicePlugin(
   pr.socket = o.pod_resources_socket;
   pr.extra_resources = {vgpu::ResourceNames().core, vgpu::ResourceNames().memory};
   options.pod_resources = std::make_shared<kubelet::GrpcPodResourcesLister>(pr);
-  DevicePlugin dp(layer->get(), std::move(options), std::move(config));
+  DevicePlugin dp(&(*machine)->gpus(), std::move(options), std::move(config));
   if (absl::Status s = dp.Start(); !s.ok()) return s;
   if (o.on_serving) o.on_serving(dp);
   struct OnStop {
@@ -67,10 +49,10 @@ absl::Status RunDevicePlugin(
       if (f) f();
     }
   } on_stop{o.on_stop};
-  // Parts started by `with_plugin` share the GPU layer and the plugin: they stop before those go
+  // Parts started by `with_plugin` share the machine and the plugin: they stop before those go
   // away, also when a later part failed to start.
   if (with_plugin) {
-    if (absl::Status s = with_plugin(**layer, dp); !s.ok()) {
+    if (absl::Status s = with_plugin(**machine, dp); !s.ok()) {
       if (before_teardown) before_teardown();
       return s;
     }

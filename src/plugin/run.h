@@ -1,6 +1,6 @@
-// The device plugin's whole life in a process (`gpulet device-plugin`, `gpulet agent`): a sim root
-// for a simulated node, the GPU layer (waiting for the driver when failOnInitError is false), the
-// plugin, the parts the caller starts beside it, and the stop on a signal.
+// The device plugin's whole life in a process (`gpulet device-plugin`, `gpulet agent`): the machine
+// (gpu::Machine: its GPU layer, waited for when failOnInitError is false), the plugin, the parts
+// the caller starts beside it on the same machine, and the stop on a signal.
 #pragma once
 
 #include <functional>
@@ -43,7 +43,7 @@ struct RunOptions {
 // REQUIRES: BlockSignals() was called before any thread was started.
 absl::Status RunDevicePlugin(
     std::string_view who, RunOptions o, Config config,
-    const std::function<absl::Status(gpu::GpuLayer&, DevicePlugin&)>& with_plugin = {},
+    const std::function<absl::Status(gpu::Machine&, DevicePlugin&)>& with_plugin = {},
     const std::function<void()>& before_teardown = {});
 
 }  // namespace gpulet::plugin

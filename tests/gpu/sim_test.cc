@@ -18,6 +18,7 @@
 #include "fake_nvml/machine.h"
 #include "gmock/gmock.h"
 #include "gpu/nvml/nvml_layer.h"
+#include "gpu/open.h"
 
 namespace gpulet::gpu::testing {
 namespace {
@@ -458,6 +459,61 @@ TEST_F(SimTest, UnreadableSysfsGivesUnknownNuma) {
   EXPECT_EQ(inv->devices[0].numa_node, -1);
   EXPECT_EQ(inv->devices[1].numa_node, -1);
   EXPECT_EQ(inv->devices[2].numa_node, 0);
+}
+
+// The host seam (gpu::Machine): a simulated node without --sim-root gets one private sim root,
+// which its parts reach through node_root() and Path() (the fake's /proc and /dev are there), and
+// which goes with the Machine; with --sim-root that root is the node's and is kept; a failed open
+// leaves no private root behind. Before the Machine the device plugin made a second temporary
+// root of its own, and the DRA driver asked whether the node was simulated.
+TEST_F(SimTest, MachineOwnsThePrivateSimRootAndNamesTheNodesPaths) {
+  const std::string tmp = root_ + "/tmp";
+  fs::create_directories(tmp);
+  const char* old_tmpdir = getenv("TMPDIR");
+  std::string saved = old_tmpdir ? old_tmpdir : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
+  auto private_roots = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(tmp))
+      n += e.path().filename().string().rfind("gpulet-sim-", 0) == 0;
+    return n;
+  };
+  {
+    GpuOptions o;
+    o.simulate = "a100-mig";
+    auto m = Machine::Open(o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const std::string root = (*m)->node_root();
+    EXPECT_EQ(fs::path(root).parent_path(), fs::path(tmp));
+    EXPECT_EQ(private_roots(), 1);
+    EXPECT_EQ((*m)->kernel_root(), root);
+    EXPECT_EQ((*m)->Path("/proc/driver/nvidia-caps/mig-minors"),
+              root + "/proc/driver/nvidia-caps/mig-minors");
+    EXPECT_TRUE(fs::exists((*m)->Path("/proc/driver/nvidia-caps/mig-minors")))
+        << "the fake wrote the node's kernel state under the root the parts read";
+    auto inv = (*m)->gpus().GetInventory();
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    EXPECT_FALSE(inv->devices.empty());
+  }
+  EXPECT_EQ(private_roots(), 0) << "the private sim root went with the Machine";
+  {
+    GpuOptions o;
+    o.simulate = "dgx-h100";
+    o.sim_root = root_ + "/node";
+    auto m = Machine::Open(o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->node_root(), o.sim_root);
+    EXPECT_EQ(private_roots(), 0);
+  }
+  EXPECT_TRUE(fs::exists(root_ + "/node/control")) << "a given sim root is the node's: kept";
+  GpuOptions bad;
+  bad.simulate = root_ + "/no-such-machine.yaml";
+  EXPECT_FALSE(Machine::Open(bad).ok());
+  EXPECT_EQ(private_roots(), 0) << "a failed open leaves no private root";
+  if (old_tmpdir)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
 }
 
 // A missing NVML library is one clear error naming it and what to check.

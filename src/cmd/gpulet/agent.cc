@@ -85,9 +85,10 @@ std::function<int()> SetupAgent(CLI::App& sub) {
     }
     int rc = RunDevicePlugin(
         "agent", *flags,
-        [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) {
+        [&](gpu::Machine& machine, plugin::DevicePlugin& dp) {
           plugin = &dp;
-          // Other node parts start here, sharing `gpu`.
+          // Other node parts start here, on the same machine.
+          gpu::GpuLayer& gpu = machine.gpus();
           if (client) {  // created before the exporter, which reports its bare-pod count
             node::ValidateOptions vo;
             vo.layer = &gpu;
@@ -101,7 +102,7 @@ std::function<int()> SetupAgent(CLI::App& sub) {
             ro.node_name = node->name;
             ro.settings_check = [now] { return node::ValidateGpuDelivery(now()); };
             readiness = std::make_unique<node::ReadinessController>(
-                client.get(), [now] { return node::ValidateStack(now()); }, ro);
+                client.get(), [now] { return node::ValidateStack(now()); }, ro, machine.clock());
           }
           auto mo = checked_metrics;
           if (node::ReadinessController* r = readiness.get())
@@ -138,10 +139,10 @@ std::function<int()> SetupAgent(CLI::App& sub) {
           if (readiness) readiness->Start();
           // CDI specs name host paths; the host's driver files are read under --host-root.
           cdi_flags->host_root = node->host_root;
-          auto c = StartCdiRefresher(*cdi_flags, gpu);  // the CDI spec follows the GPU set
+          auto c = StartCdiRefresher(*cdi_flags, machine);  // the CDI spec follows the GPU set
           if (!c.ok()) return c.status();
           cdi = *std::move(c);
-          auto d = StartDraDriver(gpu, dp, client.get(), node->name, *cdi_flags, *flags);
+          auto d = StartDraDriver(machine, dp, client.get(), node->name, *cdi_flags);
           if (!d.ok()) return d.status();
           dra_driver = *std::move(d);
           return absl::OkStatus();

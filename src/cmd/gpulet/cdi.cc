@@ -105,7 +105,7 @@ void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f) {
 }
 
 absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const CdiRefreshFlags& f,
-                                                                         gpu::GpuLayer& gpu) {
+                                                                         gpu::Machine& machine) {
   if (f.spec.empty()) return nullptr;
   ASSIGN_OR_RETURN(ParsedDuration parsed, ParseDuration("--cdi-interval", f.interval));
   const absl::Duration interval = parsed.value;
@@ -116,7 +116,8 @@ absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const C
   o.host_root = f.host_root;
   o.hook_path = f.hook_path;
   o.names = *strategy;
-  auto r = std::make_unique<runtime::CdiRefresher>(&gpu, f.spec, o,
+  o.proc_root = machine.kernel_root();
+  auto r = std::make_unique<runtime::CdiRefresher>(&machine.gpus(), f.spec, o,
                                                    absl::ToChronoMilliseconds(interval));
   if (auto first = r->RefreshOnce(); !first.ok())
     spdlog::warn("CDI spec {}: {} (retried every {})", f.spec,

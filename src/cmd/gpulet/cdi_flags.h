@@ -7,7 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "gpu/gpu.h"
+#include "gpu/open.h"
 #include "runtime/cdi_refresh.h"
 
 namespace gpulet::cmd {
@@ -25,6 +25,6 @@ void AddCdiRefreshFlags(CLI::App& app, CdiRefreshFlags& f);
 // Null when --cdi-spec is empty. Bad flags are errors; a failing first write is only logged (the
 // device plugin must not stop for it) and retried every interval.
 absl::StatusOr<std::unique_ptr<runtime::CdiRefresher>> StartCdiRefresher(const CdiRefreshFlags& f,
-                                                                         gpu::GpuLayer& gpu);
+                                                                         gpu::Machine& machine);
 
 }  // namespace gpulet::cmd

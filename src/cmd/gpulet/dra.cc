@@ -36,11 +36,11 @@ std::function<int()> SetupDraDriver(CLI::App& sub) {
     std::unique_ptr<runtime::CdiRefresher> refresher;
     return RunDevicePlugin(
         "dra-driver", *flags,
-        [&](gpu::GpuLayer& gpu, plugin::DevicePlugin& dp) -> absl::Status {
-          auto r = StartCdiRefresher(*cdi, gpu);
+        [&](gpu::Machine& machine, plugin::DevicePlugin& dp) -> absl::Status {
+          auto r = StartCdiRefresher(*cdi, machine);
           if (!r.ok()) return r.status();
           refresher = *std::move(r);
-          auto d = StartDraDriver(gpu, dp, &client, *node, *cdi, *flags);
+          auto d = StartDraDriver(machine, dp, &client, *node, *cdi);
           if (!d.ok()) return d.status();
           driver = *std::move(d);
           return absl::OkStatus();

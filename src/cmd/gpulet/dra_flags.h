@@ -15,9 +15,11 @@ namespace gpulet::cmd {
 
 // The DRA driver for the GPUs of gpulet.dra.gpus (null when that is empty); the device plugin
 // already leaves them out. It follows the plugin's health monitor.
-inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
-    gpu::GpuLayer& gpu, plugin::DevicePlugin& dp, k8s::Client* client, const std::string& node_name,
-    const CdiRefreshFlags& cdi, const PluginFlags& flags) {
+inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(gpu::Machine& machine,
+                                                                   plugin::DevicePlugin& dp,
+                                                                   k8s::Client* client,
+                                                                   const std::string& node_name,
+                                                                   const CdiRefreshFlags& cdi) {
   plugin::Config cfg = dp.config();
   if (cfg.dra.gpus.empty()) return nullptr;
   if (!client)
@@ -28,20 +30,19 @@ inline absl::StatusOr<std::unique_ptr<dra::Driver>> StartDraDriver(
   o.node_name = node_name;
   o.devices.selection = cfg.dra.gpus;
   o.devices.consumable_capacity = cfg.dra.consumable_capacity;
-  o.devices.host_root = flags.gpu.NodeRoot();
+  o.devices.host_root = machine.node_root();
   o.kubelet_dir = cfg.dra.kubelet_dir;
   o.cdi_dir = cfg.dra.cdi_dir;
   o.state_dir = cfg.dra.state_dir;
   o.cdi.driver_root = cdi.driver_root;
   o.cdi.host_root = cdi.host_root;
   o.cdi.hook_path = cdi.hook_path;
-  // A simulated node's kernel state (MIG capability minors) is under its sim root.
-  if (!flags.gpu.simulate.empty()) o.cdi.proc_root = flags.gpu.sim_root;
+  o.cdi.proc_root = machine.kernel_root();
   o.library_host_path = cfg.vgpu.library;
   o.accounting_tmpfs = cfg.vgpu.accounting_tmpfs;
   plugin::HealthMonitor* health = dp.health();
   auto d = std::make_unique<dra::Driver>(
-      &gpu, client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },
+      &machine.gpus(), client, [health](uint32_t g, int mig) { return health->Healthy(g, mig); },
       health->changes(), o);
   if (absl::Status s = d->Start(); !s.ok()) return s;
   return d;

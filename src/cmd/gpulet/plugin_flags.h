@@ -124,7 +124,7 @@ inline void UseHostDriverPrograms(PluginFlags& f, const std::string& host_root,
 // `gpulet <cmd>`'s device-plugin life (plugin::RunDevicePlugin) from its flags: the exit code.
 inline int RunDevicePlugin(
     const char* cmd, PluginFlags& f,
-    const std::function<absl::Status(gpu::GpuLayer&, plugin::DevicePlugin&)>& with_plugin = {},
+    const std::function<absl::Status(gpu::Machine&, plugin::DevicePlugin&)>& with_plugin = {},
     const std::function<void()>& before_teardown = {}) {
   const std::string who = std::string("gpulet ") + cmd;
   plugin::BlockSignals();  // before any thread exists, so Run() receives them
