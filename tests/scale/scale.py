@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import re
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -247,7 +248,7 @@ def claim_body(a, name):
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
-def watch(args, sid, rv, pods, deadline, out, ready):
+def watch(args, sid, rv, pods, deadline, out, ready, progress=None):
     """Child process: watches the burst's pods; writes {name: [added, bound]} to `out`, with the
     reasons a watch ended early. A watch the API server ends (or that breaks) is resumed from a
     fresh LIST: pods bound in between get the LIST's time (later than the truth; counted as
@@ -290,6 +291,8 @@ def watch(args, sid, rv, pods, deadline, out, ready):
                     added.setdefault(name, t)
                     if o.get("spec", {}).get("nodeName") and name not in bound:
                         bound[name] = t
+                        if progress is not None:
+                            progress.value = len(bound)
                     if len(bound) >= pods or t > deadline:
                         break
                 else:
@@ -470,7 +473,8 @@ def cmd_burst(api, a):
     deadline = time.time() + a.timeout
     out = os.path.join(a.workdir, f"{sid}.watch.json")
     ready = multiprocessing.Event()
-    w = multiprocessing.Process(target=watch, args=(a, sid, rv, a.pods, deadline, out, ready))
+    progress = multiprocessing.Value("i", 0)
+    w = multiprocessing.Process(target=watch, args=(a, sid, rv, a.pods, deadline, out, ready, progress))
     w.start()
     if not ready.wait(30):
         w.kill()
@@ -485,6 +489,19 @@ def cmd_burst(api, a):
 
     errors = parallel(create, bodies, a.threads)
     t_posted = time.time()
+    disturbed = None
+    if a.disturb:
+        # The fault (tests/scale/disturb) once the given share of the burst is bound: mid-burst,
+        # with binds in flight, as a rollout or a crash would land.
+        while w.is_alive() and progress.value < a.disturb_at * a.pods and time.time() < deadline:
+            w.join(0.1)
+        t_d = time.time()
+        with open(os.path.join(a.workdir, f"{sid}.disturb.log"), "w") as log:
+            rc = subprocess.run(["bash", "-c", a.disturb], stdout=log, stderr=subprocess.STDOUT).returncode
+        disturbed = {"at_s": round(t_d - t0, 2), "bound_then": progress.value, "took_s": round(time.time() - t_d, 2),
+                     "rc": rc}
+        print(f"  {sid}: {a.disturb!r} at {disturbed['at_s']} s ({disturbed['bound_then']} bound), "
+              f"took {disturbed['took_s']} s, exit {rc}", flush=True)
     w.join(max(1, deadline - time.time() + 5))
     if w.is_alive():
         w.terminate()
@@ -544,8 +561,24 @@ def cmd_burst(api, a):
         failures.append(f"{check['placement_problems']} placement problems, e.g. {check['problem_examples'][0]}")
     if refused:
         failures.append(f"{refused} binds refused by the extender (kube-scheduler's log: {REFUSED!r})")
-    if bind_errors:
+    if bind_errors and not a.disturb:
         failures.append(f"{len(bind_errors)} other scheduling errors in the kube-scheduler log, e.g. {bind_errors[0][-200:]}")
+    if disturbed is not None:
+        # A fault makes kube-scheduler's calls fail for a while (reported, retried); what must hold
+        # is every pod bound once, nothing over-committed, and the burst within 2x its undisturbed
+        # time (a burst of the same policy and size earlier in the run, --baseline).
+        row["disturbance"] = {"command": a.disturb, **disturbed}
+        if disturbed["rc"] != 0:
+            failures.append(f"the disturbance exited {disturbed['rc']} (its log: {sid}.disturb.log)")
+        base = [r for r in (json.loads(l) for l in open(a.out) if l.strip())
+                if r.get("scenario") == a.baseline] if a.baseline and os.path.exists(a.out) else []
+        if base and base[-1].get("all_bound_s") and row["all_bound_s"]:
+            row["vs_baseline"] = round(row["all_bound_s"] / base[-1]["all_bound_s"], 2)
+            if row["vs_baseline"] > a.max_ratio:
+                failures.append(f"{row['all_bound_s']} s is {row['vs_baseline']}x the undisturbed "
+                                f"{a.baseline} ({base[-1]['all_bound_s']} s): more than {a.max_ratio}x")
+        elif a.baseline:
+            row["vs_baseline"] = None
     row["failures"] = failures
     with open(a.out, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -556,6 +589,69 @@ def cmd_burst(api, a):
           f"extender RSS {row['extender_rss_mib']} MiB; CPU s {cpu}; load {row['loadavg_before']}", flush=True)
     for fl in failures:
         print(f"  FAIL {sid}: {fl}", flush=True)
+
+
+def cmd_node_delete(api, a):
+    """A node deleted with granted pods on it, and back (issue 30 item 4): the vGPU node holding the
+    most bound pods of the namespace loses its pods and itself (as PodGC and a node's removal do),
+    is created again under the same name, and must then take 8 pods of a whole GPU each through the
+    extender, one per GPU: a grant of the deleted pods left in the extender's state would refuse
+    some of them. Exit status 1 when it does not."""
+    pods, _ = api.list_all(f"/api/v1/namespaces/{NS}/pods")
+    per = collections.Counter(p["spec"].get("nodeName") for p in pods
+                              if p["spec"].get("nodeName", "").startswith("vgpu-"))
+    if not per:
+        sys.exit("scale.py node-delete: no vGPU node has a bound pod (run a frac burst first)")
+    node, held = per.most_common(1)[0]
+    t = time.time()
+    parallel(lambda p: api.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}?gracePeriodSeconds=0",
+                                ok=(200, 202, 404)),
+             [p for p in pods if p["spec"].get("nodeName") == node], a.threads)
+    api.call("DELETE", f"/api/v1/nodes/{node}", ok=(200, 202, 404))
+    while True:
+        left, _ = api.list_all(f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName%3D{node}")
+        try:
+            api.call("GET", f"/api/v1/nodes/{node}")
+            gone = False
+        except ApiError:
+            gone = True
+        if gone and not left:
+            break
+        if time.time() - t > a.timeout:
+            sys.exit(f"scale.py node-delete: node {node} or its pods still there after {a.timeout} s")
+        time.sleep(0.2)
+    api.call("POST", "/api/v1/nodes", node_body("vgpu", node, int(node.rsplit("-", 1)[1])))
+    print(f"  node-delete: {node} deleted with its {held} pods and created again in {time.time() - t:.1f} s", flush=True)
+    # kwok marks it Ready; then one pod per GPU, pinned to it.
+    while not any(c["type"] == "Ready" and c["status"] == "True"
+                  for c in api.call("GET", f"/api/v1/nodes/{node}").get("status", {}).get("conditions", [])):
+        if time.time() - t > a.timeout:
+            sys.exit(f"scale.py node-delete: {node} not Ready again after {a.timeout} s")
+        time.sleep(0.2)
+    b = argparse.Namespace(kind="frac", cores=100, units=UNITS_PER_GPU, policy="")
+    bodies = []
+    for i in range(GPUS_PER_NODE):
+        body = pod_body(b, "refill", i)
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        bodies.append(body)
+    t1 = time.time()
+    errors = parallel(lambda body: api.call("POST", f"/api/v1/namespaces/{NS}/pods", body), bodies, a.threads)
+    if errors:
+        sys.exit(f"scale.py node-delete: creating the refill pods failed: {errors[0]}")
+    while True:
+        refill, _ = api.list_all(f"/api/v1/namespaces/{NS}/pods?labelSelector=scale-burst%3Drefill")
+        bound = [p for p in refill if p["spec"].get("nodeName") == node]
+        if len(bound) == GPUS_PER_NODE or time.time() - t1 > a.timeout:
+            break
+        time.sleep(0.2)
+    gpus = collections.Counter(u for p in bound for u in p["metadata"].get("annotations", {})
+                               .get(f"{ANN_GPUS_PREFIX}0", "").split(",") if u)
+    ok = len(bound) == GPUS_PER_NODE and len(gpus) == GPUS_PER_NODE and max(gpus.values(), default=0) == 1
+    print(f"  node-delete: {len(bound)} of {GPUS_PER_NODE} whole-GPU pods bound on the new {node} in "
+          f"{time.time() - t1:.1f} s, on {len(gpus)} distinct GPUs", flush=True)
+    if not ok:
+        sys.exit(f"  FAIL node-delete: the recreated {node} took {len(bound)} of {GPUS_PER_NODE} whole-GPU pods "
+                 f"(GPUs {dict(gpus)}): the deleted pods' grants were not freed")
 
 
 def cmd_clean(api, a):
@@ -604,7 +700,7 @@ def cmd_table(api, a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("command", choices=["nodes", "ready", "burst", "clean", "table"])
+    p.add_argument("command", choices=["nodes", "ready", "burst", "clean", "table", "node-delete"])
     p.add_argument("--server")
     p.add_argument("--ca")
     p.add_argument("--cert")
@@ -630,9 +726,14 @@ def main():
     p.add_argument("--scheduler-log", default="")
     p.add_argument("--gpulet-label", default="")
     p.add_argument("--strict", action="store_true", help="table: exit 1 when a burst failed a check")
+    p.add_argument("--disturb", default="", help="burst: a shell command run once --disturb-at of the pods are bound")
+    p.add_argument("--disturb-at", type=float, default=0.3)
+    p.add_argument("--baseline", default="", help="burst: the undisturbed scenario whose time this one must stay within --max-ratio of")
+    p.add_argument("--max-ratio", type=float, default=2.0)
     a = p.parse_args()
     api = Api(a) if a.command != "table" else None
-    {"nodes": cmd_nodes, "ready": cmd_ready, "burst": cmd_burst, "clean": cmd_clean, "table": cmd_table}[a.command](api, a)
+    {"nodes": cmd_nodes, "ready": cmd_ready, "burst": cmd_burst, "clean": cmd_clean, "table": cmd_table,
+     "node-delete": cmd_node_delete}[a.command](api, a)
 
 
 if __name__ == "__main__":
