@@ -794,6 +794,24 @@ absl::StatusOr<Extender::PodFacts> Extender::FactsOf(const json& pod) const {
   return f;
 }
 
+namespace {
+
+// Whether a failed Binding write may still have been applied: anything but a definite refusal
+// (400, 401, 403, 404, 422: nothing was written).
+bool BindMayHaveHappened(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kNotFound:
+      return false;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
 json Extender::Bind(const json& args) {
   auto error = [](const std::string& e) { return json{{"Error", e}}; };
   auto field = [&args](const char* key) {
@@ -862,6 +880,7 @@ json Extender::Bind(const json& args) {
     absl::MutexLock l(&mu_);
     auto ns_it = nodes_.find(node);
     if (ns_it == nodes_.end()) return error("bind: node " + node + " has no gpulet vGPU GPUs");
+    ExpireLocked();
     ReleaseLocked(uid);  // its reservation from prioritize, or a retried bind: re-chosen here
     auto score = (*policy)->Score(ns_it->second.node, pod.request);
     if (!score) {
@@ -894,7 +913,16 @@ json Extender::Bind(const json& args) {
   // their own.
   if (absl::Status s = api_->CreateBinding(ns, name, uid, node, annotations); !s.ok()) {
     absl::MutexLock l(&mu_);
-    ReleaseLocked(uid);
+    if (BindMayHaveHappened(s)) {
+      // The API server may have written the Binding and the answer been lost (a dropped
+      // connection, a timeout, a 5xx after the write, or a 409 because our own first attempt
+      // went through): the GPUs stay booked, as a reservation that the pod watch turns into the
+      // pod's own booking when it shows the pod bound, or that expires. Releasing them here let
+      // the next pod take GPUs the bound one holds (an API cut mid-burst over-committed one).
+      reserved_[uid] = options_.clock->Now() + options_.reservation_ttl;
+    } else {
+      ReleaseLocked(uid);
+    }
     return error(std::string(s.message()));
   }
   spdlog::info("bound {}/{} to {}: {}", ns, name, node, annotations.dump());

@@ -6,6 +6,7 @@
 
 #include "scheduler/extender.h"
 #include "testing/apiserver/fake_apiserver.h"
+#include "testing/common/fake_clock.h"
 
 namespace gpulet::scheduler {
 namespace {
@@ -24,7 +25,9 @@ class BindTest : public ::testing::Test {
     c.server = api_.url();
     c.max_attempts = 1;
     client_ = std::make_unique<k8s::Client>(c);
-    ext_ = std::make_unique<Extender>(client_.get(), ExtenderOptions{});
+    ExtenderOptions o;
+    o.clock = &clock_;
+    ext_ = std::make_unique<Extender>(client_.get(), o);
     ASSERT_TRUE(ext_->Sync().ok());
   }
   json Pod(const std::string& name, bool vgpu = true) {
@@ -48,6 +51,7 @@ class BindTest : public ::testing::Test {
   }
 
   testing::FakeApiServer api_;
+  testing::FakeClock clock_;
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<Extender> ext_;
 };
@@ -88,6 +92,33 @@ TEST_F(BindTest, RefusesUnknownNodesAndWrongUids) {
   EXPECT_THAT(Bind("p", "no-such-node"), HasSubstr("node no-such-node"));
   EXPECT_THAT(Bind("p", "gpu-node", "not-its-uid"), HasSubstr("is not the pod asked for"));
   EXPECT_EQ(NodeOf("p"), "");
+}
+
+// A Binding whose outcome is unknown (a 5xx, a dropped connection, a 409 after our own first
+// attempt went through) may have been written: the pod may be bound to the GPUs chosen, so they
+// stay booked until the watch shows the pod or the reservation expires. Before, they were freed
+// at once, and the scale harness's API cut over-committed a GPU: the next pods took the share of
+// one whose Binding had gone through. One GPU, 30 cores a pod: a's bind fails with 503, b and c
+// bind, d must not (a may hold 30); once a's reservation has expired without the pod seen bound,
+// d fits.
+TEST_F(BindTest, AnUnknownBindOutcomeKeepsTheGpusBooked) {
+  for (const char* n : {"a", "b", "c", "d"}) api_.CreatePod(Pod(n));
+  api_.InjectFailures(1, 503, "POST");
+  EXPECT_THAT(Bind("a"), HasSubstr("503"));
+  EXPECT_EQ(Bind("b"), "");
+  EXPECT_EQ(Bind("c"), "");
+  EXPECT_THAT(Bind("d"), HasSubstr("no longer fits")) << "a's 30 cores may be taken";
+  EXPECT_EQ(NodeOf("d"), "");
+  clock_.Advance(ExtenderOptions().reservation_ttl + std::chrono::seconds(1));
+  EXPECT_EQ(Bind("d"), "") << "a's reservation expired without a bound pod";
+}
+
+// A definite refusal (403, 404, 422: nothing written) frees the GPUs at once.
+TEST_F(BindTest, ARefusedBindFreesTheGpus) {
+  for (const char* n : {"a", "b", "c", "d"}) api_.CreatePod(Pod(n));
+  api_.InjectFailures(1, 403, "POST");
+  EXPECT_THAT(Bind("a"), HasSubstr("403"));
+  for (const char* n : {"b", "c", "d"}) EXPECT_EQ(Bind(n), "") << n;
 }
 
 }  // namespace
