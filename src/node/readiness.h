@@ -40,7 +40,7 @@ struct ReadinessOptions {
   std::chrono::milliseconds interval{2000};
   // How long after a boot is first seen validated rejected pods keep being looked for on each pass.
   // The kubelet posts its verdict (phase Failed) seconds after it starts, which on the real kubelet
-  // can be after the agent's first pass (tests/cluster/reboot_checks.sh); once per boot missed
+  // can be after the agent's first pass (tests/cluster/vgpu_support.py); once per boot missed
   // them. Afterwards no more passes: no delete/recreate storm, no list every interval forever.
   std::chrono::milliseconds remediate_window{120000};
   // Within that window, how often the node's pods are listed for rejected ones.

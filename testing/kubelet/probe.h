@@ -1,7 +1,7 @@
 // The kubelet probe: the same device-plugin scenarios against the kubelet emulator and the real
 // kubelet, written as one transcript that can be compared line by line (docs/cluster.md, "Fakes
 // against the real components"). tests/kubelet_emulator/kubelet_probe_test.cc drives the emulator,
-// tests/cluster/kubelet_probe_test.sh the real kubelet (through gpulet-kubelet-probe); both check
+// tests/cluster/test_kubelet_probe.py the real kubelet (through gpulet-kubelet-probe); both check
 // the transcript against tests/kubelet_emulator/kubelet_probe.expected, which is what the real
 // kubelet v1.34 did.
 //

@@ -1,5 +1,5 @@
 // gpulet-kubelet-probe: testing/kubelet/probe.h against a kubelet (the real one on the test
-// cluster: tests/cluster/kubelet_probe_test.sh).
+// cluster: tests/cluster/test_kubelet_probe.py).
 //   gpulet-kubelet-probe serve DIR LOG
 //     Tries two bad registrations, then serves and registers the probe plugin in the
 //     device-plugin directory DIR, appending every line of the transcript to LOG as it happens.

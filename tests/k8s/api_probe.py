@@ -4,7 +4,7 @@
 Each scenario prints one line, `name: what the server answered`, with nothing that changes from run
 to run (no uids, resource versions or times), so the two servers' transcripts can be compared with
 one expected file: tests/k8s/api_probe.expected is what kube-apiserver v1.34 answered on the real
-cluster (tests/cluster/api_probe_test.sh checks that it still does) and what the fake must answer
+cluster (tests/cluster/test_api_probe.py checks that it still does) and what the fake must answer
 (ctest k8s_api_probe_fake). Only what gpulet's clients (src/k8s, the agent, the extender, the DRA
 driver) or the unit tests depend on is probed.
 

@@ -1,6 +1,6 @@
 // The kubelet probe's scenarios (testing/kubelet/probe.h) on the kubelet emulator: its transcript
 // must be the one the real kubelet v1.34 wrote on the test cluster (kubelet_probe.expected;
-// tests/cluster/kubelet_probe_test.sh runs the same steps there and checks the same file).
+// tests/cluster/test_kubelet_probe.py runs the same steps there and checks the same file).
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -85,7 +85,7 @@ class KubeletProbeTest : public ::testing::Test {
   std::unique_ptr<probe::ProbePlugin> plugin_;
 };
 
-// The steps of tests/cluster/kubelet_probe_test.sh, in the same order.
+// The steps of tests/cluster/test_kubelet_probe.py, in the same order.
 TEST_F(KubeletProbeTest, TranscriptMatchesTheRealKubelet) {
   probe::ProbePlugin& p = *plugin_;
   p.Note("register_bad_version: " + probe::TryRegister(dir_, "v1beta2", probe::kResource));
