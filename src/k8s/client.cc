@@ -1,5 +1,6 @@
 #include "k8s/client.h"
 
+#include <malloc.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <yaml-cpp/yaml.h>
@@ -164,6 +165,9 @@ std::string QueryString(const ListOptions& opts, bool watch) {
   if (!opts.resource_version.empty()) {
     parts.push_back("resourceVersion=" + Encode(opts.resource_version));
   }
+  if (!watch && opts.limit > 0) parts.push_back(absl::StrCat("limit=", opts.limit));
+  if (!watch && !opts.continue_token.empty())
+    parts.push_back("continue=" + Encode(opts.continue_token));
   if (watch) {
     parts.push_back("watch=true");
     parts.push_back("allowWatchBookmarks=true");
@@ -565,12 +569,13 @@ absl::StatusOr<Config> ResolveConfig(const std::string& kubeconfig_flag) {
 // ---- Reflector ----
 
 Reflector::Reflector(Client* client, std::string collection_path, ListOptions opts, SyncFn on_sync,
-                     EventFn on_event)
+                     EventFn on_event, KeepFn keep)
     : client_(client),
       path_(std::move(collection_path)),
       opts_(std::move(opts)),
       on_sync_(std::move(on_sync)),
       on_event_(std::move(on_event)),
+      keep_(std::move(keep)),
       watch_client_(std::make_unique<Client>(client->config())) {}
 
 Reflector::~Reflector() { Stop(); }
@@ -594,6 +599,36 @@ bool Reflector::WaitSynced(std::chrono::milliseconds timeout) {
   return true;
 }
 
+absl::StatusOr<Listed> ListPaged(Client& client, const std::string& path, const ListOptions& opts,
+                                 const KeepFn& keep, const std::atomic<bool>* stop) {
+  ListOptions page{opts.label_selector, opts.field_selector};
+  page.limit = kListPage;
+  Listed out;
+  do {
+    if (stop && *stop) return absl::CancelledError(absl::StrCat("list ", path, ": stopped"));
+    ASSIGN_OR_RETURN(json list, client.Call("GET", path + QueryString(page, false)));
+    if (auto it = list.find("items"); it != list.end() && it->is_array()) {
+      for (json& object : *it) {
+        bool kept = true;
+        try {
+          if (keep) kept = keep(object);
+        } catch (const std::exception&) {  // an odd object: the caller's own checks say what
+        }
+        if (kept) out.items.push_back(std::move(object));
+      }
+    }
+    auto text = [&list](const char* key) {
+      auto meta = list.find("metadata");
+      if (meta == list.end() || !meta->is_object()) return std::string();
+      auto v = meta->find(key);
+      return v != meta->end() && v->is_string() ? v->get<std::string>() : std::string();
+    };
+    out.resource_version = text("resourceVersion");
+    page.continue_token = text("continue");
+  } while (!page.continue_token.empty());
+  return out;
+}
+
 void Reflector::Run() {
   // Grows while lists fail or watches fail before delivering anything (a watch the API server
   // refuses, say for RBAC, must not turn into a LIST and a WATCH every 50 ms from every node);
@@ -602,22 +637,22 @@ void Reflector::Run() {
   std::chrono::milliseconds backoff = kMinBackoff;
   auto grow = [&backoff] { backoff = std::min(backoff * 2, kMaxBackoff); };
   while (!stop_) {
-    auto list = client_->Call(
-        "GET", path_ + QueryString(ListOptions{opts_.label_selector, opts_.field_selector}, false));
-    if (!list.ok()) {
-      spdlog::warn("list {}: {}", path_, std::string(list.status().message()));
+    auto listed = ListPaged(*client_, path_, opts_, keep_, &stop_);
+    if (stop_) break;
+    if (!listed.ok()) {
+      spdlog::warn("list {}: {}", path_, std::string(listed.status().message()));
       std::this_thread::sleep_for(backoff);
       grow();
       continue;
     }
-    std::vector<json> items;
-    if (auto it = list->find("items"); it != list->end() && it->is_array()) {
-      items.assign(it->begin(), it->end());
-    }
-    on_sync_(items);
+    on_sync_(listed->items);
+    listed->items = {};
+    // The pages were parsed and dropped one by one; what malloc keeps of them is not needed
+    // again until the next list (a cluster's worth of JSON must not stay as RSS).
+    malloc_trim(0);
     synced_ = true;
     ListOptions w = opts_;
-    w.resource_version = (*list)["metadata"].value("resourceVersion", "");
+    w.resource_version = std::move(listed->resource_version);
     if (w.timeout_seconds == 0) w.timeout_seconds = 300;
     // Watch until the server ends the stream; then resume from the last seen version.
     bool progressed = false;  // an event arrived, or the server ended a stream in good order

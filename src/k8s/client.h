@@ -78,6 +78,8 @@ struct ListOptions {
   std::string field_selector;
   std::string resource_version;  // for watch: start after this version
   int timeout_seconds = 0;       // watch: server-side end (0 = server default)
+  int limit = 0;                 // list: at most this many items a page (0 = all at once)
+  std::string continue_token;    // list: the page after the one whose metadata.continue this is
 };
 
 struct WatchEvent {
@@ -155,15 +157,31 @@ json MakeEvent(const json& involved, const std::string& type, const std::string&
 // Builds "?a=b&c=d" from ListOptions plus extras (URL-encoded).
 std::string QueryString(const ListOptions& opts, bool watch);
 
-// A list+watch loop: lists `collection_path`, hands every object to `on_sync` (a full replace),
-// then watches and hands each event to `on_event`; re-lists after a 410 or a broken stream, with
-// backoff. Runs on its own thread from Start() until Stop(). Callbacks run on that thread.
+// Every object of a collection (`path`, with opts' selectors), read in pages of kListPage (limit
+// and continue, as client-go's pager asks), with the list's resourceVersion. `keep`, when given,
+// decides per object whether it is returned (one that makes it throw is): a caller that serves a
+// part of a large cluster holds only that part, never the whole list at once. `stop`, when given
+// and set, ends the paging early with Cancelled.
+inline constexpr int kListPage = 500;
+using KeepFn = std::function<bool(const json& object)>;
+struct Listed {
+  std::vector<json> items;
+  std::string resource_version;
+};
+absl::StatusOr<Listed> ListPaged(Client& client, const std::string& path, const ListOptions& opts,
+                                 const KeepFn& keep = nullptr,
+                                 const std::atomic<bool>* stop = nullptr);
+
+// A list+watch loop: lists `collection_path` (ListPaged, with `keep`), hands the objects to
+// `on_sync` (a full replace), then watches and hands each event to `on_event` (every event: keep
+// filters only the list); re-lists after a 410 or a broken stream, with backoff. Runs on its own
+// thread from Start() until Stop(). Callbacks run on that thread.
 class Reflector {
  public:
   using SyncFn = std::function<void(const std::vector<json>& items)>;
   using EventFn = std::function<void(const WatchEvent& ev)>;
   Reflector(Client* client, std::string collection_path, ListOptions opts, SyncFn on_sync,
-            EventFn on_event);
+            EventFn on_event, KeepFn keep = nullptr);
   ~Reflector();
   void Start();
   void Stop();
@@ -179,6 +197,7 @@ class Reflector {
   ListOptions opts_;
   SyncFn on_sync_;
   EventFn on_event_;
+  KeepFn keep_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> synced_{false};
   std::unique_ptr<Client> watch_client_;  // own client so Stop() cancels only our watch

@@ -287,6 +287,38 @@ void Extender::UpsertPod(const json& pod) {
   }
 }
 
+namespace {
+
+// The pods that hold GPUs: not yet ended.
+constexpr char kActivePods[] = "status.phase!=Succeeded,status.phase!=Failed";
+
+// The node's status.allocatable (else its capacity; else an empty object).
+const json& Allocatable(const json& node) {
+  auto status = node.find("status");
+  if (status != node.end() && status->is_object()) {
+    for (const char* key : {"allocatable", "capacity"}) {
+      if (auto a = status->find(key); a != status->end() && a->is_object()) return *a;
+    }
+  }
+  return EmptyObject();
+}
+
+}  // namespace
+
+k8s::KeepFn Extender::ServesFn() const {
+  return [this](const json& node) {
+    return !Annotation(node, vgpu::kAnnotationNodeGpus).empty() ||
+           vgpu::QuantityIn(Allocatable(node), options_.names.core) >= vgpu::kCoresPerGpu;
+  };
+}
+
+k8s::KeepFn Extender::AsksForVgpuFn() const {
+  return [this](const json& pod) {
+    auto facts = FactsOf(pod);
+    return facts.ok() && !facts->request.containers.empty();
+  };
+}
+
 void Extender::UpsertNodeUnguarded(const json& node) {
   std::string name = Str(node, "metadata", "name");
   if (name.empty()) return;
@@ -314,19 +346,10 @@ void Extender::UpsertNodeUnguarded(const json& node) {
   }
   if (st.node.gpus.empty()) {
     // No inventory annotation: the node's vGPU capacity, split evenly (GPU Manager's model).
-    auto status = node.find("status");
-    const json* alloc = &EmptyObject();
-    if (status != node.end() && status->is_object()) {
-      for (const char* key : {"allocatable", "capacity"}) {
-        if (auto a = status->find(key); a != status->end() && a->is_object()) {
-          alloc = &*a;
-          break;
-        }
-      }
-    }
+    const json& alloc = Allocatable(node);
     int64_t gpus = std::clamp<int64_t>(
-        vgpu::QuantityIn(*alloc, options_.names.core) / vgpu::kCoresPerGpu, 0, kMaxNodeGpus);
-    int64_t units = std::clamp<int64_t>(vgpu::QuantityIn(*alloc, options_.names.memory), 0,
+        vgpu::QuantityIn(alloc, options_.names.core) / vgpu::kCoresPerGpu, 0, kMaxNodeGpus);
+    int64_t units = std::clamp<int64_t>(vgpu::QuantityIn(alloc, options_.names.memory), 0,
                                         kMaxNodeGpus * vgpu::kMaxMemoryUnitsPerGpu);
     for (int64_t i = 0; i < gpus; ++i) {
       placement::Gpu gpu;
@@ -508,10 +531,10 @@ placement::Workload Extender::workload() const {
 
 absl::Status Extender::Sync() {
   if (!api_) return absl::FailedPreconditionError("no API client");
-  ASSIGN_OR_RETURN(json nodes, api_->ListNodes());
-  ASSIGN_OR_RETURN(
-      json pods,
-      api_->ListPods("", {.field_selector = "status.phase!=Succeeded,status.phase!=Failed"}));
+  ASSIGN_OR_RETURN(k8s::Listed nodes, k8s::ListPaged(*api_, "/api/v1/nodes", {}, ServesFn()));
+  ASSIGN_OR_RETURN(k8s::Listed pods,
+                   k8s::ListPaged(*api_, "/api/v1/pods", {.field_selector = kActivePods},
+                                  AsksForVgpuFn()));
   {
     absl::MutexLock l(&mu_);
     nodes_.clear();
@@ -523,8 +546,8 @@ absl::Status Extender::Sync() {
       it = it->second.assumed ? std::next(it) : bookings_.erase(it);
     }
   }
-  for (const auto& n : nodes["items"]) UpsertNode(n);
-  for (const auto& p : pods["items"]) UpsertPod(p);
+  for (const auto& n : nodes.items) UpsertNode(n);
+  for (const auto& p : pods.items) UpsertPod(p);
   return absl::OkStatus();
 }
 
@@ -563,13 +586,15 @@ void Extender::StartWatching() {
                                                  }
                                                  for (const auto& g : gone) RemoveNode(g);
                                                }),
-                                       Guarded("node", [this](const k8s::WatchEvent& ev) {
-                                         if (ev.type == "DELETED") {
-                                           RemoveNode(Str(ev.object, "metadata", "name"));
-                                         } else {
-                                           UpsertNode(ev.object);
-                                         }
-                                       }));
+                                       Guarded("node",
+                                               [this](const k8s::WatchEvent& ev) {
+                                                 if (ev.type == "DELETED") {
+                                                   RemoveNode(Str(ev.object, "metadata", "name"));
+                                                 } else {
+                                                   UpsertNode(ev.object);
+                                                 }
+                                               }),
+                                       ServesFn());
   pod_reflector_ =
       std::make_unique<k8s::Reflector>(api_, "/api/v1/pods", k8s::ListOptions{},
                                        Guarded("pod",
@@ -588,13 +613,15 @@ void Extender::StartWatching() {
                                                  }
                                                  for (const auto& p : items) UpsertPod(p);
                                                }),
-                                       Guarded("pod", [this](const k8s::WatchEvent& ev) {
-                                         if (ev.type == "DELETED") {
-                                           RemovePod(ev.object);
-                                         } else {
-                                           UpsertPod(ev.object);
-                                         }
-                                       }));
+                                       Guarded("pod",
+                                               [this](const k8s::WatchEvent& ev) {
+                                                 if (ev.type == "DELETED") {
+                                                   RemovePod(ev.object);
+                                                 } else {
+                                                   UpsertPod(ev.object);
+                                                 }
+                                               }),
+                                       AsksForVgpuFn());
   node_reflector_->Start();
   pod_reflector_->Start();
   node_reflector_->WaitSynced(std::chrono::seconds(10));

@@ -162,6 +162,12 @@ class Extender {
     std::vector<int> container_index;  // their spec.containers index
   };
   absl::StatusOr<PodFacts> FactsOf(const json& pod) const;
+  // What the lists keep (k8s::ListPaged): the Nodes that can offer vGPU GPUs (the inventory
+  // annotation, or vGPU capacity) and the pods asking for vGPU. The others would be dropped by
+  // UpsertNode and UpsertPod anyway; not holding them while listing keeps the extender's memory
+  // to the part of the cluster it serves.
+  k8s::KeepFn ServesFn() const;
+  k8s::KeepFn AsksForVgpuFn() const;
   void UpsertNodeUnguarded(const json& node);
   void UpsertPodUnguarded(const json& pod);
   absl::StatusOr<const placement::Policy*> PolicyFor(const json& pod) const;

@@ -406,9 +406,27 @@ void FakeApiServer::Routes() {
         for (const auto& key : event_order_) {
           if (in_scope(events_.at(key))) items.push_back(events_.at(key));
         }
-      } else {
-        for (const auto& [k, o] : Store(kind)) {
-          if (in_scope(o)) items.push_back(o);
+      }
+      // Pages as the real server cuts them (limit, then continue from the token it returned);
+      // the token here is the last key of the page before, not a snapshot: enough for a fake.
+      json meta = {{"resourceVersion", std::to_string(rv_)}};
+      if (kind != "events") {
+        int64_t limit = 0;
+        if (req.has_param("limit") &&
+            (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit < 0))
+          return Fail(res, 400, "BadRequest", "invalid limit " + req.get_param_value("limit"));
+        const std::string after = req.get_param_value("continue");
+        auto& store = Store(kind);
+        std::string last;
+        for (auto it = after.empty() ? store.begin() : store.upper_bound(after);
+             it != store.end(); ++it) {
+          if (!in_scope(it->second)) continue;
+          if (limit > 0 && static_cast<int64_t>(items.size()) == limit) {
+            meta["continue"] = last;
+            break;
+          }
+          items.push_back(it->second);
+          last = it->first;
         }
       }
       return Reply(res, 200,
@@ -416,7 +434,7 @@ void FakeApiServer::Routes() {
                              : kind == "events" ? "EventList"
                                                 : "NodeList"},
                     {"apiVersion", "v1"},
-                    {"metadata", {{"resourceVersion", std::to_string(rv_)}}},
+                    {"metadata", meta},
                     {"items", items}});
     }
     int64_t from = 0;

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "http/tls.h"
 #include "k8s/client.h"
 #include "testing/apiserver/fake_apiserver.h"
@@ -315,6 +317,72 @@ TEST_F(ClientTest, ReflectorListsThenWatches) {
   }
   r.Stop();
   EXPECT_THAT(events, ::testing::ElementsAre("SYNC:n1", "ADDED:n2"));
+}
+
+// The Reflector's list comes in pages of kListPage (limit and continue, as client-go's pager
+// asks), and `keep` decides which listed objects reach on_sync; watch events all reach on_event.
+TEST_F(ClientTest, ReflectorListsInPagesAndKeepsWhatItIsAskedTo) {
+  const int n = kListPage * 2 + 7;
+  for (int i = 0; i < n; ++i) {
+    json labels = i % 3 == 0 ? json{{"gpu", "yes"}} : json::object();
+    server_.CreateNode({{"metadata", {{"name", absl::StrCat("n", i)}, {"labels", labels}}}});
+  }
+  std::mutex mu;
+  std::set<std::string> synced;
+  std::vector<std::string> events;
+  int64_t before = server_.request_count("GET");
+  Reflector r(
+      client_.get(), "/api/v1/nodes", {},
+      [&](const std::vector<json>& items) {
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& i : items) synced.insert(i["metadata"]["name"].get<std::string>());
+      },
+      [&](const WatchEvent& ev) {
+        std::lock_guard<std::mutex> l(mu);
+        events.push_back(ev.type + ":" + ev.object["metadata"]["name"].get<std::string>());
+      },
+      [](const json& node) {
+        return node["metadata"].value("labels", json::object()).contains("gpu");
+      });
+  r.Start();
+  ASSERT_TRUE(r.WaitSynced(std::chrono::seconds(10)));
+  server_.CreateNode({{"metadata", {{"name", "plain"}}}});
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!events.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  r.Stop();
+  std::lock_guard<std::mutex> l(mu);
+  std::set<std::string> want;
+  for (int i = 0; i < n; i += 3) want.insert(absl::StrCat("n", i));
+  EXPECT_EQ(synced, want) << "every third node, from all three pages";
+  EXPECT_THAT(events, ::testing::ElementsAre("ADDED:plain")) << "events are not filtered";
+  // Three list pages, then the watch.
+  EXPECT_EQ(server_.request_count("GET") - before, 4);
+}
+
+// The fake API server pages as the real one does, and refuses a limit that is no number.
+TEST_F(ClientTest, ListPagesWithLimitAndContinue) {
+  for (const char* name : {"a", "b", "c"}) server_.CreateNode({{"metadata", {{"name", name}}}});
+  ListOptions o;
+  o.limit = 2;
+  auto first = client_->ListNodes(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ((*first)["items"].size(), 2u);
+  std::string token = (*first)["metadata"].value("continue", "");
+  ASSERT_FALSE(token.empty());
+  o.continue_token = token;
+  auto second = client_->ListNodes(o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ((*second)["items"].size(), 1u);
+  EXPECT_EQ((*second)["items"][0]["metadata"]["name"], "c");
+  EXPECT_FALSE((*second)["metadata"].contains("continue"));
+  auto bad = client_->Call("GET", "/api/v1/nodes?limit=many");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("invalid limit many"));
 }
 
 class TempDir {

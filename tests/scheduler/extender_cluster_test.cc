@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "httplib.h"
 #include "scheduler/extender.h"
 #include "testing/apiserver/fake_apiserver.h"
@@ -264,8 +265,10 @@ TEST_F(ClusterTest, ConcurrentBindsOnOneNode) {
   EXPECT_EQ(bound, 6);
 }
 
-// A bind whose Binding call fails (API server error) rolls the reservation back.
-TEST_F(ClusterTest, FailedBindRollsBack) {
+// A Binding that fails with a 500 may have been written: the pod's GPUs stay booked (as its
+// reservation) and kube-scheduler's retry of the same pod binds on them. A definite refusal (422:
+// nothing written) frees them at once.
+TEST_F(ClusterTest, FailedBindKeepsTheBookingARefusedOneFreesIt) {
   ExtenderProcess ext(api_.url());
   json pod = api_.CreatePod(PodObj("p", 50, 10));
   api_.InjectFailures(100, 500, "POST");
@@ -273,8 +276,50 @@ TEST_F(ClusterTest, FailedBindRollsBack) {
   Schedule(ext, pod, &err);
   EXPECT_THAT(err, ::testing::HasSubstr("HTTP 500"));
   api_.InjectFailures(0, 500);
-  EXPECT_EQ(ext.extender().booked_pods(), 0u);
+  EXPECT_EQ(ext.extender().booked_pods(), 1u);
+  EXPECT_FALSE(Schedule(ext, pod).empty()) << "the pod's own reservation does not block it";
+  EXPECT_EQ(ext.extender().booked_pods(), 1u);
+
+  json refused = api_.CreatePod(PodObj("q", 50, 10));
+  api_.InjectFailures(100, 422, "POST");
+  Schedule(ext, refused, &err);
+  EXPECT_THAT(err, ::testing::HasSubstr("HTTP 422"));
+  api_.InjectFailures(0, 422);
+  EXPECT_EQ(ext.extender().booked_pods(), 1u) << "only p's booking is left";
+}
+
+// The rest of a large cluster (Nodes without vGPU, pods asking for none) is listed in pages and
+// not held; a vGPU pod on the list's last page is still booked where its annotations say.
+TEST_F(ClusterTest, ListsInPagesAndHoldsOnlyTheVgpuPart) {
+  const int n = k8s::kListPage + 100;
+  for (int i = 0; i < n; ++i) {
+    std::string name = absl::StrCat("plain-", i);
+    api_.CreateNode({{"metadata", {{"name", name}}},
+                     {"status", {{"capacity", {{"nvidia.com/gpu", "8"}}}}}});
+    api_.CreatePod({{"metadata", {{"name", absl::StrCat("p-", i)}, {"namespace", "default"}}},
+                    {"spec",
+                     {{"nodeName", name},
+                      {"containers", json::array({{{"name", "main"},
+                                                   {"resources",
+                                                    {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
+                    {"status", {{"phase", "Running"}}}});
+  }
+  json bound = PodObj("zz-bound", 60, 10);
+  bound["spec"]["nodeName"] = "h100-a";
+  bound["metadata"]["annotations"] = {{"gpulet.io/vgpu-node", "h100-a"},
+                                      {"gpulet.io/vgpu-gpus-0", "GPU-h100-a-0"}};
+  api_.CreatePod(bound);
+  ExtenderProcess ext(api_.url());
+  EXPECT_EQ(ext.extender().Snapshot().nodes.size(), caps_.size());
+  EXPECT_EQ(ext.extender().booked_pods(), 1u);
+  // 60 of GPU-h100-a-0's cores are booked: a 50-core pod goes anywhere but there.
+  json pod = api_.CreatePod(PodObj("next", 50, 10));
   EXPECT_FALSE(Schedule(ext, pod).empty());
+  std::string gpu;
+  for (const json& p : api_.Pods())
+    if (p["metadata"]["name"] == "next") gpu = p["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"];
+  EXPECT_FALSE(gpu.empty());
+  EXPECT_NE(gpu, "GPU-h100-a-0");
 }
 
 // kube-scheduler decides the next pod before the previous pod's bind arrives (its binding cycle
