@@ -1,80 +1,11 @@
-"""What the DRA scenarios (test_dra.py, test_dra_daemonset.py) share: a containerd 2 cluster of the
-scenario's own whose stop is a check of its own, ResourceClaimTemplates and pods using them, what
-the ResourceSlices and ResourceClaims say, and the fractional claim's checks."""
-import contextlib
-import shutil
-
-import pytest
-
+"""What the DRA scenarios (test_dra.py, test_dra_daemonset.py) share: ResourceClaimTemplates and
+pods using them, what the ResourceSlices and ResourceClaims say, and the fractional claim's
+checks. Each runs on a cluster of its own (harness.own_cluster)."""
 import harness as h
 
 DRIVER = "gpu.gpulet.io"
 RESOURCE = "/apis/resource.k8s.io/v1"
 CUDA_IMG = "gpulet.test/cuda-probe:1"
-
-
-# --- a cluster of the scenario's own ---------------------------------------------------------------
-
-
-class OwnCluster:
-    """The running cluster: its Kube, the namespace holder's pid, and down(), which stops it once
-    (deleting the overlay first while one is set) so that the last test can check its exit status
-    and what it left; the fixture's exit stops it when no test did."""
-
-    def __init__(self, state, kube, overlay):
-        self.state, self.kube, self.overlay = state, kube, overlay
-        self.holder = h.holder_pid()
-        self.stopped = None
-
-    def down(self):
-        if self.stopped is None:
-            if self.overlay:
-                h.kubectl("delete", "-k", self.overlay, "--ignore-not-found", "--wait=true",
-                          "--timeout=60s")
-            self.stopped = h.sh(h.CLUSTER, "down", h.BUILD, timeout=300)
-        return self.stopped
-
-    def down_leaves_nothing(self, what):
-        """Stops the cluster (`cluster down` exits 0) and checks that nothing of it is left on the
-        host, compared with what was recorded before it started."""
-        rc, out = self.down()
-        assert rc == 0, f"cluster down: {h.tail(out)}"
-        problems = h.leftovers(what, self.holder, state=self.state)
-        assert not problems, "\n".join(problems)
-        shutil.rmtree(self.state, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def own_cluster(state, env=None, overlay=None, image=False):
-    """A containerd 2 cluster of the scenario's own (the shared one runs containerd 1.6; the kubelet
-    passes CDI device IDs through CRI only on containerd 2), started with env (feature gates):
-    skips while another cluster runs (and, for image, without podman); records in state (not the
-    shared cluster's harness.STATE) what leftovers() compares with; with image, imports gpulet's
-    image through containerd 2's own ctr. Yields an OwnCluster; on exit stops the cluster unless a
-    test did (harness.own_cluster's stop is no check: here the last test checks it)."""
-    if image and not shutil.which("podman"):
-        pytest.skip("podman missing (the image is built with podman build)")
-    if h.cluster_running():
-        pytest.skip(f"a cluster is running in {h.D} (make cluster-down first; this test needs its own)")
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
-    h.record_host(state)
-    rc, out = h.sh(h.CLUSTER, "up", h.BUILD, env={"GPULET_CLUSTER_RUNTIME": "containerd2", **(env or {})},
-                   timeout=600)
-    cluster = None
-    try:
-        assert rc == 0, f"cluster up (containerd2): {h.tail(out)}"
-        kube = h.Kube()
-        cluster = OwnCluster(state, kube, overlay)
-        kube.default_sa()
-        if image:
-            h.gpulet_image(state, containerd2=True)
-        yield cluster
-    finally:
-        if cluster is not None:
-            cluster.down()
-        else:
-            h.sh(h.CLUSTER, "down", h.BUILD, timeout=300)
 
 
 # --- claims and pods -------------------------------------------------------------------------------

@@ -5,15 +5,17 @@ for, commands on the node, gpulet's image, and the leftover checks.
 tests/cluster/run sets GPULET_SRC and GPULET_BUILD. One cluster (testing/k8s/cluster, in
 $BUILD/cluster) serves the scenarios: ctest's cluster.up starts it unless `make cluster` left one
 running, cluster.down stops the one cluster.up started. A few scenarios need a cluster of their own
-(own_containerd2_cluster, own_cluster).
+(own_cluster).
 """
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import urllib3
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
@@ -442,6 +444,27 @@ def kube_rules():
     return sorted(rules)
 
 
+def check_idle_agent(state, seconds, cap, what):
+    """What the node agent asks of the API server while nothing changes (issue 30.5): a window of
+    seconds of the audit log, counted per verb and resource by idle_requests.py (kept in state,
+    its figure printed); fails, naming what idles, if any is asked for more than cap times a
+    minute."""
+    audit = D / "logs/audit.log"
+    start = len(audit.read_text(errors="replace").splitlines())
+    time.sleep(seconds)
+    window = audit.read_text(errors="replace").splitlines(keepends=True)[start:]
+    (state / "idle-audit.log").write_text("".join(window))
+    rc, report = sh("/usr/bin/python3", SRC / "tests/cluster/idle_requests.py",
+                    state / "idle-audit.log", str(seconds), str(cap))
+    (state / "idle.txt").write_text(report)
+    print(report, end="")
+    lines = report.splitlines()
+    assert rc == 0 and any(line.startswith("figure: idle agent") for line in lines), \
+        f"idle_requests.py (rc {rc}):\n{report}"
+    assert not any(line.startswith("OVER") for line in lines), \
+        f"{what} asks for nothing more than {cap:g} times a minute:\n{report}"
+
+
 def record_host(state=STATE):
     """What leftovers() compares with: the host's network devices and KUBE-* rules now."""
     state.mkdir(parents=True, exist_ok=True)
@@ -507,40 +530,65 @@ def cluster_running():
         return False
 
 
+class OwnCluster:
+    """A cluster of the scenario's own: its Kube, the namespace holder's pid, and down(), which stops
+    it once (deleting the overlay first while one is set) so that the scenario's last test can check
+    its exit status and what it left; own_cluster's exit stops it when no test did."""
+
+    def __init__(self, state, kube, overlay):
+        self.state, self.kube, self.overlay = state, kube, overlay
+        self.holder = holder_pid()
+        self.stopped = None
+
+    def down(self):
+        if self.stopped is None:
+            if self.overlay:
+                kubectl("delete", "-k", self.overlay, "--ignore-not-found", "--wait=true",
+                        "--timeout=60s")
+            self.stopped = sh(CLUSTER, "down", BUILD, timeout=300)
+        return self.stopped
+
+    def down_problems(self, what):
+        """Stops the cluster; what is wrong after it (`cluster down` failed, or something of the
+        cluster is left on the host, compared with what was recorded before it started)."""
+        rc, out = self.down()
+        problems = [] if rc == 0 else [f"cluster down: {tail(out)}"]
+        return problems + leftovers(what, self.holder, state=self.state)
+
+    def down_leaves_nothing(self, what):
+        problems = self.down_problems(what)
+        assert not problems, "\n".join(problems)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def own_cluster(runtime_name=None, env=None):
-    """A cluster of the scenario's own (the shared one runs containerd 1.6): skips while another
-    cluster runs; records what leftovers() compares with; on exit stops it. Yields a Kube."""
-    import pytest
+def own_cluster(state, env=None, overlay=None, image=False):
+    """A containerd 2 cluster of the scenario's own (the shared one runs containerd 1.6; the kubelet
+    passes CDI device IDs through CRI only on containerd 2), started with env (feature gates):
+    skips while another cluster runs (and, for image, without podman); records in state (not the
+    shared cluster's STATE) what leftovers() compares with; with image, imports gpulet's image
+    through containerd 2's own ctr. Yields an OwnCluster; on exit stops the cluster unless a test
+    did."""
+    if image and not shutil.which("podman"):
+        pytest.skip("podman missing (the image is built with podman build)")
     if cluster_running():
         pytest.skip(f"a cluster is running in {D} (make cluster-down first; this test needs its own)")
-    import shutil
-    shutil.rmtree(STATE, ignore_errors=True)
-    record_host()
-    up_env = dict(env or {})
-    if runtime_name:
-        up_env["GPULET_CLUSTER_RUNTIME"] = runtime_name
-    rc, out = sh(CLUSTER, "up", BUILD, env=up_env, timeout=600)
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True)
+    record_host(state)
+    rc, out = sh(CLUSTER, "up", BUILD, env={"GPULET_CLUSTER_RUNTIME": "containerd2", **(env or {})},
+                 timeout=600)
+    cluster = None
     try:
-        assert rc == 0, f"cluster up ({runtime_name or 'default'}): {tail(out)}"
-        yield Kube()
+        assert rc == 0, f"cluster up (containerd2): {tail(out)}"
+        kube = Kube()
+        cluster = OwnCluster(state, kube, overlay)
+        kube.default_sa()
+        if image:
+            gpulet_image(state, containerd2=True)
+        yield cluster
     finally:
-        sh(CLUSTER, "down", BUILD, timeout=300)
-
-
-@contextlib.contextmanager
-def own_containerd2_cluster(overlay):
-    """A containerd 2 cluster of the scenario's own, for a scenario that applies a kustomize overlay
-    as an admin would: skips without podman; imports gpulet's image through containerd 2's own
-    ctr; on exit deletes the overlay and stops the cluster. Yields a Kube."""
-    import pytest
-    import shutil
-    if not shutil.which("podman"):
-        pytest.skip("podman missing (the image is built with podman build)")
-    with own_cluster("containerd2") as kube:
-        try:
-            kube.default_sa()
-            gpulet_image(STATE, containerd2=True)
-            yield kube
-        finally:
-            kubectl("delete", "-k", overlay, "--ignore-not-found", "--wait=true", "--timeout=60s")
+        if cluster is not None:
+            cluster.down()
+        else:
+            sh(CLUSTER, "down", BUILD, timeout=300)

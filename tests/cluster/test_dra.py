@@ -68,7 +68,7 @@ def machine_uuids():
 def cluster():
     for f in (SIM, LIB, PROBE, FAKECUDA):
         assert f.exists(), f"{f} not built"
-    with ds.own_cluster(STATE, env={"GPULET_CLUSTER_FEATURE_GATES": GATES}) as c:
+    with h.own_cluster(STATE, env={"GPULET_CLUSTER_FEATURE_GATES": GATES}) as c:
         yield c
 
 

@@ -30,7 +30,7 @@ NS = h.NS
 
 @pytest.fixture(scope="module")
 def cluster():
-    with ds.own_cluster(STATE, overlay=OVERLAY, image=True) as c:
+    with h.own_cluster(STATE, overlay=OVERLAY, image=True) as c:
         yield c
 
 
@@ -155,6 +155,15 @@ def test_one_gpu_claim(kube, installed, templates):
          "the container's ld cache (the hook)")
     h.wait_until(15, "1-GPU claim: the agent pod wrote status.devices Ready=True (through "
                      "gpulet-node-own-claim-status)", lambda: ds.ready(kube, c1))
+
+
+def test_the_idle_agent_with_a_claim_prepared(kube, installed):
+    """Issue 30.5, the DRA agent: what it asks of the API server at rest (a claim prepared and its
+    pod running, nothing changing): a 30 s window of the audit log, per verb and resource
+    (idle_requests.py). The slice is re-published only when it changed, so the driver itself
+    should ask nothing; the readiness controller's node watch stays open, and in the two minutes
+    after validating it lists the node's pods every 10 s."""
+    h.check_idle_agent(STATE, 30, 7, "the idle DRA agent")
 
 
 def test_fractional_claim_and_both_unprepared(kube, installed, templates):
