@@ -213,6 +213,8 @@ void BM_SchedulerRss(benchmark::State& state) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
     state.counters["rss_mib"] = StatusKb(pid, "VmRSS") / 1024.0;
     state.counters["peak_mib"] = StatusKb(pid, "VmHWM") / 1024.0;
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    state.counters["rss_6s_mib"] = StatusKb(pid, "VmRSS") / 1024.0;
     state.counters["ready_s"] = ready_s;
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
@@ -222,9 +224,10 @@ void BM_SchedulerRss(benchmark::State& state) {
   std::filesystem::remove_all(dir);
 }
 
-// 1000 vGPU nodes alone; beside 1000 and 2000 other nodes (no pods); beside 1000 other nodes
-// with 10 pods each.
+// The floor (10 vGPU nodes); 1000 vGPU nodes alone; beside 1000 and 2000 other nodes (no pods);
+// beside 1000 other nodes with 10 pods each.
 BENCHMARK(BM_SchedulerRss)
+    ->Args({10, 0, 0})
     ->Args({1000, 0, 0})
     ->Args({1000, 1000, 0})
     ->Args({1000, 2000, 0})

@@ -1,10 +1,13 @@
 #include "scheduler/extender.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -305,17 +308,82 @@ const json& Allocatable(const json& node) {
 
 }  // namespace
 
+namespace {
+
+// Erases o's members not named in `keys` (o untouched when it is no object). In place: what is
+// kept stays where the parser put it, so the list's memory is given back whole once it is freed.
+void KeepOnly(json& o, std::initializer_list<std::string_view> keys) {
+  if (!o.is_object()) return;
+  for (auto it = o.begin(); it != o.end();) {
+    if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+      it = o.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+json* Find(json& o, const char* key) {
+  if (!o.is_object()) return nullptr;
+  auto it = o.find(key);
+  return it != o.end() ? &*it : nullptr;
+}
+
+// Keeps of metadata.annotations only gpulet's (the others, kubectl's last-applied configuration
+// for one, can be large and are never read here).
+void KeepGpuletAnnotations(json& o) {
+  json* md = Find(o, "metadata");
+  json* a = md ? Find(*md, "annotations") : nullptr;
+  if (!a || !a->is_object()) return;
+  for (auto it = a->begin(); it != a->end();) {
+    if (absl::StartsWith(it.key(), "gpulet.io/")) {
+      ++it;
+    } else {
+      it = a->erase(it);
+    }
+  }
+}
+
+}  // namespace
+
 k8s::KeepFn Extender::ServesFn() const {
-  return [this](const json& node) {
-    return !Annotation(node, vgpu::kAnnotationNodeGpus).empty() ||
-           vgpu::QuantityIn(Allocatable(node), options_.names.core) >= vgpu::kCoresPerGpu;
+  return [this](json& node) {
+    if (Annotation(node, vgpu::kAnnotationNodeGpus).empty() &&
+        vgpu::QuantityIn(Allocatable(node), options_.names.core) < vgpu::kCoresPerGpu)
+      return false;
+    // What UpsertNode reads: the name, the inventory, the vGPU capacity.
+    KeepOnly(node, {"metadata", "status"});
+    KeepGpuletAnnotations(node);
+    if (json* md = Find(node, "metadata")) KeepOnly(*md, {"name", "uid", "annotations"});
+    if (json* status = Find(node, "status")) {
+      KeepOnly(*status, {"allocatable", "capacity"});
+      for (const char* key : {"allocatable", "capacity"})
+        if (json* q = Find(*status, key))
+          KeepOnly(*q, {options_.names.core, options_.names.memory});
+    }
+    return true;
   };
 }
 
 k8s::KeepFn Extender::AsksForVgpuFn() const {
-  return [this](const json& pod) {
+  return [this](json& pod) {
     auto facts = FactsOf(pod);
-    return facts.ok() && !facts->request.containers.empty();
+    if (!facts.ok() || facts->request.containers.empty()) return false;
+    // What FactsOf and UpsertPod read: identity, gpulet's annotations, deletion, the node, the
+    // scheduler, the containers' resources, the phase.
+    KeepOnly(pod, {"metadata", "spec", "status"});
+    KeepGpuletAnnotations(pod);
+    if (json* md = Find(pod, "metadata"))
+      KeepOnly(*md,
+               {"name", "namespace", "uid", "deletionTimestamp", "resourceVersion", "annotations"});
+    if (json* spec = Find(pod, "spec")) {
+      KeepOnly(*spec, {"nodeName", "schedulerName", "initContainers", "containers"});
+      for (const char* list : {"initContainers", "containers"})
+        if (json* cs = Find(*spec, list); cs && cs->is_array())
+          for (json& c : *cs) KeepOnly(c, {"name", "resources"});
+    }
+    if (json* status = Find(pod, "status")) KeepOnly(*status, {"phase"});
+    return true;
   };
 }
 
@@ -548,6 +616,9 @@ absl::Status Extender::Sync() {
   }
   for (const auto& n : nodes.items) UpsertNode(n);
   for (const auto& p : pods.items) UpsertPod(p);
+  nodes = {};
+  pods = {};
+  malloc_trim(0);  // as the Reflector does after its list
   return absl::OkStatus();
 }
 

@@ -341,7 +341,7 @@ TEST_F(ClientTest, ReflectorListsInPagesAndKeepsWhatItIsAskedTo) {
         std::lock_guard<std::mutex> l(mu);
         events.push_back(ev.type + ":" + ev.object["metadata"]["name"].get<std::string>());
       },
-      [](const json& node) {
+      [](json& node) {
         return node["metadata"].value("labels", json::object()).contains("gpu");
       });
   r.Start();

@@ -306,8 +306,13 @@ TEST_F(ClusterTest, ListsInPagesAndHoldsOnlyTheVgpuPart) {
   }
   json bound = PodObj("zz-bound", 60, 10);
   bound["spec"]["nodeName"] = "h100-a";
-  bound["metadata"]["annotations"] = {{"gpulet.io/vgpu-node", "h100-a"},
-                                      {"gpulet.io/vgpu-gpus-0", "GPU-h100-a-0"}};
+  // What the list trims away (other annotations, managedFields, env) must not change the booking.
+  bound["metadata"]["annotations"] = {
+      {"gpulet.io/vgpu-node", "h100-a"},
+      {"gpulet.io/vgpu-gpus-0", "GPU-h100-a-0"},
+      {"kubectl.kubernetes.io/last-applied-configuration", std::string(20000, 'x')}};
+  bound["metadata"]["managedFields"] = json::array({{{"manager", "kubectl"}}});
+  bound["spec"]["containers"][0]["env"] = json::array({{{"name", "A"}, {"value", "b"}}});
   api_.CreatePod(bound);
   ExtenderProcess ext(api_.url());
   EXPECT_EQ(ext.extender().Snapshot().nodes.size(), caps_.size());
