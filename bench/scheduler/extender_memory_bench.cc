@@ -64,11 +64,14 @@ json NodeObject(const std::string& name, const json& annotations, const json& ca
                           {"message", "kubelet has sufficient resources and is posting status"}});
   json images = json::array();
   for (int i = 0; i < 8; ++i)
-    images.push_back({{"names", {absl::StrCat("registry.example/team/image-", i, "@sha256:",
-                                              std::string(64, 'a' + i)),
-                                 absl::StrCat("registry.example/team/image-", i, ":v1.2.3")}},
-                      {"sizeBytes", 1234567890 + i}});
-  json cap = {{"cpu", "192"}, {"memory", "2097152000Ki"}, {"pods", "110"},
+    images.push_back(
+        {{"names",
+          {absl::StrCat("registry.example/team/image-", i, "@sha256:", std::string(64, 'a' + i)),
+           absl::StrCat("registry.example/team/image-", i, ":v1.2.3")}},
+         {"sizeBytes", 1234567890 + i}});
+  json cap = {{"cpu", "192"},
+              {"memory", "2097152000Ki"},
+              {"pods", "110"},
               {"ephemeral-storage", "3750000000Ki"}};
   cap.update(capacity);
   return {{"metadata",
@@ -81,8 +84,9 @@ json NodeObject(const std::string& name, const json& annotations, const json& ca
            {{"capacity", cap},
             {"allocatable", cap},
             {"conditions", conditions},
-            {"addresses", {{{"type", "InternalIP"}, {"address", "10.0.0.1"}},
-                           {{"type", "Hostname"}, {"address", name}}}},
+            {"addresses",
+             {{{"type", "InternalIP"}, {"address", "10.0.0.1"}},
+              {{"type", "Hostname"}, {"address", name}}}},
             {"nodeInfo",
              {{"kubeletVersion", "v1.34.4"},
               {"containerRuntimeVersion", "containerd://2.2.9"},
@@ -102,51 +106,54 @@ json PodObject(const std::string& name, const std::string& node, const json& lim
   json env = json::array();
   for (int i = 0; i < 8; ++i)
     env.push_back({{"name", absl::StrCat("SETTING_", i)}, {"value", "a-value-of-some-length"}});
-  return {
-      {"metadata",
-       {{"name", name},
-        {"namespace", "team"},
-        {"uid", absl::StrCat("uid-", name)},
-        {"labels", {{"app", "inference"}, {"pod-template-hash", "7c9f8d6b5"}}},
-        {"annotations", annotations},
-        {"ownerReferences",
-         {{{"apiVersion", "apps/v1"}, {"kind", "ReplicaSet"}, {"name", "inference-7c9f8d6b5"},
-           {"uid", "rs-uid"}, {"controller", true}}}},
-        {"managedFields",
-         {{{"manager", "kube-controller-manager"},
-           {"operation", "Update"},
-           {"apiVersion", "v1"},
-           {"fieldsType", "FieldsV1"},
-           {"fieldsV1", {{"f:metadata", {{"f:labels", {{"f:app", json::object()}}}}},
-                         {"f:spec", {{"f:containers", json::object()}}}}}}}}}},
-      {"spec",
-       {{"nodeName", node},
-        {"serviceAccountName", "default"},
-        {"containers",
-         {{{"name", "main"},
-           {"image", "registry.example/team/inference:v1.2.3"},
-           {"args", {"--port=8080", "--model=/models/model", "--batch=8"}},
-           {"env", env},
-           {"ports", {{{"containerPort", 8080}, {"protocol", "TCP"}}}},
-           {"resources", {{"limits", l}, {"requests", l}}},
-           {"volumeMounts", {{{"name", "models"}, {"mountPath", "/models"}}}}}}},
-        {"volumes", {{{"name", "models"}, {"emptyDir", json::object()}}}}}},
-      {"status",
-       {{"phase", "Running"},
-        {"podIP", "10.244.0.17"},
-        {"hostIP", "10.0.0.1"},
-        {"conditions",
-         {{{"type", "Ready"}, {"status", "True"}},
-          {{"type", "ContainersReady"}, {"status", "True"}},
-          {{"type", "PodScheduled"}, {"status", "True"}}}},
-        {"containerStatuses",
-         {{{"name", "main"},
-           {"ready", true},
-           {"restartCount", 0},
-           {"image", "registry.example/team/inference:v1.2.3"},
-           {"imageID", absl::StrCat("registry.example/team/inference@sha256:",
-                                    std::string(64, 'c'))},
-           {"containerID", absl::StrCat("containerd://", std::string(64, 'b'))}}}}}}};
+  return {{"metadata",
+           {{"name", name},
+            {"namespace", "team"},
+            {"uid", absl::StrCat("uid-", name)},
+            {"labels", {{"app", "inference"}, {"pod-template-hash", "7c9f8d6b5"}}},
+            {"annotations", annotations},
+            {"ownerReferences",
+             {{{"apiVersion", "apps/v1"},
+               {"kind", "ReplicaSet"},
+               {"name", "inference-7c9f8d6b5"},
+               {"uid", "rs-uid"},
+               {"controller", true}}}},
+            {"managedFields",
+             {{{"manager", "kube-controller-manager"},
+               {"operation", "Update"},
+               {"apiVersion", "v1"},
+               {"fieldsType", "FieldsV1"},
+               {"fieldsV1",
+                {{"f:metadata", {{"f:labels", {{"f:app", json::object()}}}}},
+                 {"f:spec", {{"f:containers", json::object()}}}}}}}}}},
+          {"spec",
+           {{"nodeName", node},
+            {"serviceAccountName", "default"},
+            {"containers",
+             {{{"name", "main"},
+               {"image", "registry.example/team/inference:v1.2.3"},
+               {"args", {"--port=8080", "--model=/models/model", "--batch=8"}},
+               {"env", env},
+               {"ports", {{{"containerPort", 8080}, {"protocol", "TCP"}}}},
+               {"resources", {{"limits", l}, {"requests", l}}},
+               {"volumeMounts", {{{"name", "models"}, {"mountPath", "/models"}}}}}}},
+            {"volumes", {{{"name", "models"}, {"emptyDir", json::object()}}}}}},
+          {"status",
+           {{"phase", "Running"},
+            {"podIP", "10.244.0.17"},
+            {"hostIP", "10.0.0.1"},
+            {"conditions",
+             {{{"type", "Ready"}, {"status", "True"}},
+              {{"type", "ContainersReady"}, {"status", "True"}},
+              {{"type", "PodScheduled"}, {"status", "True"}}}},
+            {"containerStatuses",
+             {{{"name", "main"},
+               {"ready", true},
+               {"restartCount", 0},
+               {"image", "registry.example/team/inference:v1.2.3"},
+               {"imageID",
+                absl::StrCat("registry.example/team/inference@sha256:", std::string(64, 'c'))},
+               {"containerID", absl::StrCat("containerd://", std::string(64, 'b'))}}}}}}};
 }
 
 void BM_SchedulerRss(benchmark::State& state) {
@@ -168,28 +175,29 @@ void BM_SchedulerRss(benchmark::State& state) {
     std::string name = absl::StrCat("vgpu-", n);
     json gpus = json::array();
     for (int g = 0; g < 8; ++g)
-      gpus.push_back({{"uuid", absl::StrCat("GPU-", name, "-", g)}, {"index", g},
-                      {"memoryUnits", 320}, {"healthy", true}});
+      gpus.push_back({{"uuid", absl::StrCat("GPU-", name, "-", g)},
+                      {"index", g},
+                      {"memoryUnits", 320},
+                      {"healthy", true}});
     node(NodeObject(name, {{"gpulet.io/vgpu-gpus", gpus.dump()}},
-                              {{"tencent.com/vcuda-core", "800"},
-                               {"tencent.com/vcuda-memory", "2560"}}));
+                    {{"tencent.com/vcuda-core", "800"}, {"tencent.com/vcuda-memory", "2560"}}));
     for (int g = 0; g < 8; ++g)
       pod(PodObject(absl::StrCat(name, "-pod-", g), name,
-                              {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
-                              {{"gpulet.io/vgpu-node", name},
-                               {"gpulet.io/vgpu-gpus-0", absl::StrCat("GPU-", name, "-", g)},
-                               {"gpulet.io/vgpu-assigned", "true"}}));
+                    {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "20"}},
+                    {{"gpulet.io/vgpu-node", name},
+                     {"gpulet.io/vgpu-gpus-0", absl::StrCat("GPU-", name, "-", g)},
+                     {"gpulet.io/vgpu-assigned", "true"}}));
   }
   for (int n = 0; n < other_nodes; ++n) {
     std::string name = absl::StrCat("other-", n);
     node(NodeObject(name, json::object(), {{"nvidia.com/gpu", "8"}}));
     for (int p = 0; p < pods_per_other; ++p)
       pod(PodObject(absl::StrCat(name, "-pod-", p), name, {{"nvidia.com/gpu", "1"}},
-                              json::object()));
+                    json::object()));
   }
-  std::string dir = (std::filesystem::temp_directory_path() /
-                     absl::StrCat("gpulet-sched-rss-", getpid()))
-                        .string();
+  std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("gpulet-sched-rss-", getpid()))
+          .string();
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/kubeconfig") << api.Kubeconfig();
   const char* other = std::getenv("GPULET_BENCH_BINARY");

@@ -160,9 +160,10 @@ std::string QueryString(const ListOptions& opts, bool watch);
 // Every object of a collection (`path`, with opts' selectors), read in pages of kListPage (limit
 // and continue, as client-go's pager asks), with the list's resourceVersion. `keep`, when given,
 // decides per object whether it is returned (one that makes it throw is; a keep that trims must
-// then leave the object whole) and may trim it in place to the fields the caller reads (as client-go's informer transforms do): a caller
-// that serves a part of a large cluster holds only that part, never the whole list at once.
-// `stop`, when given and set, ends the paging early with Cancelled.
+// then leave the object whole) and may trim it in place to the fields the caller reads (as
+// client-go's informer transforms do): a caller that serves a part of a large cluster holds only
+// that part, never the whole list at once. `stop`, when given and set, ends the paging early with
+// Cancelled.
 inline constexpr int kListPage = 500;
 using KeepFn = std::function<bool(json& object)>;
 struct Listed {

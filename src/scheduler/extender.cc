@@ -600,9 +600,9 @@ placement::Workload Extender::workload() const {
 absl::Status Extender::Sync() {
   if (!api_) return absl::FailedPreconditionError("no API client");
   ASSIGN_OR_RETURN(k8s::Listed nodes, k8s::ListPaged(*api_, "/api/v1/nodes", {}, ServesFn()));
-  ASSIGN_OR_RETURN(k8s::Listed pods,
-                   k8s::ListPaged(*api_, "/api/v1/pods", {.field_selector = kActivePods},
-                                  AsksForVgpuFn()));
+  ASSIGN_OR_RETURN(
+      k8s::Listed pods,
+      k8s::ListPaged(*api_, "/api/v1/pods", {.field_selector = kActivePods}, AsksForVgpuFn()));
   {
     absl::MutexLock l(&mu_);
     nodes_.clear();

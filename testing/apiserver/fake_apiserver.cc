@@ -418,8 +418,8 @@ void FakeApiServer::Routes() {
         const std::string after = req.get_param_value("continue");
         auto& store = Store(kind);
         std::string last;
-        for (auto it = after.empty() ? store.begin() : store.upper_bound(after);
-             it != store.end(); ++it) {
+        for (auto it = after.empty() ? store.begin() : store.upper_bound(after); it != store.end();
+             ++it) {
           if (!in_scope(it->second)) continue;
           if (limit > 0 && static_cast<int64_t>(items.size()) == limit) {
             meta["continue"] = last;

@@ -341,9 +341,7 @@ TEST_F(ClientTest, ReflectorListsInPagesAndKeepsWhatItIsAskedTo) {
         std::lock_guard<std::mutex> l(mu);
         events.push_back(ev.type + ":" + ev.object["metadata"]["name"].get<std::string>());
       },
-      [](json& node) {
-        return node["metadata"].value("labels", json::object()).contains("gpu");
-      });
+      [](json& node) { return node["metadata"].value("labels", json::object()).contains("gpu"); });
   r.Start();
   ASSERT_TRUE(r.WaitSynced(std::chrono::seconds(10)));
   server_.CreateNode({{"metadata", {{"name", "plain"}}}});

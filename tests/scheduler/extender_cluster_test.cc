@@ -294,14 +294,14 @@ TEST_F(ClusterTest, ListsInPagesAndHoldsOnlyTheVgpuPart) {
   const int n = k8s::kListPage + 100;
   for (int i = 0; i < n; ++i) {
     std::string name = absl::StrCat("plain-", i);
-    api_.CreateNode({{"metadata", {{"name", name}}},
-                     {"status", {{"capacity", {{"nvidia.com/gpu", "8"}}}}}});
+    api_.CreateNode(
+        {{"metadata", {{"name", name}}}, {"status", {{"capacity", {{"nvidia.com/gpu", "8"}}}}}});
     api_.CreatePod({{"metadata", {{"name", absl::StrCat("p-", i)}, {"namespace", "default"}}},
                     {"spec",
                      {{"nodeName", name},
-                      {"containers", json::array({{{"name", "main"},
-                                                   {"resources",
-                                                    {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
+                      {"containers",
+                       json::array({{{"name", "main"},
+                                     {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}})}}},
                     {"status", {{"phase", "Running"}}}});
   }
   json bound = PodObj("zz-bound", 60, 10);
@@ -322,7 +322,8 @@ TEST_F(ClusterTest, ListsInPagesAndHoldsOnlyTheVgpuPart) {
   EXPECT_FALSE(Schedule(ext, pod).empty());
   std::string gpu;
   for (const json& p : api_.Pods())
-    if (p["metadata"]["name"] == "next") gpu = p["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"];
+    if (p["metadata"]["name"] == "next")
+      gpu = p["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"];
   EXPECT_FALSE(gpu.empty());
   EXPECT_NE(gpu, "GPU-h100-a-0");
 }
