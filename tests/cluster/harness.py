@@ -487,12 +487,19 @@ def cluster_processes():
     return found
 
 
+def holder_pids():
+    """Every node's mount namespace holder (gpulet-node's first)."""
+    return [p.read_text().strip() for p in sorted((D / "pids").glob("holder*"))]
+
+
 def leftovers(what, holder=None, state=STATE):
     """After a stop, what of the cluster is left on the host (compared with record_host's
-    record): one line a problem, [] when nothing is."""
+    record): one line a problem, [] when nothing is. holder: a namespace holder's pid, or a list
+    of them (one a node)."""
     problems = []
-    if holder and Path(f"/proc/{holder}").exists():
-        problems.append(f"{what}: the mount namespace holder ({holder}) is still there")
+    for pid in ([holder] if isinstance(holder, str) else holder or []):
+        if Path(f"/proc/{pid}").exists():
+            problems.append(f"{what}: the mount namespace holder ({pid}) is still there")
     left = cluster_processes()
     if left:
         problems.append(f"{what}: cluster processes left: {' '.join(left)}")
@@ -511,8 +518,10 @@ def leftovers(what, holder=None, state=STATE):
         problems.append(f"{what}: the pod network left state in the host's /var/lib/cni")
     if kube_rules() != before["rules"]:
         problems.append(f"{what}: KUBE-* iptables rules differ from before")
-    cgroups = [str(p) for p in list(Path("/sys/fs/cgroup").glob("*/kubepods")) +
-               list(Path("/sys/fs/cgroup").glob("kubepods"))]
+    # The kubelets' pod cgroups, and the cgroup roots of the nodes after the first (gpulet-node-<i>).
+    cg = Path("/sys/fs/cgroup")
+    cgroups = [str(p) for pattern in ("*/kubepods", "kubepods", "*/gpulet-node-*", "gpulet-node-*")
+               for p in cg.glob(pattern)]
     if cgroups:
         problems.append(f"{what}: kubepods cgroups left: {cgroups}")
     if D.exists():
@@ -537,7 +546,7 @@ class OwnCluster:
 
     def __init__(self, state, kube, overlay):
         self.state, self.kube, self.overlay = state, kube, overlay
-        self.holder = holder_pid()
+        self.holder = holder_pids()
         self.stopped = None
 
     def down(self):
