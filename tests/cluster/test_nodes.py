@@ -11,7 +11,9 @@ own; one control plane, one pod network. What only more than one node shows:
   elsewhere keeps its container, a new one starts on another node during the outage, and the node
   serves fractional pods again once its kubelet and agent are back;
 - a node with granted fractional pods (a Deployment's) is drained and deleted: the pods are placed
-  again on another node and the extender's state drops the node, its grants with it.
+  again on another node and the extender's state drops the node, its grants with it;
+- the agent as the DRA driver on an H100 node and a T4 node: a claim selecting by productName is
+  allocated from, and runs on, the one node whose GPUs match.
 
 The agents run as host processes (`cluster plugin` with GPULET_CLUSTER_PLUGIN=agent), so no agent
 validates its engine as the DaemonSet's does: the pods tolerate the not-yet-validated taint. The
@@ -22,6 +24,7 @@ import urllib.request
 
 import pytest
 
+import dra_support as ds
 import harness as h
 import vgpu_support as v
 
@@ -44,6 +47,7 @@ class Nodes:
         self.cluster, self.kube = cluster, cluster.kube
         self.extender = None
         self.agents = False
+        self.survivor = ""  # the node of gpulet-node-1 and -2 that the drain step left
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +161,11 @@ def test_pods_on_different_nodes_reach_each_other(nodes):
     kube.clean_pods(a, b)
 
 
-def start_agent(node):
+def start_agent(node, *args):
     """gpulet's agent as the node's device plugin: vGPU on GPUs 4-7, the extender's grants read
-    from the API server."""
+    from the API server; args added."""
     on(node, "plugin", "dgx-h100", "--node-name", node, "--kubeconfig", h.D / "admin.kubeconfig",
-       "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0",
+       "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0", *args,
        env={"GPULET_CLUSTER_PLUGIN": "agent"})
 
 
@@ -307,6 +311,7 @@ def test_a_drained_and_deleted_node_frees_its_grants(nodes):
     again = h.wait_until(120, "the Deployment's 2 pods Running again, elsewhere",
                          lambda: (r := running_on()) and gone not in r and r)
     h.figure(f"drain of {gone}: its 2 fractional pods Running on {again[0]} after {h.elapsed(t0)} s")
+    nodes.survivor = again[0]
     on(gone, "node-down")
     h.must(h.K / "kubectl", "--kubeconfig", h.D / "admin.kubeconfig", "delete", "node", gone)
     h.wait_until(30, f"the extender drops {gone}", lambda: gone not in extender_state(),
@@ -317,6 +322,40 @@ def test_a_drained_and_deleted_node_frees_its_grants(nodes):
     h.wait_until(60, "the Deployment's pods gone", lambda: not kube.pods(selector="app=frac"))
     h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in extender_state()),
                  detail=lambda: json.dumps(extender_state()))
+
+
+def test_dra_claims_that_only_one_node_satisfies(nodes):
+    """gpulet's agent as the DRA driver on two nodes of different GPUs: gpulet-node's H100s 0-1, a
+    T4 machine's (pcie-t4) two T4s; a claim selecting by productName lands where its GPU is."""
+    need_agents(nodes)
+    kube = nodes.kube
+    if not nodes.survivor:
+        pytest.skip("needs the node the drain step left (it failed before that)")
+    t4 = nodes.survivor
+    h.must(h.K / "kubectl", "--kubeconfig", h.D / "admin.kubeconfig", "apply", "-f",
+           h.SRC / "deploy/components/dra/deviceclasses.yaml")
+    dra = ["--dra-gpus", "all", "--cdi-driver-root", h.D / "driver-root", "--cdi-hook-path", ""]
+    start_agent(NODES[0], "--dra-gpus", "0,1", *dra[2:])
+    on(t4, "plugin", "pcie-t4", "--node-name", t4, "--kubeconfig", h.D / "admin.kubeconfig",
+       "--metrics-address", "127.0.0.1:0", *dra, env={"GPULET_CLUSTER_PLUGIN": "agent"})
+
+    def pools():
+        items = kube.get(f"{ds.RESOURCE}/resourceslices")["items"]
+        return sorted((s["spec"]["pool"]["name"], len(s["spec"].get("devices", []))) for s in items
+                      if s["spec"]["driver"] == ds.DRIVER)
+    want = sorted([(NODES[0], 2), (t4, 2)])
+    h.wait_until(60, f"ResourceSlices: 2 H100s of {NODES[0]}, 2 T4s of {t4}", lambda: pools() == want,
+                 detail=lambda: f"slices {pools()}")
+    product = 'device.attributes["gpu.gpulet.io"].productName'
+    for name, cel in (("t4", f'{product} == "Tesla T4"'), ("h100", f'{product}.startsWith("NVIDIA H100")')):
+        kube.create(ds.template(name, [ds.request(cel=cel)]))
+        kube.create(ds.template_pod(f"dra-{name}", name, tolerations=TOLERATE))
+    for name, node in (("t4", t4), ("h100", NODES[0])):
+        ds.wait_pod(kube, f"dra-{name}", 90, f"the {name} claim's pod Running", lambda n=name: kube.describe(f"dra-{n}"))
+        assert node_of(kube, f"dra-{name}") == node, f"dra-{name} runs where its GPU is ({node}): {node_of(kube, f'dra-{name}')}"
+        results = ds.allocation(ds.claim(kube, ds.claim_of(kube, f"dra-{name}")))
+        assert [r["pool"] for r in results] == [node], f"the {name} claim's device is of {node}'s pool: {results}"
+    kube.clean_pods("dra-t4", "dra-h100")
 
 
 def test_the_cluster_stops_and_leaves_nothing(nodes):
