@@ -7,6 +7,8 @@ own; one control plane, one pod network. What only more than one node shows:
   reaches each node's kubelet (exec) on that node's port; pods on different nodes reach each other;
 - gpulet's agent on every node (vGPU on GPUs 4-7) and gpulet's extender: binpack puts consecutive
   fractional pods on one node and one GPU, spread puts them on three nodes;
+- the agent upgraded one node at a time (another binary): the running fractional pods keep their
+  containers and their grants, in the agent's accounting and the extender's;
 - one node "reboots" (its kubelet stops, its containers die) while the others keep serving: a pod
   elsewhere keeps its container, a new one starts on another node during the outage, and the node
   serves fractional pods again once its kubelet and agent are back;
@@ -19,6 +21,8 @@ The agents run as host processes (`cluster plugin` with GPULET_CLUSTER_PLUGIN=ag
 validates its engine as the DaemonSet's does: the pods tolerate the not-yet-validated taint. The
 tests run in the file's order on one cluster; the last one stops it and checks what it left."""
 import json
+import os
+import re
 import subprocess
 import urllib.request
 
@@ -253,6 +257,94 @@ def check_vgpu_env(kube, names):
 def need_agents(nodes):
     if not nodes.agents or nodes.extender is None:
         pytest.skip("needs the agents and the extender of the packing step (it failed before that)")
+
+
+def sfx(node):
+    """The suffix of the node's pid and log names in testing/k8s/cluster."""
+    return "" if node == NODES[0] else f"-{node}"
+
+
+def vgpu_view(node, pod):
+    """The node's agent's view of the pod's vGPU container, from its exporter (whose port its
+    log names): {family: value} of its core and memory limits."""
+    log = (h.D / f"logs/gpulet-device-plugin{sfx(node)}.log").read_text(errors="replace")
+    port = re.findall(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", log)[-1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name = line.split("{")[0]
+        if name in LIMIT_FAMILIES and f'pod="{pod}"' in line:
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+LIMIT_FAMILIES = ("gpulet_vgpu_container_core_limit_ratio", "gpulet_vgpu_container_memory_limit_bytes")
+
+
+def test_a_rolling_agent_upgrade_keeps_every_node_s_grants(nodes):
+    """The agent replaced by another binary one node at a time, each node serving again before the
+    next is touched (a DaemonSet's RollingUpdate, maxUnavailable 1): the fractional pods running on
+    every node keep their containers, their grants in the agent's accounting (its exporter reads the
+    same limits after the upgrade) and the extender's; new pods then fill the GPUs around them."""
+    need_agents(nodes)
+    kube = nodes.kube
+    # The "new version": a copy of gpulet under D (the fake NVML is <its dir>/../lib/fake).
+    (h.D / "bin").mkdir(exist_ok=True)
+    new = h.D / "bin/gpulet-next"
+    h.must("cp", h.GPULET, new)
+    if not (h.D / "lib").exists():
+        (h.D / "lib").symlink_to(h.GPULET.parent.parent / "lib")
+    roll = [f"roll-{i}" for i in range(len(NODES))]
+    for name in roll:
+        kube.create(frac(name, policy=SPREAD))
+        kube.wait_running(name, 90)
+    where = {name: node_of(kube, name) for name in roll}
+    assert sorted(where.values()) == sorted(NODES), f"spread: one pod a node: {where}"
+    want = {"gpulet_vgpu_container_core_limit_ratio": 0.3,
+            "gpulet_vgpu_container_memory_limit_bytes": 8.0 * v.UNIT}
+    for name, node in where.items():
+        h.wait_until(30, f"{node}'s agent accounts {name}'s limits", lambda n=node, p=name: vgpu_view(n, p) == want,
+                     detail=lambda n=node, p=name: vgpu_view(n, p))
+    before = {name: container_id(kube, name) for name in roll}
+    t0 = h.now()
+    for node in NODES:
+        on(node, "plugin", "dgx-h100", "--node-name", node, "--kubeconfig", h.D / "admin.kubeconfig",
+           "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0",
+           env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(new)})
+        pid = (h.D / f"pids/gpulet-device-plugin{sfx(node)}").read_text().strip()
+        assert os.readlink(f"/proc/{pid}/exe") == str(new), f"{node} runs the new agent"
+        h.wait_until(60, f"{node} serves again: 400 vcuda-core allocatable", lambda n=node: vgpu_capacity(kube, n))
+        mine = [p for p, n in where.items() if n == node]
+        for name in mine:
+            h.wait_until(30, f"the new agent of {node} accounts {name}'s limits as the old one did",
+                         lambda n=node, p=name: vgpu_view(n, p) == want, detail=lambda n=node, p=name: vgpu_view(n, p))
+    h.figure(f"rolling agent upgrade over {len(NODES)} nodes, one at a time, each serving again before the next: {h.elapsed(t0)} s")
+    for name in roll:
+        assert container_id(kube, name) == before[name], f"{name} keeps its container through the upgrade"
+        assert kube.running(name), f"{name} still Running"
+    state = extender_state()
+    assert all(used_cores(state, n) == 30 for n in NODES), f"the extender still holds one 30-core grant a node: {state}"
+    # Each node's GPUs 4-7: the roll pod's keeps 70 cores free, the three others 100: pods of 90
+    # cores fit one a free GPU, 3 a node, and a tenth nowhere.
+    more = [f"fill-{i}" for i in range(3 * len(NODES))]
+    for name in more:
+        kube.create(frac(name, cores=90, units=8))
+    for name in more:
+        kube.wait_running(name, 90)
+    kube.create(frac("one-too-many", cores=90, units=8))
+    h.wait_until(30, "one-too-many Unschedulable", lambda: kube.unschedulable("one-too-many"),
+                 detail=lambda: kube.describe("one-too-many"))
+    state = extender_state()
+    assert all(used_cores(state, n) == 300 for n in NODES), f"every node's vGPU GPUs hold 300 cores: {state}"
+    for name in more:
+        node = node_of(kube, name)
+        kept = next(p for p, n in where.items() if n == node)
+        assert annotation(kube, name, "gpulet.io/vgpu-gpus-0") != annotation(kube, kept, "gpulet.io/vgpu-gpus-0"), \
+            f"{name} is not put on {kept}'s GPU ({node})"
+    kube.clean_pods(*roll, *more, "one-too-many")
+    h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
+                 detail=lambda: json.dumps(extender_state()))
 
 
 def test_one_node_reboots_while_the_others_serve(nodes):
