@@ -519,8 +519,13 @@ void Extender::UpsertPodUnguarded(const json& pod) {
         if (it != ns->second.index_of.end()) idx = it->second;
       }
       if (idx < 0) {
-        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {}", b.ns, b.name,
+        // Its node's GPU list is not (yet) the one the pod names: the agent placed it before its
+        // inventory annotation reached us (the node then came from its capacity, with made-up
+        // GPU names). The booking it has stays counted somewhere on the node; the pod is taken
+        // again when the node's GPUs change, so that it lands on the GPU it is really on.
+        spdlog::warn("pod {}/{}: GPU {} is not a vGPU GPU of node {} (yet)", b.ns, b.name,
                      std::string(uuid), node);
+        orphans_[uid] = pod;
         return;
       }
       a.gpus.push_back(idx);
@@ -534,6 +539,7 @@ void Extender::UpsertPodUnguarded(const json& pod) {
     }
     b.assignment.containers.push_back(std::move(a));
   }
+  orphans_.erase(uid);
   if (auto old = bookings_.find(uid); old != bookings_.end()) {
     auto same = [](const placement::Assignment& x, const placement::Assignment& y) {
       if (x.containers.size() != y.containers.size()) return false;

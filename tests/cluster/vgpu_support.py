@@ -296,7 +296,11 @@ def _restart_checks(kube, gpus_a, capacity_ok):
     assert "GPULET_VGPU_CORE_LIMIT=50" in env_b, f"B got GPULET_VGPU_CORE_LIMIT=50 ({env_b})"
     # binpack: B goes on A's GPU (30 + 50 <= 100) -- only right if the new agent still counts A there.
     gpus_b = annotation(kube, "vgpu-b", "gpulet.io/vgpu-gpus-0")
-    assert gpus_b == gpus_a, f"binpack put B on A's GPU ({gpus_b}; A's {gpus_a})"
+    assert gpus_b == gpus_a, (
+        f"binpack put B on A's GPU ({gpus_b}; A's {gpus_a})\n--- the extenders' log\n"
+        f"{scheduler_log(30)}\n--- the agent's vGPU lines\n" + "\n".join(
+            line for line in h.kubectl("-n", NS, "logs", "-l", AGENT, "-c", "agent", "--tail=-1")[1].splitlines()
+            if "vGPU" in line or "vgpu" in line)[-3000:])
     bind_a = annotation(kube, "vgpu-a", "gpulet.io/vgpu-bind-time")
     bind_b = annotation(kube, "vgpu-b", "gpulet.io/vgpu-bind-time")
     assert bind_a and bind_b, f"the extender's bind stamped both (gpulet.io/vgpu-bind-time: {bind_a!r}, {bind_b!r})"

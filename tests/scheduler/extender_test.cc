@@ -230,6 +230,38 @@ TEST(Extender, PodBeforeNodeAndNodeUpdates) {
   EXPECT_EQ(e.Snapshot().nodes[0].gpus[0].free_milli, 1000);
 }
 
+// The cluster's order on a new node (found by cluster.install_uninstall): the Node shows its vGPU
+// capacity before the agent's inventory annotation, so the extender binds a pod onto a GPU of the
+// capacity's made-up names; the agent, which cannot map that name, places the pod itself on a real
+// GPU and records it on the pod; the inventory arrives after. The booking must then follow the pod
+// to that GPU (it stayed on the made-up index, and the next binpack pod went to the wrong GPU).
+TEST(Extender, APodPlacedBeforeTheInventoryFollowsItsRealGpu) {
+  Extender e(nullptr, {});
+  json capacity = {{"metadata", {{"name", "n"}}},
+                   {"status",
+                    {{"allocatable",
+                      {{"tencent.com/vcuda-core", "200"}, {"tencent.com/vcuda-memory", "128"}}}}}};
+  e.UpsertNode(capacity);
+  ASSERT_EQ(e.GpuUuids()["n"], (std::vector<std::string>{"n-gpu0", "n-gpu1"}));
+  e.UpsertPod(Bound(Pod("a", 30, 4), "n", "n-gpu0"));   // the extender's bind
+  e.UpsertPod(Bound(Pod("a", 30, 4), "n", "n-GPU-1"));  // the agent's record: the second GPU
+  e.UpsertNode(Node("n", 2, 64));                       // the inventory, at last
+  auto c = e.Snapshot();
+  ASSERT_EQ(c.nodes.size(), 1u);
+  EXPECT_EQ(c.nodes[0].gpus[0].free_milli, 1000) << "nothing is on the first GPU";
+  EXPECT_EQ(c.nodes[0].gpus[1].free_milli, 700) << "a's 30 cores are on the second";
+  EXPECT_EQ(e.booked_pods(), 1u);
+  // And the other order: the inventory first, the agent's record after.
+  Extender f(nullptr, {});
+  f.UpsertNode(capacity);
+  f.UpsertPod(Bound(Pod("a", 30, 4), "n", "n-gpu0"));
+  f.UpsertNode(Node("n", 2, 64));
+  f.UpsertPod(Bound(Pod("a", 30, 4), "n", "n-GPU-1"));
+  c = f.Snapshot();
+  EXPECT_EQ(c.nodes[0].gpus[0].free_milli, 1000);
+  EXPECT_EQ(c.nodes[0].gpus[1].free_milli, 700);
+}
+
 // Without the inventory annotation, capacity is split evenly across cores/100 GPUs.
 TEST(Extender, NodeFromCapacity) {
   Extender e(nullptr, {});
