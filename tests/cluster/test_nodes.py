@@ -63,7 +63,7 @@ def nodes(request):
             yield n
         finally:
             if request.session.testsfailed > failed_before:
-                for log in ["kube-scheduler", "extender"] + [f"gpulet-device-plugin-{x}" for x in NODES[1:]]:
+                for log in ["kube-scheduler", "extender"] + [f"gpulet-device-plugin{sfx(x)}" for x in NODES]:
                     print(f"--- {log}.log (tail)")
                     print(h.tail_file(h.D / f"logs/{log}.log", 15))
             if n.extender is not None and n.extender.poll() is None:
@@ -77,10 +77,6 @@ def on(node, *args, env=None, **kw):
 
 def node_of(kube, name):
     return ((kube.pod(name) or {}).get("spec", {})).get("nodeName", "")
-
-
-def annotation(kube, name, key):
-    return ((kube.pod(name) or {}).get("metadata", {}).get("annotations", {}) or {}).get(key, "")
 
 
 def pinned(node):
@@ -122,7 +118,7 @@ def test_three_nodes_each_with_its_own_kubelet_containerd_and_gpus(nodes):
         assert kube.allocatable("nvidia.com/gpu", node=n) == "8", f"{n}: nvidia.com/gpu {kube.allocatable('nvidia.com/gpu', node=n)!r}"
         ports.add(kube.node(n)["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"])
     assert len(ports) == len(NODES), f"each kubelet serves on a port of its own: {sorted(ports)}"
-    kubelets = {(h.D / f"pids/kubelet{'' if n == NODES[0] else '-' + n}").read_text().strip() for n in NODES}
+    kubelets = {(h.D / f"pids/kubelet{sfx(n)}").read_text().strip() for n in NODES}
     assert len(kubelets) == len(NODES), f"one kubelet process a node: {kubelets}"
     for n in NODES[1:]:
         assert (h.D / f"nodes/{n}/containerd/root").is_dir(), f"{n} has a containerd root of its own"
@@ -165,12 +161,12 @@ def test_pods_on_different_nodes_reach_each_other(nodes):
     kube.clean_pods(a, b)
 
 
-def start_agent(node, *args):
-    """gpulet's agent as the node's device plugin: vGPU on GPUs 4-7, the extender's grants read
-    from the API server; args added."""
+def start_agent(node, *args, gpulet=h.GPULET):
+    """gpulet's agent (the binary gpulet) as the node's device plugin: vGPU on GPUs 4-7, the
+    extender's grants read from the API server; args added."""
     on(node, "plugin", "dgx-h100", "--node-name", node, "--kubeconfig", h.D / "admin.kubeconfig",
        "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0", *args,
-       env={"GPULET_CLUSTER_PLUGIN": "agent"})
+       env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(gpulet)})
 
 
 def vgpu_capacity(kube, node):
@@ -184,7 +180,7 @@ def test_extender_packs_and_spreads_fractional_pods_across_nodes(nodes):
         start_agent(n)
     for n in NODES:
         h.wait_until(60, f"{n}: 400 vcuda-core and 4 nvidia.com/gpu allocatable", lambda n=n: vgpu_capacity(kube, n),
-                     detail=lambda n=n: h.tail_file(h.D / f"logs/gpulet-device-plugin{'' if n == NODES[0] else '-' + n}.log"))
+                     detail=lambda n=n: h.tail_file(h.D / f"logs/gpulet-device-plugin{sfx(n)}.log"))
     nodes.agents = True
     nodes.extender = subprocess.Popen(
         [str(h.GPULET), "scheduler", "--kubeconfig", str(h.D / "admin.kubeconfig"),
@@ -220,7 +216,7 @@ extenders:
     for name in packed:  # one at a time: each decision sees the grants before it
         kube.create(frac(name))
         kube.wait_running(name, 90)
-    where = {name: (node_of(kube, name), annotation(kube, name, "gpulet.io/vgpu-gpus-0")) for name in packed}
+    where = {name: (node_of(kube, name), v.annotation(kube, name, "gpulet.io/vgpu-gpus-0")) for name in packed}
     assert len(set(where.values())) == 1, f"binpack: 3 x 30 cores on one node and one GPU: {where}"
     pack_node = where[packed[0]][0]
     state = extender_state()
@@ -250,7 +246,7 @@ def check_vgpu_env(kube, names):
     """The agent of each pod's node delivered the extender's grant: that GPU, 30 cores."""
     for name in names:
         rc, out = kube.exec(name, 'echo "$GPULET_VGPU_UUID $GPULET_VGPU_CORE_LIMIT"')
-        want = f"{annotation(kube, name, 'gpulet.io/vgpu-gpus-0')} 30"
+        want = f"{v.annotation(kube, name, 'gpulet.io/vgpu-gpus-0')} 30"
         assert rc == 0 and out.strip() == want, f"{name} on {node_of(kube, name)}: {out!r}, want {want!r}"
 
 
@@ -309,9 +305,7 @@ def test_a_rolling_agent_upgrade_keeps_every_node_s_grants(nodes):
     before = {name: container_id(kube, name) for name in roll}
     t0 = h.now()
     for node in NODES:
-        on(node, "plugin", "dgx-h100", "--node-name", node, "--kubeconfig", h.D / "admin.kubeconfig",
-           "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0",
-           env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(new)})
+        start_agent(node, gpulet=new)
         pid = (h.D / f"pids/gpulet-device-plugin{sfx(node)}").read_text().strip()
         assert os.readlink(f"/proc/{pid}/exe") == str(new), f"{node} runs the new agent"
         h.wait_until(60, f"{node} serves again: 400 vcuda-core allocatable", lambda n=node: vgpu_capacity(kube, n))
@@ -340,7 +334,7 @@ def test_a_rolling_agent_upgrade_keeps_every_node_s_grants(nodes):
     for name in more:
         node = node_of(kube, name)
         kept = next(p for p, n in where.items() if n == node)
-        assert annotation(kube, name, "gpulet.io/vgpu-gpus-0") != annotation(kube, kept, "gpulet.io/vgpu-gpus-0"), \
+        assert v.annotation(kube, name, "gpulet.io/vgpu-gpus-0") != v.annotation(kube, kept, "gpulet.io/vgpu-gpus-0"), \
             f"{name} is not put on {kept}'s GPU ({node})"
     kube.clean_pods(*roll, *more, "one-too-many")
     h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
