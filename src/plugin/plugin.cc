@@ -113,6 +113,11 @@ absl::Status DevicePlugin::Start() {
   RETURN_IF_ERROR(Apply(config_));
   health_->Start();
   reconciler_ = std::thread([this] {
+    // The inventory at once, not a reconcile interval after the vGPU resources were registered:
+    // until it is on the Node, the extender knows the node's GPUs only by made-up names.
+    if (std::shared_ptr<vgpu::NodeAssigner> a = vgpu(); a && options_.api)
+      if (absl::Status s = PublishVgpuPool(*a); !s.ok())
+        spdlog::warn("vGPU: {}", std::string(s.message()));
     for (;;) {
       {
         absl::MutexLock l(&mu_);
@@ -273,6 +278,16 @@ std::shared_ptr<vgpu::NodeAssigner> DevicePlugin::vgpu() const {
   return vgpu_;
 }
 
+absl::Status DevicePlugin::PublishVgpuPool(vgpu::NodeAssigner& a) {
+  HealthMonitor* health = health_.get();
+  const gpu::Inventory& inv = inventory_;
+  return a.PublishPool([health, &inv](const std::string& uuid) {
+    for (size_t i = 0; i < inv.devices.size(); ++i)
+      if (inv.devices[i].uuid == uuid) return health->Healthy(static_cast<uint32_t>(i));
+    return false;
+  });
+}
+
 absl::Status DevicePlugin::ReconcileVgpu() {
   std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
   if (!a) return absl::OkStatus();
@@ -291,13 +306,7 @@ absl::Status DevicePlugin::ReconcileVgpu() {
     }
   }
   if (options_.api) {
-    HealthMonitor* health = health_.get();
-    const gpu::Inventory& inv = inventory_;
-    absl::Status published = a->PublishPool([health, &inv](const std::string& uuid) {
-      for (size_t i = 0; i < inv.devices.size(); ++i)
-        if (inv.devices[i].uuid == uuid) return health->Healthy(static_cast<uint32_t>(i));
-      return false;
-    });
+    absl::Status published = PublishVgpuPool(*a);
     absl::Status released = a->ReleaseGoneFromApi();
     return published.ok() ? released : published;
   }

@@ -88,6 +88,8 @@ class DevicePlugin {
   absl::Status ReconcileVgpu();
 
  private:
+  // The vGPU pool's inventory annotation on the Node (unchanged text: no request).
+  absl::Status PublishVgpuPool(vgpu::NodeAssigner& a);
   absl::Status Apply(const Config& cfg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   gpu::GpuLayer* const gpu_;

@@ -58,7 +58,8 @@ class Handover : public ::testing::Test {
     if (!dir_.empty()) stdfs::remove_all(dir_);
   }
   // The real agent on the fake NVML, GPU 1 in the vGPU pool, state under the temp dir.
-  void StartAgent(const std::vector<std::string>& extra = {}) {
+  void StartAgent(const std::vector<std::string>& extra = {},
+                  const std::string& reconcile_interval = "200ms") {
     std::vector<std::string> argv = {
         Built("bin/gpulet"),
         "agent",
@@ -83,7 +84,7 @@ class Handover : public ::testing::Test {
         "--vgpu-library",
         Built("lib/libgpulet-vcuda.so"),
         "--vgpu-reconcile-interval",
-        "200ms"};
+        reconcile_interval};
     argv.insert(argv.end(), extra.begin(), extra.end());
     agent_ = testing_process::SpawnLogged(argv, dir_ + "/agent.log");
     for (const char* r : {"tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu"})
@@ -234,6 +235,24 @@ TEST_F(Handover, WithApiServerFindsThePod) {
   })) << Log();
   ASSERT_TRUE(api.DeletePod("default", "share"));
   EXPECT_TRUE(Eventually([&] { return !stdfs::exists(dir_ + "/vgpu/" + uid); })) << Log();
+}
+
+// The pool's inventory annotation is on the Node as soon as the agent serves, not one reconcile
+// interval later (an hour here): the extender places against it, and without it knows the node's
+// GPUs only by made-up names (cluster.install_uninstall's first vGPU pod hit that window).
+TEST_F(Handover, PublishesItsInventoryAtOnce) {
+  testing::FakeApiServer api;
+  ASSERT_TRUE(api.Start());
+  api.CreateNode({{"metadata", {{"name", "node-1"}}}});
+  std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
+  StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"}, "1h");
+  EXPECT_TRUE(Eventually([&] {
+    nlohmann::json node;
+    return api.GetNode("node-1", &node) && node["metadata"].contains("annotations") &&
+           node["metadata"]["annotations"]
+                   .value("gpulet.io/vgpu-gpus", "")
+                   .find("GPU-face0000-0000-0000-0000-000000000001") != std::string::npos;
+  })) << Log();
 }
 
 // A pool selection naming a GPU the node does not have stops the agent with a message naming it.
