@@ -27,6 +27,7 @@ import subprocess
 import urllib.request
 
 import pytest
+import yaml
 
 import dra_support as ds
 import harness as h
@@ -189,27 +190,11 @@ def test_extender_packs_and_spreads_fractional_pods_across_nodes(nodes):
         stdout=open(h.D / "logs/extender.log", "ab"), stderr=subprocess.STDOUT)
     h.wait_until(60, "the extender's state lists the three nodes",
                  lambda: all(n in extender_state() for n in NODES))
+    # The shipped KubeSchedulerConfiguration, the extender at the host process's address (HTTP on
+    # loopback).
     config = STATE / "kube-scheduler.yaml"
-    config.write_text(f"""apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: {h.D / 'scheduler.kubeconfig'}
-leaderElection:
-  leaderElect: false
-extenders:
-  - urlPrefix: http://127.0.0.1:{EXT_PORT}/scheduler
-    filterVerb: filter
-    prioritizeVerb: prioritize
-    bindVerb: bind
-    weight: 10
-    nodeCacheCapable: true
-    ignorable: false
-    managedResources:
-      - name: tencent.com/vcuda-core
-        ignoredByScheduler: false
-      - name: tencent.com/vcuda-memory
-        ignoredByScheduler: false
-""")
+    shipped = yaml.safe_load(v.SHIPPED_SCHEDULER_CONFIG.read_text())["data"]["kube-scheduler-config.yaml"]
+    config.write_text(yaml.safe_dump(v.scheduler_config_here(shipped, f"http://127.0.0.1:{EXT_PORT}/scheduler")))
     h.must(h.CLUSTER, "scheduler", h.BUILD, config)
 
     packed = [f"pack-{i}" for i in range(3)]

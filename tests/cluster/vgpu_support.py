@@ -129,6 +129,28 @@ def scheduler_back():
 # --- vGPU: the real API server calls the webhook, the real kube-scheduler the extender ------------
 
 
+SHIPPED_SCHEDULER_CONFIG = h.SRC / "deploy/components/vgpu/kube-scheduler-config.yaml"
+
+
+def scheduler_config_here(text, url, tls=None):
+    """The shipped KubeSchedulerConfiguration (text) with only what differs on this cluster: its
+    scheduler's kubeconfig, no leader election, the extender at url, reached with tls (a
+    tlsConfig), or over plain HTTP when None."""
+    c = yaml.safe_load(text)
+    c["clientConnection"]["kubeconfig"] = str(h.D / "scheduler.kubeconfig")
+    c["leaderElection"] = {"leaderElect": False}
+    (e,) = c["extenders"]
+    assert e["urlPrefix"] == "https://gpulet-scheduler-extender.gpulet-system.svc:12345/scheduler", \
+        f"the shipped extender's urlPrefix: {e['urlPrefix']}"
+    e["urlPrefix"] = url
+    if tls is None:
+        e["enableHTTPS"] = False
+        e.pop("tlsConfig", None)
+    else:
+        e["tlsConfig"] = tls
+    return c
+
+
 def vgpu_checks(kube, work):
     """Returns what restart_checks goes on from: {"gpus_a": vgpu-a's GPU, "sched_pod": ...}."""
     # The webhook's CA: gpulet scheduler issues its serving certificate and publishes the CA.
@@ -176,17 +198,10 @@ def vgpu_checks(kube, work):
     shipped = kube.get(f"/api/v1/namespaces/{NS}/configmaps/gpulet-kube-scheduler-config")
     text = shipped["data"]["kube-scheduler-config.yaml"]
     (work / "shipped-scheduler-config.yaml").write_text(text)
-    c = yaml.safe_load(text)
     d = str(h.D)
-    c["clientConnection"]["kubeconfig"] = d + "/scheduler.kubeconfig"
-    c["leaderElection"] = {"leaderElect": False}
-    (e,) = c["extenders"]
-    assert e["urlPrefix"] == "https://gpulet-scheduler-extender.gpulet-system.svc:12345/scheduler", \
-        f"the shipped extender's urlPrefix: {e['urlPrefix']}"
-    e["urlPrefix"] = "https://127.0.0.1:12345/scheduler"
-    e["tlsConfig"] = {"serverName": "gpulet-scheduler-extender.gpulet-system.svc",
-                      "certFile": d + "/pki/scheduler.crt", "keyFile": d + "/pki/scheduler.key",
-                      "caFile": str(ca)}
+    c = scheduler_config_here(text, "https://127.0.0.1:12345/scheduler", {
+        "serverName": "gpulet-scheduler-extender.gpulet-system.svc",
+        "certFile": d + "/pki/scheduler.crt", "keyFile": d + "/pki/scheduler.key", "caFile": str(ca)})
     (work / "kube-scheduler.yaml").write_text(yaml.safe_dump(c))
     rc, out = h.sh(h.CLUSTER, "scheduler", h.BUILD, work / "kube-scheduler.yaml")
     assert rc == 0, f"kube-scheduler restarted with the shipped KubeSchedulerConfiguration: {h.tail(out, 5)}"
