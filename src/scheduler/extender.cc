@@ -306,10 +306,6 @@ const json& Allocatable(const json& node) {
   return EmptyObject();
 }
 
-}  // namespace
-
-namespace {
-
 // Erases o's members not named in `keys` (o untouched when it is no object). In place: what is
 // kept stays where the parser put it, so the list's memory is given back whole once it is freed.
 void KeepOnly(json& o, std::initializer_list<std::string_view> keys) {
