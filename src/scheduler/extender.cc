@@ -201,6 +201,7 @@ void Extender::ApplyLocked(const std::string& uid, Booking b) {
                    std::string(s.message()));
     }
     applied = s.ok();
+    if (!applied) unfitted_[b.node].insert(uid);
   }
   b.applied = applied;
   bookings_[uid] = std::move(b);
@@ -212,14 +213,47 @@ void Extender::ReleaseLocked(const std::string& uid) {
   if (it == bookings_.end()) return;
   reserved_.erase(uid);
   Booking& b = it->second;
+  bool freed = false;
   if (b.applied) {
     if (auto n = nodes_.find(b.node); n != nodes_.end()) {
       absl::Status s = placement::Release(n->second.node, b.request, b.assignment);
       if (!s.ok()) spdlog::warn("release {}/{}: {}", b.ns, b.name, std::string(s.message()));
+      freed = s.ok();
     }
+  } else if (auto u = unfitted_.find(b.node); u != unfitted_.end()) {
+    u->second.erase(uid);
+    if (u->second.empty()) unfitted_.erase(u);
   }
+  std::string node = std::move(b.node);
   bookings_.erase(it);
   ++generation_;
+  if (freed) RefitLocked(node);
+}
+
+void Extender::RefitLocked(const std::string& node) {
+  // A pod's recorded GPUs can overlap another pod's for a moment: when the kubelet admits two
+  // like pods in the other order, the agent swaps their GPUs and records them one pod at a time,
+  // so the first record lands on GPUs the second pod still holds. Left uncounted, that pod's share
+  // would look free and be bound again; it is counted as soon as its node has the room.
+  auto u = unfitted_.find(node);
+  auto n = nodes_.find(node);
+  if (u == unfitted_.end() || n == nodes_.end()) return;
+  std::vector<std::string> uids(u->second.begin(), u->second.end());
+  for (const std::string& uid : uids) {
+    auto b = bookings_.find(uid);
+    if (b == bookings_.end() || b->second.node != node || b->second.applied) {
+      u->second.erase(uid);
+      continue;
+    }
+    if (placement::Apply(n->second.node, b->second.request, b->second.assignment).ok()) {
+      spdlog::info("pod {}/{} on {}: its recorded GPUs fit now", b->second.ns, b->second.name,
+                   node);
+      b->second.applied = true;
+      u->second.erase(uid);
+      ++generation_;
+    }
+  }
+  if (u->second.empty()) unfitted_.erase(u);
 }
 
 void Extender::Reserve(const json& pod, const std::string& node, placement::PodRequest request,
@@ -608,6 +642,7 @@ absl::Status Extender::Sync() {
   {
     absl::MutexLock l(&mu_);
     nodes_.clear();
+    unfitted_.clear();
     orphans_.clear();
     shapes_.clear();
     pending_.clear();

@@ -40,6 +40,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -186,6 +187,7 @@ class Extender {
       const json& pod) const;
   void ApplyLocked(const std::string& uid, Booking b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(const std::string& uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefitLocked(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RebuildWorkload() when the pod set changed and the last rebuild is old enough.
   void MaybeRebuildWorkload();
   // What all known nodes have free (placement::ClusterFree), for the policy. Caller holds mu_.
@@ -212,6 +214,9 @@ class Extender {
   absl::Mutex cache_mu_;
   ScoreCache cache_ ABSL_GUARDED_BY(cache_mu_);
   std::unordered_map<std::string, Booking> bookings_ ABSL_GUARDED_BY(mu_);  // by pod uid
+  // Bookings that did not fit their node (applied == false there), by node: taken again when
+  // the node frees capacity (RefitLocked).
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> unfitted_ ABSL_GUARDED_BY(mu_);
   // Bound pods whose node is not known yet.
   std::unordered_map<std::string, json> orphans_ ABSL_GUARDED_BY(mu_);
   // Unbound vGPU pods by uid, as the watch last showed them: what Bind reads.

@@ -262,6 +262,31 @@ TEST(Extender, APodPlacedBeforeTheInventoryFollowsItsRealGpu) {
   EXPECT_EQ(c.nodes[0].gpus[1].free_milli, 700);
 }
 
+// Found by cluster.nodes: the kubelet admitted two like pods in the other order, and the agent
+// swapped their GPUs and recorded them one pod at a time. The first record puts a on b's GPU, full
+// until b's record moves b away; a must be counted then, or its GPU looks free and a third pod is
+// bound onto it.
+TEST(Extender, APodRecordedOnAGpuAnotherStillHoldsIsCountedWhenItFrees) {
+  Extender e(nullptr, {});
+  e.UpsertNode(Node("n", 2, 64));
+  e.UpsertPod(Bound(Pod("a", 90, 8), "n", "n-GPU-0"));
+  e.UpsertPod(Bound(Pod("b", 90, 8), "n", "n-GPU-1"));
+  e.UpsertPod(Bound(Pod("a", 90, 8), "n", "n-GPU-1"));  // the agent's swap, a first
+  EXPECT_EQ(e.Filter(Args(Pod("c", 90, 8), {"n"}))["NodeNames"], json::array({"n"}))
+      << "for now a is not counted anywhere";
+  e.UpsertPod(Bound(Pod("b", 90, 8), "n", "n-GPU-0"));  // then b
+  auto c = e.Snapshot();
+  ASSERT_EQ(c.nodes.size(), 1u);
+  EXPECT_EQ(c.nodes[0].gpus[0].free_milli, 100) << "b on the first GPU";
+  EXPECT_EQ(c.nodes[0].gpus[1].free_milli, 100) << "a counted on the second";
+  EXPECT_EQ(e.Filter(Args(Pod("c", 90, 8), {"n"}))["NodeNames"], json::array());
+  // Ending b frees only b's share.
+  e.RemovePod(Pod("b", 90, 8));
+  c = e.Snapshot();
+  EXPECT_EQ(c.nodes[0].gpus[0].free_milli, 1000);
+  EXPECT_EQ(c.nodes[0].gpus[1].free_milli, 100);
+}
+
 // Without the inventory annotation, capacity is split evenly across cores/100 GPUs.
 TEST(Extender, NodeFromCapacity) {
   Extender e(nullptr, {});

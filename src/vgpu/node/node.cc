@@ -478,18 +478,25 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
                    c.pod, absl::StrJoin(c.annotated_gpus, ","));
     }
   }
+  std::string reason = "the kubelet named no device IDs";
   if (gpus.empty() && !ids.empty()) {
     // Follow the kubelet's booking: GetPreferredAllocation put a container's units on the GPU(s) it
     // will get, and PodResources-based attribution (metrics, Correct()) reads the GPU from these
     // IDs, so the container must run where they lie. Without an extender choice there is nothing
     // else to go by: a booking that cannot be honoured is refused, not moved to another GPU.
-    std::string reason;
     gpus = BookedGpus(ids, index_of, node, pr, options_.names.core, &reason);
-    if (gpus.empty() && c.annotated_gpus.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ",
-          cores, ", but the kubelet's device IDs cannot be honoured: ", reason));
+  }
+  if (gpus.empty()) {
+    // Nowhere to run it within its share: refused (the kubelet fails the pod's admission), never
+    // granted without a GPU.
+    std::string extender;
+    if (!c.annotated_gpus.empty()) {
+      extender =
+          absl::StrCat("the extender's GPUs ", absl::StrJoin(c.annotated_gpus, ","), " are full, ");
     }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vGPU Allocate: ", Who(c.ns, c.pod, c.container), " asks ", options_.names.core, " ", cores,
+        ", but ", extender, "the kubelet's device IDs cannot be honoured: ", reason));
   }
   Grant g;
   g.pod_uid = c.uid;

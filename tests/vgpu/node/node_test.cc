@@ -214,6 +214,29 @@ TEST_F(NodeTest, WholeGpuIsExclusive) {
   EXPECT_THAT(w2.status().message(), HasSubstr("is not free in this node's grants"));
 }
 
+// Found by cluster.nodes: a pod the extender put on a GPU that is full here (its books were
+// behind), and whose kubelet booking lies on another full GPU, is refused, naming both; it used to
+// be granted with no GPU at all (and recorded so, with an empty GPU list).
+TEST_F(NodeTest, APodWithNowhereToRunIsRefusedNotGrantedWithoutAGpu) {
+  api_.CreatePod(PodObj("a", 90, 8, 1, "GPU-0"));
+  api_.CreatePod(PodObj("b", 90, 8, 2, "GPU-1"));
+  AllocPair(*assigner_, "GPU-0", 90, 8);
+  AllocPair(*assigner_, "GPU-1", 90, 8);
+  api_.CreatePod(PodObj("c", 90, 8, 3, "GPU-0"));
+  auto first = assigner_->Allocate(true, Ids("GPU-1", "::vc", 90));
+  ASSERT_TRUE(first.ok()) << first.status();  // the first of the pair only waits for the second
+  auto c = assigner_->Allocate(false, Ids("GPU-1", "::vm", 8));
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("default/c"));
+  EXPECT_THAT(c.status().message(), HasSubstr("the extender's GPUs GPU-0 are full"));
+  EXPECT_THAT(c.status().message(), HasSubstr("GPU-1 is not free in this node's grants"));
+  EXPECT_EQ(assigner_->grants().size(), 2u);
+  json pod;
+  ASSERT_TRUE(api_.GetPod("default", "c", &pod));
+  EXPECT_EQ(pod["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], "GPU-0")
+      << "the extender's record stays";
+}
+
 // The opt-out GPULET_VGPU_DISABLE=1 on the container keeps limits in env but injects nothing;
 // the soft-limit annotation raises the ceiling.
 TEST_F(NodeTest, OptOutAndSoftLimit) {
