@@ -347,12 +347,17 @@ def claim_pod(name, claim_source, ns="default", **kw):
 # --- gpulet's image --------------------------------------------------------------------------------
 
 
-def gpulet_image(work, containerd2=False):
+def node_ctr(node, *args):
+    """ctr -n k8s.io ARGS on node's containerd (`testing/k8s/cluster ctr`): (rc, output)."""
+    return sh(CLUSTER, "ctr", BUILD, "-n", "k8s.io", *args, env={"GPULET_CLUSTER_NODE": node})
+
+
+def gpulet_image(work, containerd2=False, nodes=()):
     """gpulet's image for pods on this cluster, as an admin builds it (`make image`'s steps:
     deploy/image/stage-rootfs.sh, podman build of Containerfile), plus the test layer
     Containerfile.sim (the fake NVML, the engine restart helper), saved as an OCI archive and
-    imported into the cluster's containerd as SIM_IMG. Once per cluster: a later scenario finds it
-    there."""
+    imported into the cluster's containerd as SIM_IMG, and into each of the other nodes' (names in
+    nodes). Once per cluster: a later scenario finds it there."""
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     if SIM_IMG in ctr_k8s("images", "ls", "-q", containerd2=containerd2)[1]:
@@ -386,6 +391,10 @@ def gpulet_image(work, containerd2=False):
     assert rc == 0, f"image import into the cluster's containerd: {tail(out)}"
     listed = ctr_k8s("images", "ls", "-q", containerd2=containerd2)[1]
     assert SIM_IMG in listed, f"containerd lists {SIM_IMG}: {listed}"
+    for node in nodes:
+        if node != NODE:
+            rc, out = node_ctr(node, "images", "import", work / "gpulet.tar")
+            assert rc == 0, f"image import into {node}'s containerd: {tail(out)}"
     figure(f"make image steps + test layer + import: {elapsed(t0)} s")
 
 
@@ -440,7 +449,9 @@ def kube_rules():
     for prog in ("iptables-save", "ip6tables-save"):
         rc, out = sh(prog)
         if rc == 0:
-            rules += [line for line in out.splitlines() if "KUBE-" in line]
+            # The kubelet's KUBE-* chains, and the cluster's own rules for the kubernetes Service
+            # (testing/k8s/cluster SERVICE_RULE_TAG).
+            rules += [line for line in out.splitlines() if "KUBE-" in line or "gpulet test cluster" in line]
     return sorted(rules)
 
 
@@ -517,7 +528,7 @@ def leftovers(what, holder=None, state=STATE):
     if sh("grep", "-rqs", "gpulet-pods", "/var/lib/cni")[0] == 0:
         problems.append(f"{what}: the pod network left state in the host's /var/lib/cni")
     if kube_rules() != before["rules"]:
-        problems.append(f"{what}: KUBE-* iptables rules differ from before")
+        problems.append(f"{what}: KUBE-* or the cluster's own iptables rules differ from before")
     # The kubelets' pod cgroups, and the cgroup roots of the nodes after the first (gpulet-node-<i>).
     cg = Path("/sys/fs/cgroup")
     cgroups = [str(p) for pattern in ("*/kubepods", "kubepods", "*/gpulet-node-*", "gpulet-node-*")

@@ -7,8 +7,10 @@ own; one control plane, one pod network. What only more than one node shows:
   reaches each node's kubelet (exec) on that node's port; pods on different nodes reach each other;
 - gpulet's agent on every node (vGPU on GPUs 4-7) and gpulet's extender: binpack puts consecutive
   fractional pods on one node and one GPU, spread puts them on three nodes;
-- the agent upgraded one node at a time (another binary): the running fractional pods keep their
-  containers and their grants, in the agent's accounting and the extender's;
+- the agent installed as a DaemonSet (`kubectl apply -k`, on the pod network) on every node, then
+  a new image rolled out one node at a time: the running fractional pods keep their containers and
+  their grants, in the agent's accounting and the extender's; `kubectl delete -k` restores every
+  node's containerd configuration;
 - one node "reboots" (its kubelet stops, its containers die) while the others keep serving: a pod
   elsewhere keeps its container, a new one starts on another node during the outage, and the node
   serves fractional pods again once its kubelet and agent are back;
@@ -17,12 +19,12 @@ own; one control plane, one pod network. What only more than one node shows:
 - the agent as the DRA driver on an H100 node and a T4 node: a claim selecting by productName is
   allocated from, and runs on, the one node whose GPUs match.
 
-The agents run as host processes (`cluster plugin` with GPULET_CLUSTER_PLUGIN=agent), so no agent
-validates its engine as the DaemonSet's does: the pods tolerate the not-yet-validated taint. The
-tests run in the file's order on one cluster; the last one stops it and checks what it left."""
+Outside the DaemonSet step the agents run as host processes (`cluster plugin` with
+GPULET_CLUSTER_PLUGIN=agent), which do not validate their engine as the DaemonSet's does: the pods
+tolerate the not-yet-validated taint. The tests run in the file's order on one cluster; the last one
+stops it and checks what it left."""
 import json
-import os
-import re
+import shutil
 import subprocess
 import urllib.request
 
@@ -34,6 +36,7 @@ import harness as h
 import vgpu_support as v
 
 STATE = h.BUILD / "cluster-test-nodes"
+LOGS_KEPT = h.BUILD / "cluster-test-nodes-logs"
 NODES = ["gpulet-node", "gpulet-node-1", "gpulet-node-2"]
 LIB = (h.GPULET.parent / "../lib/libgpulet-vcuda.so").resolve()
 # The extender, a host process: its HTTP port (kube-scheduler's calls) and health port.
@@ -66,7 +69,7 @@ def nodes(request):
             if request.session.testsfailed > failed_before:
                 for log in ["kube-scheduler", "extender"] + [f"gpulet-device-plugin{sfx(x)}" for x in NODES]:
                     print(f"--- {log}.log (tail)")
-                    print(h.tail_file(h.D / f"logs/{log}.log", 15))
+                    print(h.tail_file((h.D / "logs" if (h.D / "logs").exists() else LOGS_KEPT) / f"{log}.log", 15))
             if n.extender is not None and n.extender.poll() is None:
                 n.extender.terminate()
 
@@ -170,6 +173,34 @@ def start_agent(node, *args, gpulet=h.GPULET):
        env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(gpulet)})
 
 
+def start_extender(nodes, kubeconfig):
+    """gpulet's extender as a host process acting as kubeconfig's user (the one before it
+    stopped), serving once its state lists every node."""
+    if nodes.extender is not None:
+        nodes.extender.terminate()
+        nodes.extender.wait(10)
+    nodes.extender = subprocess.Popen(
+        [str(h.GPULET), "scheduler", "--kubeconfig", str(kubeconfig),
+         "--extender-listen", f"127.0.0.1:{EXT_PORT}", "--webhook-listen", "",
+         "--health-listen", f"127.0.0.1:{EXT_HEALTH}", "--extender-debug-endpoints"],
+        stdout=open(h.D / "logs/extender.log", "ab"), stderr=subprocess.STDOUT)
+    h.wait_until(60, "the extender's state lists the three nodes",
+                 lambda: all(n in extender_state() for n in NODES))
+
+
+def service_account_kubeconfig(name, path):
+    """A kubeconfig at path for ServiceAccount gpulet-system/name: the admin's cluster entry, a
+    token from the TokenRequest API (`kubectl create token`)."""
+    rc, token = h.kubectl("-n", h.NS, "create", "token", name, "--duration=1h")
+    assert rc == 0, f"kubectl create token {name}: {h.tail(token)}"
+    config = yaml.safe_load((h.D / "admin.kubeconfig").read_text())
+    config["users"] = [{"name": name, "user": {"token": token.strip()}}]
+    for c in config["contexts"]:
+        c["context"]["user"] = name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def vgpu_capacity(kube, node):
     return (kube.allocatable("tencent.com/vcuda-core", node=node) == "400"
             and kube.allocatable("nvidia.com/gpu", node=node) == "4")
@@ -183,13 +214,7 @@ def test_extender_packs_and_spreads_fractional_pods_across_nodes(nodes):
         h.wait_until(60, f"{n}: 400 vcuda-core and 4 nvidia.com/gpu allocatable", lambda n=n: vgpu_capacity(kube, n),
                      detail=lambda n=n: h.tail_file(h.D / f"logs/gpulet-device-plugin{sfx(n)}.log"))
     nodes.agents = True
-    nodes.extender = subprocess.Popen(
-        [str(h.GPULET), "scheduler", "--kubeconfig", str(h.D / "admin.kubeconfig"),
-         "--extender-listen", f"127.0.0.1:{EXT_PORT}", "--webhook-listen", "",
-         "--health-listen", f"127.0.0.1:{EXT_HEALTH}", "--extender-debug-endpoints"],
-        stdout=open(h.D / "logs/extender.log", "ab"), stderr=subprocess.STDOUT)
-    h.wait_until(60, "the extender's state lists the three nodes",
-                 lambda: all(n in extender_state() for n in NODES))
+    start_extender(nodes, h.D / "admin.kubeconfig")
     # The shipped KubeSchedulerConfiguration, the extender at the host process's address (HTTP on
     # loopback).
     config = STATE / "kube-scheduler.yaml"
@@ -245,12 +270,10 @@ def sfx(node):
     return "" if node == NODES[0] else f"-{node}"
 
 
-def vgpu_view(node, pod):
-    """The node's agent's view of the pod's vGPU container, from its exporter (whose port its
-    log names): {family: value} of its core and memory limits."""
-    log = (h.D / f"logs/gpulet-device-plugin{sfx(node)}.log").read_text(errors="replace")
-    port = re.findall(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", log)[-1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+def vgpu_view(url, pod):
+    """An agent's view of the pod's vGPU container, from the agent's exporter at url: {family:
+    value} of its core and memory limits."""
+    with urllib.request.urlopen(url, timeout=5) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
@@ -261,47 +284,125 @@ def vgpu_view(node, pod):
 
 
 LIMIT_FAMILIES = ("gpulet_vgpu_container_core_limit_ratio", "gpulet_vgpu_container_memory_limit_bytes")
+OVERLAY = h.SRC / "tests/cluster/deploy/nodes"
+NEXT_IMG = "gpulet.test/gpulet-sim:next"
+AGENT = "app.kubernetes.io/name=gpulet-node"
+NFD_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 
 
-def test_a_rolling_agent_upgrade_keeps_every_node_s_grants(nodes):
-    """The agent replaced by another binary one node at a time, each node serving again before the
-    next is touched (a DaemonSet's RollingUpdate, maxUnavailable 1): the fractional pods running on
-    every node keep their containers, their grants in the agent's accounting (its exporter reads the
-    same limits after the upgrade) and the extender's; new pods then fill the GPUs around them."""
+def node_dir(node):
+    """The node's directory in testing/k8s/cluster (the bind sources of its fixed paths)."""
+    return h.D if node == NODES[0] else h.D / f"nodes/{node}"
+
+
+def agent_pods(kube):
+    """{node: the DaemonSet's agent pod there}, pods being deleted left out."""
+    return {p["spec"].get("nodeName", ""): p for p in kube.pods(ns=h.NS, selector=AGENT)
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def pod_ready(p):
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions") or [])
+
+
+def agent_url(kube, node):
+    """The node's agent pod's exporter, on the pod network (the overlay's port)."""
+    return f"http://{agent_pods(kube)[node]['status']['podIP']}:19400/metrics"
+
+
+def agent_log(kube, node):
+    p = agent_pods(kube).get(node)
+    if p:
+        return h.tail(kube.logs(p["metadata"]["name"], ns=h.NS, container="agent"), 10)
+    return f"no agent pod on {node}: {h.tail(h.kubectl('-n', h.NS, 'describe', 'daemonset', 'gpulet-node')[1], 8)}"
+
+
+def installed(kube, node):
+    """The node's agent pod Ready, its GPUs shared as the overlay says, the node validated."""
+    p = agent_pods(kube).get(node)
+    return (p is not None and pod_ready(p) and vgpu_capacity(kube, node)
+            and kube.label("gpulet.io/gpu-stack", node=node) == "ready")
+
+
+def test_a_rolling_daemonset_upgrade_keeps_every_node_s_grants(nodes):
+    """gpulet's agent installed as the admin does (`kubectl apply -k`, deploy/overlays/containerd
+    through tests/cluster/deploy/nodes: the DaemonSet on the pod network) on the three nodes, each
+    configuring and restarting its node's containerd and validating it; then a new image rolled out
+    (`kubectl set image`, the DaemonSet's RollingUpdate, maxUnavailable 1): never more than one node
+    without a Ready agent, and the fractional pods running on every node keep their containers,
+    their grants in the agent's accounting (the new agent's exporter reads the same limits) and
+    the extender's; new pods then fill the GPUs around them. `kubectl delete -k` then restores each
+    node's containerd configuration, and the host-process agents of the other steps come back."""
     need_agents(nodes)
+    if not shutil.which("podman"):
+        pytest.skip("podman missing (the image is built with podman build)")
     kube = nodes.kube
-    # The "new version": a copy of gpulet under D (the fake NVML is <its dir>/../lib/fake).
-    (h.D / "bin").mkdir(exist_ok=True)
-    new = h.D / "bin/gpulet-next"
-    h.must("cp", h.GPULET, new)
-    if not (h.D / "lib").exists():
-        (h.D / "lib").symlink_to(h.GPULET.parent.parent / "lib")
+    configs = {n: node_dir(n) / "fixed/etc/containerd/config.toml" for n in NODES}
+    before_install = {n: c.read_bytes() for n, c in configs.items()}
+    for n in NODES:  # the node is the DaemonSet's now; a node has only the CDI spec install writes
+        on(n, "plugin", "none")
+        (node_dir(n) / "cdi/nvidia.yaml").unlink(missing_ok=True)
+        # What NFD writes on a node with an NVIDIA PCI device (the DaemonSet's node affinity).
+        v.patch_node(kube, {"metadata": {"labels": {NFD_LABEL: "true"}}}, node=n)
+    nodes.agents = False
+    h.gpulet_image(STATE, containerd2=True, nodes=NODES)
+    for n in NODES:
+        rc, out = h.node_ctr(n, "images", "tag", h.SIM_IMG, NEXT_IMG)
+        assert rc == 0, f"ctr images tag on {n}: {h.tail(out)}"
+    t0 = h.now()
+    rc, out = h.kubectl("apply", "-k", OVERLAY)
+    assert rc == 0, f"kubectl apply -k {OVERLAY}: {h.tail(out)}"
+    for n in NODES:
+        h.wait_until(120, f"{n}: the agent pod Ready, 400 vcuda-core and 4 nvidia.com/gpu, the node validated",
+                     lambda n=n: installed(kube, n), detail=lambda n=n: agent_log(kube, n))
+    h.figure(f"kubectl apply -k -> the agent DaemonSet serving and validated on {len(NODES)} nodes: {h.elapsed(t0)} s")
+    for n in NODES:
+        assert configs[n].read_bytes() != before_install[n], f"install configured {n}'s own containerd"
+    # The installed admission policies let only gpulet's scheduler ServiceAccount bind with vGPU
+    # annotations: the extender acts as that account from here on (its state from the API again).
+    start_extender(nodes, service_account_kubeconfig("gpulet-scheduler", STATE / "scheduler.kubeconfig"))
+
     roll = [f"roll-{i}" for i in range(len(NODES))]
     for name in roll:
         kube.create(frac(name, policy=SPREAD))
         kube.wait_running(name, 90)
     where = {name: node_of(kube, name) for name in roll}
     assert sorted(where.values()) == sorted(NODES), f"spread: one pod a node: {where}"
+    check_vgpu_env(kube, roll)
     want = {"gpulet_vgpu_container_core_limit_ratio": 0.3,
             "gpulet_vgpu_container_memory_limit_bytes": 8.0 * v.UNIT}
     for name, node in where.items():
-        h.wait_until(30, f"{node}'s agent accounts {name}'s limits", lambda n=node, p=name: vgpu_view(n, p) == want,
-                     detail=lambda n=node, p=name: vgpu_view(n, p))
+        h.wait_until(30, f"{node}'s agent accounts {name}'s limits", lambda n=node, p=name: vgpu_view(agent_url(kube, n), p) == want,
+                     detail=lambda n=node, p=name: vgpu_view(agent_url(kube, n), p))
     before = {name: container_id(kube, name) for name in roll}
+    old = {n: p["metadata"]["uid"] for n, p in agent_pods(kube).items()}
+
     t0 = h.now()
-    for node in NODES:
-        start_agent(node, gpulet=new)
-        pid = (h.D / f"pids/gpulet-device-plugin{sfx(node)}").read_text().strip()
-        assert os.readlink(f"/proc/{pid}/exe") == str(new), f"{node} runs the new agent"
-        h.wait_until(60, f"{node} serves again: 400 vcuda-core allocatable", lambda n=node: vgpu_capacity(kube, n))
-        mine = [p for p, n in where.items() if n == node]
-        for name in mine:
-            h.wait_until(30, f"the new agent of {node} accounts {name}'s limits as the old one did",
-                         lambda n=node, p=name: vgpu_view(n, p) == want, detail=lambda n=node, p=name: vgpu_view(n, p))
-    h.figure(f"rolling agent upgrade over {len(NODES)} nodes, one at a time, each serving again before the next: {h.elapsed(t0)} s")
+    rc, out = h.kubectl("-n", h.NS, "set", "image", "daemonset/gpulet-node", f"*={NEXT_IMG}")
+    assert rc == 0, f"kubectl set image: {h.tail(out)}"
+    fewest, replaced = len(NODES), {}
+
+    def rolled():
+        nonlocal fewest
+        pods = agent_pods(kube)
+        fewest = min(fewest, sum(1 for n in NODES if n in pods and pod_ready(pods[n])))
+        for n, p in pods.items():
+            new = p["metadata"]["uid"] != old.get(n) and pod_ready(p)
+            if new and n not in replaced and all(c["image"] == NEXT_IMG for c in p["spec"]["containers"]):
+                replaced[n] = h.elapsed(t0)
+        return len(replaced) == len(NODES)
+    h.wait_until(240, "every node's agent pod replaced by a Ready one of the new image", rolled, interval=0.2,
+                 detail=lambda: f"replaced {replaced}; {[(n, p['metadata']['uid'] != old.get(n), pod_ready(p)) for n, p in agent_pods(kube).items()]}")
+    h.figure(f"rolling DaemonSet upgrade over {len(NODES)} nodes, one at a time: {h.elapsed(t0)} s (each node's new agent Ready at {replaced})")
+    assert fewest >= len(NODES) - 1, f"maxUnavailable 1: at one point only {fewest} of {len(NODES)} nodes had a Ready agent"
+    for name, node in where.items():
+        h.wait_until(30, f"the new agent of {node} accounts {name}'s limits as the old one did",
+                     lambda n=node, p=name: vgpu_view(agent_url(kube, n), p) == want,
+                     detail=lambda n=node, p=name: vgpu_view(agent_url(kube, n), p))
     for name in roll:
         assert container_id(kube, name) == before[name], f"{name} keeps its container through the upgrade"
         assert kube.running(name), f"{name} still Running"
+    check_vgpu_env(kube, roll)
     state = extender_state()
     assert all(used_cores(state, n) == 30 for n in NODES), f"the extender still holds one 30-core grant a node: {state}"
     # Each node's GPUs 4-7: the roll pod's keeps 70 cores free, the three others 100: pods of 90
@@ -324,6 +425,20 @@ def test_a_rolling_agent_upgrade_keeps_every_node_s_grants(nodes):
     kube.clean_pods(*roll, *more, "one-too-many")
     h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
                  detail=lambda: json.dumps(extender_state()))
+
+    rc, out = h.kubectl("delete", "-k", OVERLAY, "--wait=true", "--timeout=120s")
+    assert rc == 0, f"kubectl delete -k: {h.tail(out)}"
+    h.wait_until(60, "the agent pods gone", lambda: not kube.pods(ns=h.NS, selector=AGENT))
+    for n in NODES:
+        assert configs[n].read_bytes() == before_install[n], f"uninstall restored {n}'s containerd configuration"
+    start_extender(nodes, h.D / "admin.kubeconfig")  # its ServiceAccount is gone
+    for n in NODES:
+        v.patch_node(kube, {"metadata": {"labels": {NFD_LABEL: None}}}, node=n)
+        start_agent(n)
+    for n in NODES:
+        h.wait_until(60, f"{n}: the host-process agent serves again", lambda n=n: vgpu_capacity(kube, n),
+                     detail=lambda n=n: h.tail_file(h.D / f"logs/gpulet-device-plugin{sfx(n)}.log"))
+    nodes.agents = True
 
 
 def test_one_node_reboots_while_the_others_serve(nodes):
@@ -429,7 +544,14 @@ def test_dra_claims_that_only_one_node_satisfies(nodes):
     kube.clean_pods("dra-t4", "dra-h100")
 
 
-def test_the_cluster_stops_and_leaves_nothing(nodes):
+def test_the_cluster_stops_and_leaves_nothing(nodes, request):
+    if request.session.testsfailed:  # the logs go with the cluster: kept for the failures' reader
+        shutil.rmtree(LOGS_KEPT, ignore_errors=True)
+        shutil.copytree(h.D / "logs", LOGS_KEPT)
+        for p in nodes.kube.pods(ns=h.NS, selector=AGENT):  # the DaemonSet's, where a step left it
+            name = p["metadata"]["name"]
+            (LOGS_KEPT / f"{name}.log").write_text(nodes.kube.logs(name, ns=h.NS, container="agent"))
+        print(f"the cluster's logs are kept in {LOGS_KEPT}")
     if nodes.extender is not None:
         nodes.extender.terminate()
         nodes.extender.wait(10)

@@ -96,11 +96,11 @@ def env_lines(text):
     return text.splitlines()
 
 
-def patch_node(kube, body):
+def patch_node(kube, body, node=h.NODE):
     """A merge patch of the Node (a null removes a label or annotation)."""
-    status, obj = kube.raw("PATCH", f"/api/v1/nodes/{h.NODE}", body,
+    status, obj = kube.raw("PATCH", f"/api/v1/nodes/{node}", body,
                            content_type="application/merge-patch+json")
-    assert status == 200, f"PATCH node {h.NODE} {body}: HTTP {status}: {obj}"
+    assert status == 200, f"PATCH node {node} {body}: HTTP {status}: {obj}"
 
 
 def untaint(kube):
