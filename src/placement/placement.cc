@@ -59,14 +59,14 @@ bool WholeFree(const Gpu& gpu) {
 }  // namespace
 
 bool PlanGreedy(const Node& node, const PodRequest& pod, Plan* plan, std::string* reason) {
-  if (pod.cpu_milli > node.cpu_milli_free) {
+  if (node.cpu_memory_binding && pod.cpu_milli > node.cpu_milli_free) {
     if (reason) {
       *reason = absl::StrCat("insufficient cpu: need ", pod.cpu_milli, "m, free ",
                              node.cpu_milli_free, "m");
     }
     return false;
   }
-  if (pod.memory_mib > node.memory_mib_free) {
+  if (node.cpu_memory_binding && pod.memory_mib > node.memory_mib_free) {
     if (reason) {
       *reason = absl::StrCat("insufficient memory: need ", pod.memory_mib, " MiB, free ",
                              node.memory_mib_free, " MiB");
@@ -292,9 +292,11 @@ absl::Status Update(Node& node, const PodRequest& pod, const Assignment& a, int 
   }
   const int64_t cpu = node.cpu_milli_free - sign * pod.cpu_milli;
   const int64_t memory = node.memory_mib_free - sign * pod.memory_mib;
-  if (cpu < 0 || memory < 0) return fail("insufficient cpu or memory");
-  if (cpu > node.cpu_milli_total || memory > node.memory_mib_total) {
-    return fail("cpu or memory not held");
+  if (node.cpu_memory_binding) {
+    if (cpu < 0 || memory < 0) return fail("insufficient cpu or memory");
+    if (cpu > node.cpu_milli_total || memory > node.memory_mib_total) {
+      return fail("cpu or memory not held");
+    }
   }
   node.cpu_milli_free = cpu;
   node.memory_mib_free = memory;

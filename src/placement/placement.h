@@ -47,6 +47,11 @@ struct Node {
   int64_t memory_mib_total = 0;
   int64_t memory_mib_free = 0;
   std::vector<Gpu> gpus;
+  // false: CPU and memory are scored but never make a pod not fit, and Apply/Release keep any
+  // balance (free may go below zero or above the total). The extender's nodes: kube-scheduler's
+  // NodeResourcesFit owns that check, and the extender's count (what it has seen of every pod)
+  // may lag the scheduler's, so it must not refuse a node the scheduler found room on.
+  bool cpu_memory_binding = true;
 };
 
 // A snapshot of the cluster. Owned by the caller; policies only read it.

@@ -44,6 +44,87 @@ const json& EmptyObject() {
   return kEmpty;
 }
 
+// At most 2^52 milli-units in any one figure: 4.5 PB of memory, so sums of many stay in range.
+constexpr int64_t kMilliCap = int64_t{1} << 52;
+
+// The quantity `name` of a resource list in milli-units; 0 when absent or malformed.
+int64_t MilliIn(const json& list, const char* name) {
+  if (!list.is_object()) return 0;
+  auto it = list.find(name);
+  if (it == list.end()) return 0;
+  if (it->is_number_unsigned()) {
+    return static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), kMilliCap / 1000)) * 1000;
+  }
+  if (it->is_number_integer()) return std::clamp<int64_t>(it->get<int64_t>(), 0, kMilliCap / 1000) * 1000;
+  if (!it->is_string()) return 0;
+  auto v = vgpu::ParseMilliQuantity(it->get<std::string>());
+  return v.ok() && *v > 0 ? std::min(*v, kMilliCap) : 0;
+}
+
+// Sums of requests saturate at kMilliCap (what a pod's spec says is not trusted to be sane).
+int64_t Plus(int64_t a, int64_t b) { return std::min(a + b, kMilliCap); }
+
+// Milli-bytes to MiB, rounded up.
+int64_t MiBOf(int64_t milli_bytes) {
+  constexpr int64_t kMilliMiB = int64_t{1000} << 20;
+  return milli_bytes / kMilliMiB + (milli_bytes % kMilliMiB != 0);
+}
+
+const json& Requests(const json& holder) {
+  auto r = holder.find("resources");
+  if (r == holder.end() || !r->is_object()) return EmptyObject();
+  auto q = r->find("requests");
+  return q != r->end() && q->is_object() ? *q : EmptyObject();
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> PodCpuMemory(const json& pod) {
+  auto spec_it = pod.find("spec");
+  if (spec_it == pod.end() || !spec_it->is_object()) return {0, 0};
+  const json& spec = *spec_it;
+  int64_t cpu = 0, mem = 0;  // milli-cores, milli-bytes
+  const json& own = Requests(spec);
+  if (own.contains("cpu") || own.contains("memory")) {  // pod-level resources
+    cpu = MilliIn(own, "cpu");
+    mem = MilliIn(own, "memory");
+  } else {
+    // kube-scheduler's rule (resource helpers' PodRequests): app containers and restartable
+    // init containers (sidecars) run together; each other init container runs alone with the
+    // sidecars started before it. The pod needs the larger of the two.
+    int64_t sidecar_cpu = 0, sidecar_mem = 0, init_cpu = 0, init_mem = 0;
+    if (auto inits = spec.find("initContainers"); inits != spec.end() && inits->is_array()) {
+      for (const json& c : *inits) {
+        if (!c.is_object()) continue;
+        const json& r = Requests(c);
+        if (Str(c, "restartPolicy") == "Always") {
+          sidecar_cpu = Plus(sidecar_cpu, MilliIn(r, "cpu"));
+          sidecar_mem = Plus(sidecar_mem, MilliIn(r, "memory"));
+        } else {
+          init_cpu = std::max(init_cpu, Plus(sidecar_cpu, MilliIn(r, "cpu")));
+          init_mem = std::max(init_mem, Plus(sidecar_mem, MilliIn(r, "memory")));
+        }
+      }
+    }
+    if (auto cs = spec.find("containers"); cs != spec.end() && cs->is_array()) {
+      for (const json& c : *cs) {
+        if (!c.is_object()) continue;
+        cpu = Plus(cpu, MilliIn(Requests(c), "cpu"));
+        mem = Plus(mem, MilliIn(Requests(c), "memory"));
+      }
+    }
+    cpu = std::max(Plus(cpu, sidecar_cpu), init_cpu);
+    mem = std::max(Plus(mem, sidecar_mem), init_mem);
+  }
+  if (auto o = spec.find("overhead"); o != spec.end()) {
+    cpu = Plus(cpu, MilliIn(*o, "cpu"));
+    mem = Plus(mem, MilliIn(*o, "memory"));
+  }
+  return {cpu, MiBOf(mem)};
+}
+
+namespace {
+
 // Appends `v` as a JSON string literal.
 void AppendQuoted(std::string& out, std::string_view v) {
   out += '"';
@@ -183,6 +264,7 @@ absl::StatusOr<std::pair<placement::PodRequest, std::vector<int>>> Extender::Req
   std::pair<placement::PodRequest, std::vector<int>> out;
   out.first.name =
       absl::StrCat(Str(pod, "metadata", "namespace"), "/", Str(pod, "metadata", "name"));
+  std::tie(out.first.cpu_milli, out.first.memory_mib) = PodCpuMemory(pod);
   for (const auto& c : req.containers) {
     out.first.containers.push_back(vgpu::PlacementRequestOf(c));
     out.second.push_back(c.index);
@@ -378,10 +460,10 @@ void KeepGpuletAnnotations(json& o) {
 
 k8s::KeepFn Extender::ServesFn() const {
   return [this](json& node) {
-    if (Annotation(node, vgpu::kAnnotationNodeGpus).empty() &&
+    if (!options_.all_pods && Annotation(node, vgpu::kAnnotationNodeGpus).empty() &&
         vgpu::QuantityIn(Allocatable(node), options_.names.core) < vgpu::kCoresPerGpu)
       return false;
-    // What UpsertNode reads: the name, the inventory, the vGPU capacity.
+    // What UpsertNode reads: the name, the inventory, the vGPU capacity, CPU and memory.
     KeepOnly(node, {"metadata", "status"});
     KeepGpuletAnnotations(node);
     if (json* md = Find(node, "metadata")) KeepOnly(*md, {"name", "uid", "annotations"});
@@ -389,28 +471,40 @@ k8s::KeepFn Extender::ServesFn() const {
       KeepOnly(*status, {"allocatable", "capacity"});
       for (const char* key : {"allocatable", "capacity"})
         if (json* q = Find(*status, key))
-          KeepOnly(*q, {options_.names.core, options_.names.memory});
+          KeepOnly(*q, {options_.names.core, options_.names.memory, "cpu", "memory"});
     }
     return true;
   };
 }
 
-k8s::KeepFn Extender::AsksForVgpuFn() const {
-  return [this](json& pod) {
+k8s::KeepFn Extender::PodsKeptFn(
+    std::shared_ptr<const absl::flat_hash_set<std::string>> nodes) const {
+  return [this, nodes = std::move(nodes)](json& pod) {
     auto facts = FactsOf(pod);
-    if (!facts.ok() || facts->request.containers.empty()) return false;
-    // What FactsOf and UpsertPod read: identity, gpulet's annotations, deletion, the node, the
-    // scheduler, the containers' resources, the phase.
+    if (!facts.ok()) return false;
+    if (facts->request.containers.empty() && !options_.all_pods) {
+      // Another pod: kept (for its CPU and memory) only when bound to a node served.
+      if (facts->node.empty()) return false;
+      if (nodes) {
+        if (!nodes->contains(facts->node)) return false;
+      } else {
+        absl::ReaderMutexLock l(&mu_);
+        if (!nodes_.contains(facts->node)) return false;
+      }
+    }
+    // What FactsOf, PodCpuMemory and UpsertPod read: identity, gpulet's annotations, deletion,
+    // the node, the scheduler, the resources, the phase.
     KeepOnly(pod, {"metadata", "spec", "status"});
     KeepGpuletAnnotations(pod);
     if (json* md = Find(pod, "metadata"))
       KeepOnly(*md,
                {"name", "namespace", "uid", "deletionTimestamp", "resourceVersion", "annotations"});
     if (json* spec = Find(pod, "spec")) {
-      KeepOnly(*spec, {"nodeName", "schedulerName", "initContainers", "containers"});
+      KeepOnly(*spec, {"nodeName", "schedulerName", "initContainers", "containers", "overhead",
+                       "resources"});
       for (const char* list : {"initContainers", "containers"})
         if (json* cs = Find(*spec, list); cs && cs->is_array())
-          for (json& c : *cs) KeepOnly(c, {"name", "resources"});
+          for (json& c : *cs) KeepOnly(c, {"name", "resources", "restartPolicy"});
     }
     if (json* status = Find(pod, "status")) KeepOnly(*status, {"phase"});
     return true;
@@ -458,9 +552,18 @@ void Extender::UpsertNodeUnguarded(const json& node) {
     }
   }
   for (size_t i = 0; i < st.uuids.size(); ++i) st.index_of[st.uuids[i]] = static_cast<int>(i);
+  {
+    const json& alloc = Allocatable(node);
+    placement::Node& n = st.node;
+    n.cpu_memory_binding = false;  // see extender.h
+    n.cpu_milli_total = n.cpu_milli_free = MilliIn(alloc, "cpu");
+    n.memory_mib_total = n.memory_mib_free = MiBOf(MilliIn(alloc, "memory"));
+  }
   absl::ReleasableMutexLock l(&mu_);
   // Most node updates are the kubelet's status heartbeats: same GPUs, nothing to redo.
-  if (auto cur = nodes_.find(name); cur != nodes_.end() && cur->second.uuids == st.uuids) {
+  if (auto cur = nodes_.find(name); cur != nodes_.end() && cur->second.uuids == st.uuids &&
+                                    cur->second.node.cpu_milli_total == st.node.cpu_milli_total &&
+                                    cur->second.node.memory_mib_total == st.node.memory_mib_total) {
     bool same = true;
     for (size_t g = 0; g < st.node.gpus.size() && same; ++g) {
       same = cur->second.node.gpus[g].memory_total_bytes == st.node.gpus[g].memory_total_bytes &&
@@ -474,7 +577,7 @@ void Extender::UpsertNodeUnguarded(const json& node) {
     if (b.node == name) held.emplace_back(uid, b);
   }
   for (auto& [uid, b] : held) ReleaseLocked(uid);
-  if (st.node.gpus.empty()) {
+  if (st.node.gpus.empty() && !options_.all_pods) {
     nodes_.erase(name);
   } else {
     nodes_[name] = std::move(st);
@@ -507,8 +610,17 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   std::string node = Str(pod, "spec", "nodeName");
   if (phase == "Succeeded" || phase == "Failed") return RemovePod(pod);
   auto facts = FactsOf(pod);
-  if (!facts.ok() || facts->request.containers.empty()) return;
-  {
+  if (!facts.ok()) return;
+  const bool asks_vgpu = !facts->request.containers.empty();
+  if (!asks_vgpu && !options_.all_pods) {
+    // Another pod: counted for its CPU and memory once bound to a node served. Most of its events
+    // (status updates of pods anywhere in the cluster) change nothing here: look under the
+    // shared lock first.
+    if (node.empty()) return;
+    absl::ReaderMutexLock l(&mu_);
+    if (!nodes_.contains(node)) return;
+    if (auto old = bookings_.find(uid); old != bookings_.end() && old->second.node == node) return;
+  } else {
     absl::MutexLock l(&mu_);
     auto [it, added] = shapes_.try_emplace(uid, facts->request);
     if (added) workload_dirty_ = true;
@@ -518,6 +630,27 @@ void Extender::UpsertPodUnguarded(const json& pod) {
       return;
     }
     pending_.erase(uid);
+  }
+  if (!asks_vgpu) {
+    // Holds no GPU: its CPU and memory are booked on its node, when that node is served.
+    absl::MutexLock l(&mu_);
+    if (!nodes_.contains(node)) {
+      if (options_.all_pods) orphans_[uid] = pod;  // its node is not known yet
+      return;
+    }
+    orphans_.erase(uid);
+    if (auto old = bookings_.find(uid);
+        old != bookings_.end() && old->second.node == node && !reserved_.contains(uid)) {
+      old->second.assumed = false;
+      return;
+    }
+    Booking b;
+    b.node = node;
+    b.ns = std::move(facts->ns);
+    b.name = std::move(facts->name);
+    b.request = std::move(facts->request);
+    ApplyLocked(uid, std::move(b));
+    return;
   }
   std::string annotated = Annotation(pod, vgpu::kAnnotationNode);
   if (annotated != node) {  // bound without our assignment: the node places it
@@ -636,9 +769,11 @@ placement::Workload Extender::workload() const {
 absl::Status Extender::Sync() {
   if (!api_) return absl::FailedPreconditionError("no API client");
   ASSIGN_OR_RETURN(k8s::Listed nodes, k8s::ListPaged(*api_, "/api/v1/nodes", {}, ServesFn()));
-  ASSIGN_OR_RETURN(
-      k8s::Listed pods,
-      k8s::ListPaged(*api_, "/api/v1/pods", {.field_selector = kActivePods}, AsksForVgpuFn()));
+  auto names = std::make_shared<absl::flat_hash_set<std::string>>();
+  for (const auto& n : nodes.items) names->insert(Str(n, "metadata", "name"));
+  ASSIGN_OR_RETURN(k8s::Listed pods,
+                   k8s::ListPaged(*api_, "/api/v1/pods", {.field_selector = kActivePods},
+                                  PodsKeptFn(std::move(names))));
   {
     absl::MutexLock l(&mu_);
     nodes_.clear();
@@ -729,7 +864,7 @@ void Extender::StartWatching() {
                                                    UpsertPod(ev.object);
                                                  }
                                                }),
-                                       AsksForVgpuFn());
+                                       PodsKeptFn(nullptr));
   node_reflector_->Start();
   pod_reflector_->Start();
   node_reflector_->WaitSynced(std::chrono::seconds(10));
@@ -765,7 +900,8 @@ std::string Extender::FilterWire(const json& args) {
     for (size_t i = 0; i < names.size(); ++i) {
       unresolvable.emplace_back(i, std::string(req.status().message()));
     }
-  } else if (!req->first.containers.empty()) {
+  } else if (!req->first.containers.empty() || options_.all_pods) {
+    const bool asks_vgpu = !req->first.containers.empty();
     // With a valid policy, score while checking feasibility (Score() is nullopt exactly when
     // the pod does not fit) and keep the scores for the prioritize that follows.
     auto policy = PolicyFor(pod_it != args.end() ? *pod_it : EmptyObject());
@@ -788,7 +924,10 @@ std::string Extender::FilterWire(const json& args) {
       std::vector<Slot> slots(names.size());
       for (size_t i = 0; i < names.size(); ++i) {
         auto it = nodes_.find(*names[i]);
-        if (it != nodes_.end()) slots[i].node = &it->second.node;
+        // A node without GPUs (kept with all_pods) serves only pods that ask for none.
+        if (it != nodes_.end() && (!asks_vgpu || !it->second.node.gpus.empty())) {
+          slots[i].node = &it->second.node;
+        }
       }
       const placement::ClusterFree free = pol ? FreeLocked() : placement::ClusterFree{};
       scorers_->Run(slots.size(), 64, [&](size_t begin, size_t end) {
@@ -804,7 +943,8 @@ std::string Extender::FilterWire(const json& args) {
       for (size_t i = 0; i < slots.size(); ++i) {
         const Slot& s = slots[i];
         if (s.node == nullptr) {
-          unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
+          // A pod without vGPU passes a node not known (yet): kube-scheduler checked its fit.
+          if (asks_vgpu) unresolvable.emplace_back(i, "node has no gpulet vGPU GPUs");
         } else if (!s.fits) {
           failed.emplace_back(
               i, "vGPU: " + (s.reason.empty() ? "no placement on this node" : s.reason));
@@ -838,7 +978,7 @@ std::string Extender::PrioritizeWire(const json& args) {
   std::vector<int64_t> final_scores(names.size(), 0);
   auto req = RequestOf(pod);
   auto policy = PolicyFor(pod);
-  if (req.ok() && policy.ok() && !req->first.containers.empty()) {
+  if (req.ok() && policy.ok() && (!req->first.containers.empty() || options_.all_pods)) {
     MaybeRebuildWorkload();
     std::vector<double> scores;
     std::vector<int> fit;  // positions in `names` that fit
@@ -1002,7 +1142,8 @@ json Extender::Bind(const json& args) {
                               "\", not one this extender serves (",
                               absl::StrJoin(options_.scheduler_names, ", "), ")"));
   }
-  if (pod.request.containers.empty()) {
+  const bool asks_vgpu = !pod.request.containers.empty();
+  if (!asks_vgpu && !options_.all_pods) {
     return error(
         absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
   }
@@ -1014,10 +1155,15 @@ json Extender::Bind(const json& args) {
   {
     absl::MutexLock l(&mu_);
     auto ns_it = nodes_.find(node);
-    if (ns_it == nodes_.end()) return error("bind: node " + node + " has no gpulet vGPU GPUs");
+    if (ns_it == nodes_.end() && asks_vgpu) {
+      return error("bind: node " + node + " has no gpulet vGPU GPUs");
+    }
     ExpireLocked();
     ReleaseLocked(uid);  // its reservation from prioritize, or a retried bind: re-chosen here
-    auto score = (*policy)->Score(ns_it->second.node, pod.request);
+    // A pod without vGPU on a node not known (yet) is bound uncounted; the watch books it once
+    // the node is known.
+    auto score = ns_it == nodes_.end() ? std::optional<placement::NodeScore>(placement::NodeScore{})
+                                       : (*policy)->Score(ns_it->second.node, pod.request);
     if (!score) {
       std::string reason;
       placement::Fits(ns_it->second.node, pod.request, &reason);
@@ -1034,15 +1180,19 @@ json Extender::Bind(const json& args) {
       annotations[absl::StrCat(vgpu::kAnnotationGpusPrefix, pod.container_index[c])] =
           absl::StrJoin(uuids, ",");
     }
-    Booking b{node, ns, name, pod.request, score->assignment, pod.container_index, true, false};
-    ApplyLocked(uid, std::move(b));
+    if (ns_it != nodes_.end()) {
+      Booking b{node, ns, name, pod.request, score->assignment, pod.container_index, true, false};
+      ApplyLocked(uid, std::move(b));
+    }
   }
-  annotations[vgpu::kAnnotationNode] = node;
-  annotations[vgpu::kAnnotationBindTime] =
-      std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count());
-  annotations[vgpu::kAnnotationAssigned] = "false";
+  if (asks_vgpu) {  // a pod without vGPU gets a plain Binding
+    annotations[vgpu::kAnnotationNode] = node;
+    annotations[vgpu::kAnnotationBindTime] =
+        std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count());
+    annotations[vgpu::kAnnotationAssigned] = "false";
+  }
   // One write: the Binding carries the assignment, which the API server sets on the pod with
   // its node. The GPUs stay reserved here meanwhile, so binds on one node need no lock of
   // their own.

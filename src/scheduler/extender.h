@@ -19,6 +19,14 @@
 // replaces it (on whichever node kube-scheduler chose); an unclaimed one expires after
 // `reservation_ttl`, and ends early when the pod is bound by someone else or deleted.
 //
+// CPU and memory: each node's allocatable CPU and memory, less the requests of every pod the
+// extender knows on it (its vGPU pods, and the other pods bound to its nodes), feed the policies'
+// scores (best-fit is half free CPU, half free GPU, as in the simulator). They never refuse a node
+// (placement::Node::cpu_memory_binding is false): kube-scheduler's own fit check owns that.
+// With `all_pods` (kube-scheduler calls the extender for every pod: no managedResources), pods
+// that ask for no vGPU are scored and bound too, and every node is kept, so that the policy
+// places the CPU-only pods as the simulator does (they decide where CPU runs out).
+//
 // Workload: the `fgd` and `gpulet` policies measure fragmentation against the expected mix of
 // arriving pods (placement::Policy::SetWorkload). The extender derives it from the vGPU pods it
 // sees -- pending and bound, not finished -- grouped by placement::WorkloadFromPods, so it is
@@ -86,11 +94,20 @@ struct ExtenderOptions {
   int score_threads = -1;
   // How long a reservation made at prioritize waits for its bind (see above).
   std::chrono::milliseconds reservation_ttl{30000};
+  // Serve pods that ask for no vGPU too (see above): kube-scheduler's extender entry without
+  // managedResources sends every pod here.
+  bool all_pods = false;
   // Whose time reservations expire and `workload_refresh` passes in.
   Clock* clock = RealClock();
 };
 
-// One pod's booking.
+// A pod's CPU (milli-cores) and memory (MiB) requests as kube-scheduler counts them: the pod's own
+// spec.resources when set, else its containers and restartable init containers summed or its
+// largest init container (with the sidecars started before it), whichever is more, plus the
+// runtime class's overhead. Malformed quantities count as 0 (the API server refuses them).
+std::pair<int64_t, int64_t> PodCpuMemory(const nlohmann::json& pod);
+
+// One pod's booking (GPUs, CPU and memory; a pod that asks for no vGPU holds no GPUs).
 struct Booking {
   std::string node;
   std::string ns, name;
@@ -168,7 +185,9 @@ class Extender {
   // UpsertNode and UpsertPod anyway; not holding them while listing keeps the extender's memory
   // to the part of the cluster it serves.
   k8s::KeepFn ServesFn() const;
-  k8s::KeepFn AsksForVgpuFn() const;
+  // The pods: those asking for vGPU, and the others bound to a node served (one of `nodes`, else
+  // of the nodes known now); every pod with `all_pods`.
+  k8s::KeepFn PodsKeptFn(std::shared_ptr<const absl::flat_hash_set<std::string>> nodes) const;
   void UpsertNodeUnguarded(const json& node);
   void UpsertPodUnguarded(const json& pod);
   absl::StatusOr<const placement::Policy*> PolicyFor(const json& pod) const;
@@ -219,12 +238,14 @@ class Extender {
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> unfitted_ ABSL_GUARDED_BY(mu_);
   // Bound pods whose node is not known yet.
   std::unordered_map<std::string, json> orphans_ ABSL_GUARDED_BY(mu_);
-  // Unbound vGPU pods by uid, as the watch last showed them: what Bind reads.
+  // Unbound vGPU pods (every unbound pod with all_pods) by uid, as the watch last showed them:
+  // what Bind reads.
   std::unordered_map<std::string, PodFacts> pending_ ABSL_GUARDED_BY(mu_);
   // The bookings that are reservations made at prioritize (no bind yet), by uid, with their
   // expiry.
   absl::flat_hash_map<std::string, Clock::TimePoint> reserved_ ABSL_GUARDED_BY(mu_);
-  // vGPU pods seen (pending or bound, not finished) by uid: what the workload is built from.
+  // vGPU pods seen (every pod with all_pods; pending or bound, not finished) by uid: what the
+  // workload is built from.
   std::unordered_map<std::string, placement::PodRequest> shapes_ ABSL_GUARDED_BY(mu_);
   bool workload_dirty_ ABSL_GUARDED_BY(mu_) = true;
   bool workload_built_ ABSL_GUARDED_BY(mu_) = false;

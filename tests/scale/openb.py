@@ -166,8 +166,8 @@ def pod_body(p, i, run, policy, gpu_only):
         lim = {CORE: str(100 * p["num_gpu"])}
     res.update(lim)
     meta = {"name": name, "namespace": NS, "labels": {"openb-run": run}, "annotations": {"openb/task": p["name"]}}
-    if lim:
-        meta["annotations"][ANN_POLICY] = policy
+    # Every task names the policy: with SCALE_ALL_PODS=1 the extender places the CPU-only ones too.
+    meta["annotations"][ANN_POLICY] = policy
     c = {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": res, "limits": lim}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0, "containers": [c]}}

@@ -112,6 +112,7 @@ absl::StatusOr<scheduler::ServeOptions> ToServeOptions(SchedulerFlags& f) {
   if (!f.scheduler_name.empty()) o.extender.scheduler_names.push_back(f.scheduler_name);
   o.extender.echo_node_objects = f.extender_echo_node_objects;
   o.extender.debug_endpoints = f.extender_debug_endpoints;
+  o.extender.all_pods = f.extender_all_pods;
   o.webhook = {f.names, f.max_memory_units, f.scheduler_name};
   if (f.leader_elect) {
     k8s::LeaseOptions& lease = o.lease.emplace();

@@ -22,6 +22,7 @@ struct SchedulerFlags {
   bool extender_insecure = false;
   bool extender_echo_node_objects = false;
   bool extender_debug_endpoints = false;
+  bool extender_all_pods = false;
   std::string extender_scheduler_names = "default-scheduler";
   std::string health_listen;
   int64_t max_request_bytes = 1 << 20;
@@ -72,6 +73,10 @@ inline void AddSchedulerFlags(CLI::App& sub, SchedulerFlags& f) {
   sub.add_flag("--extender-echo-node-objects", f.extender_echo_node_objects,
                "Answer kube-scheduler configured with nodeCacheCapable: false (echo the Node "
                "objects it sent) instead of asking for nodeCacheCapable: true");
+  sub.add_flag("--extender-all-pods", f.extender_all_pods,
+               "Place pods that ask for no vGPU too, with the same policy (kube-scheduler's "
+               "extender entry then has no managedResources, so it sends every pod): CPU-only "
+               "pods go where they strand the fewest GPUs, as gpulet-sched simulate assumes");
   sub.add_flag("--extender-debug-endpoints", f.extender_debug_endpoints,
                "Serve GET <prefix>/state and /workload (the cluster's GPU layout) on the extender");
   sub.add_option("--extender-scheduler-names", f.extender_scheduler_names,

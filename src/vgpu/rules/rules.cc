@@ -92,6 +92,66 @@ absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q) {
       "\"", std::string(q), "\" is not an integer quantity (vGPU resources are whole units)"));
 }
 
+absl::StatusOr<int64_t> ParseMilliQuantity(std::string_view q) {
+  // resource.Quantity's grammar: [+-]digits[.digits][suffix], suffix one of the binary or
+  // decimal SI ones or e<int>. Written here because the one integer parser above refuses
+  // fractions by design (vGPU units are whole) and no packaged library reads this format.
+  const auto bad = [&q](const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", std::string(q.substr(0, 64)), "\" ", why));
+  };
+  if (q.empty() || q.size() > 64) return bad("is not a quantity");
+  size_t i = 0;
+  bool negative = false;
+  if (q[i] == '+' || q[i] == '-') negative = q[i++] == '-';
+  __int128 digits = 0;  // the mantissa's digits as one integer
+  int fraction = 0;     // digits after the point
+  bool any = false, point = false;
+  for (; i < q.size(); ++i) {
+    if (q[i] == '.' && !point) {
+      point = true;
+    } else if (q[i] >= '0' && q[i] <= '9') {
+      if (digits >= __int128{1000000000000000000} * 10) return bad("has too many digits");
+      digits = digits * 10 + (q[i] - '0');
+      fraction += point;
+      if (fraction > 9) return bad("has more than 9 decimals");
+      any = true;
+    } else {
+      break;
+    }
+  }
+  if (!any) return bad("is not a quantity");
+  std::string_view suffix = q.substr(i);
+  // value = digits * num / den, in milli-units.
+  __int128 num = 1000, den = 1;
+  for (int f = 0; f < fraction; ++f) den *= 10;
+  static constexpr std::pair<std::string_view, int> kDecimal[] = {
+      {"n", -9}, {"u", -6}, {"m", -3}, {"", 0},   {"k", 3},
+      {"M", 6},  {"G", 9},  {"T", 12}, {"P", 15}, {"E", 18}};
+  static constexpr std::pair<std::string_view, int> kBinary[] = {
+      {"Ki", 10}, {"Mi", 20}, {"Gi", 30}, {"Ti", 40}, {"Pi", 50}, {"Ei", 60}};
+  int exp10 = 0, exp2 = 0;
+  bool known = false;
+  for (const auto& [s, e] : kDecimal) known = known || (suffix == s && (exp10 = e, true));
+  for (const auto& [s, e] : kBinary) known = known || (suffix == s && (exp2 = e, true));
+  if (!known && suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E')) {
+    auto [p, ec] = std::from_chars(suffix.data() + 1, suffix.data() + suffix.size(), exp10);
+    known = ec == std::errc() && p == suffix.data() + suffix.size() && exp10 >= -9 && exp10 <= 18;
+  }
+  if (!known) return bad("is not a quantity (unknown suffix)");
+  for (; exp10 > 0; --exp10) num *= 10;
+  for (; exp10 < 0; ++exp10) den *= 10;
+  num <<= exp2;
+  // den <= 1e18 and digits < 1e19: once the estimate is within int64, the exact product fits in
+  // 128 bits.
+  if (static_cast<long double>(digits) * static_cast<long double>(num) /
+          static_cast<long double>(den) >
+      static_cast<long double>(INT64_MAX) / 2) {
+    return bad("is too large");
+  }
+  const __int128 v = (digits * num + den - 1) / den;  // rounded up, like MilliValue()
+  return negative ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
+}
+
 absl::Status ValidateContainer(const ContainerUnits& c, int64_t max_units_per_gpu,
                                const ResourceNames& names) {
   std::string where = absl::StrCat("container \"", c.name, "\"");

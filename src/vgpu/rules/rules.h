@@ -96,6 +96,11 @@ absl::StatusOr<PodUnits> ParsePod(const nlohmann::json& pod, const ResourceNames
 // parser of the tree: the webhook, the extender, the agent and DRA's claims all read through it.
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);
 
+// Any Kubernetes quantity ("500m", "1.5", "2", "1Gi", "0.5Gi", "100u") times 1000, rounded up as
+// resource.Quantity's MilliValue() rounds (a CPU request in milli-cores; memory in milli-bytes).
+// Exponent forms ("1e3") are read too. Errors: not a quantity, or beyond int64.
+absl::StatusOr<int64_t> ParseMilliQuantity(std::string_view q);
+
 // The integer quantity `name` in a resource list (node capacity/allocatable, container limits),
 // written as a number or a quantity string; 0 when absent or not an integer.
 int64_t QuantityIn(const nlohmann::json& list, const std::string& name);

@@ -123,6 +123,27 @@ TEST(Rules, Quantities) {
   EXPECT_THAT(p.status().message(), HasSubstr("resources.limits[tencent.com/vcuda-core]"));
 }
 
+// Any quantity in milli-units (CPU and memory requests), rounded up like MilliValue().
+TEST(Rules, MilliQuantities) {
+  EXPECT_EQ(*ParseMilliQuantity("500m"), 500);
+  EXPECT_EQ(*ParseMilliQuantity("2"), 2000);
+  EXPECT_EQ(*ParseMilliQuantity("1.5"), 1500);
+  EXPECT_EQ(*ParseMilliQuantity("0.0001"), 1) << "rounded up";
+  EXPECT_EQ(*ParseMilliQuantity("100u"), 1);
+  EXPECT_EQ(*ParseMilliQuantity("1Gi"), int64_t{1000} << 30);
+  EXPECT_EQ(*ParseMilliQuantity("0.5Gi"), int64_t{500} << 30);
+  EXPECT_EQ(*ParseMilliQuantity("1e3"), 1000000);
+  EXPECT_EQ(*ParseMilliQuantity("1E3"), 1000000);
+  EXPECT_EQ(*ParseMilliQuantity("+3k"), 3000000);
+  EXPECT_EQ(*ParseMilliQuantity("-1"), -1000);
+  EXPECT_EQ(*ParseMilliQuantity("4Ti"), int64_t{4000} << 40);
+  for (const char* bad : {"", "m", ".", "1.2.3", "1Zi", "1e", "1e99", "1 Gi", "9Ei", "8E",
+                          "1.0000000001", "99999999999999999999999"}) {
+    EXPECT_FALSE(ParseMilliQuantity(bad).ok()) << bad;
+  }
+  EXPECT_THAT(ParseMilliQuantity("12parsecs").status().message(), HasSubstr("\"12parsecs\""));
+}
+
 // Configured resource names replace TKEStack's; other names are ignored.
 TEST(Rules, ConfigurableNames) {
   ResourceNames names{"example.com/core", "example.com/mem"};
