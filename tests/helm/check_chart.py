@@ -125,6 +125,12 @@ def matrix():
     def has_rule(rules, res, verb):
         return any(res in r["resources"] and verb in r["verbs"] for r in rules)
 
+    def scheduler_args(o):
+        return container(find(o, "Deployment", "gpulet-scheduler"), "scheduler")["args"]
+
+    def scheduler_config(o):
+        return find(o, "ConfigMap", "gpulet-kube-scheduler-config")["data"]["kube-scheduler-config.yaml"]
+
     return [
         ("defaults", [], lambda o: None if ds(o) and find(o, "Deployment", "gpulet-scheduler")
          and find(o, "ConfigMap", "gpulet-config") and not find(o, "Namespace", NS)
@@ -165,6 +171,12 @@ def matrix():
          lambda o: None if yaml.safe_load(find(o, "ConfigMap", "gpulet-config")["data"]["config.yaml"])
          ["gpulet"]["vgpu"]["gpus"] == "4,5" and "--policy=spread" in
          container(find(o, "Deployment", "gpulet-scheduler"), "scheduler")["args"] else "vgpu.gpus/policy"),
+        ("vgpu pods alone by default", [], lambda o: None if "--extender-all-pods" not in
+         scheduler_args(o) and "managedResources" in scheduler_config(o)
+         else "the extender is sent every pod by default"),
+        ("vgpu allPods", ["vgpu.allPods=true"], lambda o: None if "--extender-all-pods" in
+         scheduler_args(o) and "managedResources" not in scheduler_config(o)
+         else "allPods: no flag, or managedResources still in the extender entry"),
         ("exporter off", ["exporter.enabled=false"],
          lambda o: None if not find(o, "Service", "gpulet-metrics")
          and not find(o, "NetworkPolicy", "gpulet-metrics") else "metrics Service or policy remains"),
