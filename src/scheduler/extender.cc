@@ -55,7 +55,8 @@ int64_t MilliIn(const json& list, const char* name) {
   if (it->is_number_unsigned()) {
     return static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), kMilliCap / 1000)) * 1000;
   }
-  if (it->is_number_integer()) return std::clamp<int64_t>(it->get<int64_t>(), 0, kMilliCap / 1000) * 1000;
+  if (it->is_number_integer())
+    return std::clamp<int64_t>(it->get<int64_t>(), 0, kMilliCap / 1000) * 1000;
   if (!it->is_string()) return 0;
   auto v = vgpu::ParseMilliQuantity(it->get<std::string>());
   return v.ok() && *v > 0 ? std::min(*v, kMilliCap) : 0;
