@@ -159,11 +159,19 @@ def node_body(kind, name, index):
             "spec": {}, "status": {"capacity": cap, "allocatable": dict(cap)}}
 
 
-def slice_body(kind, name, index, node_uid):
+def slice_bodies(kind, name, index, node_uid):
     # As src/dra/slices.cc and devices.cc shape them: one slice per node named <node>-<driver>, pool =
     # the node, devices gpu-<index> with type/uuid/index attributes and the memory capacity; with
     # consumable capacity (drashare: the agent's --dra-consumable-capacity) each GPU may be shared,
     # memory in 256 MiB steps and 1..100 cores.
+    # drashare publishes one slice per GPU (<node>-<driver>-gpu-<g>, the pool's resourceSliceCount
+    # 8) unless SCALE_DRASHARE_SLICES=one: kube-scheduler 1.34's consumable-capacity allocator
+    # (k8s.io/dynamic-resource-allocation structured/internal/experimental, allocateDevice) checks
+    # the remaining capacity of the device at the request's device index in the candidate's slice
+    # (Devices[0] for a one-device request), not of the candidate itself (kubernetes#133705, fixed
+    # in 1.35.0): with the agent's single slice only gpu-0 of each node takes shares. One device
+    # per slice makes Devices[0] the candidate. Reproduce the bug with SCALE_DRASHARE_SLICES=one.
+    per_gpu = kind == "drashare" and os.environ.get("SCALE_DRASHARE_SLICES", "per-gpu") != "one"
     devices = []
     for g in range(GPUS_PER_NODE):
         d = {"name": f"gpu-{g}",
@@ -177,12 +185,17 @@ def slice_body(kind, name, index, node_uid):
             d["capacity"]["cores"] = {"value": "100", "requestPolicy": {
                 "default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}}}
         devices.append(d)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{name}-{DRIVER}",
-                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid,
-                                              "controller": True}]},
-            "spec": {"driver": DRIVER, "nodeName": name,
-                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+    groups = [[d] for d in devices] if per_gpu else [devices]
+
+    def body(suffix, devs):
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": f"{name}-{DRIVER}{suffix}",
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                                  "uid": node_uid, "controller": True}]},
+                "spec": {"driver": DRIVER, "nodeName": name,
+                         "pool": {"name": name, "generation": 1, "resourceSliceCount": len(groups)},
+                         "devices": devs}}
+    return [body(f"-{g[0]['name']}" if per_gpu else "", g) for g in groups]
 
 
 def cmd_nodes(api, a):
@@ -190,8 +203,8 @@ def cmd_nodes(api, a):
         name = f"{a.prefix}-{i:05d}"
         node = api.call("POST", "/api/v1/nodes", node_body(a.kind, name, i))
         if a.kind in ("dra", "drashare"):
-            api.call("POST", "/apis/resource.k8s.io/v1/resourceslices",
-                     slice_body(a.kind, name, i, node["metadata"]["uid"]))
+            for body in slice_bodies(a.kind, name, i, node["metadata"]["uid"]):
+                api.call("POST", "/apis/resource.k8s.io/v1/resourceslices", body)
 
     t = time.time()
     errors = parallel(make, range(a.count), a.threads)
@@ -443,6 +456,8 @@ def check_dra(api, pods, a):
             mem[d] += mib(used.get("memory", "80Gi"))
             if r["pool"] != node:
                 problems.append(f"{p['metadata']['name']}: device {r['pool']}/{r['device']} is not on its node {node}")
+            if a.kind == "drashare" and not (r.get("shareID") and used):
+                problems.append(f"{p['metadata']['name']}: share of {r['pool']}/{r['device']} without shareID or consumedCapacity")
     bound = len([p for p in pods if p["spec"].get("nodeName")])
     if a.kind == "dra":
         over = [d for d, n in holders.items() if n > 1]
