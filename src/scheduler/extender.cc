@@ -1205,7 +1205,9 @@ json Extender::Bind(const json& args) {
       // went through): the GPUs stay booked, as a reservation that the pod watch turns into the
       // pod's own booking when it shows the pod bound, or that expires. Releasing them here let
       // the next pod take GPUs the bound one holds (an API cut mid-burst over-committed one).
-      reserved_[uid] = options_.clock->Now() + options_.reservation_ttl;
+      if (bookings_.contains(uid)) {  // (a pod bound uncounted, above, holds nothing)
+        reserved_[uid] = options_.clock->Now() + options_.reservation_ttl;
+      }
     } else {
       ReleaseLocked(uid);
     }
