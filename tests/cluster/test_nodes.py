@@ -7,6 +7,8 @@ own; one control plane, one pod network. What only more than one node shows:
   reaches each node's kubelet (exec) on that node's port; pods on different nodes reach each other;
 - gpulet's agent on every node (vGPU on GPUs 4-7) and gpulet's extender: binpack puts consecutive
   fractional pods on one node and one GPU, spread puts them on three nodes;
+- the agent of one node restarted in the middle of a burst of fractional pods: every pod starts
+  once with the grant it was bound with, no GPU over-committed;
 - the agent installed as a DaemonSet (`kubectl apply -k`, on the pod network) on every node, then
   a new image rolled out one node at a time: the running fractional pods keep their containers and
   their grants, in the agent's accounting and the extender's; `kubectl delete -k` restores every
@@ -23,6 +25,7 @@ Outside the DaemonSet step the agents run as host processes (`cluster plugin` wi
 GPULET_CLUSTER_PLUGIN=agent), which do not validate their engine as the DaemonSet's does: the pods
 tolerate the not-yet-validated taint. The tests run in the file's order on one cluster; the last one
 stops it and checks what it left."""
+import collections
 import json
 import shutil
 import subprocess
@@ -250,6 +253,50 @@ def test_extender_packs_and_spreads_fractional_pods_across_nodes(nodes):
     h.wait_until(30, "the extender frees the deleted pods' grants",
                  lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
                  detail=lambda: json.dumps(extender_state()))
+
+
+def test_an_agent_restarted_mid_burst_keeps_every_grant(nodes):
+    """Issue 30 item 4's agent fault, on real kubelets: 24 fractional pods (30 cores, binpack)
+    created at once; once a third of them are bound, the agent of the node holding the most is
+    restarted (SIGTERM and a new process: its device plugin registers with the kubelet again and
+    its vGPU state is rebuilt from the API server) while the kubelet is admitting them. Every pod
+    must still start, once, on the node and GPU the extender bound it to, with that grant; no GPU
+    over-committed, by the pods' annotations or in the extender's state; then every grant freed."""
+    need_agents(nodes)
+    kube = nodes.kube
+    burst = [f"burst-{i:02d}" for i in range(24)]
+    t0 = h.now()
+    for name in burst:
+        kube.create(frac(name))
+
+    def bound():
+        return collections.Counter(n for n in (node_of(kube, p) for p in burst) if n)
+    h.wait_until(60, "a third of the burst bound", lambda: sum(bound().values()) >= len(burst) // 3,
+                 interval=0.05, detail=lambda: dict(bound()))
+    counts = bound()
+    victim = counts.most_common(1)[0][0]
+    start_agent(victim)
+    h.figure(f"agent of {victim} restarted with {sum(counts.values())} of {len(burst)} pods bound "
+             f"({counts[victim]} on it) at {h.elapsed(t0)} s")
+    for name in burst:
+        kube.wait_running(name, 180)
+    h.figure(f"{len(burst)} fractional pods, one agent restarted among them: all Running "
+             f"{h.elapsed(t0)} s after the first was created")
+    restarted = [name for name in burst if container_id(kube, name)[1] != 0]
+    assert not restarted, f"containers restarted: {restarted}"
+    check_vgpu_env(kube, burst)
+    granted = collections.Counter()
+    for name in burst:
+        granted[(node_of(kube, name), v.annotation(kube, name, "gpulet.io/vgpu-gpus-0"))] += 30
+    assert max(granted.values()) <= 100, f"a GPU over-committed by the pods' grants: {dict(granted)}"
+    state = extender_state()
+    assert sum(used_cores(state, n) for n in NODES) == 30 * len(burst), \
+        f"the extender holds exactly the burst's grants: {json.dumps(state)}"
+    assert all(g["freeCores"] >= 0 for n in NODES for g in state.get(n, [])), json.dumps(state)
+    kube.clean_pods(*burst)
+    h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
+                 detail=lambda: json.dumps(extender_state()))
+    h.wait_until(60, f"{victim}: the restarted agent's vGPU capacity", lambda: vgpu_capacity(kube, victim))
 
 
 def check_vgpu_env(kube, names):
