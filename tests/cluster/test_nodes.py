@@ -7,8 +7,9 @@ own; one control plane, one pod network. What only more than one node shows:
   reaches each node's kubelet (exec) on that node's port; pods on different nodes reach each other;
 - gpulet's agent on every node (vGPU on GPUs 4-7) and gpulet's extender: binpack puts consecutive
   fractional pods on one node and one GPU, spread puts them on three nodes;
-- the agent of one node restarted in the middle of a burst of fractional pods: every pod starts
-  once with the grant it was bound with, no GPU over-committed;
+- the agent of one node restarted in the middle of a burst of fractional pods (a Deployment's):
+  the pods the kubelet rejects meanwhile are replaced, all end Running with the grant they were
+  bound with, and no GPU is over-committed;
 - the agent installed as a DaemonSet (`kubectl apply -k`, on the pod network) on every node, then
   a new image rolled out one node at a time: the running fractional pods keep their containers and
   their grants, in the agent's accounting and the extender's; `kubectl delete -k` restores every
@@ -256,47 +257,66 @@ def test_extender_packs_and_spreads_fractional_pods_across_nodes(nodes):
 
 
 def test_an_agent_restarted_mid_burst_keeps_every_grant(nodes):
-    """Issue 30 item 4's agent fault, on real kubelets: 24 fractional pods (30 cores, binpack)
-    created at once; once a third of them are bound, the agent of the node holding the most is
-    restarted (SIGTERM and a new process: its device plugin registers with the kubelet again and
-    its vGPU state is rebuilt from the API server) while the kubelet is admitting them. Every pod
-    must still start, once, on the node and GPU the extender bound it to, with that grant; no GPU
-    over-committed, by the pods' annotations or in the extender's state; then every grant freed."""
+    """Issue 30 item 4's agent fault, on real kubelets: a Deployment of 24 fractional pods (30
+    cores, binpack) created at once; once a third are bound, the agent of the node holding the
+    most is restarted (SIGTERM and a new process: its device plugin registers with the kubelet
+    again, its vGPU state is rebuilt from the API server) while that kubelet admits them. The
+    kubelet rejects a pod whose Allocate finds no plugin (UnexpectedAdmissionError: the pod
+    Failed, as with any device plugin's restart); its ReplicaSet replaces it, through the
+    extender again. In the end 24 pods run, each with the grant it was bound with, no GPU is
+    over-committed, by the pods' grants or in the extender's state, and the rejected pods hold
+    nothing there; deleting the Deployment frees every grant."""
     need_agents(nodes)
     kube = nodes.kube
-    burst = [f"burst-{i:02d}" for i in range(24)]
-    t0 = h.now()
-    for name in burst:
-        kube.create(frac(name))
+    replicas, app = 24, "burst"
+    spec = frac("x")["spec"]
+    spec["restartPolicy"] = "Always"
+
+    def pods():
+        return [p for p in kube.pods(selector=f"app={app}") if not p["metadata"].get("deletionTimestamp")]
+
+    def phase(p):
+        return p.get("status", {}).get("phase", "")
 
     def bound():
-        return collections.Counter(n for n in (node_of(kube, p) for p in burst) if n)
-    h.wait_until(60, "a third of the burst bound", lambda: sum(bound().values()) >= len(burst) // 3,
-                 interval=0.05, detail=lambda: dict(bound()))
-    counts = bound()
-    victim = counts.most_common(1)[0][0]
-    start_agent(victim)
-    h.figure(f"agent of {victim} restarted with {sum(counts.values())} of {len(burst)} pods bound "
-             f"({counts[victim]} on it) at {h.elapsed(t0)} s")
-    for name in burst:
-        kube.wait_running(name, 180)
-    h.figure(f"{len(burst)} fractional pods, one agent restarted among them: all Running "
-             f"{h.elapsed(t0)} s after the first was created")
-    restarted = [name for name in burst if container_id(kube, name)[1] != 0]
-    assert not restarted, f"containers restarted: {restarted}"
-    check_vgpu_env(kube, burst)
-    granted = collections.Counter()
-    for name in burst:
-        granted[(node_of(kube, name), v.annotation(kube, name, "gpulet.io/vgpu-gpus-0"))] += 30
-    assert max(granted.values()) <= 100, f"a GPU over-committed by the pods' grants: {dict(granted)}"
-    state = extender_state()
-    assert sum(used_cores(state, n) for n in NODES) == 30 * len(burst), \
-        f"the extender holds exactly the burst's grants: {json.dumps(state)}"
-    assert all(g["freeCores"] >= 0 for n in NODES for g in state.get(n, [])), json.dumps(state)
-    kube.clean_pods(*burst)
+        return collections.Counter(p["spec"].get("nodeName") for p in pods() if p["spec"].get("nodeName"))
+    t0 = h.now()
+    kube.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "namespace": "default"},
+                 "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+                          "template": {"metadata": {"labels": {"app": app}, "annotations": PACK}, "spec": spec}}})
+    try:
+        h.wait_until(60, "a third of the burst bound", lambda: sum(bound().values()) >= replicas // 3,
+                     interval=0.05, detail=lambda: dict(bound()))
+        counts = bound()
+        victim = counts.most_common(1)[0][0]
+        start_agent(victim)
+        h.figure(f"agent of {victim} restarted with {sum(counts.values())} of {replicas} pods bound "
+                 f"({counts[victim]} on it) at {h.elapsed(t0)} s")
+        running = h.wait_until(240, f"{replicas} pods of the Deployment Running",
+                               lambda: (r := [p for p in pods() if phase(p) == "Running"]) and len(r) == replicas and r,
+                               detail=lambda: collections.Counter(phase(p) for p in pods()))
+        rejected = [p["metadata"]["name"] for p in pods() if phase(p) == "Failed"]
+        h.figure(f"{replicas} fractional pods, one agent restarted among them: all Running {h.elapsed(t0)} s "
+                 f"after the Deployment was created; {len(rejected)} rejected by the kubelet and replaced")
+        names = [p["metadata"]["name"] for p in running]
+        restarted = [n for n in names if container_id(kube, n)[1] != 0]
+        assert not restarted, f"containers restarted: {restarted}"
+        check_vgpu_env(kube, names)
+        granted = collections.Counter()
+        for n in names:
+            granted[(node_of(kube, n), v.annotation(kube, n, "gpulet.io/vgpu-gpus-0"))] += 30
+        assert max(granted.values()) <= 100, f"a GPU over-committed by the pods' grants: {dict(granted)}"
+        state = extender_state()
+        assert sum(used_cores(state, n) for n in NODES) == 30 * replicas, \
+            f"the extender holds the running pods' grants, none of the {len(rejected)} rejected: {json.dumps(state)}"
+        assert all(g["freeCores"] >= 0 for n in NODES for g in state.get(n, [])), json.dumps(state)
+    finally:
+        kube.delete("apps/v1", "Deployment", app, ns="default")
+        h.wait_until(90, "the Deployment's pods gone", lambda: not kube.pods(selector=f"app={app}"))
     h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),
                  detail=lambda: json.dumps(extender_state()))
-    h.wait_until(60, f"{victim}: the restarted agent's vGPU capacity", lambda: vgpu_capacity(kube, victim))
+    for n in NODES:
+        h.wait_until(60, f"{n}: the agent's vGPU capacity", lambda n=n: vgpu_capacity(kube, n))
 
 
 def check_vgpu_env(kube, names):
