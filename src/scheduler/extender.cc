@@ -632,6 +632,12 @@ void Extender::UpsertPodUnguarded(const json& pod) {
     }
     pending_.erase(uid);
   }
+  Booking b;
+  b.node = node;
+  b.ns = std::move(facts->ns);
+  b.name = std::move(facts->name);
+  b.request = std::move(facts->request);
+  b.container_index = std::move(facts->container_index);
   if (!asks_vgpu) {
     // Holds no GPU: its CPU and memory are booked on its node, when that node is served.
     absl::MutexLock l(&mu_);
@@ -645,11 +651,6 @@ void Extender::UpsertPodUnguarded(const json& pod) {
       old->second.assumed = false;
       return;
     }
-    Booking b;
-    b.node = node;
-    b.ns = std::move(facts->ns);
-    b.name = std::move(facts->name);
-    b.request = std::move(facts->request);
     ApplyLocked(uid, std::move(b));
     return;
   }
@@ -659,12 +660,6 @@ void Extender::UpsertPodUnguarded(const json& pod) {
     if (reserved_.contains(uid)) ReleaseLocked(uid);
     return;
   }
-  Booking b;
-  b.node = node;
-  b.ns = std::move(facts->ns);
-  b.name = std::move(facts->name);
-  b.request = std::move(facts->request);
-  b.container_index = std::move(facts->container_index);
   absl::MutexLock l(&mu_);
   auto ns = nodes_.find(node);
   if (ns == nodes_.end()) {  // its node is not known yet: counted when the node arrives
