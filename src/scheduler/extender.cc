@@ -483,7 +483,7 @@ k8s::KeepFn Extender::PodsKeptFn(
   return [this, nodes = std::move(nodes)](json& pod) {
     auto facts = FactsOf(pod);
     if (!facts.ok()) return false;
-    if (facts->request.containers.empty() && !options_.all_pods) {
+    if (!Places(facts->request)) {
       // Another pod: kept (for its CPU and memory) only when bound to a node served.
       if (facts->node.empty()) return false;
       if (nodes) {
@@ -613,7 +613,7 @@ void Extender::UpsertPodUnguarded(const json& pod) {
   auto facts = FactsOf(pod);
   if (!facts.ok()) return;
   const bool asks_vgpu = !facts->request.containers.empty();
-  if (!asks_vgpu && !options_.all_pods) {
+  if (!Places(facts->request)) {
     // Another pod: counted for its CPU and memory once bound to a node served. Most of its events
     // (status updates of pods anywhere in the cluster) change nothing here: look under the
     // shared lock first.
@@ -896,7 +896,7 @@ std::string Extender::FilterWire(const json& args) {
     for (size_t i = 0; i < names.size(); ++i) {
       unresolvable.emplace_back(i, std::string(req.status().message()));
     }
-  } else if (!req->first.containers.empty() || options_.all_pods) {
+  } else if (Places(req->first)) {
     const bool asks_vgpu = !req->first.containers.empty();
     // With a valid policy, score while checking feasibility (Score() is nullopt exactly when
     // the pod does not fit) and keep the scores for the prioritize that follows.
@@ -974,7 +974,7 @@ std::string Extender::PrioritizeWire(const json& args) {
   std::vector<int64_t> final_scores(names.size(), 0);
   auto req = RequestOf(pod);
   auto policy = PolicyFor(pod);
-  if (req.ok() && policy.ok() && (!req->first.containers.empty() || options_.all_pods)) {
+  if (req.ok() && policy.ok() && Places(req->first)) {
     MaybeRebuildWorkload();
     std::vector<double> scores;
     std::vector<int> fit;  // positions in `names` that fit
@@ -1139,7 +1139,7 @@ json Extender::Bind(const json& args) {
                               absl::StrJoin(options_.scheduler_names, ", "), ")"));
   }
   const bool asks_vgpu = !pod.request.containers.empty();
-  if (!asks_vgpu && !options_.all_pods) {
+  if (!Places(pod.request)) {
     return error(
         absl::StrCat(who, " asks for no vGPU resources; this extender binds only vGPU pods"));
   }

@@ -190,6 +190,11 @@ class Extender {
   k8s::KeepFn PodsKeptFn(std::shared_ptr<const absl::flat_hash_set<std::string>> nodes) const;
   void UpsertNodeUnguarded(const json& node);
   void UpsertPodUnguarded(const json& pod);
+  // Whether this extender places a pod of this request: one asking for vGPU, or any with
+  // all_pods.
+  bool Places(const placement::PodRequest& request) const {
+    return options_.all_pods || !request.containers.empty();
+  }
   absl::StatusOr<const placement::Policy*> PolicyFor(const json& pod) const;
   absl::StatusOr<const placement::Policy*> PolicyNamed(std::string name) const;
   // Replaces the pod's reservation (if any) with one on `node`, when the pod fits there.

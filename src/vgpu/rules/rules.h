@@ -92,8 +92,9 @@ absl::StatusOr<PodUnits> ParsePod(const nlohmann::json& pod, const ResourceNames
                                   int64_t max_units_per_gpu);
 
 // Parses an integer Kubernetes quantity ("30", "2k", "1Ki", "4Ti"; every suffix of
-// resource.Quantity up to E/Ei); fractional values and overflow are errors. The one quantity
-// parser of the tree: the webhook, the extender, the agent and DRA's claims all read through it.
+// resource.Quantity up to E/Ei); fractional values and overflow are errors. The one integer
+// quantity parser of the tree: the webhook, the extender, the agent and DRA's claims all read
+// through it (CPU and memory requests, which may be fractional, through ParseMilliQuantity).
 absl::StatusOr<int64_t> ParseIntQuantity(std::string_view q);
 
 // Any Kubernetes quantity ("500m", "1.5", "2", "1Gi", "0.5Gi", "100u") times 1000, rounded up as
