@@ -93,6 +93,18 @@ class MpsGated final : public kubelet::Resource {
   std::shared_ptr<MpsDaemon> daemon_;
 };
 
+// Who holds each vcuda device, by the kubelet's record (PodResources): device ID ->
+// ("namespace/pod", container).
+absl::StatusOr<std::map<std::string, std::pair<std::string, std::string>>> KubeletOwners(
+    kubelet::PodResourcesLister& lister, const vgpu::ResourceNames& names) {
+  ASSIGN_OR_RETURN(auto devices, lister.List());
+  std::map<std::string, std::pair<std::string, std::string>> owner_of;
+  for (const auto& d : devices)
+    if (d.resource == names.core || d.resource == names.memory)
+      owner_of[d.device_id] = {d.namespace_ + "/" + d.pod, d.container};
+  return owner_of;
+}
+
 }  // namespace
 
 void BlockSignals() { BlockStopSignals(/*with_reload=*/true); }
@@ -196,13 +208,26 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     for (size_t i = 0; i < inventory_.devices.size(); ++i)
       position[inventory_.devices[i].uuid] = static_cast<uint32_t>(i);
     HealthMonitor* health = health_.get();
+    // Before each vGPU container starts, its pod's records follow the kubelet's (Correct()), so
+    // that no container runs while its pod's annotations name another GPU.
+    std::function<void()> before_start;
+    if (options_.pod_resources) {
+      before_start = [lister = options_.pod_resources,
+                      weak = std::weak_ptr<vgpu::NodeAssigner>(assigner)] {
+        auto a = weak.lock();
+        if (!a) return;
+        auto owners = KubeletOwners(*lister, a->options().names);
+        absl::Status s = owners.ok() ? a->Correct(*owners) : owners.status();
+        if (!s.ok()) spdlog::warn("vGPU: before a container starts: {}", std::string(s.message()));
+      };
+    }
     auto vcuda = vgpu::MakeVcudaResources(
         assigner,
         [health, position](const std::string& uuid) {
           auto it = position.find(uuid);
           return it != position.end() && health->Healthy(it->second);
         },
-        health->changes());
+        health->changes(), std::move(before_start));
     resources.insert(resources.end(), vcuda.begin(), vcuda.end());
   }
   // MPS control daemons: one per shared resource, ready before the resource is served (as
@@ -292,16 +317,13 @@ absl::Status DevicePlugin::ReconcileVgpu() {
   std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
   if (!a) return absl::OkStatus();
   absl::Duration interval = config().vgpu.reconcile_interval;
-  const vgpu::ResourceNames& names = a->options().names;
   std::map<std::string, std::pair<std::string, std::string>> owner_of;
   bool listed = false;
   if (options_.pod_resources) {
-    auto devices = options_.pod_resources->List();
-    if (devices.ok()) {
+    auto owners = KubeletOwners(*options_.pod_resources, a->options().names);
+    if (owners.ok()) {
       listed = true;
-      for (const auto& d : *devices)
-        if (d.resource == names.core || d.resource == names.memory)
-          owner_of[d.device_id] = {d.namespace_ + "/" + d.pod, d.container};
+      owner_of = *std::move(owners);
       RETURN_IF_ERROR(a->Correct(owner_of));
     }
   }

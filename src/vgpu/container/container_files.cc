@@ -121,21 +121,26 @@ absl::StatusOr<ContractFiles> PrepareGrantDir(const std::string& dir, const Cont
     return s;
   };
   ContractFiles f = GrantDirFiles(dir, options.library, options.preload);
+  // The file is bind-mounted read-write into the container, whose user is known only when the
+  // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
+  // in the container must (0666). The directory is the agent's (0700), so no host user reaches
+  // the file either way. A zero-filled file is a valid empty region (accounting.h). An existing
+  // file is kept (the container's processes hold memory in it) but its owner and mode are set
+  // again: a grant given to another pod before its container starts (Correct) serves that pod's
+  // user.
+  mode_t mode = options.uid < 0 ? 0666 : options.gid < 0 ? 0600 : 0660;
   if (!PathExists(f.accounting)) {
-    // The file is bind-mounted read-write into the container, whose user is known only when the
-    // pod says (runAsUser): then it alone may open it (0600/0660, owned by it); otherwise any user
-    // in the container must (0666). The directory is the agent's (0700), so no host user reaches
-    // the file either way. A zero-filled file is a valid empty region (accounting.h).
-    mode_t mode = options.uid < 0 ? 0666 : options.gid < 0 ? 0600 : 0660;
     if (absl::Status s =
             WriteFileAtomic(f.accounting, std::string(sizeof(AccountingRegion), '\0'), mode);
         !s.ok())
       return undo(s);
-    if (options.uid >= 0 &&
-        ::chown(f.accounting.c_str(), static_cast<uid_t>(options.uid),
-                options.gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(options.gid)) != 0)
-      ::chmod(f.accounting.c_str(), 0666);  // not root (tests, a sim): let the container open it
+  } else {
+    ::chmod(f.accounting.c_str(), mode);
   }
+  if (options.uid >= 0 &&
+      ::chown(f.accounting.c_str(), static_cast<uid_t>(options.uid),
+              options.gid < 0 ? static_cast<gid_t>(-1) : static_cast<gid_t>(options.gid)) != 0)
+    ::chmod(f.accounting.c_str(), 0666);  // not root (tests, a sim): let the container open it
   if (absl::Status s = WriteIfChanged(f.limits, LimitsFileText(limits), 0444); !s.ok())
     return undo(s);
   if (limits.inject && !f.preload.empty())

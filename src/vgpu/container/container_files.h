@@ -33,8 +33,9 @@ struct GrantDirOptions {
 inline constexpr size_t kGrantDirBytes = 16 * 1024;
 
 // Creates `dir` (0700, the agent's) with the accounting file (kept when it exists: the
-// container's processes hold memory in it), the limits file (rewritten from `limits`, 0444) and
-// the preload file. Errors name the path and what failed; nothing is left mounted on failure.
+// container's processes hold memory in it, its owner and mode set again), the limits file
+// (rewritten from `limits`, 0444) and the preload file. Errors name the path and what failed;
+// nothing is left mounted on failure.
 absl::StatusOr<ContractFiles> PrepareGrantDir(const std::string& dir, const ContainerLimits& limits,
                                               const GrantDirOptions& options);
 

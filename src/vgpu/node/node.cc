@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -533,7 +534,9 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
 
 void NodeAssigner::WritePodFile(const Grant& g) const {
   if (g.accounting_dir.empty() || g.pod.empty()) return;
-  std::string file = absl::StrCat(options_.state_dir, "/", g.pod_uid, "/pod");
+  // Beside the grant's directory, which a correction may have given to another pod than the one
+  // whose UID names the folder.
+  std::string file = std::filesystem::path(g.accounting_dir).parent_path().string() + "/pod";
   if (absl::Status s = WriteFileAtomic(file, absl::StrCat(g.ns, "/", g.pod, "\n"), 0644); !s.ok())
     spdlog::warn("vGPU: {}", std::string(s.message()));  // metrics then name the pod by its UID
 }
@@ -695,17 +698,27 @@ absl::Status NodeAssigner::ReleaseOlder(std::chrono::nanoseconds grace,
 
 absl::Status NodeAssigner::ReleaseLocked(const std::set<std::string>& gone) {
   if (gone.empty()) return absl::OkStatus();
+  std::set<std::string> pod_dirs;  // the released pods' folders, and their grants' folders' ones
+  for (const auto& uid : gone)
+    if (!uid.empty()) pod_dirs.insert(options_.state_dir + "/" + uid);
   for (const auto& g : grants_) {
     if (!gone.count(g.pod_uid)) continue;
     if (absl::Status s = RemoveGrantDir(g.accounting_dir); !s.ok())
       spdlog::warn("vGPU: {}", std::string(s.message()));
+    if (!g.accounting_dir.empty())
+      pod_dirs.insert(std::filesystem::path(g.accounting_dir).parent_path().string());
   }
   std::erase_if(grants_, [&](const Grant& g) { return gone.count(g.pod_uid) > 0; });
-  for (const auto& uid : gone) {
+  for (const auto& dir : pod_dirs) {
+    // A corrected grant lives in the folder named for the pod it was first made for: that folder
+    // stays while such a grant does.
+    bool used = std::any_of(grants_.begin(), grants_.end(), [&](const Grant& g) {
+      return absl::StartsWith(g.accounting_dir, dir + "/");
+    });
     std::error_code ec;
-    if (!uid.empty()) std::filesystem::remove_all(options_.state_dir + "/" + uid, ec);
-    spdlog::info("vGPU: released the GPUs of pod {}", uid);
+    if (!used) std::filesystem::remove_all(dir, ec);
   }
+  for (const auto& uid : gone) spdlog::info("vGPU: released the GPUs of pod {}", uid);
   return SaveLocked();
 }
 
@@ -808,8 +821,9 @@ bool NodeAssigner::watch_synced() const {
 absl::Status NodeAssigner::Correct(
     const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
   absl::MutexLock l(&mu_);
-  bool changed = false;
-  std::vector<size_t> touched;
+  std::set<size_t> touched;
+  std::vector<std::pair<std::string, std::string>> moved_from;  // pods a grant was taken from
+  std::optional<std::vector<Candidate>> waiting;                // listed once, when needed
   for (size_t i = 0; i < grants_.size(); ++i) {
     Grant& g = grants_[i];
     if (g.device_ids.empty()) continue;
@@ -819,7 +833,8 @@ absl::Status NodeAssigner::Correct(
     if (pod_key == g.ns + "/" + g.pod && container == g.container) continue;
     // The kubelet gave these devices to another container: find its grant and swap identities
     // (the GPUs stay with the devices, which is where the containers really run).
-    for (size_t j = 0; j < grants_.size(); ++j) {
+    bool swapped = false;
+    for (size_t j = 0; j < grants_.size() && !swapped; ++j) {
       Grant& h = grants_[j];
       if (j == i || h.ns + "/" + h.pod != pod_key || h.container != container) continue;
       spdlog::warn("vGPU: kubelet admitted {}/{} and {} in the other order; records swapped", g.ns,
@@ -830,26 +845,75 @@ absl::Status NodeAssigner::Correct(
       std::swap(g.container, h.container);
       std::swap(g.container_index, h.container_index);
       std::swap(g.ceiling, h.ceiling);
-      touched.push_back(i);
-      touched.push_back(j);
-      changed = true;
-      break;
+      touched.insert({i, j});
+      swapped = true;
     }
-    if (g.pod_uid.rfind("unknown-", 0) == 0 && g.ns + "/" + g.pod != pod_key) {
+    if (swapped) continue;
+    if (g.pod_uid.rfind("unknown-", 0) == 0) {
       // A grant made without an API server learns its pod from the kubelet's record.
       size_t slash = pod_key.find('/');
       g.ns = pod_key.substr(0, slash);
       g.pod = slash == std::string::npos ? pod_key : pod_key.substr(slash + 1);
       g.container = container;
-      touched.push_back(i);
-      changed = true;
+      touched.insert(i);
+      continue;
     }
+    // The kubelet's container has no grant yet: it was admitted before the pod this grant was
+    // made for, and holds the grant's devices and GPU. The grant is its; the other pod is waiting
+    // again and gets its own at its Allocate.
+    if (!api_) continue;
+    if (!waiting) {
+      auto listed = CandidatesLocked();
+      if (!listed.ok())  // the next pass tries again; what is corrected so far is kept below
+        spdlog::warn("vGPU: correcting {}/{}: {}", g.ns, g.pod,
+                     std::string(listed.status().message()));
+      waiting = listed.ok() ? *std::move(listed) : std::vector<Candidate>{};
+    }
+    auto c = std::find_if(waiting->begin(), waiting->end(), [&](const Candidate& c) {
+      return c.ns + "/" + c.pod == pod_key && c.container == container && c.cores == g.cores &&
+             c.memory_units == g.memory_units;
+    });
+    if (c == waiting->end()) continue;
+    spdlog::warn("vGPU: kubelet admitted {} before {}/{}; the grant moves to it", pod_key, g.ns,
+                 g.pod);
+    moved_from.emplace_back(g.ns, g.pod);
+    g.pod_uid = c->uid;
+    g.ns = c->ns;
+    g.pod = c->pod;
+    g.container = c->container;
+    g.container_index = c->index;
+    g.ceiling = c->ceiling;
+    waiting->erase(c);
+    touched.insert(i);
   }
-  if (!changed) return absl::OkStatus();
+  if (touched.empty()) return absl::OkStatus();
+  for (size_t i : touched) RefitGrantDirLocked(grants_[i]);
   RETURN_IF_ERROR(SaveLocked());
   for (size_t i : touched) WritePodFile(grants_[i]);
   for (size_t i : touched) PatchAnnotations(grants_[i]);
+  for (const auto& [ns, pod] : moved_from) {
+    bool holds = std::any_of(grants_.begin(), grants_.end(),
+                             [&](const Grant& g) { return g.ns == ns && g.pod == pod; });
+    if (holds || !api_) continue;
+    auto r = api_->PatchPod(ns, pod, k8s::PatchType::kMerge,
+                            {{"metadata", {{"annotations", {{kAnnotationAssigned, "false"}}}}}});
+    if (!r.ok()) spdlog::warn("annotate {}/{}: {}", ns, pod, std::string(r.status().message()));
+  }
   return absl::OkStatus();
+}
+
+void NodeAssigner::RefitGrantDirLocked(const Grant& g) {
+  if (g.accounting_dir.empty()) return;
+  json pod;
+  if (api_ && !g.pod.empty()) {
+    auto got = api_->GetPod(g.ns, g.pod);
+    if (got.ok()) pod = *std::move(got);
+  }
+  auto [uid, gid] = RunAs(pod, g.container_index);
+  auto f = PrepareGrantDir(
+      g.accounting_dir, LimitsOf(g),
+      {uid, gid, options_.accounting_tmpfs, options_.library_host_path, PreloadPath()});
+  if (!f.ok()) spdlog::warn("vGPU: {}", std::string(f.status().message()));
 }
 
 }  // namespace gpulet::vgpu

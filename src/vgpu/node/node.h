@@ -129,9 +129,13 @@ class NodeAssigner {
   // (`held`, from PodResources), once they are older than `grace` (the kubelet records an
   // allocation only after Allocate answers).
   absl::Status ReleaseNotHeld(const std::set<std::string>& held, std::chrono::nanoseconds grace);
-  // The kubelet's view (device ID -> pod uid and container name, from PodResources): a grant whose
-  // devices belong to another pod is given to that pod (identical pods admitted in the other
-  // order), annotations are rewritten, checkpointed.
+  // The kubelet's view (device ID -> "namespace/pod" and container name, from PodResources): a
+  // grant whose devices belong to another container is given to it (identical pods admitted in
+  // another order than their bind times): swapped with that container's grant when it has one,
+  // else moved to it (its pod Pending on this node with the same request; the pod the grant was
+  // made for is unserved again). Grant folders are refitted, the checkpoint and the pods'
+  // annotations rewritten. Run before a container starts (PreStartContainer), so that the pod's
+  // annotations name its GPU from its first moment, and periodically.
   absl::Status Correct(const std::map<std::string, std::pair<std::string, std::string>>& owner_of);
 
   // With an API server: writes the pool on this node's annotation gpulet.io/vgpu-gpus
@@ -169,6 +173,9 @@ class NodeAssigner {
   // exporter names pods by the checkpointed grants instead: ReadGrantCheckpoint).
   void WritePodFile(const Grant& g) const;
   void PatchAnnotations(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a correction, before the container starts: its limits file from the grant as it is now
+  // (the pod's ceiling), its accounting file owned by that pod's user. Failures are logged.
+  void RefitGrantDirLocked(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   NodeOptions options_;
   std::vector<PoolGpu> pool_;
@@ -198,9 +205,11 @@ class NodeAssigner {
 // The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are
 // "<gpu-uuid>::vc<n>" and "<gpu-uuid>::vm<n>"; Preferred keeps a container's units on the GPU it
 // will get. `healthy(uuid)` (may be empty) marks devices of unhealthy GPUs; `changes` (may be
-// null) is the notifier their health moves with.
+// null) is the notifier their health moves with. `before_start` (may be empty) runs before each
+// vGPU container starts (PreStartContainer of the core resource): the caller's Correct() from the
+// kubelet's record.
 std::vector<std::shared_ptr<kubelet::Resource>> MakeVcudaResources(
     std::shared_ptr<NodeAssigner> assigner, std::function<bool(const std::string&)> healthy = {},
-    const kubelet::ChangeNotifier* changes = nullptr);
+    const kubelet::ChangeNotifier* changes = nullptr, std::function<void()> before_start = {});
 
 }  // namespace gpulet::vgpu

@@ -364,6 +364,90 @@ TEST_F(NodeTest, CorrectionFromKubeletRecord) {
   EXPECT_EQ(b["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], gpu_given_first);
 }
 
+// The kubelet admitted the later-bound of two like pods first, and no grant of the other exists
+// yet (found by cluster.nodes: a burst's pod ran on another GPU than its annotation named). The
+// grant moves to the pod the kubelet admitted, with its soft limit and annotations; the other
+// pod is unserved again and gets its own grant at its Allocate.
+TEST_F(NodeTest, CorrectionMovesAGrantToThePodTheKubeletAdmittedFirst) {
+  api_.CreatePod(PodObj("a", 30, 8, 1, "GPU-0"));
+  json b = PodObj("b", 30, 8, 2, "GPU-1");
+  b["metadata"]["annotations"]["tencent.com/vcuda-core-limit"] = "70";
+  api_.CreatePod(b);
+  auto first = AllocPair(*assigner_, "GPU-1", 30, 8);  // b's devices; we think: a (bound first)
+  ASSERT_EQ(PodOf(first), "default/a/cuda");
+  ASSERT_EQ(first.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
+  std::string dir = assigner_->grants()[0].accounting_dir;
+  std::map<std::string, std::pair<std::string, std::string>> owner;
+  owner["GPU-1::vc0"] = {"default/b", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  ASSERT_EQ(assigner_->grants().size(), 1u);
+  Grant g = assigner_->grants()[0];
+  EXPECT_EQ(g.pod, "b");
+  EXPECT_EQ(g.gpus, std::vector<std::string>{"GPU-0"});  // where b's container runs
+  EXPECT_EQ(g.ceiling, 70);
+  EXPECT_EQ(g.accounting_dir, dir);  // the folder its mounts name
+  auto limits = ReadFileToString(dir + "/limits");
+  ASSERT_TRUE(limits.ok());
+  EXPECT_THAT(*limits, HasSubstr("GPULET_VGPU_CORE_CEILING=70\n"));  // b's, before it starts
+  auto named = ReadFileToString(std::filesystem::path(dir).parent_path().string() + "/pod");
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(*named, "default/b\n");
+  json got;
+  ASSERT_TRUE(api_.GetPod("default", "b", &got));
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], "GPU-0");
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
+  ASSERT_TRUE(api_.GetPod("default", "a", &got));
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "false");
+  // The kubelet now admits a: it is the one waiting, and gets its extender's GPU (room for both).
+  auto second = AllocPair(*assigner_, "GPU-0", 30, 8);
+  EXPECT_EQ(PodOf(second), "default/a/cuda");
+  EXPECT_EQ(second.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
+  owner["GPU-0::vc0"] = {"default/a", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  EXPECT_EQ(assigner_->grants().size(), 2u);
+  for (const auto& x : assigner_->grants()) EXPECT_EQ(x.gpus, std::vector<std::string>{"GPU-0"});
+}
+
+// After two grants were swapped, each lives in the folder named for the other pod: releasing one
+// pod keeps the folder of the other's running container, and the last release leaves none.
+TEST_F(NodeTest, ReleaseAfterASwapKeepsTheOtherContainersFolder) {
+  api_.CreatePod(PodObj("a", 30, 8, 1, "GPU-0"));
+  api_.CreatePod(PodObj("b", 30, 8, 2, "GPU-1"));
+  AllocPair(*assigner_, "GPU-0", 30, 8);  // we think: a
+  AllocPair(*assigner_, "GPU-1", 30, 8);  // we think: b
+  std::map<std::string, std::pair<std::string, std::string>> owner;
+  owner["GPU-0::vc0"] = {"default/b", "cuda"};
+  owner["GPU-1::vc0"] = {"default/a", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  std::string a_dir;
+  for (const auto& g : assigner_->grants())
+    if (g.pod == "a") a_dir = g.accounting_dir;
+  ASSERT_FALSE(a_dir.empty());
+  ASSERT_TRUE(api_.DeletePod("default", "b"));
+  ASSERT_TRUE(assigner_->ReleaseGoneFromApi().ok());
+  ASSERT_EQ(assigner_->grants().size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(a_dir + "/accounting")) << "a's running container lost it";
+  ASSERT_TRUE(api_.DeletePod("default", "a"));
+  ASSERT_TRUE(assigner_->ReleaseGoneFromApi().ok());
+  EXPECT_TRUE(assigner_->grants().empty());
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(opts_.state_dir))
+    if (e.is_directory()) left.push_back(e.path().filename().string());
+  EXPECT_TRUE(left.empty()) << left[0];
+}
+
+// The core resource asks the kubelet for PreStartContainer when a correction hook is given, and
+// runs it there; the memory resource never does (one call per container is enough).
+TEST_F(NodeTest, PreStartRunsTheCorrectionHook) {
+  int calls = 0;
+  auto res = MakeVcudaResources(assigner_, {}, nullptr, [&calls] { ++calls; });
+  EXPECT_TRUE(res[0]->pre_start_required());
+  EXPECT_FALSE(res[1]->pre_start_required());
+  EXPECT_TRUE(res[0]->PreStart({"GPU-0::vc0"}).ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(MakeVcudaResources(assigner_)[0]->pre_start_required());
+}
+
 // The kubelet resources: 100 core devices per GPU and one memory device per unit; health
 // follows the GPU; Preferred keeps a container on one GPU (the predicted one when known).
 TEST_F(NodeTest, KubeletResources) {
