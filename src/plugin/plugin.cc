@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
@@ -130,14 +131,25 @@ absl::Status DevicePlugin::Start() {
     if (std::shared_ptr<vgpu::NodeAssigner> a = vgpu(); a && options_.api)
       if (absl::Status s = PublishVgpuPool(*a); !s.ok())
         spdlog::warn("vGPU: {}", std::string(s.message()));
+    absl::Time next = absl::Now() + config().vgpu.reconcile_interval;
     for (;;) {
+      bool granted = false;
       {
-        absl::MutexLock l(&mu_);
-        auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop), config_.vgpu.reconcile_interval)) return;
+        absl::MutexLock l(&wake_mu_);
+        auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(wake_mu_) {
+          return reconciler_stop_ || granted_;
+        };
+        wake_mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+        if (reconciler_stop_) return;
+        granted = std::exchange(granted_, false);
       }
+      if (granted)
+        if (absl::Status s = CorrectVgpuSoon(); !s.ok())
+          spdlog::warn("vGPU: after a grant: {}", std::string(s.message()));
+      if (absl::Now() < next) continue;  // a burst of grants does not hold off the housekeeping
       if (absl::Status s = ReconcileVgpu(); !s.ok())
         spdlog::warn("vGPU: {}", std::string(s.message()));
+      next = absl::Now() + config().vgpu.reconcile_interval;
     }
   });
   if (inventory_.devices.empty()) spdlog::warn("no GPUs found; serving nothing until a reload");
@@ -195,6 +207,12 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     } else {
       ASSIGN_OR_RETURN(no.deliver,
                        MakeGpuDelivery(inventory_, cfg, options_.host_root, no.names.core));
+      if (options_.pod_resources) {
+        no.granted = [this] {
+          absl::MutexLock l(&wake_mu_);
+          granted_ = true;
+        };
+      }
       assigner = std::make_shared<vgpu::NodeAssigner>(no, *pool, options_.api);
       RETURN_IF_ERROR(assigner->Load());
       assigner->StartWatching();  // with an API server: ended pods freed from their watch event
@@ -208,26 +226,13 @@ absl::Status DevicePlugin::Apply(const Config& cfg) {
     for (size_t i = 0; i < inventory_.devices.size(); ++i)
       position[inventory_.devices[i].uuid] = static_cast<uint32_t>(i);
     HealthMonitor* health = health_.get();
-    // Before each vGPU container starts, its pod's records follow the kubelet's (Correct()), so
-    // that no container runs while its pod's annotations name another GPU.
-    std::function<void()> before_start;
-    if (options_.pod_resources) {
-      before_start = [lister = options_.pod_resources,
-                      weak = std::weak_ptr<vgpu::NodeAssigner>(assigner)] {
-        auto a = weak.lock();
-        if (!a) return;
-        auto owners = KubeletOwners(*lister, a->options().names);
-        absl::Status s = owners.ok() ? a->Correct(*owners) : owners.status();
-        if (!s.ok()) spdlog::warn("vGPU: before a container starts: {}", std::string(s.message()));
-      };
-    }
     auto vcuda = vgpu::MakeVcudaResources(
         assigner,
         [health, position](const std::string& uuid) {
           auto it = position.find(uuid);
           return it != position.end() && health->Healthy(it->second);
         },
-        health->changes(), std::move(before_start));
+        health->changes());
     resources.insert(resources.end(), vcuda.begin(), vcuda.end());
   }
   // MPS control daemons: one per shared resource, ready before the resource is served (as
@@ -340,6 +345,28 @@ absl::Status DevicePlugin::ReconcileVgpu() {
                            absl::ToChronoNanoseconds(std::max(2 * interval, absl::Seconds(1))));
 }
 
+absl::Status DevicePlugin::CorrectVgpuSoon() {
+  std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
+  if (!a || !options_.pod_resources) return absl::OkStatus();
+  const int64_t since = absl::ToUnixNanos(absl::Now() - absl::Seconds(10));
+  for (int pass = 0; pass < 40; ++pass) {
+    {
+      absl::MutexLock l(&wake_mu_);
+      auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(wake_mu_) { return reconciler_stop_; };
+      if (wake_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50))) break;
+      granted_ = false;  // this pass reads the record after that grant too
+    }
+    ASSIGN_OR_RETURN(auto owner_of, KubeletOwners(*options_.pod_resources, a->options().names));
+    RETURN_IF_ERROR(a->Correct(owner_of));
+    std::vector<vgpu::Grant> grants = a->grants();
+    if (std::all_of(grants.begin(), grants.end(), [&](const vgpu::Grant& g) {
+          return g.time_ns < since || g.device_ids.empty() || owner_of.count(g.device_ids[0]);
+        }))
+      break;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DevicePlugin::Reload() {
   ConfigSources sources;
   {
@@ -410,6 +437,10 @@ void DevicePlugin::Stop() {
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
+  }
+  {
+    absl::MutexLock l(&wake_mu_);
+    reconciler_stop_ = true;
   }
   if (reconciler_.joinable()) reconciler_.join();
   if (manager_) manager_->Stop();

@@ -237,6 +237,54 @@ TEST_F(Handover, WithApiServerFindsThePod) {
   EXPECT_TRUE(Eventually([&] { return !stdfs::exists(dir_ + "/vgpu/" + uid); })) << Log();
 }
 
+// The kubelet admits like pods in its own order, not their bind times': here b, bound after a, is
+// admitted alone, and its Allocate is taken for a's. Right after the grant (not a reconcile
+// interval later: an hour here) the agent reads the kubelet's record and gives the grant to b,
+// with b's soft limit in the limits file, before b's container would start; a is unserved again.
+TEST_F(Handover, AGrantFollowsThePodTheKubeletAdmitted) {
+  testing::FakeApiServer api;
+  ASSERT_TRUE(api.Start());
+  api.CreateNode({{"metadata", {{"name", "node-1"}}}});
+  using nlohmann::json;
+  json limits = {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "2"}};
+  for (auto [name, bind_time] : {std::pair{"a", "1"}, std::pair{"share", "2"}}) {
+    json ann = {{"gpulet.io/vgpu-node", "node-1"},
+                {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
+                {"gpulet.io/vgpu-bind-time", bind_time}};
+    if (std::string(name) == "share") ann["tencent.com/vcuda-core-limit"] = "90";
+    api.CreatePod(
+        {{"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", ann}}},
+         {"spec",
+          {{"nodeName", "node-1"},
+           {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
+         {"status", {{"phase", "Pending"}}}});
+  }
+  std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
+  StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"}, "1h");
+  std::optional<emu::PodStatus> st;
+  ASSERT_NO_FATAL_FAILURE(RunSharePod(&st));  // the kubelet admits "share" only
+  EXPECT_EQ(st->containers[0].response.annotations().at("gpulet.io/vgpu-container"),
+            "default/a/app");  // the guess: bound first
+  auto assigned = [&](const char* pod) {
+    json now;
+    return api.GetPod("default", pod, &now)
+               ? now["metadata"]["annotations"].value("gpulet.io/vgpu-assigned", "")
+               : "";
+  };
+  EXPECT_TRUE(Eventually([&] { return assigned("share") == "true"; })) << Log();
+  EXPECT_TRUE(Eventually([&] { return assigned("a") == "false"; })) << Log();
+  auto checkpoint = ReadFileToString(dir_ + "/vgpu/assignments.json");
+  ASSERT_TRUE(checkpoint.ok());
+  json grants = json::parse(*checkpoint)["grants"];
+  ASSERT_EQ(grants.size(), 1u) << *checkpoint;
+  EXPECT_EQ(grants[0]["pod"], "share");
+  std::string mount;
+  for (const auto& m : st->containers[0].response.mounts())
+    if (m.container_path() == "/var/run/gpulet/vgpu/limits") mount = m.host_path();
+  EXPECT_THAT(ReadFileToString(mount).value_or(""),
+              ::testing::HasSubstr("GPULET_VGPU_CORE_CEILING=90\n"));
+}
+
 // The pool's inventory annotation is on the Node as soon as the agent serves, not one reconcile
 // interval later (an hour here): the extender places against it, and without it knows the node's
 // GPUs only by made-up names (cluster.install_uninstall's first vGPU pod hit that window).

@@ -529,6 +529,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     return s;
   }
   PatchAnnotations(g);
+  if (options_.granted) options_.granted();
   return g;
 }
 

@@ -63,6 +63,9 @@ struct NodeOptions {
   // only NVIDIA_VISIBLE_DEVICES, which only an NVIDIA-aware runtime acts on.
   std::function<void(const std::vector<std::string>& uuids, v1beta1::ContainerAllocateResponse*)>
       deliver;
+  // Called after each grant, under the assigner's lock (so it must only note the call and return):
+  // the agent then corrects the records from the kubelet's as soon as it has them (Correct()).
+  std::function<void()> granted;
 };
 
 // Which GPUs form the fractional pool. `selection` empty: none (vGPU off); "all": every GPU
@@ -134,8 +137,8 @@ class NodeAssigner {
   // another order than their bind times): swapped with that container's grant when it has one,
   // else moved to it (its pod Pending on this node with the same request; the pod the grant was
   // made for is unserved again). Grant folders are refitted, the checkpoint and the pods'
-  // annotations rewritten. Run before a container starts (PreStartContainer), so that the pod's
-  // annotations name its GPU from its first moment, and periodically.
+  // annotations rewritten. The agent runs it just after each grant (NodeOptions::granted), so
+  // that the pod's annotations name its GPU before its container starts, and periodically.
   absl::Status Correct(const std::map<std::string, std::pair<std::string, std::string>>& owner_of);
 
   // With an API server: writes the pool on this node's annotation gpulet.io/vgpu-gpus
@@ -205,11 +208,9 @@ class NodeAssigner {
 // The kubelet resources over one assigner: [vcuda-core, vcuda-memory]. Device IDs are
 // "<gpu-uuid>::vc<n>" and "<gpu-uuid>::vm<n>"; Preferred keeps a container's units on the GPU it
 // will get. `healthy(uuid)` (may be empty) marks devices of unhealthy GPUs; `changes` (may be
-// null) is the notifier their health moves with. `before_start` (may be empty) runs before each
-// vGPU container starts (PreStartContainer of the core resource): the caller's Correct() from the
-// kubelet's record.
+// null) is the notifier their health moves with.
 std::vector<std::shared_ptr<kubelet::Resource>> MakeVcudaResources(
     std::shared_ptr<NodeAssigner> assigner, std::function<bool(const std::string&)> healthy = {},
-    const kubelet::ChangeNotifier* changes = nullptr, std::function<void()> before_start = {});
+    const kubelet::ChangeNotifier* changes = nullptr);
 
 }  // namespace gpulet::vgpu

@@ -12,20 +12,12 @@ class VcudaResource final : public kubelet::Resource {
  public:
   VcudaResource(std::shared_ptr<NodeAssigner> a, bool is_core,
                 std::function<bool(const std::string&)> healthy,
-                const kubelet::ChangeNotifier* changes, std::function<void()> before_start)
+                const kubelet::ChangeNotifier* changes)
       : assigner_(std::move(a)),
         is_core_(is_core),
         name_(is_core ? assigner_->options().names.core : assigner_->options().names.memory),
         healthy_(std::move(healthy)),
-        changes_(changes ? changes : &own_changes_),
-        before_start_(std::move(before_start)) {}
-
-  // Once per vGPU container (every one asks cores), after the kubelet recorded its devices.
-  bool pre_start_required() const override { return bool(before_start_); }
-  absl::Status PreStart(const std::vector<std::string>&) override {
-    if (before_start_) before_start_();
-    return absl::OkStatus();  // a correction that fails is retried by the housekeeping
-  }
+        changes_(changes ? changes : &own_changes_) {}
 
   const std::string& name() const override { return name_; }
 
@@ -87,17 +79,15 @@ class VcudaResource final : public kubelet::Resource {
   std::function<bool(const std::string&)> healthy_;
   kubelet::ChangeNotifier own_changes_;
   const kubelet::ChangeNotifier* changes_;
-  std::function<void()> before_start_;
 };
 
 }  // namespace
 
 std::vector<std::shared_ptr<kubelet::Resource>> MakeVcudaResources(
     std::shared_ptr<NodeAssigner> assigner, std::function<bool(const std::string&)> healthy,
-    const kubelet::ChangeNotifier* changes, std::function<void()> before_start) {
-  return {
-      std::make_shared<VcudaResource>(assigner, true, healthy, changes, std::move(before_start)),
-      std::make_shared<VcudaResource>(assigner, false, healthy, changes, nullptr)};
+    const kubelet::ChangeNotifier* changes) {
+  return {std::make_shared<VcudaResource>(assigner, true, healthy, changes),
+          std::make_shared<VcudaResource>(assigner, false, healthy, changes)};
 }
 
 }  // namespace gpulet::vgpu

@@ -436,18 +436,6 @@ TEST_F(NodeTest, ReleaseAfterASwapKeepsTheOtherContainersFolder) {
   EXPECT_TRUE(left.empty()) << left[0];
 }
 
-// The core resource asks the kubelet for PreStartContainer when a correction hook is given, and
-// runs it there; the memory resource never does (one call per container is enough).
-TEST_F(NodeTest, PreStartRunsTheCorrectionHook) {
-  int calls = 0;
-  auto res = MakeVcudaResources(assigner_, {}, nullptr, [&calls] { ++calls; });
-  EXPECT_TRUE(res[0]->pre_start_required());
-  EXPECT_FALSE(res[1]->pre_start_required());
-  EXPECT_TRUE(res[0]->PreStart({"GPU-0::vc0"}).ok());
-  EXPECT_EQ(calls, 1);
-  EXPECT_FALSE(MakeVcudaResources(assigner_)[0]->pre_start_required());
-}
-
 // The kubelet resources: 100 core devices per GPU and one memory device per unit; health
 // follows the GPU; Preferred keeps a container on one GPU (the predicted one when known).
 TEST_F(NodeTest, KubeletResources) {
