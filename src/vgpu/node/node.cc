@@ -830,7 +830,9 @@ absl::Status NodeAssigner::Correct(
     if (g.device_ids.empty()) continue;
     auto o = owner_of.find(g.device_ids[0]);
     if (o == owner_of.end()) continue;
-    const auto& [pod_key, container] = o->second;  // "ns/name", container name
+    // Plain names, not a structured binding: lambdas below use them (C++17).
+    const std::string& pod_key = o->second.first;     // "ns/name"
+    const std::string& container = o->second.second;  // container name
     if (pod_key == g.ns + "/" + g.pod && container == g.container) continue;
     // The kubelet gave these devices to another container: find its grant and swap identities
     // (the GPUs stay with the devices, which is where the containers really run).
@@ -892,7 +894,8 @@ absl::Status NodeAssigner::Correct(
   RETURN_IF_ERROR(SaveLocked());
   for (size_t i : touched) WritePodFile(grants_[i]);
   for (size_t i : touched) PatchAnnotations(grants_[i]);
-  for (const auto& [ns, pod] : moved_from) {
+  for (const auto& from : moved_from) {
+    const std::string &ns = from.first, &pod = from.second;
     bool holds = std::any_of(grants_.begin(), grants_.end(),
                              [&](const Grant& g) { return g.ns == ns && g.pod == pod; });
     if (holds || !api_) continue;
