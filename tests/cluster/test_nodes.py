@@ -318,6 +318,9 @@ def test_an_agent_restarted_mid_burst_keeps_every_grant(nodes):
             f"the extender holds the running pods' grants, none of the {len(rejected)} rejected: {json.dumps(state)}"
         assert all(g["freeCores"] >= 0 for n in NODES for g in state.get(n, [])), json.dumps(state)
     finally:
+        for n in NODES:  # the next steps restart the agents: keep what they logged during the burst
+            log = h.D / f"logs/gpulet-device-plugin{sfx(n)}.log"
+            shutil.copyfile(log, h.D / f"logs/burst-gpulet-device-plugin{sfx(n)}.log")
         kube.delete("apps/v1", "Deployment", app, ns="default")
         h.wait_until(90, "the Deployment's pods gone", lambda: not kube.pods(selector=f"app={app}"))
     h.wait_until(30, "every grant freed", lambda: all(used_cores(extender_state(), n) == 0 for n in NODES),

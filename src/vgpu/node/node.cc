@@ -823,8 +823,16 @@ absl::Status NodeAssigner::Correct(
     const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
   absl::MutexLock l(&mu_);
   std::set<size_t> touched;
-  std::vector<std::pair<std::string, std::string>> moved_from;  // pods a grant was taken from
-  std::optional<std::vector<Candidate>> waiting;                // listed once, when needed
+  // The pods a grant was taken from: each gets the GPUs the extender had set aside for the pod the
+  // grant went to (a hand-over of the two reservations, so that the waiting pod's own Allocate
+  // finds room where the extender counted it).
+  struct Handed {
+    std::string ns, pod;
+    int index = 0;
+    std::vector<std::string> gpus;
+  };
+  std::vector<Handed> moved_from;
+  std::optional<std::vector<Candidate>> waiting;  // listed once, when needed
   for (size_t i = 0; i < grants_.size(); ++i) {
     Grant& g = grants_[i];
     if (g.device_ids.empty()) continue;
@@ -879,7 +887,7 @@ absl::Status NodeAssigner::Correct(
     if (c == waiting->end()) continue;
     spdlog::warn("vGPU: kubelet admitted {} before {}/{}; the grant moves to it", pod_key, g.ns,
                  g.pod);
-    moved_from.emplace_back(g.ns, g.pod);
+    moved_from.push_back({g.ns, g.pod, g.container_index, c->annotated_gpus});
     g.pod_uid = c->uid;
     g.ns = c->ns;
     g.pod = c->pod;
@@ -894,14 +902,17 @@ absl::Status NodeAssigner::Correct(
   RETURN_IF_ERROR(SaveLocked());
   for (size_t i : touched) WritePodFile(grants_[i]);
   for (size_t i : touched) PatchAnnotations(grants_[i]);
-  for (const auto& from : moved_from) {
-    const std::string &ns = from.first, &pod = from.second;
+  for (const Handed& from : moved_from) {
     bool holds = std::any_of(grants_.begin(), grants_.end(),
-                             [&](const Grant& g) { return g.ns == ns && g.pod == pod; });
-    if (holds || !api_) continue;
-    auto r = api_->PatchPod(ns, pod, k8s::PatchType::kMerge,
-                            {{"metadata", {{"annotations", {{kAnnotationAssigned, "false"}}}}}});
-    if (!r.ok()) spdlog::warn("annotate {}/{}: {}", ns, pod, std::string(r.status().message()));
+                             [&](const Grant& g) { return g.ns == from.ns && g.pod == from.pod; });
+    if (!api_) continue;
+    json ann = {{absl::StrCat(kAnnotationGpusPrefix, from.index),
+                 from.gpus.empty() ? json(nullptr) : json(absl::StrJoin(from.gpus, ","))}};
+    if (!holds) ann[kAnnotationAssigned] = "false";
+    auto r = api_->PatchPod(from.ns, from.pod, k8s::PatchType::kMerge,
+                            {{"metadata", {{"annotations", ann}}}});
+    if (!r.ok())
+      spdlog::warn("annotate {}/{}: {}", from.ns, from.pod, std::string(r.status().message()));
   }
   return absl::OkStatus();
 }

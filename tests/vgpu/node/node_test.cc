@@ -367,18 +367,19 @@ TEST_F(NodeTest, CorrectionFromKubeletRecord) {
 // The kubelet admitted the later-bound of two like pods first, and no grant of the other exists
 // yet (found by cluster.nodes: a burst's pod ran on another GPU than its annotation named). The
 // grant moves to the pod the kubelet admitted, with its soft limit and annotations; the other
-// pod is unserved again and gets its own grant at its Allocate.
+// pod is unserved again and takes over the GPU the extender had set aside for the first, so that
+// its own Allocate finds room (60 + 60 cores do not fit on one GPU).
 TEST_F(NodeTest, CorrectionMovesAGrantToThePodTheKubeletAdmittedFirst) {
-  api_.CreatePod(PodObj("a", 30, 8, 1, "GPU-0"));
-  json b = PodObj("b", 30, 8, 2, "GPU-1");
+  api_.CreatePod(PodObj("a", 60, 8, 1, "GPU-0"));
+  json b = PodObj("b", 60, 8, 2, "GPU-1");
   b["metadata"]["annotations"]["tencent.com/vcuda-core-limit"] = "70";
   api_.CreatePod(b);
-  auto first = AllocPair(*assigner_, "GPU-1", 30, 8);  // b's devices; we think: a (bound first)
+  auto first = AllocPair(*assigner_, "GPU-0", 60, 8);  // b's devices; we think: a (bound first)
   ASSERT_EQ(PodOf(first), "default/a/cuda");
   ASSERT_EQ(first.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
   std::string dir = assigner_->grants()[0].accounting_dir;
   std::map<std::string, std::pair<std::string, std::string>> owner;
-  owner["GPU-1::vc0"] = {"default/b", "cuda"};
+  owner["GPU-0::vc0"] = {"default/b", "cuda"};
   ASSERT_TRUE(assigner_->Correct(owner).ok());
   ASSERT_EQ(assigner_->grants().size(), 1u);
   Grant g = assigner_->grants()[0];
@@ -398,14 +399,17 @@ TEST_F(NodeTest, CorrectionMovesAGrantToThePodTheKubeletAdmittedFirst) {
   EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
   ASSERT_TRUE(api_.GetPod("default", "a", &got));
   EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "false");
-  // The kubelet now admits a: it is the one waiting, and gets its extender's GPU (room for both).
-  auto second = AllocPair(*assigner_, "GPU-0", 30, 8);
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], "GPU-1");  // b's reservation
+  // The kubelet now admits a (its device IDs where a's old annotation was): a is the one waiting,
+  // and gets the GPU handed over to it.
+  auto second = AllocPair(*assigner_, "GPU-0", 60, 8, false, 60);
   EXPECT_EQ(PodOf(second), "default/a/cuda");
-  EXPECT_EQ(second.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-0");
-  owner["GPU-0::vc0"] = {"default/a", "cuda"};
+  EXPECT_EQ(second.envs().at("NVIDIA_VISIBLE_DEVICES"), "GPU-1");
+  owner["GPU-0::vc60"] = {"default/a", "cuda"};
   ASSERT_TRUE(assigner_->Correct(owner).ok());
-  EXPECT_EQ(assigner_->grants().size(), 2u);
-  for (const auto& x : assigner_->grants()) EXPECT_EQ(x.gpus, std::vector<std::string>{"GPU-0"});
+  std::map<std::string, std::string> on;
+  for (const auto& x : assigner_->grants()) on[x.pod] = x.gpus[0];
+  EXPECT_EQ(on, (std::map<std::string, std::string>{{"a", "GPU-1"}, {"b", "GPU-0"}}));
 }
 
 // After two grants were swapped, each lives in the folder named for the other pod: releasing one
