@@ -822,6 +822,19 @@ bool NodeAssigner::watch_synced() const {
 absl::Status NodeAssigner::Correct(
     const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
   absl::MutexLock l(&mu_);
+  // One pass can leave work for another: like pods in a chain (a grant moved away leaves its pod
+  // waiting, and another grant, recorded for a third pod, holds that pod's devices). Each pass
+  // writes its annotations before the next lists the waiting pods; a pass that changes nothing
+  // ends it.
+  for (int pass = 0; pass < 8; ++pass) {
+    ASSIGN_OR_RETURN(bool changed, CorrectPassLocked(owner_of));
+    if (!changed) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
+    const std::map<std::string, std::pair<std::string, std::string>>& owner_of) {
   std::set<size_t> touched;
   // The pods a grant was taken from: each gets the GPUs the extender had set aside for the pod the
   // grant went to (a hand-over of the two reservations, so that the waiting pod's own Allocate
@@ -897,7 +910,7 @@ absl::Status NodeAssigner::Correct(
     waiting->erase(c);
     touched.insert(i);
   }
-  if (touched.empty()) return absl::OkStatus();
+  if (touched.empty()) return false;
   for (size_t i : touched) RefitGrantDirLocked(grants_[i]);
   RETURN_IF_ERROR(SaveLocked());
   for (size_t i : touched) WritePodFile(grants_[i]);
@@ -914,7 +927,7 @@ absl::Status NodeAssigner::Correct(
     if (!r.ok())
       spdlog::warn("annotate {}/{}: {}", from.ns, from.pod, std::string(r.status().message()));
   }
-  return absl::OkStatus();
+  return true;
 }
 
 void NodeAssigner::RefitGrantDirLocked(const Grant& g) {

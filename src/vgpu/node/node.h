@@ -179,6 +179,10 @@ class NodeAssigner {
   // After a correction, before the container starts: its limits file from the grant as it is now
   // (the pod's ceiling), its accounting file owned by that pod's user. Failures are logged.
   void RefitGrantDirLocked(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One pass of Correct(): whether it changed a record (then annotated and checkpointed).
+  absl::StatusOr<bool> CorrectPassLocked(
+      const std::map<std::string, std::pair<std::string, std::string>>& owner_of)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   NodeOptions options_;
   std::vector<PoolGpu> pool_;

@@ -412,6 +412,34 @@ TEST_F(NodeTest, CorrectionMovesAGrantToThePodTheKubeletAdmittedFirst) {
   EXPECT_EQ(on, (std::map<std::string, std::string>{{"a", "GPU-1"}, {"b", "GPU-0"}}));
 }
 
+// Three like pods in a chain (cluster.nodes, a burst on a restarted agent): the kubelet admits k
+// (bound last), taken for x; then x, taken for z. The kubelet's record says k and x; one pass moves
+// the first grant to k and frees x, the next gives the second grant to x, and z waits with the
+// reservation x held. Every pod's annotation names where its container runs.
+TEST_F(NodeTest, CorrectionFollowsAChainOfLikePods) {
+  api_.CreatePod(PodObj("x", 30, 8, 1, "GPU-0"));
+  api_.CreatePod(PodObj("z", 30, 8, 2, "GPU-1"));
+  api_.CreatePod(PodObj("k", 30, 8, 3, "GPU-0"));
+  ASSERT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8)), "default/x/cuda");  // k's devices
+  ASSERT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8, false, 30)), "default/z/cuda");  // x's
+  std::map<std::string, std::pair<std::string, std::string>> owner;
+  owner["GPU-0::vc0"] = {"default/k", "cuda"};
+  owner["GPU-0::vc30"] = {"default/x", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  std::map<std::string, std::string> on;
+  for (const auto& g : assigner_->grants()) on[g.pod] = g.gpus[0];
+  EXPECT_EQ(on, (std::map<std::string, std::string>{{"k", "GPU-0"}, {"x", "GPU-1"}}));
+  auto ann = [&](const char* pod, const char* key) {
+    json p;
+    return api_.GetPod("default", pod, &p) ? p["metadata"]["annotations"].value(key, "") : "";
+  };
+  EXPECT_EQ(ann("k", "gpulet.io/vgpu-gpus-0"), "GPU-0");
+  EXPECT_EQ(ann("x", "gpulet.io/vgpu-gpus-0"), "GPU-1");
+  EXPECT_EQ(ann("z", "gpulet.io/vgpu-gpus-0"), "GPU-0");  // the reservation x held
+  EXPECT_EQ(ann("z", "gpulet.io/vgpu-assigned"), "false");
+  EXPECT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8, false, 60)), "default/z/cuda");
+}
+
 // After two grants were swapped, each lives in the folder named for the other pod: releasing one
 // pod keeps the folder of the other's running container, and the last release leaves none.
 TEST_F(NodeTest, ReleaseAfterASwapKeepsTheOtherContainersFolder) {
