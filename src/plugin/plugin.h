@@ -104,11 +104,11 @@ class DevicePlugin {
   std::string vgpu_key_ ABSL_GUARDED_BY(mu_);  // the settings vgpu_ was built from
   std::map<std::string, std::shared_ptr<MpsDaemon>> mps_ ABSL_GUARDED_BY(mu_);
   std::function<void(const Config&)> on_applied_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The reconciler's wake-ups: stop, or a vGPU grant to check against the kubelet's record soon
   // (NodeOptions::granted, called from Allocate under the assigner's lock: a mutex of its own,
   // which nothing else is held under, so that a reload holding mu_ never waits on an Allocate's
   // call).
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex wake_mu_;
   bool reconciler_stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool granted_ ABSL_GUARDED_BY(wake_mu_) = false;

@@ -884,7 +884,7 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
     }
     // The kubelet's container has no grant yet: it was admitted before the pod this grant was
     // made for, and holds the grant's devices and GPU. The grant is its; the other pod is waiting
-    // again and gets its own at its Allocate.
+    // again, with the reservation handed over below, and gets its own grant at its Allocate.
     if (!api_) continue;
     if (!waiting) {
       auto listed = CandidatesLocked();
@@ -918,7 +918,6 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
   for (const Handed& from : moved_from) {
     bool holds = std::any_of(grants_.begin(), grants_.end(),
                              [&](const Grant& g) { return g.ns == from.ns && g.pod == from.pod; });
-    if (!api_) continue;
     json ann = {{absl::StrCat(kAnnotationGpusPrefix, from.index),
                  from.gpus.empty() ? json(nullptr) : json(absl::StrJoin(from.gpus, ","))}};
     if (!holds) ann[kAnnotationAssigned] = "false";
