@@ -263,9 +263,10 @@ def test_an_agent_restarted_mid_burst_keeps_every_grant(nodes):
     again, its vGPU state is rebuilt from the API server) while that kubelet admits them. The
     kubelet rejects a pod whose Allocate finds no plugin (UnexpectedAdmissionError: the pod
     Failed, as with any device plugin's restart); its ReplicaSet replaces it, through the
-    extender again. In the end 24 pods run, each with the grant it was bound with, no GPU is
-    over-committed, by the pods' grants or in the extender's state, and the rejected pods hold
-    nothing there; deleting the Deployment frees every grant."""
+    extender again. In the end 24 pods run, each container on the GPU its pod's annotation names
+    (the agents correct their guesses of which like pod an Allocate is for right after each grant,
+    from the kubelet's record), no GPU is over-committed, by the pods' grants or in the extender's
+    state, and the rejected pods hold nothing there; deleting the Deployment frees every grant."""
     need_agents(nodes)
     kube = nodes.kube
     replicas, app = 24, "burst"
