@@ -528,7 +528,7 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     grants_.pop_back();
     return s;
   }
-  PatchAnnotations(g);
+  PatchAnnotations(g, c.pod_json);  // listed just now: the containers are all it reads
   if (options_.granted) options_.granted();
   return g;
 }
@@ -542,14 +542,13 @@ void NodeAssigner::WritePodFile(const Grant& g) const {
     spdlog::warn("vGPU: {}", std::string(s.message()));  // metrics then name the pod by its UID
 }
 
-void NodeAssigner::PatchAnnotations(const Grant& g) {
+void NodeAssigner::PatchAnnotations(const Grant& g, const json& pod) {
   if (!api_) return;
   // Record where the container really is, and mark the pod assigned once every vGPU container is.
   json ann = {{kAnnotationNode, options_.node_name},
               {absl::StrCat(kAnnotationGpusPrefix, g.container_index), absl::StrJoin(g.gpus, ",")}};
-  auto pod = api_->GetPod(g.ns, g.pod);
-  if (pod.ok()) {
-    auto req = ParsePod(*pod, options_.names, 0);
+  if (pod.is_object()) {
+    auto req = ParsePod(pod, options_.names, 0);
     bool all =
         req.ok() &&
         std::all_of(req->containers.begin(), req->containers.end(), [&](const ContainerUnits& c) {
@@ -911,10 +910,17 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
     touched.insert(i);
   }
   if (touched.empty()) return false;
-  for (size_t i : touched) RefitGrantDirLocked(grants_[i]);
+  std::map<size_t, json>
+      pods;  // each touched grant's pod, read once for its folder and annotations
+  for (size_t i : touched) {
+    const Grant& g = grants_[i];
+    if (api_ && !g.pod.empty())
+      if (auto got = api_->GetPod(g.ns, g.pod); got.ok()) pods[i] = *std::move(got);
+    RefitGrantDirLocked(g, pods[i]);
+  }
   RETURN_IF_ERROR(SaveLocked());
   for (size_t i : touched) WritePodFile(grants_[i]);
-  for (size_t i : touched) PatchAnnotations(grants_[i]);
+  for (size_t i : touched) PatchAnnotations(grants_[i], pods[i]);
   for (const Handed& from : moved_from) {
     bool holds = std::any_of(grants_.begin(), grants_.end(),
                              [&](const Grant& g) { return g.ns == from.ns && g.pod == from.pod; });
@@ -929,13 +935,8 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
   return true;
 }
 
-void NodeAssigner::RefitGrantDirLocked(const Grant& g) {
+void NodeAssigner::RefitGrantDirLocked(const Grant& g, const json& pod) {
   if (g.accounting_dir.empty()) return;
-  json pod;
-  if (api_ && !g.pod.empty()) {
-    auto got = api_->GetPod(g.ns, g.pod);
-    if (got.ok()) pod = *std::move(got);
-  }
   auto [uid, gid] = RunAs(pod, g.container_index);
   auto f = PrepareGrantDir(
       g.accounting_dir, LimitsOf(g),

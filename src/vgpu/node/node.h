@@ -175,10 +175,15 @@ class NodeAssigner {
   // <state_dir>/<pod-uid>/pod = "namespace/name", for a person reading the directory (the metrics
   // exporter names pods by the checkpointed grants instead: ReadGrantCheckpoint).
   void WritePodFile(const Grant& g) const;
-  void PatchAnnotations(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `pod` is the grant's pod as the API server has it (null when unknown: then the pod is not
+  // marked assigned); only its containers are read.
+  void PatchAnnotations(const Grant& g, const nlohmann::json& pod)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a correction, before the container starts: its limits file from the grant as it is now
-  // (the pod's ceiling), its accounting file owned by that pod's user. Failures are logged.
-  void RefitGrantDirLocked(const Grant& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (the pod's ceiling), its accounting file owned by the user `pod` (null: unknown) runs as.
+  // Failures are logged.
+  void RefitGrantDirLocked(const Grant& g, const nlohmann::json& pod)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One pass of Correct(): whether it changed a record (then annotated and checkpointed).
   absl::StatusOr<bool> CorrectPassLocked(
       const std::map<std::string, std::pair<std::string, std::string>>& owner_of)
