@@ -33,6 +33,23 @@ std::string Built(const std::string& p) { return std::string(GPULET_BINARY_DIR) 
 
 using testing_process::RunCaptured;
 
+// A Pending pod bound to node-1 by the extender onto the pool GPU: one container "app" asking 30
+// cores and 2 memory units, the extender's annotations plus `extra`.
+nlohmann::json BoundSharePod(const std::string& name, const std::string& bind_time,
+                             nlohmann::json extra = nlohmann::json::object()) {
+  using nlohmann::json;
+  json limits = {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "2"}};
+  json ann = {{"gpulet.io/vgpu-node", "node-1"},
+              {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
+              {"gpulet.io/vgpu-bind-time", bind_time}};
+  ann.update(extra);
+  return {{"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", ann}}},
+          {"spec",
+           {{"nodeName", "node-1"},
+            {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
+          {"status", {{"phase", "Pending"}}}};
+}
+
 class Handover : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -199,19 +216,7 @@ TEST_F(Handover, WithApiServerFindsThePod) {
   ASSERT_TRUE(api.Start());
   api.CreateNode({{"metadata", {{"name", "node-1"}}}});
   using nlohmann::json;
-  json limits = {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "2"}};
-  json pod = api.CreatePod(
-      {{"metadata",
-        {{"name", "share"},
-         {"namespace", "default"},
-         {"annotations",
-          {{"gpulet.io/vgpu-node", "node-1"},
-           {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
-           {"gpulet.io/vgpu-bind-time", "1"}}}}},
-       {"spec",
-        {{"nodeName", "node-1"},
-         {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
-       {"status", {{"phase", "Pending"}}}});
+  json pod = api.CreatePod(BoundSharePod("share", "1"));
   std::string uid = pod["metadata"]["uid"];
   std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"});
@@ -246,19 +251,8 @@ TEST_F(Handover, AGrantFollowsThePodTheKubeletAdmitted) {
   ASSERT_TRUE(api.Start());
   api.CreateNode({{"metadata", {{"name", "node-1"}}}});
   using nlohmann::json;
-  json limits = {{"tencent.com/vcuda-core", "30"}, {"tencent.com/vcuda-memory", "2"}};
-  for (auto [name, bind_time] : {std::pair{"a", "1"}, std::pair{"share", "2"}}) {
-    json ann = {{"gpulet.io/vgpu-node", "node-1"},
-                {"gpulet.io/vgpu-gpus-0", "GPU-face0000-0000-0000-0000-000000000001"},
-                {"gpulet.io/vgpu-bind-time", bind_time}};
-    if (std::string(name) == "share") ann["tencent.com/vcuda-core-limit"] = "90";
-    api.CreatePod(
-        {{"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", ann}}},
-         {"spec",
-          {{"nodeName", "node-1"},
-           {"containers", json::array({{{"name", "app"}, {"resources", {{"limits", limits}}}}})}}},
-         {"status", {{"phase", "Pending"}}}});
-  }
+  api.CreatePod(BoundSharePod("a", "1"));
+  api.CreatePod(BoundSharePod("share", "2", {{"tencent.com/vcuda-core-limit", "90"}}));
   std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"}, "1h");
   std::optional<emu::PodStatus> st;
