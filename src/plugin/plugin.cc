@@ -125,6 +125,12 @@ absl::Status DevicePlugin::Start() {
   manager_ = std::make_unique<kubelet::PluginManager>(options_.manager);
   RETURN_IF_ERROR(Apply(config_));
   health_->Start();
+  if (vgpu_ && options_.pod_resources) {
+    // Grants of the checkpoint are checked against the kubelet's record at once, not a reconcile
+    // interval later: an agent stopped between a grant and its correction left that guess there.
+    absl::MutexLock w(&wake_mu_);
+    granted_ = true;
+  }
   reconciler_ = std::thread([this] {
     // The inventory at once, not a reconcile interval after the vGPU resources were registered:
     // until it is on the Node, the extender knows the node's GPUs only by made-up names.

@@ -251,7 +251,7 @@ TEST_F(Handover, AGrantFollowsThePodTheKubeletAdmitted) {
   ASSERT_TRUE(api.Start());
   api.CreateNode({{"metadata", {{"name", "node-1"}}}});
   using nlohmann::json;
-  api.CreatePod(BoundSharePod("a", "1"));
+  std::string a_uid = api.CreatePod(BoundSharePod("a", "1"))["metadata"]["uid"];
   api.CreatePod(BoundSharePod("share", "2", {{"tencent.com/vcuda-core-limit", "90"}}));
   std::ofstream(dir_ + "/kubeconfig") << api.Kubeconfig();
   StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"}, "1h");
@@ -277,6 +277,23 @@ TEST_F(Handover, AGrantFollowsThePodTheKubeletAdmitted) {
     if (m.container_path() == "/var/run/gpulet/vgpu/limits") mount = m.host_path();
   EXPECT_THAT(ReadFileToString(mount).value_or(""),
               ::testing::HasSubstr("GPULET_VGPU_CORE_CEILING=90\n"));
+
+  // An agent stopped between a grant and its correction leaves the guess in its checkpoint: the
+  // next one checks it against the kubelet's record as it starts (the interval is still an hour).
+  kill(agent_, SIGTERM);
+  int status = 0;
+  waitpid(agent_, &status, 0);
+  agent_ = -1;
+  grants[0]["pod"] = "a";
+  grants[0]["podUID"] = a_uid;
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/vgpu/assignments.json",
+                              json{{"version", 1}, {"grants", grants}}.dump())
+                  .ok());
+  StartAgent({"--node-name", "node-1", "--kubeconfig", dir_ + "/kubeconfig"}, "1h");
+  EXPECT_TRUE(Eventually([&] {
+    auto now = ReadFileToString(dir_ + "/vgpu/assignments.json");
+    return now.ok() && json::parse(*now)["grants"][0]["pod"] == "share";
+  })) << Log();
 }
 
 // The pool's inventory annotation is on the Node as soon as the agent serves, not one reconcile
