@@ -134,9 +134,12 @@ absl::Status DevicePlugin::Start() {
   reconciler_ = std::thread([this] {
     // The inventory at once, not a reconcile interval after the vGPU resources were registered:
     // until it is on the Node, the extender knows the node's GPUs only by made-up names.
-    if (std::shared_ptr<vgpu::NodeAssigner> a = vgpu(); a && options_.api)
+    if (std::shared_ptr<vgpu::NodeAssigner> a = vgpu(); a && options_.api) {
       if (absl::Status s = PublishVgpuPool(*a); !s.ok())
         spdlog::warn("vGPU: {}", std::string(s.message()));
+      if (absl::Status s = a->Reannotate(); !s.ok())
+        spdlog::warn("vGPU: {}", std::string(s.message()));
+    }
     absl::Time next = absl::Now() + config().vgpu.reconcile_interval;
     for (;;) {
       bool granted = false;

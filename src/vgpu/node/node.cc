@@ -935,6 +935,27 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
   return true;
 }
 
+absl::Status NodeAssigner::Reannotate() {
+  if (!api_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(
+      json pods,
+      api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=", options_.node_name)}));
+  absl::MutexLock l(&mu_);
+  for (const json& pod : pods["items"]) {
+    for (const Grant& g : grants_) {
+      if (g.pod_uid != PodUid(pod)) continue;
+      if (Ann(pod, kAnnotationNode) == options_.node_name &&
+          Ann(pod, absl::StrCat(kAnnotationGpusPrefix, g.container_index)) ==
+              absl::StrJoin(g.gpus, ","))
+        continue;
+      spdlog::warn("vGPU: pod {}/{}: its annotations do not name its grant's GPUs; rewritten", g.ns,
+                   g.pod);
+      PatchAnnotations(g, pod);
+    }
+  }
+  return absl::OkStatus();
+}
+
 void NodeAssigner::RefitGrantDirLocked(const Grant& g, const json& pod) {
   if (g.accounting_dir.empty()) return;
   auto [uid, gid] = RunAs(pod, g.container_index);

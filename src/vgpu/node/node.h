@@ -140,6 +140,11 @@ class NodeAssigner {
   // annotations rewritten. The agent runs it just after each grant (NodeOptions::granted), so
   // that the pod's annotations name its GPU before its container starts, and periodically.
   absl::Status Correct(const std::map<std::string, std::pair<std::string, std::string>>& owner_of);
+  // With an API server: rewrites the annotations of each pod bound here whose
+  // gpulet.io/vgpu-gpus-<i> does not name its grant's GPUs (an agent stopped between checkpointing
+  // a grant or a correction and annotating it). One LIST of this node's pods; the agent runs it as
+  // it starts.
+  absl::Status Reannotate();
 
   // With an API server: writes the pool on this node's annotation gpulet.io/vgpu-gpus
   // ([{"uuid","index","memoryUnits","healthy"}]), which the extender and the webhook read, when

@@ -440,6 +440,28 @@ TEST_F(NodeTest, CorrectionFollowsAChainOfLikePods) {
   EXPECT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8, false, 60)), "default/z/cuda");
 }
 
+// An agent stopped between checkpointing a grant and annotating its pod: the next one, as it
+// starts, rewrites the annotation from the checkpoint; a pod already right is not patched.
+TEST_F(NodeTest, ReannotateRewritesWhatAStoppedAgentDidNotWrite) {
+  api_.CreatePod(PodObj("p", 30, 8, 1, "GPU-0"));
+  api_.CreatePod(PodObj("q", 30, 8, 2, "GPU-1"));
+  AllocPair(*assigner_, "GPU-0", 30, 8);
+  AllocPair(*assigner_, "GPU-1", 30, 8, false, 30);
+  ASSERT_TRUE(
+      client_
+          ->PatchPod("default", "p", k8s::PatchType::kMerge,
+                     {{"metadata", {{"annotations", {{"gpulet.io/vgpu-gpus-0", "GPU-1"}}}}}})
+          .ok());
+  auto restarted = Make();
+  int64_t patches = api_.request_count("PATCH");
+  ASSERT_TRUE(restarted->Reannotate().ok());
+  EXPECT_EQ(api_.request_count("PATCH"), patches + 1);  // p only
+  json p;
+  ASSERT_TRUE(api_.GetPod("default", "p", &p));
+  EXPECT_EQ(p["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], "GPU-0");
+  EXPECT_EQ(p["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "true");
+}
+
 // After two grants were swapped, each lives in the folder named for the other pod: releasing one
 // pod keeps the folder of the other's running container, and the last release leaves none.
 TEST_F(NodeTest, ReleaseAfterASwapKeepsTheOtherContainersFolder) {
