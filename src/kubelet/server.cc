@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -277,7 +279,12 @@ void PluginManager::Stop() {
     old.swap(entries_);
   }
   if (thread_.joinable()) thread_.join();
-  for (auto& e : old) e->server->Retire();
+  // All at once: each server drains its calls in flight for up to 500 ms, and one draining before
+  // the next stops accepting kept answering Allocate (granting GPUs) for a second and more after
+  // the agent was told to stop (cluster.nodes' agent restart).
+  std::vector<std::thread> retiring;
+  for (auto& e : old) retiring.emplace_back([server = e->server.get()] { server->Retire(); });
+  for (auto& t : retiring) t.join();
   if (inotify_fd_ >= 0) ::close(inotify_fd_);
   inotify_fd_ = -1;
 }

@@ -142,19 +142,20 @@ absl::Status DevicePlugin::Start() {
     }
     absl::Time next = absl::Now() + config().vgpu.reconcile_interval;
     for (;;) {
-      bool granted = false;
+      bool granted = false, stop = false;
       {
         absl::MutexLock l(&wake_mu_);
         auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(wake_mu_) {
           return reconciler_stop_ || granted_;
         };
         wake_mu_.AwaitWithDeadline(absl::Condition(&woken), next);
-        if (reconciler_stop_) return;
+        stop = reconciler_stop_;
         granted = std::exchange(granted_, false);
       }
-      if (granted)
+      if (granted)  // when stopping, one last look at the kubelet's record (Stop())
         if (absl::Status s = CorrectVgpuSoon(); !s.ok())
           spdlog::warn("vGPU: after a grant: {}", std::string(s.message()));
+      if (stop) return;
       if (absl::Now() < next) continue;  // a burst of grants does not hold off the housekeeping
       if (absl::Status s = ReconcileVgpu(); !s.ok())
         spdlog::warn("vGPU: {}", std::string(s.message()));
@@ -358,15 +359,18 @@ absl::Status DevicePlugin::CorrectVgpuSoon() {
   std::shared_ptr<vgpu::NodeAssigner> a = vgpu();
   if (!a || !options_.pod_resources) return absl::OkStatus();
   const int64_t since = absl::ToUnixNanos(absl::Now() - absl::Seconds(10));
+  bool stopping = false;
   for (int pass = 0; pass < 40; ++pass) {
     {
       absl::MutexLock l(&wake_mu_);
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(wake_mu_) { return reconciler_stop_; };
-      if (wake_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50))) break;
+      // Stopping: serving has ended, so the kubelet has recorded every answer; one pass, now.
+      stopping = wake_mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
       granted_ = false;  // this pass reads the record after that grant too
     }
     ASSIGN_OR_RETURN(auto owner_of, KubeletOwners(*options_.pod_resources, a->options().names));
     RETURN_IF_ERROR(a->Correct(owner_of));
+    if (stopping) break;
     std::vector<vgpu::Grant> grants = a->grants();
     if (std::all_of(grants.begin(), grants.end(), [&](const vgpu::Grant& g) {
           return g.time_ns < since || g.device_ids.empty() || owner_of.count(g.device_ids[0]);
@@ -447,12 +451,14 @@ void DevicePlugin::Stop() {
     absl::MutexLock l(&mu_);
     stopping_ = true;
   }
+  // Serving stops first: the reconciler corrects grants made until then (it is told to stop
+  // after), so this agent does not leave a guess the kubelet contradicts for the next one.
+  if (manager_) manager_->Stop();
   {
     absl::MutexLock l(&wake_mu_);
     reconciler_stop_ = true;
   }
   if (reconciler_.joinable()) reconciler_.join();
-  if (manager_) manager_->Stop();
   std::map<std::string, std::shared_ptr<MpsDaemon>> daemons;
   {
     absl::MutexLock l(&mu_);

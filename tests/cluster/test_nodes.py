@@ -174,7 +174,7 @@ def start_agent(node, *args, gpulet=h.GPULET):
     extender's grants read from the API server; args added."""
     on(node, "plugin", "dgx-h100", "--node-name", node, "--kubeconfig", h.D / "admin.kubeconfig",
        "--vgpu-gpus", "4,5,6,7", "--vgpu-library", LIB, "--metrics-address", "127.0.0.1:0", *args,
-       env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(gpulet)})
+       env={"GPULET_CLUSTER_PLUGIN": "agent", "GPULET": str(gpulet), "SPDLOG_LEVEL": "debug"})
 
 
 def start_extender(nodes, kubeconfig):

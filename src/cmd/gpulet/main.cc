@@ -1,5 +1,6 @@
 // gpulet: the node agent and its tools. main() only builds the command line from the registered
 // commands (see command.h) and runs the chosen one.
+#include <spdlog/cfg/env.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
   // stays parseable on stdout; a container's runtime collects both streams.
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
+  // SPDLOG_LEVEL=debug (or warn, ...): spdlog's own variable, read once here.
+  spdlog::cfg::load_env_levels();
   gpulet::kubelet::RouteGrpcLogsToDebug();
   CLI::App app{
       "gpulet: NVIDIA GPUs for Kubernetes -- device plugin, runtime, vGPU, metrics, labels",

@@ -318,14 +318,15 @@ std::vector<Grant> NodeAssigner::grants() const {
   return grants_;
 }
 
-absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLocked() {
+absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLocked(
+    bool started_too) {
   std::vector<Candidate> out;
   if (!api_) return out;
-  ASSIGN_OR_RETURN(
-      json pods,
-      api_->ListPods("", {.field_selector = absl::StrCat("spec.nodeName=", options_.node_name,
-                                                         ",status.phase=Pending")}));
+  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector = absl::StrCat(
+                                                      "spec.nodeName=", options_.node_name,
+                                                      started_too ? "" : ",status.phase=Pending")}));
   for (const json& pod : pods["items"]) {
+    if (PodEnded(pod)) continue;
     auto req = ParsePod(pod, options_.names, 0);
     if (!req.ok() || req->empty()) continue;
     const json& md = pod["metadata"];
@@ -528,6 +529,14 @@ absl::StatusOr<Grant> NodeAssigner::GrantLocked(int64_t cores, int64_t memory_un
     grants_.pop_back();
     return s;
   }
+  // Which pod the guess picked and what the kubelet booked: what an operator (and a correction
+  // that went wrong) needs to follow a grant.
+  spdlog::info("vGPU: granted {} {} {} and {} {} on {} (devices {})", Who(g.ns, g.pod, g.container),
+               options_.names.core, cores, options_.names.memory, memory_units,
+               absl::StrJoin(g.gpus, ","), IdSummary(g.device_ids));
+  spdlog::debug("vGPU: that grant's first device IDs: {} {}",
+                g.device_ids.empty() ? "-" : g.device_ids.front(),
+                static_cast<size_t>(cores) < g.device_ids.size() ? g.device_ids[cores] : "-");
   PatchAnnotations(g, c.pod_json);  // listed just now: the containers are all it reads
   if (options_.granted) options_.granted();
   return g;
@@ -582,6 +591,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
     return Response(g);
   }
   if (!is_core) {
+    spdlog::debug("vGPU: Allocate {} ({}, first {}): waiting for the container's {}",
+                  options_.names.memory, IdSummary(ids), ids.empty() ? "-" : ids.front(),
+                  options_.names.core);
     pending_ = Pending{false, ids, now};
     return v1beta1::ContainerAllocateResponse();
   }
@@ -607,6 +619,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
         absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
                      " has an unserved container asking ", options_.names.core, " ", ids.size()));
   }
+  spdlog::debug("vGPU: Allocate {} ({}, first {}): waiting for the container's {}",
+                options_.names.core, IdSummary(ids), ids.empty() ? "-" : ids.front(),
+                options_.names.memory);
   pending_ = Pending{true, ids, now};
   return v1beta1::ContainerAllocateResponse();
 }
@@ -886,7 +901,9 @@ absl::StatusOr<bool> NodeAssigner::CorrectPassLocked(
     // again, with the reservation handed over below, and gets its own grant at its Allocate.
     if (!api_) continue;
     if (!waiting) {
-      auto listed = CandidatesLocked();
+      // Running pods too: by the time a correction looks (a restarted agent's first pass), the
+      // kubelet may have started the container that holds these devices.
+      auto listed = CandidatesLocked(/*started_too=*/true);
       if (!listed.ok())  // the next pass tries again; what is corrected so far is kept below
         spdlog::warn("vGPU: correcting {}/{}: {}", g.ns, g.pod,
                      std::string(listed.status().message()));

@@ -170,7 +170,10 @@ class NodeAssigner {
     bool inject = true;
     nlohmann::json pod_json;
   };
-  absl::StatusOr<std::vector<Candidate>> CandidatesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `started_too`: Running pods' unserved containers as well (a correction: the kubelet may have
+  // started a container before its grant is found, or before a restarted agent looks).
+  absl::StatusOr<std::vector<Candidate>> CandidatesLocked(bool started_too = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Grant> GrantLocked(int64_t cores, int64_t memory_units,
                                     std::vector<std::string> ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -412,6 +412,37 @@ TEST_F(NodeTest, CorrectionMovesAGrantToThePodTheKubeletAdmittedFirst) {
   EXPECT_EQ(on, (std::map<std::string, std::string>{{"a", "GPU-1"}, {"b", "GPU-0"}}));
 }
 
+// cluster.nodes: an agent granted a's guess for b's container and stopped before correcting it;
+// by the time the next agent looked, the kubelet had started b. The grant still moves to b (a
+// Running pod without a grant, whose container holds the devices), and a waits again.
+TEST_F(NodeTest, CorrectionMovesAGrantToAPodTheKubeletAlreadyStarted) {
+  api_.CreatePod(PodObj("a", 30, 8, 1, "GPU-0"));
+  api_.CreatePod(PodObj("b", 30, 8, 2, "GPU-1"));
+  ASSERT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8)), "default/a/cuda");  // b's devices
+  ASSERT_TRUE(api_.SetPodPhase("default", "b", "Running"));
+  std::map<std::string, std::pair<std::string, std::string>> owner;
+  owner["GPU-0::vc0"] = {"default/b", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  ASSERT_EQ(assigner_->grants().size(), 1u);
+  EXPECT_EQ(assigner_->grants()[0].pod, "b");
+  EXPECT_EQ(assigner_->grants()[0].gpus, std::vector<std::string>{"GPU-0"});
+  json got;
+  ASSERT_TRUE(api_.GetPod("default", "b", &got));
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-gpus-0"], "GPU-0");
+  ASSERT_TRUE(api_.GetPod("default", "a", &got));
+  EXPECT_EQ(got["metadata"]["annotations"]["gpulet.io/vgpu-assigned"], "false");
+  // An ended pod is no one's: a Failed pod's record never takes a grant.
+  api_.CreatePod(PodObj("c", 30, 8, 3, "GPU-1"));
+  ASSERT_EQ(PodOf(AllocPair(*assigner_, "GPU-0", 30, 8, false, 30)), "default/a/cuda");
+  ASSERT_TRUE(api_.SetPodPhase("default", "c", "Failed"));
+  owner["GPU-0::vc30"] = {"default/c", "cuda"};
+  ASSERT_TRUE(assigner_->Correct(owner).ok());
+  std::map<std::string, std::string> on;
+  for (const auto& g : assigner_->grants()) on[g.pod] = g.gpus[0];
+  // a's grant follows its reservation (b's, handed over), not the Failed pod's record.
+  EXPECT_EQ(on, (std::map<std::string, std::string>{{"a", "GPU-1"}, {"b", "GPU-0"}}));
+}
+
 // Three like pods in a chain (cluster.nodes, a burst on a restarted agent): the kubelet admits k
 // (bound last), taken for x; then x, taken for z. The kubelet's record says k and x; one pass moves
 // the first grant to k and frees x, the next gives the second grant to x, and z waits with the
