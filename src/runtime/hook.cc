@@ -35,7 +35,7 @@ namespace {
 
 constexpr size_t kMaxState = 1 << 20;
 
-absl::Status Errno(const std::string& what) {
+absl::Status InternalErrno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
@@ -48,20 +48,20 @@ std::string Rootfs(const ContainerState& state, const Json& spec) {
 // the exit status plus a message on a pipe.
 absl::Status InContainerMountNs(int pid, const std::function<absl::Status()>& fn) {
   int ns = ::open(absl::StrCat("/proc/", pid, "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC);
-  if (ns < 0) return Errno(absl::StrCat("cannot open the mount namespace of container pid ", pid));
+  if (ns < 0) return InternalErrno(absl::StrCat("cannot open the mount namespace of container pid ", pid));
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     ::close(ns);
-    return Errno("pipe");
+    return InternalErrno("pipe");
   }
   pid_t child = ::fork();
   if (child < 0) {
     ::close(ns), ::close(p[0]), ::close(p[1]);
-    return Errno("fork");
+    return InternalErrno("fork");
   }
   if (child == 0) {
     ::close(p[0]);
-    absl::Status s = ::setns(ns, CLONE_NEWNS) == 0 ? fn() : Errno("setns into the container");
+    absl::Status s = ::setns(ns, CLONE_NEWNS) == 0 ? fn() : InternalErrno("setns into the container");
     if (!s.ok()) {
       std::string m(s.message());
       (void)!::write(p[1], m.data(), m.size());
@@ -87,7 +87,7 @@ absl::Status InContainerMountNs(int pid, const std::function<absl::Status()>& fn
 // interpreter, nor its LD_PRELOAD can run. ldconfig writes /etc/ld.so.cache of the rootfs.
 absl::Status RunLdconfig(int ldconfig_fd, const std::string& rootfs,
                          const std::vector<std::string>& folders) {
-  if (::chroot(rootfs.c_str()) != 0 || ::chdir("/") != 0) return Errno("chroot " + rootfs);
+  if (::chroot(rootfs.c_str()) != 0 || ::chdir("/") != 0) return InternalErrno("chroot " + rootfs);
   ::mkdir("/etc", 0755);  // inside the chroot: cannot reach the host whatever /etc is
   std::vector<std::string> argv = {"ldconfig"};
   for (const auto& f : folders) argv.push_back(f);
@@ -98,7 +98,7 @@ absl::Status RunLdconfig(int ldconfig_fd, const std::string& rootfs,
   for (auto& s : env) e.push_back(s.data());
   e.push_back(nullptr);
   pid_t child = ::fork();
-  if (child < 0) return Errno("fork");
+  if (child < 0) return InternalErrno("fork");
   if (child == 0) {
     int devnull = ::open("/dev/null", O_WRONLY);
     if (devnull >= 0) ::dup2(devnull, 1);
@@ -130,7 +130,7 @@ absl::StatusOr<ContainerState> ReadState() {
     if (text.size() > kMaxState)
       return absl::InvalidArgumentError("container state on stdin is too large");
   }
-  if (n < 0) return Errno("cannot read the container state from stdin");
+  if (n < 0) return InternalErrno("cannot read the container state from stdin");
   return ParseContainerState(text);
 }
 
@@ -160,7 +160,7 @@ absl::Status Prestart(const ContainerState& state, const RuntimeConfig& config, 
     }
     for (const auto& m : edits.mounts) {
       struct stat st;
-      if (::stat(m.host_path.c_str(), &st) != 0) return Errno("cannot stat " + m.host_path);
+      if (::stat(m.host_path.c_str(), &st) != 0) return InternalErrno("cannot stat " + m.host_path);
       absl::StatusOr<Fd> target = S_ISDIR(st.st_mode) ? MkdirAllInRoot(root, m.container_path)
                                                       : CreateFileInRoot(root, m.container_path);
       if (!target.ok()) return target.status();
