@@ -33,7 +33,13 @@ include(GoogleTest)
 # (JSON, gRPC, absl, CLI11); each translation unit generates code for every template it uses, so
 # this roughly halves a multi-file target's compile time, which dominates CI (built twice: the
 # optimised tree and ASan+UBSan). Names at file scope must then be unique within the target.
+# GPULET_UNITY=OFF compiles file by file: scripts/lint configures that way for clang-tidy, which needs
+# a compile command per source file.
+option(GPULET_UNITY "Unity builds for the targets that ask for them" ON)
 function(gpulet_unity target)
+  if(NOT GPULET_UNITY)
+    return()
+  endif()
   get_target_property(srcs ${target} SOURCES)
   list(FILTER srcs INCLUDE REGEX "\\.cc$")
   list(LENGTH srcs n)

@@ -48,7 +48,8 @@ std::string Rootfs(const ContainerState& state, const Json& spec) {
 // the exit status plus a message on a pipe.
 absl::Status InContainerMountNs(int pid, const std::function<absl::Status()>& fn) {
   int ns = ::open(absl::StrCat("/proc/", pid, "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC);
-  if (ns < 0) return InternalErrno(absl::StrCat("cannot open the mount namespace of container pid ", pid));
+  if (ns < 0)
+    return InternalErrno(absl::StrCat("cannot open the mount namespace of container pid ", pid));
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     ::close(ns);
@@ -61,7 +62,8 @@ absl::Status InContainerMountNs(int pid, const std::function<absl::Status()>& fn
   }
   if (child == 0) {
     ::close(p[0]);
-    absl::Status s = ::setns(ns, CLONE_NEWNS) == 0 ? fn() : InternalErrno("setns into the container");
+    absl::Status s =
+        ::setns(ns, CLONE_NEWNS) == 0 ? fn() : InternalErrno("setns into the container");
     if (!s.ok()) {
       std::string m(s.message());
       (void)!::write(p[1], m.data(), m.size());

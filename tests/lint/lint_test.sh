@@ -13,7 +13,7 @@ for t in clang-format-14 run-clang-tidy-14; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/scripts" "$tmp/src" "$tmp/build"
+mkdir -p "$tmp/scripts" "$tmp/src" "$tmp/build/lint"
 cp "$src/scripts/lint" "$tmp/scripts/"
 cp "$src/.clang-format" "$src/.clang-tidy" "$tmp/"
 
@@ -59,7 +59,7 @@ printf 'int  Badly ( ) {return 1 ;}\n' >"$tmp/src/unformatted.cc"
     echo " \"command\": \"c++ -std=c++20 -c src/$f.cc -o /dev/null\"}$([[ $f == unformatted ]] || echo ,)"
   done
   echo ']'
-} >"$tmp/build/compile_commands.json"
+} >"$tmp/build/lint/compile_commands.json"
 
 lint() { (cd "$tmp" && LINT_FILES="$*" BUILD=build JOBS=2 scripts/lint 2>&1); }
 failed=0

@@ -322,9 +322,10 @@ absl::StatusOr<std::vector<NodeAssigner::Candidate>> NodeAssigner::CandidatesLoc
     bool started_too) {
   std::vector<Candidate> out;
   if (!api_) return out;
-  ASSIGN_OR_RETURN(json pods, api_->ListPods("", {.field_selector = absl::StrCat(
-                                                      "spec.nodeName=", options_.node_name,
-                                                      started_too ? "" : ",status.phase=Pending")}));
+  ASSIGN_OR_RETURN(json pods,
+                   api_->ListPods("", {.field_selector = absl::StrCat(
+                                           "spec.nodeName=", options_.node_name,
+                                           started_too ? "" : ",status.phase=Pending")}));
   for (const json& pod : pods["items"]) {
     if (PodEnded(pod)) continue;
     auto req = ParsePod(pod, options_.names, 0);
