@@ -5,7 +5,7 @@ JOBS   ?= $(shell nproc)
 
 .PHONY: all deps build demo test nvidia-peers test-asan test-tsan test-thread-safety bench image gpu-check gpu-bundle fuzz clean
 .PHONY: lint format
-.PHONY: cluster cluster-down e2e-cluster e2e-cluster-deps scale
+.PHONY: cluster cluster-down e2e-cluster scale
 
 all: build
 
@@ -101,14 +101,11 @@ cluster-down:
 
 # The tests on that cluster (label `cluster`; `make test` skips them): on the cluster `make cluster`
 # left running, else on one of their own that they stop and check for leftovers.
-# e2e-cluster-deps builds what they run (the Kubernetes components, kwok, gpulet's binaries).
-e2e-cluster-deps:
+e2e-cluster:
 	@testing/k8s/build $(BUILD)
 	@testing/kwok/build $(BUILD)
 	@cmake --preset $(PRESET) >/dev/null
 	@cmake --build --preset $(PRESET) -j $(JOBS) --target gpulet gpulet-sim gpulet-container-runtime gpulet_fake_nvml gpulet-container-hook gpulet-vcuda gpulet-kubelet-probe
-
-e2e-cluster: e2e-cluster-deps
 	GPULET_E2E_CLUSTER=1 ctest --preset $(PRESET) -L cluster --output-on-failure
 
 # The scale harness (tests/scale/run; README "Scale"): the real etcd, kube-apiserver and
