@@ -113,8 +113,9 @@ Scenario TraceScenario(int memory_scale = 1) {
   return sc;
 }
 
-// Under ASan/UBSan (CI's second run, ~20x slower here) the replay stops after this many pods and
-// compares that prefix: the sanitizers see the same code paths; the optimised build compares all.
+// Under ASan/UBSan or TSan (CI's second run, ~20x slower here) the replay stops after this many
+// pods and compares that prefix: the sanitizers see the same code paths; the optimised build
+// compares all.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr size_t kPods = 400;
 #else

@@ -591,19 +591,10 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
                                           static_cast<int64_t>(mem_ids.size()), all));
     return Response(g);
   }
-  if (!is_core) {
-    spdlog::debug("vGPU: Allocate {} ({}, first {}): waiting for the container's {}",
-                  options_.names.memory, IdSummary(ids), ids.empty() ? "-" : ids.front(),
-                  options_.names.core);
-    pending_ = Pending{false, ids, now};
-    return v1beta1::ContainerAllocateResponse();
-  }
+  if (!is_core) return WaitForPairLocked(false, ids, now);
   // Cores first: a container without memory completes now; one with memory waits for its pair.
   if (!api_) {  // without pods to look at, the rules decide: a share always has memory
-    if (ids.size() < static_cast<size_t>(kCoresPerGpu)) {
-      pending_ = Pending{true, ids, now};
-      return v1beta1::ContainerAllocateResponse();
-    }
+    if (ids.size() < static_cast<size_t>(kCoresPerGpu)) return WaitForPairLocked(true, ids, now);
     ASSIGN_OR_RETURN(Grant g, GrantLocked(static_cast<int64_t>(ids.size()), 0, ids));
     return Response(g);
   }
@@ -620,11 +611,17 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NodeAssigner::Allocate(
         absl::StrCat("vGPU Allocate: no Pending pod bound to node ", options_.node_name,
                      " has an unserved container asking ", options_.names.core, " ", ids.size()));
   }
+  return WaitForPairLocked(true, ids, now);
+}
+
+v1beta1::ContainerAllocateResponse NodeAssigner::WaitForPairLocked(
+    bool is_core, const std::vector<std::string>& ids, Clock::TimePoint now) {
   spdlog::debug("vGPU: Allocate {} ({}, first {}): waiting for the container's {}",
-                options_.names.core, IdSummary(ids), ids.empty() ? "-" : ids.front(),
-                options_.names.memory);
-  pending_ = Pending{true, ids, now};
-  return v1beta1::ContainerAllocateResponse();
+                is_core ? options_.names.core : options_.names.memory, IdSummary(ids),
+                ids.empty() ? "-" : ids.front(),
+                is_core ? options_.names.memory : options_.names.core);
+  pending_ = Pending{is_core, ids, now};
+  return v1beta1::ContainerAllocateResponse();  // empty: the pair's second call answers for both
 }
 
 v1beta1::ContainerAllocateResponse NodeAssigner::Response(const Grant& g) const {

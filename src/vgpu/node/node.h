@@ -209,6 +209,11 @@ class NodeAssigner {
     Clock::TimePoint at;
   };
   std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Remembers the first Allocate of a container's pair (its device IDs) until the second comes.
+  v1beta1::ContainerAllocateResponse WaitForPairLocked(bool is_core,
+                                                       const std::vector<std::string>& ids,
+                                                       Clock::TimePoint now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string published_ ABSL_GUARDED_BY(mu_);  // the pool annotation last written
   // Releases the grants of pods not in `live` that are older than the grace above (10 s).
   absl::Status ReleaseAbsent(const std::set<std::string>& live);
